@@ -1,0 +1,263 @@
+"""Algorithm 1's verification step (Leviathan et al., 2023), with lenience.
+
+Given γ draft tokens x_1..x_γ drawn from draft distributions q_1..q_γ and the
+target distributions p_1..p_{γ+1} computed in one target call, `verify` accepts
+a prefix of the draft and draws one more token, so that the emitted tokens are
+distributed exactly as tokens drawn from the target one by one.
+
+The rule, with lenience l in (0, 1] (paper, Appendix A.5; l = 1 is the exact
+method): accept x ~ q with probability min(1, p(x) / (l·q(x))); after the first
+rejection, draw the next token from the residual norm(max(0, p − l·q)); if all
+γ are accepted, draw a bonus token from p_{γ+1}.
+
+Why it is exact for l = 1, and why no token exceeds p(x)/l for l < 1: the
+probability of accepting x is q(x)·min(1, p(x)/(l·q(x))) = min(q(x), p(x)/l).
+The rejection probability is Σ_x max(0, q − p/l) = D/l with
+D = Σ max(0, l·q − p), and the residual mass is R = Σ max(0, p − l·q).
+Since Σ (p − l·q) = 1 − l, R − D = 1 − l ≥ 0, so
+  P(x) = min(q, p/l) + (D/l) · max(0, p − l·q) / R.
+If p(x) ≤ l·q(x), P(x) = p(x)/l. Otherwise P(x) = q + (p − l·q)·D/(l·R)
+≤ q + (p − l·q)/l = p(x)/l, with equality for all x iff D = R, i.e. l = 1;
+then P = p. For l < 1 the residual is never empty (R ≥ 1 − l).
+
+The distribution of the next token after a rejection at position i depends on
+nothing but p_i and q_i, so by induction over positions the whole emitted
+sequence is distributed as under the target (l = 1).
+
+The rule lives in small pure functions (`acceptance_probability`,
+`residual_distribution`, `residual_distribution_for_token`,
+`lenient_acceptance_rate`); `verify` is these applied to a batch, and tests
+enumerate the emitted distribution from the same functions in float64.
+"""
+
+from typing import Optional, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import sampling
+
+# A residual mass below this many float eps is rounding noise (p and q agree to
+# float precision; the rejection that leads here has probability of the same
+# order), so the next token is drawn from p, the residual's limit as q → p.
+_RESIDUAL_MASS_FLOOR_IN_EPS = 8
+
+
+def validate_lenience(lenience) -> None:
+  """Raises ValueError unless a concrete lenience is a scalar in (0, 1]."""
+  if isinstance(lenience, jax.core.Tracer):
+    return  # Traced lenience is not validated.
+  value = np.asarray(lenience, dtype=np.float64)
+  if value.ndim != 0 or not 0.0 < float(value) <= 1.0:
+    raise ValueError(
+        f"lenience must be a scalar in (0, 1] (1 is exact speculative "
+        f"sampling), got {lenience!r}.")
+
+
+def acceptance_probability(target_prob: jax.Array,
+                           draft_prob: jax.Array,
+                           lenience: Union[float, jax.Array] = 1.0
+                          ) -> jax.Array:
+  """Probability of accepting a drafted token x: min(1, p(x) / (l·q(x))).
+
+  Args:
+    target_prob: float [...], p(x) at the drafted token.
+    draft_prob: float [...], q(x) at the drafted token (same shape).
+    lenience: l in (0, 1].
+
+  Returns:
+    float [...] in [0, 1], in the inputs' dtype. A token with p(x) = 0 is never
+    accepted; one with q(x) = 0 < p(x) is always accepted.
+  """
+  scaled_draft = lenience * draft_prob
+  covered = target_prob >= scaled_draft
+  ratio = target_prob / jnp.where(covered, 1, scaled_draft)
+  return jnp.where(covered, (target_prob > 0).astype(ratio.dtype), ratio)
+
+
+def _normalize_or_target(excess: jax.Array,
+                         target_probs: jax.Array) -> jax.Array:
+  mass = jnp.sum(excess, axis=-1, keepdims=True)
+  usable = mass > _RESIDUAL_MASS_FLOOR_IN_EPS * jnp.finfo(excess.dtype).eps
+  return jnp.where(usable, excess / jnp.where(usable, mass, 1), target_probs)
+
+
+def residual_distribution(target_probs: jax.Array,
+                          draft_probs: jax.Array,
+                          lenience: Union[float, jax.Array] = 1.0
+                         ) -> jax.Array:
+  """The distribution sampled after a rejection: norm(max(0, p − l·q)).
+
+  Args:
+    target_probs: float [..., V], p.
+    draft_probs: float [..., V], q.
+    lenience: l in (0, 1].
+
+  Returns:
+    float [..., V] in the inputs' dtype; p itself where the residual mass is
+    ~0 (only possible for l = 1 and q ≈ p).
+  """
+  excess = jnp.maximum(target_probs - lenience * draft_probs, 0)
+  return _normalize_or_target(excess, target_probs)
+
+
+def residual_distribution_for_token(target_probs: jax.Array,
+                                    draft_token: jax.Array,
+                                    lenience: Union[float, jax.Array] = 1.0
+                                   ) -> jax.Array:
+  """`residual_distribution` for a deterministic draft (q one-hot at a token).
+
+  Args:
+    target_probs: float [..., V], p.
+    draft_token: int [...], the token q puts all its mass on.
+    lenience: l in (0, 1].
+
+  Returns:
+    float [..., V], equal to `residual_distribution(p, one_hot(token), l)`
+    without building the one-hot q.
+  """
+  is_draft = (jnp.arange(target_probs.shape[-1]) == draft_token[..., None])
+  excess = jnp.where(is_draft, jnp.maximum(target_probs - lenience, 0),
+                     target_probs)
+  return _normalize_or_target(excess, target_probs)
+
+
+def lenient_acceptance_rate(target_probs: jax.Array,
+                            draft_probs: jax.Array,
+                            lenience: Union[float, jax.Array] = 1.0
+                           ) -> jax.Array:
+  """β = Σ_x min(q(x), p(x)/l): the probability that a draft token is accepted.
+
+  For l = 1 this is the paper's β = Σ_x min(p, q) = 1 − D_LK(p, q).
+
+  Args:
+    target_probs: float [..., V], p.
+    draft_probs: float [..., V], q.
+    lenience: l in (0, 1].
+
+  Returns:
+    float [...].
+  """
+  return jnp.sum(jnp.minimum(draft_probs, target_probs / lenience), axis=-1)
+
+
+def _row_keys(rng: jax.Array, batch_size: int) -> jax.Array:
+  """One key per row: `rng` split B ways, or `rng` itself if it holds B keys."""
+  rng = jnp.asarray(rng)
+  key_ndim = 0 if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key) else 1
+  if rng.ndim == key_ndim:
+    return jax.random.split(rng, batch_size)
+  if rng.ndim == key_ndim + 1 and rng.shape[0] == batch_size:
+    return rng
+  raise ValueError(
+      f"rng must be one PRNG key or a batch of {batch_size} keys (one per "
+      f"row); got an array of shape {rng.shape}.")
+
+
+def _verify_row(key: jax.Array, draft_tokens: jax.Array,
+                draft_probs: Optional[jax.Array], target_probs: jax.Array,
+                lenience) -> Tuple[jax.Array, jax.Array]:
+  """`verify` for one row: draft_tokens [γ], draft_probs [γ, V] or None,
+  target_probs [γ+1, V]."""
+  gamma = draft_tokens.shape[0]
+  accept_key, next_key = jax.random.split(key)
+
+  def at_drafted(probs):  # [γ, V] -> float32 [γ], the prob of each x_i.
+    return jnp.take_along_axis(probs, draft_tokens[:, None],
+                               axis=-1)[:, 0].astype(jnp.float32)
+
+  target_at_drafted = at_drafted(target_probs[:gamma])
+  draft_at_drafted = (jnp.ones((gamma,), jnp.float32) if draft_probs is None
+                      else at_drafted(draft_probs))
+  accepted = jax.random.uniform(accept_key, (gamma,)) < acceptance_probability(
+      target_at_drafted, draft_at_drafted, lenience)
+  num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)))
+
+  # p at the first rejected position, or p_{γ+1} for the bonus token.
+  target_next = target_probs[num_accepted].astype(jnp.float32)
+  rejected_at = jnp.minimum(num_accepted, gamma - 1)
+  if draft_probs is None:
+    residual = residual_distribution_for_token(
+        target_next, draft_tokens[rejected_at], lenience)
+  else:
+    residual = residual_distribution(
+        target_next, draft_probs[rejected_at].astype(jnp.float32), lenience)
+  next_probs = jnp.where(num_accepted < gamma, residual, target_next)
+  return num_accepted, sampling.sample(next_key, next_probs)
+
+
+def verify(rng: jax.Array,
+           draft_tokens: jax.Array,
+           draft_probs: Optional[jax.Array],
+           target_probs: jax.Array,
+           lenience: Union[float, jax.Array] = 1.0,
+           return_beta: bool = False):
+  """Accepts a prefix of each row's draft and draws the token that follows it.
+
+  Batched and jittable; no sort, O(B·γ·V) work, float32 arithmetic whatever
+  the input dtype.
+
+  Args:
+    rng: one PRNG key, or B keys (one per row, e.g. `jax.random.split(k, B)`).
+      Row b's result depends only on its own key, so a batch gives the same
+      rows as B separate calls with `rng[b:b+1]`. One key is split B ways.
+    draft_tokens: int32 [B, γ], the drafted tokens x_1..x_γ (ids < V).
+    draft_probs: float [B, γ, V], the standardized distributions the draft
+      tokens were sampled from; or None for a deterministic draft (prompt
+      lookup, argmax), whose q is one-hot at the drafted token.
+    target_probs: float [B, γ+1, V], the standardized target distributions
+      p_1..p_{γ+1}, p_i conditioned on the prefix and x_1..x_{i-1}.
+    lenience: l in (0, 1]; 1 is exact. With l < 1 acceptance is more likely
+      and no token is emitted with probability above p(x)/l (Appendix A.5).
+    return_beta: also return the per-position acceptance probability β.
+
+  Returns:
+    num_accepted: int32 [B] in [0, γ].
+    next_token: int32 [B]. Row b emits `draft_tokens[b, :num_accepted[b]]`
+      then `next_token[b]`: the residual sample after a rejection, or the
+      bonus sample from `target_probs[b, γ]` when all γ are accepted.
+    beta (only if return_beta): float32 [B, γ], β_i = Σ_x min(q_i, p_i/l),
+      the probability that position i's draft is accepted given its prefix.
+      For l = 1 this is Σ_x min(p_i, q_i), the paper's α measured on the fly;
+      for l < 1 it is the lenient acceptance rate (the α that governs
+      speedup under lenience). Positions after the first rejection are
+      computed on draft prefixes that were not emitted.
+
+  Raises:
+    ValueError: on inconsistent shapes, γ < 1, lenience outside (0, 1]
+      (concrete values only), or an rng that is neither one key nor B keys.
+  """
+  validate_lenience(lenience)
+  if draft_tokens.ndim != 2 or draft_tokens.shape[1] < 1:
+    raise ValueError(
+        f"draft_tokens must have shape [B, γ] with γ >= 1; got "
+        f"{draft_tokens.shape}.")
+  batch_size, gamma = draft_tokens.shape
+  if target_probs.ndim != 3 or target_probs.shape[:2] != (batch_size,
+                                                          gamma + 1):
+    raise ValueError(
+        f"target_probs must have shape [B, γ+1, V] = [{batch_size}, "
+        f"{gamma + 1}, V]; got {target_probs.shape}.")
+  if draft_probs is not None and draft_probs.shape != (
+      batch_size, gamma, target_probs.shape[-1]):
+    raise ValueError(
+        f"draft_probs must have shape [B, γ, V] = [{batch_size}, {gamma}, "
+        f"{target_probs.shape[-1]}] (the target's vocabulary); got "
+        f"{draft_probs.shape}.")
+
+  num_accepted, next_token = jax.vmap(
+      lambda key, tokens, q, p: _verify_row(key, tokens, q, p, lenience))(
+          _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs)
+  if not return_beta:
+    return num_accepted, next_token
+
+  target_probs = target_probs[:, :gamma].astype(jnp.float32)
+  if draft_probs is None:
+    target_at_drafted = jnp.take_along_axis(
+        target_probs, draft_tokens[..., None], axis=-1)[..., 0]
+    beta = jnp.minimum(target_at_drafted / lenience, 1.0)
+  else:
+    beta = lenient_acceptance_rate(target_probs,
+                                   draft_probs.astype(jnp.float32), lenience)
+  return num_accepted, next_token, beta
