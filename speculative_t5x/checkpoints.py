@@ -1,0 +1,764 @@
+"""Model checkpoints for `network.Transformer`: reading, writing, recognizing.
+
+Every reader returns the parameters as T5X's tree (`token_embedder/embedding`,
+`encoder/layers_0/attention/query/kernel`, ...) of host numpy arrays, in the
+stored dtype unless `dtype` asks for a cast; callers place or shard them. Four
+formats are read, and `load_params(path, config)` tells them apart:
+
+  * Ours (orbax), shared with the trainer: a `CheckpointManager` directory with
+    one subdirectory per step (orbax's default names: `<directory>/<step>/`) and
+    the items `params` and, when training wrote it, `opt_state`, each saved
+    with `ocp.args.StandardSave`. `save_params` / `restore_params`.
+  * T5X legacy (`t5x.checkpoints.Checkpointer`): `checkpoint_<step>/checkpoint`,
+    a msgpack of `{'version': 3, 'optimizer': {'target': params, 'state':
+    {'step', 'param_states'}}}` in which each partitioned array is replaced by
+    the JSON of its tensorstore spec (zarr driver, kvstore path relative to the
+    step directory, e.g. `target.encoder.layers_0.attention.query.kernel/`), and
+    unpartitioned ones are stored inline. `load_t5x_params`.
+  * T5X orbax (`t5x.checkpoints.OrbaxCheckpointManagerInterface`):
+    `checkpoint_<step>/state/`, an orbax PyTree item (recognized by its
+    `_METADATA` file) holding `{'target': params, 'state': ...}`. Only
+    `target` is read. `load_t5x_params`.
+  * Hugging Face: a transformers `T5ForConditionalGeneration` directory
+    (`config.json` + safetensors). It records its architecture, which
+    `huggingface_config` returns. `load_huggingface_t5` /
+    `save_huggingface_t5`.
+
+`check_params(params, config)` compares a tree with the configured network and
+names the first missing, unexpected or mis-shaped parameter; the loaders run it
+on shapes alone, before reading any array, when given a `config`.
+
+Missing checkpoints raise FileNotFoundError naming the path and what was looked
+for; malformed or mismatched ones raise ValueError.
+"""
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import json
+import os
+import posixpath
+import re
+from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
+
+from etils import epath
+from flax import serialization
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+# Importing ml_dtypes registers numpy's 'bfloat16', which safetensors needs to
+# read BF16 tensors through its numpy API.
+import ml_dtypes  # noqa: F401  pylint: disable=unused-import
+import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
+
+from speculative_t5x import network
+
+Params = Dict[str, Any]
+PathLike = epath.PathLike
+
+# Format names returned by `checkpoint_format`.
+ORBAX = 'orbax'
+T5X_LEGACY = 't5x_legacy'
+T5X_ORBAX = 't5x_orbax'
+HUGGINGFACE = 'huggingface'
+
+# Our layout: the items of each step (the trainer writes both).
+PARAMS_ITEM = 'params'
+OPT_STATE_ITEM = 'opt_state'
+ITEM_NAMES = (PARAMS_ITEM, OPT_STATE_ITEM)
+# T5X's layouts, in each checkpoint_<step> directory.
+T5X_CHECKPOINT_FILE = 'checkpoint'  # The legacy msgpack.
+T5X_STATE_ITEM = 'state'  # The orbax item T5X writes the train state to.
+ORBAX_METADATA_FILE = '_METADATA'  # Marks an orbax PyTree item.
+_T5X_STEP_DIR = re.compile(r'checkpoint_(\d+)')
+# Keys that identify a serialized tensorstore spec among msgpack leaves.
+_TS_SPEC_KEYS = frozenset({'driver', 'kvstore', 'metadata'})
+
+
+# ------------------------------------------------------------------------------
+# Validation against the configured network.
+# ------------------------------------------------------------------------------
+def _describe(config: network.T5Config) -> str:
+  return (f'vocab_size={config.vocab_size}, emb_dim={config.emb_dim}, '
+          f'num_heads={config.num_heads}, head_dim={config.head_dim}, '
+          f'mlp_dim={config.mlp_dim}, num_encoder_layers={config.num_encoder_layers}, '
+          f'num_decoder_layers={config.num_decoder_layers}, '
+          f'mlp_activations={config.mlp_activations}, '
+          f'logits_via_embedding={config.logits_via_embedding}')
+
+
+@functools.lru_cache(maxsize=16)
+def _expected_shapes(config: network.T5Config) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
+  return {path: leaf.shape for path, leaf in
+          traverse_util.flatten_dict(network.abstract_params(config)[0]).items()}
+
+
+def _check_shapes(tree: Any, config: network.T5Config, source: str) -> None:
+  """Raises ValueError unless `tree` has exactly the network's parameter shapes.
+
+  Args:
+    tree: nested dict whose leaves are shape tuples or have `.shape` (arrays,
+      ShapeDtypeStructs, orbax array metadata).
+    config: the network's config.
+    source: what `tree` came from, for the message.
+  """
+  expected = _expected_shapes(config)
+  found = {path: tuple(leaf) if isinstance(leaf, tuple) else tuple(leaf.shape)
+           for path, leaf in traverse_util.flatten_dict(tree).items()}
+  problems = []
+  for path, want in expected.items():
+    name = '/'.join(path)
+    if path not in found:
+      problems.append(f'parameter {name} (shape {want}) is missing')
+    elif found[path] != want:
+      problems.append(f'parameter {name} has shape {found[path]}, but the config implies {want}')
+  for path in sorted(found.keys() - expected.keys()):
+    problems.append(f'parameter {"/".join(path)} (shape {found[path]}) is not part of the '
+                    'configured network')
+  if problems:
+    more = f' (and {len(problems) - 1} more problems)' if len(problems) > 1 else ''
+    raise ValueError(f'{source} does not match the configured network: {problems[0]}{more}. '
+                     f'The config has {_describe(config)}; pass the config of the size '
+                     'the checkpoint was trained with (e.g. network.t5_1_1_config(size)).')
+
+
+def check_params(params: Params, config: network.T5Config) -> None:
+  """Raises ValueError unless `params` has the tree and shapes of `Transformer(config)`.
+
+  The message names the first missing, unexpected or mis-shaped parameter
+  (with both shapes) and counts the rest. Dtypes are not checked: the network
+  computes in `config.dtype` whatever the parameters' dtype.
+
+  Args:
+    params: nested dict of arrays (or of anything with a `.shape`).
+    config: the network's config.
+  """
+  _check_shapes(params, config, 'The parameters')
+
+
+def _cast(params: Params, dtype: Optional[Any]) -> Params:
+  if dtype is None:
+    return params
+  return jax.tree.map(lambda x: np.asarray(x).astype(jnp.dtype(dtype), copy=False), params)
+
+
+def _numpy_restore_args(metadata_tree: Any, dtype: Optional[Any]) -> Any:
+  """orbax RestoreArgs that read every array of a tree to host numpy, cast to dtype."""
+  dtype = None if dtype is None else jnp.dtype(dtype)
+  return jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype),
+                      metadata_tree)
+
+
+def _absolute(path: epath.Path) -> epath.Path:
+  """orbax needs absolute paths; URLs (gs://) are, and `absolute()` would mangle them."""
+  return path if '://' in os.fspath(path) else path.absolute()
+
+
+def _directory(path: PathLike) -> epath.Path:
+  """The absolute directory `path` names (T5X's `checkpoint` file names its step directory)."""
+  path = _absolute(epath.Path(path))
+  if path.name == T5X_CHECKPOINT_FILE and path.is_file():
+    return path.parent
+  if not path.is_dir():
+    raise FileNotFoundError(f'No checkpoint at {path}: the directory does not exist.')
+  return path
+
+
+def _listing(path: epath.Path, limit: int = 10) -> str:
+  names = sorted(child.name for child in path.iterdir())
+  return f'{names[:limit]}{"..." if len(names) > limit else ""}'
+
+
+# ------------------------------------------------------------------------------
+# Our checkpoints (orbax; the layout the trainer writes).
+# ------------------------------------------------------------------------------
+def save_params(directory: PathLike, params: Params, step: int = 0) -> None:
+  """Writes a params-only checkpoint in the trainer's layout.
+
+  `<directory>/<step>/params/`, written by
+  `ocp.CheckpointManager(directory, item_names=ITEM_NAMES)` with
+  `ocp.args.StandardSave(params)`; returns once the write is complete.
+
+  Args:
+    directory: the model directory (created if missing; local or gs://).
+    params: nested dict of arrays (numpy or jax) in the T5X tree.
+    step: the step to write; must not exist yet.
+  """
+  directory = _absolute(epath.Path(directory))
+  with ocp.CheckpointManager(directory, item_names=ITEM_NAMES,
+                             options=ocp.CheckpointManagerOptions()) as manager:
+    if step in manager.all_steps():
+      raise ValueError(f'{directory} already has a checkpoint for step {step}; '
+                       'choose another step or directory.')
+    manager.save(step, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardSave(params)}))
+
+
+def restore_params(directory: PathLike, step: Optional[int] = None, dtype: Optional[Any] = None,
+                   *, config: Optional[network.T5Config] = None) -> Params:
+  """Reads the `params` item of a checkpoint in the trainer's layout.
+
+  Works on what `save_params` writes and on the trainer's checkpoints (which
+  also hold `opt_state`; only `params` is read).
+
+  Args:
+    directory: the model directory holding `<step>/params/`.
+    step: the step to read; the latest by default.
+    dtype: cast every array to this dtype on restore (e.g. 'bfloat16');
+      None keeps the stored dtypes.
+    config: if given, the stored shapes are checked against
+      `Transformer(config)` (see `check_params`) before anything is read.
+
+  Returns:
+    Nested dict of numpy arrays.
+  """
+  directory = _directory(directory)
+  # Handlers for both items, though only `params` is read: orbax warns about
+  # items it has no handler for.
+  handlers = {name: ocp.PyTreeCheckpointHandler() for name in ITEM_NAMES}
+  options = ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                         save_interval_steps=0)
+  with ocp.CheckpointManager(directory, item_handlers=handlers, options=options) as manager:
+    steps = manager.all_steps()
+    if not steps:
+      raise FileNotFoundError(
+          f'No orbax checkpoint in {directory}: expected step directories <step>/{PARAMS_ITEM}/ '
+          f'as save_params and the trainer write them; found {_listing(directory)}.')
+    step = max(steps) if step is None else step
+    if step not in steps:
+      raise ValueError(f'{directory} has no checkpoint for step {step}; it has steps '
+                       f'{sorted(steps)}.')
+    metadata = manager.item_metadata(step).get(PARAMS_ITEM)
+    if metadata is None:
+      raise FileNotFoundError(f'The checkpoint of step {step} in {directory} has no '
+                              f'{PARAMS_ITEM!r} item.')
+    metadata = metadata.tree
+    if config is not None:
+      _check_shapes(metadata, config, f'The checkpoint {directory} (step {step})')
+    restored = manager.restore(step, args=ocp.args.Composite(**{
+        PARAMS_ITEM: ocp.args.PyTreeRestore(
+            metadata, restore_args=_numpy_restore_args(metadata, dtype))}))
+  return restored[PARAMS_ITEM]
+
+
+# ------------------------------------------------------------------------------
+# T5X checkpoints (legacy msgpack + tensorstore, and orbax).
+# ------------------------------------------------------------------------------
+def _t5x_orbax_item(step_dir: epath.Path) -> Optional[epath.Path]:
+  """The orbax item holding a T5X train state in a step directory, if any."""
+  for item in (step_dir / T5X_STATE_ITEM, step_dir):
+    if (item / ORBAX_METADATA_FILE).exists():
+      return item
+  return None
+
+
+def _is_t5x_step_dir(path: epath.Path) -> bool:
+  return (path / T5X_CHECKPOINT_FILE).is_file() or _t5x_orbax_item(path) is not None
+
+
+def _t5x_latest_step_dir(path: epath.Path) -> Optional[epath.Path]:
+  """`path` if it is a step directory, else its `checkpoint_<step>` of largest step."""
+  if _is_t5x_step_dir(path):
+    return path
+  steps = {int(match.group(1)): child for child in path.iterdir()
+           if (match := _T5X_STEP_DIR.fullmatch(child.name)) and child.is_dir()}
+  return steps[max(steps)] if steps else None
+
+
+def _absolute_ts_spec(spec: Dict[str, Any], step_dir: str) -> Dict[str, Any]:
+  """The spec to open an array T5X stored at a path relative to its step directory.
+
+  As T5X's reader does, drops the stored chunking and compression (the array's
+  own `.zarray` has them), keeps the shape (tensorstore checks it), and
+  rewrites the kvstore: `gcs` with the bucket and prefix of a gs:// step
+  directory, else `file`. T5X stores `gcs` specs with a placeholder bucket for
+  checkpoints written to GCS and `file` (once `gfile`) specs otherwise, always
+  with relative paths, so checkpoints can be copied between the two.
+
+  Args:
+    spec: the JSON of a tensorstore spec, as stored in the msgpack.
+    step_dir: the `checkpoint_<step>` directory (local path or gs:// URL).
+  """
+  spec = copy.deepcopy(spec)
+  if spec.get('dtype') == 'uint16' or spec['metadata'].get('dtype') == '<u2':
+    raise ValueError('This T5X checkpoint stores bfloat16 as uint16 (checkpoint version 2); '
+                     'T5X does not read it either. Re-save it with a current T5X.')
+  for key in ('chunks', 'compressor'):
+    spec['metadata'].pop(key, None)
+  kvstore = spec['kvstore']
+  # tensorstore < 0.1.14 specs kept the path at the top level.
+  relative = spec.pop('path', None) or kvstore.get('path')
+  if kvstore.get('driver') not in ('file', 'gfile', 'gcs') or not relative:
+    raise ValueError(f'Unsupported tensorstore location in a T5X checkpoint: {kvstore}.')
+  gcs = re.fullmatch(r'gs://([^/]+)/(.*)', step_dir, re.DOTALL)
+  if gcs:
+    spec['kvstore'] = {'driver': 'gcs', 'bucket': gcs.group(1),
+                       'path': posixpath.join(gcs.group(2), relative)}
+  else:
+    spec['kvstore'] = {'driver': 'file', 'path': os.path.join(step_dir, relative)}
+  return spec
+
+
+def _t5x_target_leaves(tree: Any, prefix: Tuple[str, ...] = ()
+                       ) -> Iterator[Tuple[Tuple[str, ...], Any]]:
+  """(path, inline numpy array or tensorstore spec dict) for each stored parameter."""
+  if isinstance(tree, dict) and not _TS_SPEC_KEYS <= tree.keys():
+    for key, value in tree.items():
+      yield from _t5x_target_leaves(value, prefix + (key,))
+  else:
+    yield prefix, tree
+
+
+def _load_t5x_legacy(step_dir: epath.Path, config: Optional[network.T5Config],
+                     dtype: Optional[Any]) -> Params:
+  checkpoint_file = step_dir / T5X_CHECKPOINT_FILE
+  raw = checkpoint_file.read_bytes()
+  if raw.startswith(b'model_checkpoint_path'):
+    raise ValueError(f'{checkpoint_file} is a TensorFlow (Mesh TensorFlow) checkpoint index, not '
+                     'a T5X checkpoint; convert it with t5x/scripts/convert_tf_checkpoint.py.')
+  contents = serialization.msgpack_restore(raw)
+  if not isinstance(contents, dict) or 'optimizer' not in contents:
+    keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
+    raise ValueError(f'{checkpoint_file} is not a T5X checkpoint: expected a msgpack with keys '
+                     f"'version' and 'optimizer', found {keys}.")
+  if contents.get('version', 0) < 2:
+    raise ValueError(f'{checkpoint_file} has T5X checkpoint version {contents.get("version", 0)}; '
+                     'versions before 2 are not supported (T5X does not read them either).')
+  if 'target' not in contents['optimizer']:
+    raise ValueError(f"{checkpoint_file} has no 'optimizer/target' parameters.")
+  leaves = dict(_t5x_target_leaves(contents['optimizer']['target']))
+  specs, shapes = {}, {}
+  for path, leaf in leaves.items():
+    if isinstance(leaf, dict):
+      specs[path] = _absolute_ts_spec(leaf, os.fspath(step_dir))
+      shapes[path] = tuple(leaf['metadata']['shape'])
+    elif isinstance(leaf, np.ndarray):
+      shapes[path] = leaf.shape
+    else:
+      raise ValueError(f'{checkpoint_file} stores parameter {"/".join(path)} as '
+                       f'{type(leaf).__name__}, not as an array or a tensorstore spec.')
+  if config is not None:
+    _check_shapes(traverse_util.unflatten_dict(shapes), config,
+                  f'The T5X checkpoint {step_dir}')
+  # Open and read all arrays concurrently (many requests in flight on GCS).
+  opening = {path: ts.open(spec, open=True, read=True) for path, spec in specs.items()}
+  arrays = {path: leaf for path, leaf in leaves.items() if path not in specs}
+  try:
+    reading = {}
+    for path, future in opening.items():
+      reading[path] = future.result().read()
+    for path, future in reading.items():
+      arrays[path] = future.result()
+  except ValueError as error:  # tensorstore's error for a missing or malformed array.
+    raise ValueError(f'Cannot read parameter {"/".join(path)} of the T5X checkpoint {step_dir} '
+                     f'from {specs[path]["kvstore"]["path"]}: {error}') from error
+  return _cast(traverse_util.unflatten_dict(arrays), dtype)
+
+
+def _load_t5x_orbax(item: epath.Path, config: Optional[network.T5Config],
+                    dtype: Optional[Any]) -> Params:
+  # The handler, not a Checkpointer: the step-level _CHECKPOINT_METADATA is one
+  # directory up, and a Checkpointer on the item warns that it is missing.
+  handler = ocp.PyTreeCheckpointHandler()
+  tree = handler.metadata(item).tree
+  if 'target' not in tree:
+    raise ValueError(f"{item} is an orbax checkpoint without T5X's 'target' parameters "
+                     f'(its top-level entries: {sorted(tree)}).')
+  target = tree['target']
+  if config is not None:
+    _check_shapes(target, config, f'The T5X checkpoint {item}')
+  restored = handler.restore(item, args=ocp.args.PyTreeRestore(
+      {'target': target}, restore_args={'target': _numpy_restore_args(target, dtype)},
+      partial_restore=True))
+  return restored['target']
+
+
+def load_t5x_params(path: PathLike, dtype: Optional[Any] = None, *,
+                    config: Optional[network.T5Config] = None) -> Params:
+  """Reads the parameters (`target`) of a T5X checkpoint.
+
+  Reads both formats T5X writes: legacy (`checkpoint_<step>/checkpoint`
+  msgpack + tensorstore arrays, float32 or bfloat16, local or gs://) and orbax
+  (`checkpoint_<step>/state/` with `_METADATA`). Optimizer state is not read.
+
+  Args:
+    path: a `checkpoint_<step>` directory (or its `checkpoint` msgpack file),
+      or the model directory holding them (then the largest step is read).
+    dtype: cast every parameter to this dtype (e.g. 'float32'); None keeps the
+      stored dtypes.
+    config: if given, the stored shapes are checked against
+      `Transformer(config)` (see `check_params`) before any array is read.
+
+  Returns:
+    Nested dict of numpy arrays in the T5X tree.
+  """
+  path = _directory(path)
+  step_dir = _t5x_latest_step_dir(path)
+  if step_dir is None:
+    raise FileNotFoundError(
+        f'No T5X checkpoint at {path}: expected a checkpoint_<step> directory holding a '
+        f'{T5X_CHECKPOINT_FILE!r} msgpack file (legacy) or an orbax {T5X_STATE_ITEM!r} item '
+        f'with {ORBAX_METADATA_FILE}, or a directory of them; found {_listing(path)}.')
+  if not _is_t5x_step_dir(step_dir):
+    raise FileNotFoundError(
+        f'{step_dir} holds neither a {T5X_CHECKPOINT_FILE!r} msgpack file nor an orbax '
+        f'{T5X_STATE_ITEM!r} item; found {_listing(step_dir)}. An interrupted save? Pass an '
+        'earlier checkpoint_<step> directory.')
+  item = _t5x_orbax_item(step_dir)
+  if item is not None:
+    return _load_t5x_orbax(item, config, dtype)
+  return _load_t5x_legacy(step_dir, config, dtype)
+
+
+# ------------------------------------------------------------------------------
+# Hugging Face T5 checkpoints.
+# ------------------------------------------------------------------------------
+HF_CONFIG_FILE = 'config.json'
+HF_WEIGHTS_FILE = 'model.safetensors'
+HF_WEIGHTS_INDEX_FILE = 'model.safetensors.index.json'
+
+# Hugging Face `feed_forward_proj` <-> T5X `mlp_activations`. HF's gated-gelu
+# uses the tanh approximation ("gelu_new"), which is flax's `nn.gelu` default.
+_HF_FEED_FORWARD = {'gated-gelu': ('gelu', 'linear'), 'relu': ('relu',)}
+# Checkpoint entries that duplicate `shared.weight` (tied by transformers).
+_HF_TIED_COPIES = ('encoder.embed_tokens.weight', 'decoder.embed_tokens.weight')
+
+
+def _hf_names(config: network.T5Config) -> Iterator[Tuple[Tuple[str, ...], str, bool]]:
+  """(T5X parameter path, HF tensor name, transposed) for all but the logits.
+
+  torch's Linear stores [out, in], T5X kernels [in, out]; HF's relative
+  attention tables are [buckets, heads], T5X's [heads, buckets]. Both order
+  attention features head-major, so kernels only need a transpose.
+  """
+  yield ('token_embedder', 'embedding'), 'shared.weight', False
+  num_wi = len(config.mlp_activations)
+  wi = ('wi',) if num_wi == 1 else tuple(f'wi_{i}' for i in range(num_wi))
+  mlp = tuple((name, name) for name in wi + ('wo',))  # Same names in both.
+  attention = (('query', 'q'), ('key', 'k'), ('value', 'v'), ('out', 'o'))
+  stacks = (
+      ('encoder', config.num_encoder_layers, (
+          ('pre_attention_layer_norm', 'attention', 'SelfAttention'),
+          ('pre_mlp_layer_norm', 'mlp', 'DenseReluDense'))),
+      ('decoder', config.num_decoder_layers, (
+          ('pre_self_attention_layer_norm', 'self_attention', 'SelfAttention'),
+          ('pre_cross_attention_layer_norm', 'encoder_decoder_attention', 'EncDecAttention'),
+          ('pre_mlp_layer_norm', 'mlp', 'DenseReluDense'))),
+  )
+  for stack, num_layers, sublayers in stacks:
+    yield ((stack, 'relpos_bias', 'rel_embedding'),
+           f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight', True)
+    for i in range(num_layers):
+      for j, (norm, block, hf_block) in enumerate(sublayers):
+        prefix = f'{stack}.block.{i}.layer.{j}'
+        yield (stack, f'layers_{i}', norm, 'scale'), f'{prefix}.layer_norm.weight', False
+        for ours, theirs in (mlp if block == 'mlp' else attention):
+          yield ((stack, f'layers_{i}', block, ours, 'kernel'),
+                 f'{prefix}.{hf_block}.{theirs}.weight', True)
+    yield ((stack, f'{stack}_norm', 'scale'), f'{stack}.final_layer_norm.weight', False)
+
+
+def _safetensors():
+  try:
+    import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  except ImportError as error:
+    raise ImportError('Hugging Face checkpoints need the safetensors package: '
+                      'pip install "speculative_t5x[hf]" (or safetensors).') from error
+  return safetensors
+
+
+def _read_json(path: str, what: str) -> Dict[str, Any]:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'No {os.path.basename(path)} at {path}: expected {what}.')
+  with open(path) as f:
+    return json.load(f)
+
+
+def _hf_tensor_files(model_dir: str) -> Dict[str, str]:
+  """Maps each tensor name to the safetensors file that holds it."""
+  single = os.path.join(model_dir, HF_WEIGHTS_FILE)
+  index = os.path.join(model_dir, HF_WEIGHTS_INDEX_FILE)
+  if os.path.isfile(single):
+    with _safetensors().safe_open(single, framework='np') as f:
+      return {name: single for name in f.keys()}
+  if os.path.isfile(index):
+    weight_map = _read_json(index, 'a sharded safetensors index')['weight_map']
+    files = {name: os.path.join(model_dir, file) for name, file in weight_map.items()}
+    for path in set(files.values()):
+      if not os.path.isfile(path):
+        raise FileNotFoundError(f'{index} lists {path}, which does not exist.')
+    return files
+  found = sorted(os.listdir(model_dir))
+  hint = (' Only safetensors weights are read; convert PyTorch .bin weights by loading '
+          'the model with transformers and calling save_pretrained().'
+          if any(name.endswith('.bin') for name in found) else '')
+  raise FileNotFoundError(f'No {HF_WEIGHTS_FILE} or {HF_WEIGHTS_INDEX_FILE} in {model_dir} '
+                          f'(found {found}).{hint}')
+
+
+def _t5_config_from_hf(hf: Dict[str, Any], logits_via_embedding: bool) -> network.T5Config:
+  """Checks that a transformers config.json describes a model this network computes."""
+  if hf.get('model_type') not in ('t5', 'mt5') or not hf.get('is_encoder_decoder', True):
+    raise ValueError(f'Expected a T5 encoder-decoder (model_type "t5" or "mt5"), got '
+                     f'model_type={hf.get("model_type")!r}; UMT5, LongT5 and decoder-only '
+                     'models have other architectures.')
+  feed_forward = hf.get('feed_forward_proj', 'relu')
+  if feed_forward not in _HF_FEED_FORWARD:
+    raise ValueError(f'Unsupported feed_forward_proj {feed_forward!r}: supported are '
+                     f'{sorted(_HF_FEED_FORWARD)} (T5 1.1 / Flan-T5 / mT5, and T5 1.0).')
+  fixed = {'relative_attention_num_buckets': network.NUM_BUCKETS,
+           'relative_attention_max_distance': network.MAX_DISTANCE,
+           'layer_norm_epsilon': 1e-6}
+  for key, value in fixed.items():
+    if hf.get(key, value) != value:
+      raise ValueError(f'Unsupported {key}={hf[key]}: this network (like T5X) uses {value}.')
+  missing = [key for key in ('vocab_size', 'd_model', 'num_heads', 'd_kv', 'd_ff', 'num_layers')
+             if key not in hf]
+  if missing:
+    raise ValueError(f'config.json lacks {missing}; it is not a transformers T5 config.')
+  num_layers = hf['num_layers']
+  num_decoder_layers = hf.get('num_decoder_layers')
+  return network.T5Config(
+      vocab_size=hf['vocab_size'], emb_dim=hf['d_model'], num_heads=hf['num_heads'],
+      num_encoder_layers=num_layers,
+      num_decoder_layers=num_layers if num_decoder_layers is None else num_decoder_layers,
+      head_dim=hf['d_kv'], mlp_dim=hf['d_ff'], mlp_activations=_HF_FEED_FORWARD[feed_forward],
+      dropout_rate=hf.get('dropout_rate', 0.1), logits_via_embedding=logits_via_embedding)
+
+
+@contextlib.contextmanager
+def _open_huggingface(model_dir: str):
+  """Yields (config.json contents, tensor names, read(name) -> float32 array)."""
+  hf = _read_json(os.path.join(model_dir, HF_CONFIG_FILE),
+                  'the config.json of a transformers T5 model')
+  files = _hf_tensor_files(model_dir)
+  with contextlib.ExitStack() as stack:
+    handles = {path: stack.enter_context(_safetensors().safe_open(path, framework='np'))
+               for path in set(files.values())}
+
+    def read(name):
+      if name not in files:
+        raise ValueError(f'{model_dir} lacks tensor {name}, which its config.json implies.')
+      return np.asarray(handles[files[name]].get_tensor(name), np.float32)
+
+    yield hf, set(files), read
+
+
+def _hf_head(hf: Dict[str, Any], names: Set[str], read: Callable[[str], np.ndarray]
+             ) -> Tuple[network.T5Config, np.ndarray, np.ndarray, bool]:
+  """(config, shared embedding, output embedding, whether outputs are scaled)."""
+  tie = hf.get('tie_word_embeddings', True)
+  scale = bool(hf.get('scale_decoder_outputs', tie))
+  shared = read('shared.weight')
+  head = read('lm_head.weight') if 'lm_head.weight' in names else shared
+  config = _t5_config_from_hf(hf, logits_via_embedding=scale and np.array_equal(head, shared))
+  return config, shared, head, scale
+
+
+def huggingface_config(model_dir: str) -> network.T5Config:
+  """The T5Config that `load_huggingface_t5` returns for a transformers T5 directory.
+
+  Reads config.json and, to tell a tied output layer from an untied one, the
+  embedding tensors.
+  """
+  with _open_huggingface(model_dir) as (hf, names, read):
+    return _hf_head(hf, names, read)[0]
+
+
+def load_huggingface_t5(model_dir: str) -> Tuple[network.T5Config, Params]:
+  """Reads a transformers T5 directory into a T5Config and a T5X parameter tree.
+
+  Reads `config.json` and `model.safetensors` (or the shards listed in
+  `model.safetensors.index.json`) of a `T5ForConditionalGeneration`: T5 1.1,
+  Flan-T5 and mT5 (gated GELU) and T5 1.0 (ReLU, `mlp/wi`).
+
+  The output layer follows what transformers computes: `lm_head.weight` if the
+  checkpoint has one, else the shared embedding; decoder outputs are scaled by
+  d_model**-0.5 if config.json says `scale_decoder_outputs` (transformers 5)
+  or, lacking that key, `tie_word_embeddings` (transformers 4; default true).
+  A tied, scaled head becomes `logits_via_embedding=True` (T5X's
+  attend(y) / sqrt(emb_dim)); an untied scaled head has the scale folded into
+  `logits_dense`.
+
+  Args:
+    model_dir: the directory `save_pretrained` wrote.
+
+  Returns:
+    (config, params): config with the default compute dtype (bfloat16; use
+    `dataclasses.replace(config, dtype=...)`), params a nested dict of float32
+    numpy arrays in the T5X tree.
+
+  Raises:
+    FileNotFoundError: config or weights missing.
+    ValueError: an unsupported variant, or tensors that do not match the config.
+  """
+  with _open_huggingface(model_dir) as (hf, names, read):
+    config, shared, head, scale = _hf_head(hf, names, read)
+    used = {name for _, name, _ in _hf_names(config)} | {'lm_head.weight', *_HF_TIED_COPIES}
+    unused = sorted(names - used)
+    if unused:
+      raise ValueError(f'{model_dir} has tensors this T5 architecture does not use: '
+                       f'{unused[:5]}{"..." if len(unused) > 5 else ""}.')
+    flat = {}
+    for path, name, transposed in _hf_names(config):
+      value = shared if name == 'shared.weight' else read(name)
+      flat[path] = value.T if transposed else value
+  if not config.logits_via_embedding:
+    # An untied head that transformers scales (never the case for T5 1.1) has
+    # the scale folded in.
+    flat[('decoder', 'logits_dense', 'kernel')] = (
+        head * np.float32(config.emb_dim**-0.5) if scale else head).T
+  expected = _expected_shapes(config)
+  for path, value in flat.items():
+    if value.shape != expected[path]:
+      raise ValueError(f'Tensor for {"/".join(path)} has shape {value.shape}, but config.json '
+                       f'implies {expected[path]}.')
+  return config, traverse_util.unflatten_dict(
+      {path: np.ascontiguousarray(value) for path, value in flat.items()})
+
+
+def save_huggingface_t5(config: network.T5Config, params: Params, output_dir: str) -> None:
+  """Writes config.json and model.safetensors that transformers loads.
+
+  `T5ForConditionalGeneration.from_pretrained(output_dir)` reproduces the
+  network's logits (transformers 4 and 5), and `load_huggingface_t5` reads the
+  directory back into the same parameters.
+
+  A tied head (`logits_via_embedding=True`) is written as transformers' tied,
+  scaled T5: `shared.weight` only, `tie_word_embeddings` and
+  `scale_decoder_outputs` true. An untied head (T5 1.1) is written the way
+  transformers 4 saved T5 1.1 and Flan-T5: a separate `lm_head.weight` and
+  `"tie_word_embeddings": false`. transformers 5 forces tying in its T5Config
+  but, when a checkpoint holds both tensors with different values, keeps them
+  untied (it logs a warning saying it will not tie them) and does not scale,
+  which is exactly this model; checked with transformers 5.24.
+
+  Args:
+    config: the network's config.
+    params: the T5X parameter tree (arrays of any float dtype).
+    output_dir: created if missing; existing files of the same names are
+      overwritten.
+  """
+  inverse = {activations: name for name, activations in _HF_FEED_FORWARD.items()}
+  if config.mlp_activations not in inverse:
+    raise ValueError(f'transformers T5 has no MLP with activations {config.mlp_activations}; '
+                     f'exportable are {sorted(inverse)}.')
+  flat = traverse_util.flatten_dict(params)
+  tensors = {}
+  for path, name, transposed in _hf_names(config):
+    value = np.asarray(flat[path], np.float32)
+    tensors[name] = np.ascontiguousarray(value.T if transposed else value)
+  if not config.logits_via_embedding:
+    tensors['lm_head.weight'] = np.ascontiguousarray(
+        np.asarray(flat[('decoder', 'logits_dense', 'kernel')], np.float32).T)
+  hf = {
+      'architectures': ['T5ForConditionalGeneration'],
+      'model_type': 't5',
+      'is_encoder_decoder': True,
+      'vocab_size': config.vocab_size,
+      'd_model': config.emb_dim,
+      'd_kv': config.head_dim,
+      'd_ff': config.mlp_dim,
+      'num_heads': config.num_heads,
+      'num_layers': config.num_encoder_layers,
+      'num_decoder_layers': config.num_decoder_layers,
+      'feed_forward_proj': inverse[config.mlp_activations],
+      'relative_attention_num_buckets': network.NUM_BUCKETS,
+      'relative_attention_max_distance': network.MAX_DISTANCE,
+      'layer_norm_epsilon': 1e-6,
+      'dropout_rate': config.dropout_rate,
+      'pad_token_id': 0,
+      'eos_token_id': 1,
+      'decoder_start_token_id': 0,
+      'tie_word_embeddings': config.logits_via_embedding,
+      'scale_decoder_outputs': config.logits_via_embedding,
+      'dtype': 'float32',
+  }
+  os.makedirs(output_dir, exist_ok=True)
+  with open(os.path.join(output_dir, HF_CONFIG_FILE), 'w') as f:
+    json.dump(hf, f, indent=2, sort_keys=True)
+  _safetensors().numpy.save_file(tensors, os.path.join(output_dir, HF_WEIGHTS_FILE),
+                              metadata={'format': 'pt'})
+
+
+# ------------------------------------------------------------------------------
+# One entry point for inference.
+# ------------------------------------------------------------------------------
+def _is_orbax_step_dir(path: epath.Path) -> bool:
+  return path.name.isdigit() and (path / PARAMS_ITEM).is_dir()
+
+
+def checkpoint_format(path: PathLike) -> str:
+  """Which checkpoint `path` holds: ORBAX, T5X_LEGACY, T5X_ORBAX or HUGGINGFACE.
+
+  Recognized, in this order: a Hugging Face directory (`config.json`); our
+  layout (`<step>/params/` below `path`, or `path` itself such a step
+  directory); a T5X checkpoint (`checkpoint_<step>` directories below `path`,
+  or `path` itself one; the latest step decides legacy or orbax).
+  """
+  path = _directory(path)
+  if (path / HF_CONFIG_FILE).is_file():
+    return HUGGINGFACE
+  if _is_orbax_step_dir(path) or any(_is_orbax_step_dir(child) for child in path.iterdir()):
+    return ORBAX
+  step_dir = _t5x_latest_step_dir(path)
+  if step_dir is not None and _is_t5x_step_dir(step_dir):
+    return T5X_LEGACY if _t5x_orbax_item(step_dir) is None else T5X_ORBAX
+  raise FileNotFoundError(
+      f'No checkpoint at {path}. Looked for a Hugging Face directory ({HF_CONFIG_FILE} + '
+      f'{HF_WEIGHTS_FILE}), orbax steps (<step>/{PARAMS_ITEM}/, written by save_params or the '
+      f'trainer), and T5X checkpoints (checkpoint_<step>/{T5X_CHECKPOINT_FILE} or '
+      f'checkpoint_<step>/{T5X_STATE_ITEM}/{ORBAX_METADATA_FILE}); found {_listing(path)}.')
+
+
+def load_params(path: PathLike, config: Optional[network.T5Config] = None,
+                dtype: Optional[Any] = None) -> Params:
+  """Reads the parameters of any checkpoint this module knows (`checkpoint_format`).
+
+  Args:
+    path: our orbax model directory (or one `<step>` directory of it, else the
+      latest step is read); a T5X model directory (latest step) or
+      `checkpoint_<step>` directory, legacy or orbax; or a Hugging Face
+      directory.
+    config: if given, the parameters are checked against `Transformer(config)`
+      (`check_params`; for T5X and orbax checkpoints before any array is read). A
+      Hugging Face directory records its own architecture
+      (`huggingface_config(path)` returns it); a given config must then agree
+      with it in every field but the compute settings (dtype, dropout,
+      float32 attention logits). T5X and orbax checkpoints record none.
+    dtype: cast every parameter to this dtype; None keeps the stored dtypes
+      (float32 for Hugging Face directories).
+
+  Returns:
+    Nested dict of numpy arrays in the T5X tree.
+  """
+  kind = checkpoint_format(path)
+  path = _directory(path)
+  if kind == HUGGINGFACE:
+    stored_config, params = load_huggingface_t5(os.fspath(path))
+    if config is not None:
+      _check_same_architecture(config, stored_config, path)
+    return _cast(params, dtype)
+  if kind == ORBAX:
+    if _is_orbax_step_dir(path):
+      return restore_params(path.parent, int(path.name), dtype, config=config)
+    return restore_params(path, None, dtype, config=config)
+  return load_t5x_params(path, dtype, config=config)
+
+
+# Settings of how the network computes, not of what the parameters mean.
+_COMPUTE_FIELDS = ('dtype', 'dropout_rate', 'float32_attention_logits')
+
+
+def _check_same_architecture(config: network.T5Config, stored: network.T5Config,
+                             path: epath.Path) -> None:
+  for field in dataclasses.fields(network.T5Config):
+    if field.name in _COMPUTE_FIELDS:
+      continue
+    given, recorded = getattr(config, field.name), getattr(stored, field.name)
+    if given != recorded:
+      raise ValueError(f'The config has {field.name}={given!r}, but the checkpoint at {path} '
+                       f'has {field.name}={recorded!r}; use checkpoints.huggingface_config(path) '
+                       '(with dataclasses.replace for the compute dtype).')
