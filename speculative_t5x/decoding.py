@@ -1,0 +1,513 @@
+"""Decode functions: T5X-style temperature sampling and speculative sampling.
+
+Both functions follow T5X's decode-function conventions (`t5x/decoding.py`):
+keyword arguments `inputs, cache, eos_id, decode_rng, num_decodes, temperature,
+topk, topp, cache_offset, max_decode_steps`; `num_decodes` expands the batch
+in place ([el0, el0, el1, el1, ...]); the result is
+`(decodes [B, num_decodes, L], log_probs [B, num_decodes])` sorted by
+ascending log probability, so `[:, -1]` is the most likely decode. A row ends
+when it emits `eos_id` or fills the output length; tokens after the end are 0.
+`log_probs` are log probabilities under the *standardized* distribution that was
+sampled from (T5X's `rescale_log_probs=True`): 0 for greedy decoding.
+
+As in T5X, `topk` defaults to 1 (greedy). Pass `topk=0` to sample.
+
+`temperature_sample` is the baseline ("standard decoding"): one target call per
+token. `speculative_sample` is Algorithm 1 of Leviathan et al. (2023): per
+iteration, a draft proposes `gamma` tokens, the target scores the block
+`[last, x_1..x_gamma]` in one call, `verify` accepts a prefix per row and
+samples the next token, and every row moves its own position. Each is a single
+`jax.lax.while_loop`; nothing returns to the host between iterations.
+
+Sequence layout shared by both loops: `sequences [BN, ...]` holds BOS (0) at
+index 0 and output token j at index j + 1; the decoder input at cache position
+t is `sequences[:, t]`. A row whose last emitted token sits at index s has a
+target cache that is valid for positions < s.
+"""
+
+import functools
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
+
+import flax
+from flax import traverse_util
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import drafts
+from speculative_t5x import sampling
+from speculative_t5x import speculative_sampling
+
+PyTree = Any
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class DecodingState:
+  """What a single-token `tokens_to_logits` sees (T5X's `DecodingState`).
+
+  Attributes:
+    cur_index: int32 [BN] cache position of `cur_token`.
+    sequences: int32 [BN, L] tokens so far (see the module docstring).
+    cur_token: int32 [BN, 1] the token to feed.
+    cache: the decoder cache.
+  """
+
+  cur_index: Array
+  sequences: Array
+  cur_token: Array
+  cache: PyTree
+
+
+# `tokens_to_logits(DecodingState) -> (logits [BN, V], new_cache)`.
+TokensToLogits = Callable[[DecodingState], Tuple[Array, PyTree]]
+# `score_block(block_tokens [BN, k], start_positions [BN], cache)
+#   -> (logits [BN, k, V], new_cache)`: the target scores k tokens per row,
+# writing their keys/values at positions start..start+k-1 (overwriting).
+ScoreBlock = Callable[[Array, Array, PyTree], Tuple[Array, PyTree]]
+
+
+# ------------------------------------------------------------------------------
+# Batch expansion for num_decodes (T5X's flat_batch_beam_expand / cache_map).
+# ------------------------------------------------------------------------------
+
+
+def flat_batch_expand(x: Array, num_decodes: int, offset: int = 0) -> Array:
+  """Repeats each batch row `num_decodes` times in place along axis `offset`."""
+  return jnp.repeat(x, num_decodes, axis=offset)
+
+
+def cache_map(fn: Callable[[Array], Array], cache: PyTree) -> PyTree:
+  """Applies `fn` to every cache leaf except scalar `cache_index` counters."""
+  frozen = isinstance(cache, flax.core.FrozenDict)
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache) if frozen else cache)
+  flat = {k: (v if k[-1] == 'cache_index' else fn(v)) for k, v in flat.items()}
+  new_cache = traverse_util.unflatten_dict(flat)
+  return flax.core.freeze(new_cache) if frozen else new_cache
+
+
+def expand_cache(cache: PyTree, num_decodes: int, cache_offset: int = 0) -> PyTree:
+  """Expands every batch-leading cache leaf for `num_decodes` samples per row."""
+  if num_decodes == 1:
+    return cache
+  return cache_map(
+      functools.partial(flat_batch_expand, num_decodes=num_decodes, offset=cache_offset),
+      cache,
+  )
+
+
+def _expand_temperature(temperature, num_decodes: int):
+  """A per-row temperature [B] becomes [B * num_decodes]; scalars stay."""
+  if isinstance(temperature, (int, float)) or np.ndim(temperature) == 0:
+    return temperature
+  return flat_batch_expand(jnp.asarray(temperature), num_decodes)
+
+
+def _sort_by_log_prob(values: Array, log_prob: Array, batch_size: int, num_decodes: int):
+  """Unflattens [B*N, ...] to [B, N, ...] and sorts by ascending log_prob [B*N]."""
+  log_prob = log_prob.reshape(batch_size, num_decodes)
+  order = jnp.argsort(log_prob, axis=-1)
+  sorted_log_prob = jnp.take_along_axis(log_prob, order, axis=-1)
+
+  def sort(x):
+    x = x.reshape((batch_size, num_decodes) + x.shape[1:])
+    index = order.reshape(order.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, index, axis=1)
+
+  return jax.tree_util.tree_map(sort, values), sorted_log_prob
+
+
+def _validate_common(inputs, num_decodes, max_decode_steps, topk, topp):
+  if inputs.ndim != 2:
+    raise ValueError(f'inputs must be [batch, max_decode_len]; got shape {inputs.shape}.')
+  if num_decodes < 1:
+    raise ValueError(f'num_decodes must be >= 1; got {num_decodes}.')
+  if max_decode_steps is not None and not isinstance(max_decode_steps, jax.core.Tracer):
+    if np.any(np.asarray(max_decode_steps) < 1):
+      raise ValueError(f'max_decode_steps must be >= 1; got {max_decode_steps}.')
+  sampling.validate_sampling_args(topk=topk, topp=topp)
+
+
+def _row_limits(inputs: Array, max_decode_steps) -> Array:
+  """int32 [BN]: the index in `sequences` of each row's last output slot.
+
+  As in T5X, `max_decode_steps` counts tokens after the decoder prompt.
+  """
+  max_decode_len = inputs.shape[1]
+  if max_decode_steps is None:
+    return jnp.full((inputs.shape[0],), max_decode_len, jnp.int32)
+  prompt_len = jnp.sum(inputs != 0, axis=1)
+  return jnp.minimum(max_decode_len, prompt_len + max_decode_steps).astype(jnp.int32)
+
+
+# ------------------------------------------------------------------------------
+# Baseline: temperature sampling, one target call per token.
+# ------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class SamplingLoopState:
+  """Loop state of `temperature_sample`.
+
+  Attributes:
+    cur_index: int32 scalar, cache position of the token being fed (all rows
+      share it, as without a prefilled prompt in T5X).
+    sequences: int32 [BN, L + 2] BOS, outputs, and one spare slot.
+    cache: the target's decoder cache.
+    ended: bool [BN].
+    rng: PRNG key.
+    log_prob: float32 [BN].
+  """
+
+  cur_index: Array
+  sequences: Array
+  cache: PyTree
+  ended: Array
+  rng: Array
+  log_prob: Array
+
+
+def temperature_sample(
+    inputs: Array,
+    cache: PyTree,
+    tokens_to_logits: TokensToLogits,
+    eos_id: int,
+    decode_rng: Optional[Array] = None,
+    num_decodes: int = 1,
+    temperature: Union[float, Array] = 1.0,
+    topk: int = 1,
+    topp: float = 0.0,
+    cache_offset: int = 0,
+    max_decode_steps: Optional[Union[int, Array]] = None,
+) -> Tuple[Array, Array]:
+  """Samples one token per target call, as T5X's `temperature_sample`.
+
+  Args:
+    inputs: int32 [B, L] decoder prompt, already shifted right: `inputs[:, 0]`
+      is the BOS slot, non-zero entries after it are forced (teacher forcing),
+      zeros are sampled. L is the output length.
+    cache: the target's decoder cache for batch B (expanded here).
+    tokens_to_logits: `DecodingState -> (logits [BN, V], new_cache)`.
+    eos_id: end-of-sequence id.
+    decode_rng: PRNG key (default `PRNGKey(0)`).
+    num_decodes: independent samples per row.
+    temperature: scalar or float [B]; 0 means argmax.
+    topk: keep the k most likely tokens (0: off). T5X's default 1 is greedy.
+    topp: nucleus mass (0: off). At most one of topk/topp may be non-zero.
+    cache_offset: batch axis of cache leaves (1 for scanned layers).
+    max_decode_steps: optional cap on tokens generated after the prompt.
+
+  Returns:
+    `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes])`,
+    sorted by ascending log probability.
+  """
+  _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
+  decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  batch_size, max_decode_len = inputs.shape
+  inputs = flat_batch_expand(inputs, num_decodes)
+  cache = expand_cache(cache, num_decodes, cache_offset)
+  temperature = _expand_temperature(temperature, num_decodes)
+  limits = _row_limits(inputs, max_decode_steps)
+  flat_size = inputs.shape[0]
+
+  def cond_fn(state: SamplingLoopState) -> Array:
+    return ~jnp.all(state.ended)
+
+  def body_fn(state: SamplingLoopState) -> SamplingLoopState:
+    rng, sample_rng = jax.random.split(state.rng)
+    index = state.cur_index
+    cur_token = lax.dynamic_slice_in_dim(state.sequences, index, 1, axis=1)
+    logits, new_cache = tokens_to_logits(
+        DecodingState(
+            cur_index=jnp.full((flat_size,), index, jnp.int32),
+            sequences=state.sequences[:, :max_decode_len],
+            cur_token=cur_token,
+            cache=state.cache,
+        )
+    )
+    probs = sampling.standardize(logits, temperature=temperature, topk=topk, topp=topp)
+    sampled = sampling.sample(sample_rng, probs)
+    forced = lax.dynamic_index_in_dim(state.sequences, index + 1, axis=1, keepdims=False)
+    in_prompt = forced != 0
+    next_token = jnp.where(in_prompt, forced, sampled)
+    next_token = jnp.where(state.ended, 0, next_token)
+    generated = ~in_prompt & ~state.ended
+    token_prob = jnp.take_along_axis(probs, sampled[:, None], axis=-1)[:, 0]
+    log_prob = state.log_prob + jnp.where(generated, jnp.log(token_prob), 0.0)
+    sequences = lax.dynamic_update_slice_in_dim(
+        state.sequences, next_token[:, None], index + 1, axis=1
+    )
+    ended = state.ended | (generated & (next_token == eos_id)) | (index + 1 >= limits)
+    return SamplingLoopState(
+        cur_index=index + 1,
+        sequences=sequences,
+        cache=new_cache,
+        ended=ended,
+        rng=rng,
+        log_prob=log_prob,
+    )
+
+  # One spare slot past the end keeps the forced-token read in bounds.
+  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, 1)))
+  sequences = sequences.at[:, 0].set(0)
+  init_state = SamplingLoopState(
+      cur_index=jnp.zeros((), jnp.int32),
+      sequences=sequences,
+      cache=cache,
+      ended=limits <= 0,
+      rng=decode_rng,
+      log_prob=jnp.zeros((flat_size,), jnp.float32),
+  )
+  final_state = lax.while_loop(cond_fn, body_fn, init_state)
+  decodes = final_state.sequences[:, 1 : max_decode_len + 1]
+  return _sort_by_log_prob(decodes, final_state.log_prob, batch_size, num_decodes)
+
+
+# ------------------------------------------------------------------------------
+# Speculative sampling.
+# ------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class SpeculativeStats:
+  """Acceptance statistics gathered inside the compiled loop.
+
+  Per-row fields are [B, num_decodes] after decoding, in the same order as the
+  returned decodes. Aggregate fields count over (row, iteration) pairs in which
+  the row was still active.
+
+  Attributes:
+    target_calls: int32 scalar, loop iterations (one target block call each).
+    iterations: int32 per row, iterations in which the row was active.
+    accepted: int32 per row, draft tokens accepted in total.
+    emitted: int32 per row, tokens written (the EOS included); equals
+      `accepted + iterations` minus the tokens cut off by EOS or the length.
+    accepted_histogram: int32 [gamma + 1], how often 0..gamma were accepted.
+    position_reached: int32 [gamma], how often draft position i was judged
+      (all earlier ones accepted).
+    position_accepted: int32 [gamma], how often draft position i was accepted.
+    beta_sum: float32 scalar, sum of beta = sum_x min(p, q) over judged
+      positions (at each position the context is a target-distributed prefix).
+    beta_count: int32 scalar, the number of terms in `beta_sum`.
+  """
+
+  target_calls: Array
+  iterations: Array
+  accepted: Array
+  emitted: Array
+  accepted_histogram: Array
+  position_reached: Array
+  position_accepted: Array
+  beta_sum: Array
+  beta_count: Array
+
+  @property
+  def mean_beta(self) -> Array:
+    """alpha measured on the fly: the mean of beta over judged positions."""
+    return self.beta_sum / jnp.maximum(self.beta_count, 1)
+
+  @property
+  def tokens_per_target_call(self) -> Array:
+    """Mean tokens emitted per active (row, iteration) pair."""
+    return jnp.sum(self.emitted) / jnp.maximum(jnp.sum(self.iterations), 1)
+
+
+@flax.struct.dataclass
+class SpeculativeLoopState:
+  """Loop state of `speculative_sample`.
+
+  Attributes:
+    position: int32 [BN] index in `sequences` of each row's last emitted
+      token, which is also its next decoder input position.
+    sequences: int32 [BN, L + gamma + 2] BOS, outputs, and room for one block
+      running past the end (cut from the result).
+    cache: the target's decoder cache.
+    draft_cache: the draft's state (see `drafts.Draft`).
+    ended: bool [BN].
+    rng: PRNG key.
+    log_prob: float32 [BN].
+    stats: `SpeculativeStats` with flat per-row fields [BN].
+  """
+
+  position: Array
+  sequences: Array
+  cache: PyTree
+  draft_cache: PyTree
+  ended: Array
+  rng: Array
+  log_prob: Array
+  stats: SpeculativeStats
+
+
+def speculative_cache_length(max_decode_len: int, gamma: int) -> int:
+  """Cache positions that `speculative_sample` needs: the output plus a block."""
+  return max_decode_len + gamma + 1
+
+
+def speculative_sample(
+    inputs: Array,
+    cache: PyTree,
+    score_block: ScoreBlock,
+    eos_id: int,
+    decode_rng: Optional[Array] = None,
+    num_decodes: int = 1,
+    temperature: Union[float, Array] = 1.0,
+    topk: int = 1,
+    topp: float = 0.0,
+    cache_offset: int = 0,
+    max_decode_steps: Optional[Union[int, Array]] = None,
+    *,
+    draft: Any,
+    draft_cache: PyTree,
+    gamma: int,
+    lenience: float = 1.0,
+) -> Tuple[Array, Array, SpeculativeStats]:
+  """Speculative sampling (Algorithm 1) in one compiled while_loop.
+
+  The output is distributed as `temperature_sample` with the same arguments
+  (exactly for `lenience=1`); with greedy settings it is the same tokens.
+
+  Args:
+    inputs: int32 [B, L] decoder prompt slot, all zeros (decoder prompts are
+      not supported here; the output length L is its width).
+    cache: the target's decoder cache for batch B, with at least
+      `speculative_cache_length(L, gamma)` positions.
+    score_block: the target's block scorer (see `ScoreBlock`).
+    eos_id: end-of-sequence id.
+    decode_rng: PRNG key (default `PRNGKey(0)`).
+    num_decodes: independent samples per row.
+    temperature: scalar or float [B]; 0 means argmax. Applied to p and q.
+    topk: keep the k most likely tokens (0: off); applied to p and q.
+    topp: nucleus mass (0: off); applied to p and q.
+    cache_offset: batch axis of cache leaves (1 for scanned layers).
+    max_decode_steps: optional cap on generated tokens per row.
+    draft: a `drafts.Draft` (model, n-gram or prompt lookup).
+    draft_cache: the draft's state for batch B, from `draft.init_cache`.
+    gamma: draft tokens proposed per iteration, >= 1.
+    lenience: in (0, 1]; below 1 trades exactness for acceptance
+      (Appendix A.5, see `speculative_sampling.verify`).
+
+  Returns:
+    `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes],
+    stats)` with decodes and log_probs sorted by ascending log probability and
+    per-row stats in the same order.
+  """
+  _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
+  if not isinstance(gamma, (int, np.integer)) or gamma < 1:
+    raise ValueError(f'gamma must be an integer >= 1; got {gamma!r}.')
+  if not isinstance(inputs, jax.core.Tracer) and np.any(np.asarray(inputs) != 0):
+    raise ValueError(
+        'speculative_sample decodes from BOS only: `inputs` must be all zeros '
+        '(decoder prompts are not supported; use temperature_sample for them).'
+    )
+  decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  batch_size, max_decode_len = inputs.shape
+  inputs = flat_batch_expand(inputs, num_decodes)
+  cache = expand_cache(cache, num_decodes, cache_offset)
+  draft_cache = expand_cache(draft_cache, num_decodes, cache_offset)
+  temperature = _expand_temperature(temperature, num_decodes)
+  limits = _row_limits(inputs, max_decode_steps)
+  flat_size = inputs.shape[0]
+  sample_args = dict(temperature=temperature, topk=topk, topp=topp)
+  block_offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
+
+  def cond_fn(state: SpeculativeLoopState) -> Array:
+    return ~jnp.all(state.ended)
+
+  def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
+    rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
+    position = state.position
+    draft_tokens, draft_probs, draft_cache = draft.propose(
+        state.draft_cache, state.sequences, position, propose_rng, gamma=gamma, **sample_args
+    )
+    last_token = jnp.take_along_axis(state.sequences, position[:, None], axis=1)
+    block = jnp.concatenate([last_token, draft_tokens], axis=1)
+    target_logits, cache = score_block(block, position, state.cache)
+    drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
+    target_probs = sampling.standardize(target_logits, **sample_args)
+    num_accepted, next_token, beta = speculative_sampling.verify(
+        verify_rng, draft_tokens, draft_probs, target_probs, lenience, return_beta=True
+    )
+
+    # The emitted block: accepted draft tokens, then the residual/bonus token.
+    padded_draft = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
+    emitted = jnp.where(
+        block_offsets[None] < num_accepted[:, None], padded_draft, next_token[:, None]
+    )
+    # Cut at each row's end: past the accepted prefix, the length, an EOS.
+    slot = position[:, None] + 1 + block_offsets[None]
+    keep = (block_offsets[None] <= num_accepted[:, None]) & (slot <= limits[:, None])
+    keep &= ~state.ended[:, None]
+    is_eos = keep & (emitted == eos_id)
+    keep &= jnp.cumsum(is_eos, axis=1) - is_eos == 0  # nothing after the first EOS
+    num_kept = jnp.sum(keep, axis=1).astype(jnp.int32)
+    written = jnp.where(keep, emitted, 0)
+    sequences = jax.vmap(lambda row, values, start: lax.dynamic_update_slice(row, values, (start,)))(
+        state.sequences, written, position + 1
+    )
+    new_position = position + num_kept
+    ended = state.ended | jnp.any(is_eos & keep, axis=1) | (new_position >= limits)
+
+    token_probs = jnp.take_along_axis(target_probs, emitted[..., None], axis=-1)[..., 0]
+    log_prob = state.log_prob + jnp.sum(jnp.where(keep, jnp.log(token_probs), 0.0), axis=1)
+
+    active = ~state.ended
+    judged = (block_offsets[None, :gamma] <= num_accepted[:, None]) & active[:, None]
+    stats = state.stats
+    stats = SpeculativeStats(
+        target_calls=stats.target_calls + 1,
+        iterations=stats.iterations + active,
+        accepted=stats.accepted + jnp.where(active, num_accepted, 0),
+        emitted=stats.emitted + num_kept,
+        accepted_histogram=stats.accepted_histogram
+        + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active[:, None], axis=0),
+        position_reached=stats.position_reached + jnp.sum(judged, axis=0),
+        position_accepted=stats.position_accepted
+        + jnp.sum((block_offsets[None, :gamma] < num_accepted[:, None]) & active[:, None], axis=0),
+        beta_sum=stats.beta_sum + jnp.sum(jnp.where(judged, beta, 0.0)),
+        beta_count=stats.beta_count + jnp.sum(judged),
+    )
+    return SpeculativeLoopState(
+        position=new_position,
+        sequences=sequences,
+        cache=cache,
+        draft_cache=draft_cache,
+        ended=ended,
+        rng=rng,
+        log_prob=log_prob,
+        stats=stats,
+    )
+
+  zeros_rows = jnp.zeros((flat_size,), jnp.int32)
+  init_state = SpeculativeLoopState(
+      position=zeros_rows,
+      sequences=jnp.zeros((flat_size, max_decode_len + gamma + 2), jnp.int32),
+      cache=cache,
+      draft_cache=draft_cache,
+      ended=limits <= 0,
+      rng=decode_rng,
+      log_prob=jnp.zeros((flat_size,), jnp.float32),
+      stats=SpeculativeStats(
+          target_calls=jnp.zeros((), jnp.int32),
+          iterations=zeros_rows,
+          accepted=zeros_rows,
+          emitted=zeros_rows,
+          accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
+          position_reached=jnp.zeros((gamma,), jnp.int32),
+          position_accepted=jnp.zeros((gamma,), jnp.int32),
+          beta_sum=jnp.zeros((), jnp.float32),
+          beta_count=jnp.zeros((), jnp.int32),
+      ),
+  )
+  final_state = lax.while_loop(cond_fn, body_fn, init_state)
+  stats = final_state.stats
+  decodes = final_state.sequences[:, 1 : max_decode_len + 1]
+  (decodes, iterations, accepted, emitted), log_prob = _sort_by_log_prob(
+      (decodes, stats.iterations, stats.accepted, stats.emitted),
+      final_state.log_prob,
+      batch_size,
+      num_decodes,
+  )
+  stats = stats.replace(iterations=iterations, accepted=accepted, emitted=emitted)
+  return decodes, log_prob, stats

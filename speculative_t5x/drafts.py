@@ -1,0 +1,299 @@
+"""Draft proposers for `decoding.speculative_sample`, behind one small interface.
+
+A draft is a `flax.struct.dataclass`: its arrays (network parameters, n-gram
+tables) are pytree leaves, traced as arguments of the jitted decode call, and
+its configuration is static. Every draft implements
+
+  vocab_size: int
+  init_cache(encoder_input_tokens [B, Lin], cache_length) -> cache
+      Per-row state; every leaf has the batch as its leading axis, so that
+      the decode function can expand it for `num_decodes`.
+  propose(cache, sequences [BN, Ls], positions [BN], rng, *, gamma,
+          temperature, topk, topp) -> (tokens [BN, gamma], probs, cache)
+      `sequences[b, positions[b]]` is row b's last emitted token (index 0 is
+      BOS; see `decoding`). `probs` float32 [BN, gamma, V] are the standardized
+      distributions the tokens were sampled from, or None when the draft is
+      deterministic (its q is one-hot at the proposed token).
+
+The speculative loop keeps a draft's state consistent by construction: it only
+ever moves a row's position forward over tokens the draft has seen, so a draft
+that caches keys/values re-reads at most the one token it may have missed
+(the last draft token, when all gamma were accepted).
+"""
+
+from typing import Any, Iterable, Tuple
+
+import flax
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import network
+from speculative_t5x import sampling
+
+PyTree = Any
+Array = jax.Array
+
+
+def check_shared_vocabulary(draft_vocab_size: int, target_vocab_size: int) -> None:
+  """Raises ValueError unless draft and target have the same vocabulary size."""
+  if draft_vocab_size != target_vocab_size:
+    raise ValueError(
+        f'The draft has vocabulary size {draft_vocab_size} but the target has '
+        f'{target_vocab_size}: speculative decoding needs one shared vocabulary.'
+    )
+
+
+def _sample_standardized(rng, logits, temperature, topk, topp) -> Tuple[Array, Array]:
+  """Returns (token int32 [BN], q float32 [BN, V]) sampled from standardized q."""
+  probs = sampling.standardize(logits, temperature=temperature, topk=topk, topp=topp)
+  return sampling.sample(rng, probs), probs
+
+
+# ------------------------------------------------------------------------------
+# A smaller network of this project.
+# ------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class ModelDraft:
+  """A draft network (`network.Transformer`) with its own encoder pass.
+
+  Attributes:
+    params: the draft's parameter tree.
+    config: its `network.T5Config` (static).
+  """
+
+  params: PyTree
+  config: network.T5Config = flax.struct.field(pytree_node=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
+    """Encodes the inputs and returns the draft's decoder cache [B, ...]."""
+    return network.init_decoder_cache(self.config, self.params, encoder_input_tokens, cache_length)
+
+  def _decode_block(self, cache, block_tokens, start_positions):
+    return network.apply_decode_block(self.config, self.params, cache, block_tokens, start_positions)
+
+  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
+    """Rolls the draft out gamma tokens from each row's position.
+
+    The first step feeds the two tokens at positions [p - 1, p] (at p = 0, BOS
+    and a placeholder whose key/value is overwritten before anyone attends
+    to it): this re-reads the previous token, whose keys/values are missing
+    when the previous iteration accepted all gamma draft tokens. The
+    remaining gamma - 1 steps are a `lax.scan` of single-token calls.
+    """
+    rngs = jax.random.split(rng, gamma)
+    start = jnp.maximum(positions - 1, 0)
+    block = jnp.take_along_axis(sequences, start[:, None] + jnp.arange(2)[None], axis=1)
+    logits, cache = self._decode_block(cache, block, start)
+    logits = jnp.take_along_axis(logits, (positions - start)[:, None, None], axis=1)[:, 0]
+    first_token, first_probs = _sample_standardized(rngs[0], logits, temperature, topk, topp)
+
+    def step(carry, step_rng):
+      token, position, cache = carry
+      logits, cache = self._decode_block(cache, token[:, None], position)
+      next_token, probs = _sample_standardized(step_rng, logits[:, 0], temperature, topk, topp)
+      return (next_token, position + 1, cache), (next_token, probs)
+
+    (_, _, cache), (tokens, probs) = lax.scan(
+        step, (first_token, positions + 1, cache), rngs[1:]
+    )
+    tokens = jnp.concatenate([first_token[:, None], tokens.T], axis=1)
+    probs = jnp.concatenate([first_probs[:, None], jnp.swapaxes(probs, 0, 1)], axis=1)
+    return tokens, probs, cache
+
+
+# ------------------------------------------------------------------------------
+# Unigram and bigram tables (the paper's Table 3 baselines; c ~ 0).
+# ------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class NgramDraft:
+  """An add-k smoothed unigram (order 1) or bigram (order 2) model.
+
+  The bigram is stored sparsely so that a 32k vocabulary needs no V x V
+  table: for every context token, its `max_continuations` most frequent
+  continuations and their counts. The draft distribution is
+
+    q(x | prev) = (add_k + count(prev, x)) / (context_total(prev) + add_k * V)
+
+  where counts beyond the kept continuations are dropped from both numerator
+  and `context_total`, so q is always a proper distribution and it is exactly
+  the distribution the tokens are sampled from. For order 1, `next_ids` is
+  [1, V] (every token) and the context is ignored.
+
+  Attributes:
+    next_ids: int32 [C, K] continuation ids per context (C = V, or 1).
+    next_counts: float32 [C, K] their counts (0 for unused slots).
+    context_totals: float32 [C] the sum of kept counts per context.
+    add_k: smoothing mass per token (static).
+    order: 1 or 2 (static).
+    vocab_size: V (static).
+  """
+
+  next_ids: Array
+  next_counts: Array
+  context_totals: Array
+  add_k: float = flax.struct.field(pytree_node=False)
+  order: int = flax.struct.field(pytree_node=False)
+  vocab_size: int = flax.struct.field(pytree_node=False)
+
+  @classmethod
+  def fit(
+      cls,
+      token_sequences: Iterable[np.ndarray],
+      vocab_size: int,
+      order: int = 2,
+      add_k: float = 0.1,
+      max_continuations: int = 64,
+  ) -> 'NgramDraft':
+    """Counts n-grams over target-side token sequences.
+
+    Args:
+      token_sequences: 1-D integer arrays, each a target sequence without BOS
+        (as seqio's `targets` feature: tokens then EOS). BOS (0) is prepended
+        so the first token is conditioned on BOS, as in decoding.
+      vocab_size: V, the target's vocabulary size.
+      order: 1 (unigram) or 2 (bigram).
+      add_k: add-k smoothing, > 0 so that every token has q > 0.
+      max_continuations: K, continuations kept per context (bigram only).
+    """
+    if order not in (1, 2):
+      raise ValueError(f'order must be 1 (unigram) or 2 (bigram); got {order}.')
+    if add_k <= 0:
+      raise ValueError(f'add_k must be > 0 so that q covers every token; got {add_k}.')
+    pairs = []
+    for tokens in token_sequences:
+      tokens = np.asarray(tokens, dtype=np.int64)
+      tokens = tokens[tokens != 0]
+      if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ValueError(
+            f'Token ids must lie in [0, {vocab_size}); got min {tokens.min()}, '
+            f'max {tokens.max()}. Is vocab_size the target vocabulary size?'
+        )
+      contexts = np.zeros_like(tokens) if order == 1 else np.concatenate([[0], tokens[:-1]])
+      pairs.append(contexts * vocab_size + tokens)
+    values, counts = np.unique(np.concatenate(pairs or [np.zeros(0, np.int64)]), return_counts=True)
+    contexts, tokens = values // vocab_size, values % vocab_size
+    if order == 1:
+      next_ids = np.arange(vocab_size, dtype=np.int32)[None]
+      next_counts = np.zeros((1, vocab_size), np.float32)
+      next_counts[0, tokens] = counts
+    else:
+      # Rank continuations within each context by count (ties: lower id first).
+      ranked = np.lexsort((tokens, -counts, contexts))
+      contexts, tokens, counts = contexts[ranked], tokens[ranked], counts[ranked]
+      group_start = np.searchsorted(contexts, contexts, side='left')
+      rank = np.arange(contexts.size) - group_start
+      kept = rank < max_continuations
+      next_ids = np.zeros((vocab_size, max_continuations), np.int32)
+      next_counts = np.zeros((vocab_size, max_continuations), np.float32)
+      next_ids[contexts[kept], rank[kept]] = tokens[kept]
+      next_counts[contexts[kept], rank[kept]] = counts[kept]
+    return cls(
+        next_ids=jnp.asarray(next_ids),
+        next_counts=jnp.asarray(next_counts),
+        context_totals=jnp.asarray(next_counts.sum(axis=1)),
+        add_k=float(add_k),
+        order=order,
+        vocab_size=vocab_size,
+    )
+
+  def log_probs(self, previous_tokens: Array) -> Array:
+    """float32 [BN, V]: log q(. | previous token) for previous_tokens [BN]."""
+    context = jnp.zeros_like(previous_tokens) if self.order == 1 else previous_tokens
+    denominator = self.context_totals[context] + self.add_k * self.vocab_size  # [BN]
+    rows = jnp.arange(previous_tokens.shape[0])[:, None]
+    counts = jnp.zeros((previous_tokens.shape[0], self.vocab_size), jnp.float32)
+    counts = counts.at[rows, self.next_ids[context]].add(self.next_counts[context])
+    return jnp.log((counts + self.add_k) / denominator[:, None])
+
+  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
+    del encoder_input_tokens, cache_length  # An n-gram keeps no per-row state.
+    return {}
+
+  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
+    last_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
+
+    def step(previous_token, step_rng):
+      token, probs = _sample_standardized(
+          step_rng, self.log_probs(previous_token), temperature, topk, topp
+      )
+      return token, (token, probs)
+
+    _, (tokens, probs) = lax.scan(step, last_token, jax.random.split(rng, gamma))
+    return tokens.T, jnp.swapaxes(probs, 0, 1), cache
+
+
+# ------------------------------------------------------------------------------
+# Prompt lookup: copy a continuation from the input or the generated prefix.
+# ------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class PromptLookupDraft:
+  """Copies what followed the longest recent match of the last tokens.
+
+  The search space is the encoder input followed by the generated prefix.
+  For the last `max_ngram` generated tokens, every earlier place where the
+  longest suffix (at least one token) occurs is a candidate; the most recent
+  candidate with the longest match wins, and the gamma tokens that followed it
+  are proposed (zeros past the known tokens). Without any match it proposes
+  zeros (PAD), which the target rejects at no extra cost. Deterministic, so q
+  is one-hot at the proposal (`probs` is None).
+
+  Attributes:
+    vocab_size: the target's vocabulary size (static; token ids must be below it).
+    max_ngram: the longest suffix matched (static).
+  """
+
+  vocab_size: int = flax.struct.field(pytree_node=False)
+  max_ngram: int = flax.struct.field(pytree_node=False, default=3)
+
+  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
+    del cache_length
+    return {'input_tokens': encoder_input_tokens.astype(jnp.int32)}
+
+  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
+    del rng, temperature, topk, topp  # Deterministic whatever the sampling mode.
+    input_tokens = cache['input_tokens']
+    input_len = input_tokens.shape[1]
+    # [BN, Lin + Ls]: input, then BOS and the generated tokens.
+    context = jnp.concatenate([input_tokens, sequences], axis=1)
+    index = jnp.arange(context.shape[1])[None]
+    seq_index = index - input_len
+    known = jnp.where(
+        seq_index < 0, context != 0, (seq_index >= 1) & (seq_index <= positions[:, None])
+    )
+    # A candidate j proposes context[j:]; it must start at or before the row's
+    # position, so that at least its first token is known.
+    candidate = jnp.where(seq_index < 0, True, (seq_index >= 1) & (seq_index <= positions[:, None]))
+    match_len = jnp.zeros(context.shape, jnp.int32)
+    still_matching = candidate
+    for k in range(self.max_ngram):
+      suffix_index = input_len + positions - k  # [BN]
+      suffix_token = jnp.take_along_axis(context, suffix_index[:, None], axis=1)
+      suffix_known = (positions - k >= 1)[:, None]
+      shifted = jnp.roll(context, k + 1, axis=1)  # shifted[j] = context[j - k - 1]
+      shifted_known = jnp.roll(known, k + 1, axis=1) & (index >= k + 1)
+      # Stay inside one region: a match must not straddle input and output.
+      same_region = (index - k - 1 >= input_len) == (index >= input_len)
+      still_matching &= suffix_known & shifted_known & same_region & (shifted == suffix_token)
+      match_len += still_matching
+    # Longest match, most recent among equals; no match gives score 0.
+    score = jnp.where(match_len > 0, match_len * context.shape[1] + index, 0)
+    best = jnp.argmax(score, axis=1)
+    has_match = jnp.max(score, axis=1) > 0
+    copy_index = best[:, None] + jnp.arange(gamma)[None]
+    copy_known = jnp.take_along_axis(known, jnp.minimum(copy_index, context.shape[1] - 1), axis=1)
+    tokens = jnp.take_along_axis(context, jnp.minimum(copy_index, context.shape[1] - 1), axis=1)
+    tokens = jnp.where(has_match[:, None] & copy_known & (copy_index < context.shape[1]), tokens, 0)
+    return tokens.astype(jnp.int32), None, cache
+

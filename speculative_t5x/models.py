@@ -1,0 +1,215 @@
+"""The notebook-level API: a network with its parameters, and one `generate` call.
+
+  target = models.Model(config, params)
+  draft = models.Model(draft_config, draft_params)        # or an n-gram draft
+  out = models.generate(target, draft, input_tokens, gamma=5, temperature=0.0,
+                        max_decode_len=64)
+  out.tokens        # int32 [B, 64]: EOS, then zeros, as T5X
+  out.stats         # acceptance statistics (None for draft=None)
+
+`generate(target, None, ...)` runs the baseline (`decoding.temperature_sample`)
+with the same network, so the two are directly comparable. Each distinct
+configuration (shapes, draft structure, gamma, topk/topp, ...) is compiled once
+and cached; temperature, lenience and the PRNG key are traced, so changing them
+does not recompile.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Optional, Union
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import decoding
+from speculative_t5x import drafts
+from speculative_t5x import network
+from speculative_t5x import sampling
+from speculative_t5x import speculative_sampling
+
+PyTree = Any
+Array = jax.Array
+Draft = Union['Model', drafts.ModelDraft, drafts.NgramDraft, drafts.PromptLookupDraft]
+
+EOS_ID = 1  # T5's SentencePiece vocabularies: PAD = BOS = 0, EOS = 1.
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A `network.Transformer` configuration and its parameter tree.
+
+  Attributes:
+    config: the network's `T5Config`.
+    params: its parameters (T5X's tree: `token_embedder/embedding`, ...).
+  """
+
+  config: network.T5Config
+  params: PyTree
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def as_draft(self) -> drafts.ModelDraft:
+    """This model as the draft of a speculative pair."""
+    return drafts.ModelDraft(params=self.params, config=self.config)
+
+
+@flax.struct.dataclass
+class GenerateOutput:
+  """What `generate` returns.
+
+  Attributes:
+    tokens: int32 [B, max_decode_len], each row's decode: tokens, EOS, zeros.
+    scores: float32 [B], log probability of each decode under the target's
+      standardized distribution (0 for greedy decoding).
+    stats: `decoding.SpeculativeStats` with per-row fields [B], or None for
+      the baseline.
+  """
+
+  tokens: Array
+  scores: Array
+  stats: Optional[decoding.SpeculativeStats]
+
+
+def _as_draft(draft: Draft):
+  return draft.as_draft() if isinstance(draft, Model) else draft
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=('target_config', 'gamma', 'max_decode_len', 'topk', 'topp', 'eos_id'),
+)
+def _generate(
+    target_params,
+    draft,
+    input_tokens,
+    rng,
+    temperature,
+    lenience,
+    *,
+    target_config: network.T5Config,
+    gamma: int,
+    max_decode_len: int,
+    topk: int,
+    topp: float,
+    eos_id: int,
+):
+  """The whole decode call, compiled once per static configuration."""
+  batch_size = input_tokens.shape[0]
+  decoder_prompt = jnp.zeros((batch_size, max_decode_len), jnp.int32)
+  sample_args = dict(decode_rng=rng, temperature=temperature, topk=topk, topp=topp)
+  if draft is None:
+    cache = network.init_decoder_cache(target_config, target_params, input_tokens, max_decode_len)
+
+    def tokens_to_logits(state: decoding.DecodingState):
+      logits, new_cache = network.apply_decode_block(
+          target_config, target_params, state.cache, state.cur_token, state.cur_index
+      )
+      return logits[:, 0], new_cache
+
+    decodes, scores = decoding.temperature_sample(
+        decoder_prompt, cache, tokens_to_logits, eos_id, **sample_args
+    )
+    return decodes[:, -1], scores[:, -1], None
+
+  cache_length = decoding.speculative_cache_length(max_decode_len, gamma)
+  cache = network.init_decoder_cache(target_config, target_params, input_tokens, cache_length)
+
+  def score_block(block_tokens, start_positions, cache):
+    return network.apply_decode_block(
+        target_config, target_params, cache, block_tokens, start_positions
+    )
+
+  decodes, scores, stats = decoding.speculative_sample(
+      decoder_prompt,
+      cache,
+      score_block,
+      eos_id,
+      **sample_args,
+      draft=draft,
+      draft_cache=draft.init_cache(input_tokens, cache_length),
+      gamma=gamma,
+      lenience=lenience,
+  )
+  best_per_row = lambda x: x[:, -1]
+  stats = stats.replace(
+      iterations=best_per_row(stats.iterations),
+      accepted=best_per_row(stats.accepted),
+      emitted=best_per_row(stats.emitted),
+  )
+  return decodes[:, -1], scores[:, -1], stats
+
+
+def generate(
+    target: Model,
+    draft: Optional[Draft],
+    input_tokens,
+    *,
+    gamma: int = 4,
+    temperature: Union[float, Array] = 0.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    max_decode_len: int = 64,
+    rng: Optional[Array] = None,
+    lenience: float = 1.0,
+    eos_id: int = EOS_ID,
+) -> GenerateOutput:
+  """Decodes `input_tokens` with the target, speculatively when a draft is given.
+
+  Args:
+    target: the target model.
+    draft: a `Model` with the target's vocabulary, an n-gram or prompt-lookup
+      draft from `drafts`, or None for plain (baseline) decoding.
+    input_tokens: int [B, Lin] encoder inputs, 0-padded, EOS-terminated.
+    gamma: draft tokens per iteration (ignored without a draft).
+    temperature: 0 (the default) is greedy; a scalar or float [B].
+    topk: keep the k most likely tokens (0: off).
+    topp: nucleus mass (0: off).
+    max_decode_len: output length; decoding stops earlier at EOS.
+    rng: PRNG key (default `PRNGKey(0)`).
+    lenience: 1 is exact; below 1 see `speculative_sampling.verify`.
+    eos_id: end-of-sequence id.
+
+  Returns:
+    A `GenerateOutput`.
+  """
+  input_tokens = np.asarray(input_tokens)
+  if input_tokens.ndim != 2 or not np.issubdtype(input_tokens.dtype, np.integer):
+    raise ValueError(
+        f'input_tokens must be an integer array [batch, length]; got dtype '
+        f'{input_tokens.dtype} and shape {input_tokens.shape}.'
+    )
+  if input_tokens.size and (input_tokens.min() < 0 or input_tokens.max() >= target.vocab_size):
+    raise ValueError(
+        f'input_tokens must lie in [0, {target.vocab_size}) (the target vocabulary); '
+        f'got min {input_tokens.min()}, max {input_tokens.max()}.'
+    )
+  if max_decode_len < 1:
+    raise ValueError(f'max_decode_len must be >= 1; got {max_decode_len}.')
+  sampling.validate_sampling_args(temperature=temperature, topk=topk, topp=topp)
+  if draft is not None:
+    draft = _as_draft(draft)
+    drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
+    if not isinstance(gamma, (int, np.integer)) or gamma < 1:
+      raise ValueError(f'gamma must be an integer >= 1; got {gamma!r}.')
+    speculative_sampling.validate_lenience(lenience)
+  else:
+    gamma = 0  # Unused by the baseline; fixed so that it does not recompile.
+  decodes, scores, stats = _generate(
+      target.params,
+      draft,
+      jnp.asarray(input_tokens, jnp.int32),
+      jax.random.PRNGKey(0) if rng is None else rng,
+      jnp.asarray(temperature, jnp.float32),
+      jnp.asarray(lenience, jnp.float32),
+      target_config=target.config,
+      gamma=int(gamma),
+      max_decode_len=int(max_decode_len),
+      topk=int(topk),
+      topp=float(topp),
+      eos_id=int(eos_id),
+  )
+  return GenerateOutput(tokens=decodes, scores=scores, stats=stats)

@@ -1,0 +1,126 @@
+"""A position-dependent Markov "target" whose sequence probabilities are exact.
+
+Used by the decoding tests to pin the loop's behaviour (EOS inside a block,
+cuts at the length bound, uneven rows) and to check exactness of whole
+sequences without a network: the logits of the next token depend on the cache
+position of the current token, its id and a per-row shift kept in the cache.
+"""
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import decoding
+from speculative_t5x import sampling
+
+
+class MarkovTarget:
+  """logits(next | position t, token) = table[t + row_shift, token].
+
+  Attributes:
+    table: float32 [P, V, V] next-token logits per (position, current token).
+  """
+
+  def __init__(self, table):
+    self.table = jnp.asarray(table, jnp.float32)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.table.shape[-1]
+
+  def cache(self, row_shift) -> dict:
+    """The 'cache': only the per-row shift [B] (batch-leading, so it expands)."""
+    return {'row_shift': jnp.asarray(row_shift, jnp.int32)}
+
+  def score_block(self, block_tokens, start_positions, cache):
+    positions = start_positions[:, None] + jnp.arange(block_tokens.shape[1])[None]
+    positions = jnp.minimum(positions + cache['row_shift'][:, None], self.table.shape[0] - 1)
+    return self.table[positions, block_tokens], cache
+
+  def tokens_to_logits(self, state: decoding.DecodingState):
+    logits, cache = self.score_block(state.cur_token, state.cur_index, state.cache)
+    return logits[:, 0], cache
+
+  def sequence_distribution(self, length, eos_id, row_shift=0, **sample_args):
+    """Exact probabilities of every complete output (tokens then EOS or length).
+
+    Returns a dict {output tuple (without trailing padding): probability}.
+    """
+    probs = np.asarray(sampling.standardize(self.table, **sample_args), np.float64)
+    result = {}
+
+    def extend(prefix, token, position, prob):
+      if prob == 0.0:
+        return
+      if len(prefix) == length or (prefix and prefix[-1] == eos_id):
+        result[tuple(prefix)] = result.get(tuple(prefix), 0.0) + prob
+        return
+      row = probs[min(position + row_shift, probs.shape[0] - 1), token]
+      for next_token in range(self.vocab_size):
+        extend(prefix + [next_token], next_token, position + 1, prob * row[next_token])
+
+    extend([], 0, 0, 1.0)
+    return result
+
+
+def deterministic_table(outputs_per_row, vocab_size, stride):
+  """A table under which row r (row_shift r * stride) greedily emits outputs_per_row[r].
+
+  Position t + r * stride prefers outputs_per_row[r][t] whatever the current
+  token, so rows decode different, known sequences. Returns (table, row_shift).
+  """
+  table = np.zeros((len(outputs_per_row) * stride, vocab_size, vocab_size), np.float32)
+  for row, outputs in enumerate(outputs_per_row):
+    assert len(outputs) <= stride
+    for t, token in enumerate(outputs):
+      table[row * stride + t, :, token] = 10.0
+  return table, np.arange(len(outputs_per_row)) * stride
+
+
+def random_table(seed, num_positions, vocab_size, scale=2.0):
+  """float32 [P, V, V] standard normal logits times `scale`."""
+  return np.asarray(
+      jax.random.normal(jax.random.PRNGKey(seed), (num_positions, vocab_size, vocab_size))
+  ) * scale
+
+
+@flax.struct.dataclass
+class MarkovDraft:
+  """A draft that samples from a Markov table (the target's own for a perfect draft)."""
+
+  table: jax.Array
+
+  @property
+  def vocab_size(self) -> int:
+    return self.table.shape[-1]
+
+  def init_cache(self, row_shift):
+    return {'row_shift': jnp.asarray(row_shift, jnp.int32)}
+
+  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
+    last = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
+
+    def step(carry, step_rng):
+      token, position = carry
+      index = jnp.minimum(position + cache['row_shift'], self.table.shape[0] - 1)
+      probs = sampling.standardize(self.table[index, token], temperature=temperature, topk=topk, topp=topp)
+      next_token = sampling.sample(step_rng, probs)
+      return (next_token, position + 1), (next_token, probs)
+
+    _, (tokens, probs) = jax.lax.scan(step, (last, positions), jax.random.split(rng, gamma))
+    return tokens.T, jnp.swapaxes(probs, 0, 1), cache
+
+
+@flax.struct.dataclass
+class ConstantDraft:
+  """A deterministic draft that always proposes `token` (one-hot q)."""
+
+  token: int = flax.struct.field(pytree_node=False)
+  vocab_size: int = flax.struct.field(pytree_node=False)
+
+  def init_cache(self, encoder_input_tokens, cache_length):
+    return {}
+
+  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
+    return jnp.full((sequences.shape[0], gamma), self.token, jnp.int32), None, cache

@@ -1,0 +1,245 @@
+"""The decode loops on a Markov target: exact outputs, EOS, cuts, stats, exactness."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+from speculative_t5x import decoding
+from speculative_t5x import drafts
+import markov
+
+EOS = 1
+
+
+def run_baseline(target, row_shift, length, rng=None, num_decodes=1, **sample_args):
+  inputs = jnp.zeros((len(row_shift), length), jnp.int32)
+  return jax.jit(
+      lambda rng: decoding.temperature_sample(
+          inputs, target.cache(row_shift), target.tokens_to_logits, EOS,
+          decode_rng=rng, num_decodes=num_decodes, **sample_args)
+  )(jax.random.PRNGKey(0) if rng is None else rng)
+
+
+def speculative_fn(target, draft_cache, row_shift, length, gamma, num_decodes=1, **sample_args):
+  """A jitted `(rng, draft) -> (decodes, log_probs, stats)`, compiled once per draft structure."""
+  inputs = jnp.zeros((len(row_shift), length), jnp.int32)
+
+  @jax.jit
+  def run(rng, draft):
+    return decoding.speculative_sample(
+        inputs, target.cache(row_shift), target.score_block, EOS, decode_rng=rng,
+        num_decodes=num_decodes, **sample_args, draft=draft, draft_cache=draft_cache,
+        gamma=gamma)
+
+  return run
+
+
+def run_speculative(target, draft, draft_cache, row_shift, length, gamma, rng=None, **kwargs):
+  run = speculative_fn(target, draft_cache, row_shift, length, gamma, **kwargs)
+  return run(jax.random.PRNGKey(0) if rng is None else rng, draft)
+
+
+GREEDY = dict(temperature=0.0, topk=0)
+
+
+class TestGreedyEquality:
+
+  @pytest.mark.parametrize('draft_kind, gamma', [
+      ('perfect', 1), ('perfect', 5), ('wrong', 2), ('wrong', 8), ('bigram', 3),
+      ('bigram', 8), ('unigram', 4), ('lookup', 1), ('lookup', 6)])
+  def test_speculative_equals_baseline(self, draft_kind, gamma):
+    vocab, length = 7, 11
+    table = markov.random_table(seed=gamma, num_positions=40, vocab_size=vocab)
+    table[..., vocab - 1] -= 100.0  # The target never emits the last id: a wrong draft's token.
+    target = markov.MarkovTarget(table)
+    row_shift = np.array([0, 3, 5, 9, 2])
+    baseline, _ = run_baseline(target, row_shift, length, **GREEDY)
+    draft_cache = {}
+    if draft_kind == 'perfect':
+      draft, draft_cache = markov.MarkovDraft(target.table), target.cache(row_shift)
+    elif draft_kind == 'wrong':
+      draft = markov.ConstantDraft(token=vocab - 1, vocab_size=vocab)
+    elif draft_kind in ('bigram', 'unigram'):
+      corpus = [np.asarray(jax.random.randint(jax.random.PRNGKey(i), (9,), 1, vocab)) for i in range(30)]
+      draft = drafts.NgramDraft.fit(corpus, vocab, order=2 if draft_kind == 'bigram' else 1)
+    else:
+      draft = drafts.PromptLookupDraft(vocab_size=vocab, max_ngram=2)
+      draft_cache = draft.init_cache(jnp.asarray(baseline[:, 0, ::-1]), cache_length=0)
+    decodes, _, stats = run_speculative(target, draft, draft_cache, row_shift, length, gamma, **GREEDY)
+    np.testing.assert_array_equal(decodes, baseline)
+    if draft_kind == 'perfect':
+      # Every iteration but a row's last accepts all gamma and emits gamma + 1.
+      np.testing.assert_array_equal(stats.iterations, -(-stats.emitted // (gamma + 1)))
+      assert stats.accepted_histogram[:gamma].sum() == 0 or stats.emitted.min() < length
+    if draft_kind == 'wrong':
+      np.testing.assert_array_equal(stats.accepted, 0)
+      np.testing.assert_array_equal(stats.emitted, stats.iterations)
+
+
+class TestLoopBehaviour:
+
+  def test_eos_inside_an_accepted_block_ends_the_row_there(self):
+    # Row 0 emits EOS as the 3rd token of its first block; row 1 later; row 2 never.
+    outputs = [[3, 4, EOS, 5, 5, 5], [3, 4, 5, 6, 3, EOS], [2, 2, 2, 2, 2, 2, 2, 2]]
+    table, row_shift = markov.deterministic_table(outputs, vocab_size=8, stride=20)
+    target = markov.MarkovTarget(table)
+    draft = markov.MarkovDraft(target.table)
+    decodes, _, stats = run_speculative(
+        target, draft, target.cache(row_shift), row_shift, length=8, gamma=4, **GREEDY)
+    np.testing.assert_array_equal(decodes[:, 0], [
+        [3, 4, EOS, 0, 0, 0, 0, 0],
+        [3, 4, 5, 6, 3, EOS, 0, 0],
+        [2, 2, 2, 2, 2, 2, 2, 2],
+    ])
+    np.testing.assert_array_equal(stats.iterations[:, 0], [1, 2, 2])
+    np.testing.assert_array_equal(stats.emitted[:, 0], [3, 6, 8])
+    # The perfect draft is always fully accepted; the cut tokens are the rest.
+    np.testing.assert_array_equal(stats.accepted[:, 0], 4 * stats.iterations[:, 0])
+    assert int(stats.target_calls) == 2
+
+  def test_blocks_running_past_the_length_are_cut(self):
+    outputs = [[2] * 12]
+    table, row_shift = markov.deterministic_table(outputs, vocab_size=4, stride=24)
+    target = markov.MarkovTarget(table)
+    decodes, _, stats = run_speculative(
+        target, markov.MarkovDraft(target.table), target.cache(row_shift), row_shift,
+        length=7, gamma=3, **GREEDY)
+    np.testing.assert_array_equal(decodes[0, 0], [2] * 7)
+    assert int(stats.emitted[0, 0]) == 7 and int(stats.iterations[0, 0]) == 2
+
+  def test_max_decode_steps_bounds_every_row(self):
+    table = markov.random_table(seed=3, num_positions=30, vocab_size=6)
+    table[..., [0, EOS]] = -1e9  # never ends early, never emits PAD
+    target = markov.MarkovTarget(table)
+    row_shift = np.array([0, 1])
+    decodes, _, stats = run_speculative(
+        target, drafts.NgramDraft.fit([[2, 3, 4]], 6), {}, row_shift, length=9, gamma=3,
+        max_decode_steps=5, **GREEDY)
+    assert (np.asarray(decodes)[:, 0, :5] != 0).all() and (np.asarray(decodes)[:, 0, 5:] == 0).all()
+    baseline, _ = run_baseline(target, row_shift, 9, max_decode_steps=5, **GREEDY)
+    np.testing.assert_array_equal(decodes, baseline)
+
+  def test_num_decodes_sorted_and_scored_exactly(self):
+    vocab, length = 5, 4
+    table = markov.random_table(seed=7, num_positions=20, vocab_size=vocab)
+    table[..., EOS] -= 3.0  # Longer outputs, so that samples differ.
+    target = markov.MarkovTarget(table)
+    row_shift = np.array([0, 2])
+    draft = drafts.NgramDraft.fit([[2, 3, 4, 1]], vocab)
+    decodes, log_probs, stats = run_speculative(
+        target, draft, {}, row_shift, length, gamma=3, num_decodes=6, temperature=1.0, topk=0)
+    assert decodes.shape == (2, 6, length) and log_probs.shape == (2, 6)
+    assert stats.iterations.shape == (2, 6)
+    assert np.all(np.diff(np.asarray(log_probs), axis=1) >= 0)
+    for row, shift in enumerate(row_shift):
+      exact = target.sequence_distribution(length, EOS, row_shift=shift, temperature=1.0)
+      for decode, log_prob in zip(np.asarray(decodes[row]), np.asarray(log_probs[row])):
+        output = tuple(decode[: np.argmax(decode == EOS) + 1] if EOS in decode else decode)
+        np.testing.assert_allclose(log_prob, np.log(exact[output]), rtol=1e-5)
+    # The samples of one row differ (independent keys per expanded row).
+    assert len({tuple(d) for d in np.asarray(decodes[0])}) > 1
+
+  def test_stats_are_consistent(self):
+    vocab, length, gamma = 6, 10, 3
+    target = markov.MarkovTarget(markov.random_table(seed=11, num_positions=30, vocab_size=vocab))
+    row_shift = np.arange(16) % 5
+    draft = drafts.NgramDraft.fit([[2, 3, 4, 5, 1]], vocab)
+    decodes, _, stats = run_speculative(
+        target, draft, {}, row_shift, length, gamma, temperature=1.0, topk=0)
+    decodes = np.asarray(decodes[:, 0])
+    written = np.where((decodes == EOS).any(1), np.argmax(decodes == EOS, 1) + 1, length)
+    np.testing.assert_array_equal(stats.emitted[:, 0], written)
+    cut = stats.accepted + stats.iterations - stats.emitted
+    assert np.all(cut >= 0) and np.all(cut <= gamma)
+    assert stats.accepted_histogram.sum() == stats.iterations.sum()
+    assert stats.position_reached[0] == stats.iterations.sum()
+    assert stats.position_accepted.sum() == stats.accepted.sum()
+    assert np.all(stats.position_accepted <= stats.position_reached)
+    assert int(stats.target_calls) == int(stats.iterations.max())
+    assert 0.0 < float(stats.mean_beta) < 1.0
+
+  def test_nonzero_decoder_prompt_is_rejected(self):
+    target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))
+    with pytest.raises(ValueError, match='all zeros'):
+      decoding.speculative_sample(
+          jnp.ones((1, 4), jnp.int32), target.cache([0]), target.score_block, EOS,
+          draft=drafts.NgramDraft.fit([[2]], 4), draft_cache={}, gamma=2)
+
+  @pytest.mark.parametrize('gamma', [0, -1, 2.5])
+  def test_bad_gamma(self, gamma):
+    target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))
+    with pytest.raises(ValueError, match='gamma'):
+      decoding.speculative_sample(
+          jnp.zeros((1, 4), jnp.int32), target.cache([0]), target.score_block, EOS,
+          draft=drafts.NgramDraft.fit([[2]], 4), draft_cache={}, gamma=gamma)
+
+  def test_vocabulary_mismatch_names_both_sizes(self):
+    target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))
+    with pytest.raises(ValueError, match='vocabulary size 5 .* 4'):
+      decoding.speculative_sample(
+          jnp.zeros((1, 4), jnp.int32), target.cache([0]), target.score_block, EOS,
+          draft=drafts.NgramDraft.fit([[2]], 5), draft_cache={}, gamma=2)
+
+
+def chi_square_p_value(samples, exact, min_expected=5.0):
+  """Pearson chi-square of observed outputs against exact probabilities.
+
+  Cells with expected count below `min_expected` are pooled into one.
+  """
+  n = len(samples)
+  counts = {}
+  for s in samples:
+    counts[s] = counts.get(s, 0) + 1
+  unknown = set(counts) - set(exact)
+  assert not unknown, f'sampled outputs of probability 0: {sorted(unknown)[:5]}'
+  observed, expected, pooled_obs, pooled_exp = [], [], 0, 0.0
+  for output, prob in exact.items():
+    if prob * n >= min_expected:
+      observed.append(counts.get(output, 0))
+      expected.append(prob * n)
+    else:
+      pooled_obs += counts.get(output, 0)
+      pooled_exp += prob * n
+  if pooled_exp > 0:
+    observed.append(pooled_obs)
+    expected.append(pooled_exp)
+  expected = np.asarray(expected) * (n / np.sum(expected))
+  return scipy.stats.chisquare(observed, expected).pvalue
+
+
+def outputs_as_tuples(decodes):
+  decodes = np.asarray(decodes).reshape(-1, decodes.shape[-1])
+  result = []
+  for row in decodes:
+    end = np.argmax(row == EOS) + 1 if EOS in row else len(row)
+    result.append(tuple(row[:end].tolist()))
+  return result
+
+
+@pytest.mark.parametrize(
+    'sample_args',
+    [dict(temperature=1.0, topk=0), dict(temperature=0.7, topk=3), dict(temperature=1.0, topk=0, topp=0.8)],
+    ids=['temperature1', 'topk3', 'topp0.8'],
+)
+@pytest.mark.parametrize('draft_kind', ['bigram', 'lookup'])
+def test_whole_sequences_match_the_target_distribution(sample_args, draft_kind):
+  """Chi-square over complete outputs (EOS included) of the speculative loop."""
+  vocab, length, gamma, batch = 5, 4, 3, 4096
+  table = markov.random_table(seed=5, num_positions=20, vocab_size=vocab, scale=1.5)
+  target = markov.MarkovTarget(table)
+  if draft_kind == 'bigram':
+    draft, draft_cache = drafts.NgramDraft.fit([[2, 3, 4, 2, 1], [3, 3, 1]], vocab), {}
+  else:
+    draft = drafts.PromptLookupDraft(vocab_size=vocab, max_ngram=2)
+    draft_cache = draft.init_cache(jnp.tile(jnp.asarray([[2, 3, 4, 3, 2, 1]]), (batch, 1)), 0)
+  run = speculative_fn(target, draft_cache, np.zeros(batch, np.int32), length, gamma, **sample_args)
+  samples = []
+  for seed in range(25):  # 25 x 4096 = 102,400 sequences
+    decodes, _, _ = run(jax.random.PRNGKey(seed), draft)
+    samples += outputs_as_tuples(decodes)
+  exact = target.sequence_distribution(length, EOS, **sample_args)
+  p_value = chi_square_p_value(samples, exact)
+  print(f'\nchi-square p-value, Markov target, {draft_kind} draft, {sample_args}: {p_value:.4f}')
+  assert p_value > 1e-3

@@ -1,0 +1,83 @@
+"""Draft proposers pinned on small hand-checked arrays."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative_t5x import drafts
+
+NO_SAMPLING_ARGS = dict(temperature=1.0, topk=0, topp=0.0)
+
+
+class TestNgramDraft:
+
+  def test_bigram_counts_and_add_k_smoothing(self):
+    # Sequences are targets without BOS; BOS (0) is the first context.
+    draft = drafts.NgramDraft.fit([[2, 3, 2, 1], [2, 1]], vocab_size=4, order=2, add_k=0.5)
+    q = np.exp(np.asarray(draft.log_probs(jnp.array([0, 2, 3]))))
+    # After BOS: 2 twice. After 2: 3 once, 1 twice. After 3: 2 once.
+    denominators = np.array([2, 3, 1]) + 0.5 * 4
+    expected = np.array([[0, 0, 2, 0], [0, 2, 0, 1], [0, 0, 1, 0]]) + 0.5
+    np.testing.assert_allclose(q, expected / denominators[:, None], rtol=1e-6)
+
+  def test_unigram_ignores_the_context(self):
+    draft = drafts.NgramDraft.fit([[2, 3, 2, 1]], vocab_size=4, order=1, add_k=1.0)
+    q = np.exp(np.asarray(draft.log_probs(jnp.array([0, 3]))))
+    np.testing.assert_allclose(q, np.tile(np.array([1, 2, 3, 2]) / 8, (2, 1)), rtol=1e-6)
+
+  def test_truncated_continuations_still_normalize(self):
+    draft = drafts.NgramDraft.fit([[2, 3, 2, 4, 2, 4]], vocab_size=6, max_continuations=1)
+    q = np.exp(np.asarray(draft.log_probs(jnp.array([2]))))
+    np.testing.assert_allclose(q.sum(), 1.0, rtol=1e-6)
+    assert q[0, 4] > q[0, 3]  # The kept continuation is the most frequent one.
+
+  def test_propose_reports_the_distribution_it_samples_from(self):
+    draft = drafts.NgramDraft.fit([[2, 3, 2, 1]], vocab_size=4)
+    sequences = jnp.array([[0, 2, 3, 0, 0, 0]])
+    tokens, probs, _ = draft.propose({}, sequences, jnp.array([2]), jax.random.PRNGKey(0),
+                                     gamma=3, temperature=0.0, topk=0, topp=0.0)
+    # Greedy: after 3 comes 2; after 2, 1 and 3 tie (lowest id wins); after 1,
+    # never seen as a context, q is uniform and argmax takes id 0.
+    np.testing.assert_array_equal(tokens, [[2, 1, 0]])
+    np.testing.assert_array_equal(probs[0, np.arange(3), tokens[0]], 1.0)
+
+  @pytest.mark.parametrize('kwargs, message', [
+      (dict(order=3), 'order'), (dict(add_k=0.0), 'add_k')])
+  def test_bad_arguments(self, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+      drafts.NgramDraft.fit([[2]], vocab_size=4, **kwargs)
+
+  def test_ids_outside_the_vocabulary(self):
+    with pytest.raises(ValueError, match=r'\[0, 4\)'):
+      drafts.NgramDraft.fit([[2, 7]], vocab_size=4)
+
+
+class TestPromptLookupDraft:
+
+  def propose(self, input_tokens, generated, gamma, max_ngram=3):
+    draft = drafts.PromptLookupDraft(vocab_size=50, max_ngram=max_ngram)
+    cache = draft.init_cache(jnp.array([input_tokens]), cache_length=0)
+    sequences = jnp.array([[0] + generated + [0] * (gamma + 2)])
+    tokens, probs, _ = draft.propose(cache, sequences, jnp.array([len(generated)]),
+                                     jax.random.PRNGKey(0), gamma=gamma, **NO_SAMPLING_ARGS)
+    assert probs is None  # Deterministic: q is one-hot.
+    return np.asarray(tokens[0]).tolist()
+
+  def test_copies_the_continuation_of_the_longest_match_in_the_input(self):
+    # Suffix [7, 8]: "7 8" occurs once in the input, followed by 9 10 11.
+    assert self.propose([5, 7, 8, 9, 10, 11, 1], [4, 7, 8], gamma=3) == [9, 10, 11]
+
+  def test_longer_match_beats_more_recent_shorter_one(self):
+    # Suffix [6, 8]: the input has "6 8 20", the output has "3 8 30" (only "8" matches).
+    assert self.propose([6, 8, 20, 21, 1], [3, 8, 30, 6, 8], gamma=2) == [20, 21]
+
+  def test_most_recent_among_equal_matches_and_generated_prefix(self):
+    # Suffix [8]: input "8 20", output "8 30" later: the output's is the most recent.
+    assert self.propose([8, 20, 1], [8, 30, 8], gamma=2) == [30, 8]
+
+  def test_tokens_past_the_known_prefix_are_zero(self):
+    assert self.propose([9, 1], [4, 4], gamma=3) == [4, 0, 0]
+
+  def test_no_match_proposes_padding(self):
+    assert self.propose([5, 6, 1], [7], gamma=2) == [0, 0]

@@ -1,0 +1,156 @@
+"""`models.generate` on real (tiny, random) networks: greedy equality, exactness, no retrace."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative_t5x import drafts
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import sampling
+import markov
+from test_decoding import EOS, chi_square_p_value, outputs_as_tuples
+
+
+def tiny_model(seed, vocab_size=32, emb_dim=32, layers=1, scale=1.0):
+  config = network.t5_1_1_config(
+      'tiny', vocab_size=vocab_size, emb_dim=emb_dim, num_heads=2, head_dim=16,
+      mlp_dim=2 * emb_dim, num_encoder_layers=layers, num_decoder_layers=layers, dtype='float32')
+  params, _ = network.random_params(config, seed=seed)
+  # Sharper logits than the unit-scale default make greedy outputs non-trivial.
+  params['decoder']['logits_dense']['kernel'] *= scale
+  return models.Model(config, params)
+
+
+def padded_inputs(seed, batch, length, vocab_size):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(2, vocab_size, size=(batch, length))
+  lengths = rng.integers(1, length + 1, size=batch)
+  tokens[np.arange(length)[None] >= lengths[:, None]] = 0
+  tokens[np.arange(batch), lengths - 1] = EOS
+  return tokens.astype(np.int32)
+
+
+TARGET = tiny_model(seed=0, layers=2, scale=3.0)
+DRAFT = tiny_model(seed=1, scale=3.0)
+
+
+class TestGreedyEquality:
+
+  @pytest.mark.parametrize('draft_kind, batch, gamma', [
+      ('model', 1, 1), ('model', 3, 4), ('model', 8, 8), ('target', 2, 3), ('wrong', 5, 2),
+      ('bigram', 4, 5), ('lookup', 6, 3)])
+  def test_speculative_equals_baseline(self, draft_kind, batch, gamma):
+    inputs = padded_inputs(batch, batch, 9, TARGET.vocab_size)
+    kwargs = dict(temperature=0.0, max_decode_len=12)
+    baseline = models.generate(TARGET, None, inputs, **kwargs)
+    if draft_kind == 'model':
+      draft = DRAFT
+    elif draft_kind == 'target':
+      draft = TARGET
+    elif draft_kind == 'wrong':
+      unused = sorted(set(range(2, TARGET.vocab_size)) - set(np.asarray(baseline.tokens).ravel()))
+      draft = markov.ConstantDraft(token=unused[0], vocab_size=TARGET.vocab_size)
+    elif draft_kind == 'bigram':
+      draft = drafts.NgramDraft.fit(list(inputs), TARGET.vocab_size)
+    else:
+      draft = drafts.PromptLookupDraft(vocab_size=TARGET.vocab_size)
+    out = models.generate(TARGET, draft, inputs, gamma=gamma, **kwargs)
+    np.testing.assert_array_equal(out.tokens, baseline.tokens)
+    emitted, iterations = np.asarray(out.stats.emitted), np.asarray(out.stats.iterations)
+    if draft_kind == 'target':
+      # Every iteration emits gamma + 1 tokens until the row's end.
+      np.testing.assert_array_equal(iterations, -(-emitted // (gamma + 1)))
+    if draft_kind == 'wrong':
+      np.testing.assert_array_equal(emitted, iterations)
+
+  def test_baseline_is_one_token_per_call_greedy_argmax(self):
+    """The baseline's first token is the argmax of a teacher-forced forward pass."""
+    inputs = padded_inputs(0, 3, 7, TARGET.vocab_size)
+    out = models.generate(TARGET, None, inputs, temperature=0.0, max_decode_len=5)
+    decoder_inputs = np.concatenate([np.zeros((3, 1), np.int32), np.asarray(out.tokens)[:, :-1]], 1)
+    logits = network.Transformer(TARGET.config).apply(
+        {'params': TARGET.params}, inputs, decoder_inputs, np.ones_like(decoder_inputs),
+        enable_dropout=False)
+    expected = np.asarray(jnp.argmax(logits, -1))
+    alive = np.cumsum(np.asarray(out.tokens) == EOS, axis=1) - (np.asarray(out.tokens) == EOS) == 0
+    np.testing.assert_array_equal(np.where(alive, out.tokens, 0), np.where(alive, expected, 0))
+
+
+def exact_sequence_distribution(model, input_tokens, length, **sample_args):
+  """{output tuple: probability} for one input row, by teacher forcing every prefix."""
+  vocab = model.vocab_size
+  outputs = list(itertools.product(range(vocab), repeat=length))
+  decoder_inputs = np.array([(0,) + o[:-1] for o in outputs], np.int32)
+  logits = network.Transformer(model.config).apply(
+      {'params': model.params}, np.repeat(input_tokens[None], len(outputs), 0),
+      decoder_inputs, np.ones_like(decoder_inputs), enable_dropout=False)
+  probs = np.asarray(sampling.standardize(logits, **sample_args), np.float64)
+  result = {}
+  for output, row in zip(outputs, probs):
+    prob, prefix = 1.0, []
+    for t, token in enumerate(output):
+      prob *= row[t, token]
+      prefix.append(token)
+      if token == EOS:
+        break
+    key = tuple(prefix)
+    if key not in result:  # Outputs sharing a prefix up to EOS are one outcome.
+      result[key] = prob
+  return result
+
+
+@pytest.mark.parametrize(
+    'sample_args',
+    [dict(temperature=1.0), dict(temperature=1.0, topk=3), dict(temperature=0.8, topp=0.7)],
+    ids=['temperature1', 'topk3', 'topp0.7'])
+def test_sampled_sequences_follow_the_target(sample_args):
+  """>= 100k sequences from a tiny network pair vs the target's exact distribution."""
+  vocab, length, gamma, batch, calls = 6, 3, 3, 12_800, 8
+  target = tiny_model(seed=2, vocab_size=vocab, emb_dim=16, scale=2.0)
+  draft = tiny_model(seed=3, vocab_size=vocab, emb_dim=16, scale=2.0)
+  input_row = np.array([3, 4, 2, EOS, 0], np.int32)
+  inputs = np.tile(input_row, (batch, 1))
+  samples = []
+  for call in range(calls):
+    out = models.generate(target, draft, inputs, gamma=gamma, max_decode_len=length,
+                          rng=jax.random.PRNGKey(call), **sample_args)
+    samples += outputs_as_tuples(out.tokens)
+  exact = exact_sequence_distribution(target, input_row, length, **sample_args)
+  p_value = chi_square_p_value(samples, exact)
+  print(f'\nchi-square p-value, tiny networks, model draft, gamma={gamma}, {sample_args}: '
+        f'{p_value:.4f} over {len(samples)} sequences, alpha={float(out.stats.mean_beta):.3f}')
+  assert p_value > 1e-3
+
+
+def test_second_call_with_new_inputs_does_not_recompile():
+  inputs = padded_inputs(0, 2, 6, TARGET.vocab_size)
+  kwargs = dict(gamma=3, temperature=1.0, max_decode_len=8)
+  models.generate(TARGET, DRAFT, inputs, **kwargs)
+  compiled = models._generate._cache_size()
+  other = models.generate(TARGET, DRAFT, padded_inputs(1, 2, 6, TARGET.vocab_size),
+                          rng=jax.random.PRNGKey(5), **dict(kwargs, temperature=0.7))
+  assert models._generate._cache_size() == compiled
+  assert other.tokens.shape == (2, 8)
+
+
+class TestBadInput:
+
+  def test_vocabulary_mismatch_names_both_sizes(self):
+    with pytest.raises(ValueError, match='vocabulary size 40 .* 32'):
+      models.generate(TARGET, tiny_model(seed=4, vocab_size=40), np.ones((1, 3), np.int32))
+
+  @pytest.mark.parametrize('kwargs, message', [
+      (dict(gamma=0), 'gamma'), (dict(temperature=-1.0), 'temperature'),
+      (dict(topk=2, topp=0.5), 'topk'), (dict(topp=1.5), 'topp'), (dict(lenience=0.0), 'lenience'),
+      (dict(max_decode_len=0), 'max_decode_len')])
+  def test_bad_arguments(self, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+      models.generate(TARGET, DRAFT, np.ones((1, 3), np.int32), **kwargs)
+
+  def test_token_ids_outside_the_vocabulary(self):
+    with pytest.raises(ValueError, match='input_tokens must lie in'):
+      models.generate(TARGET, None, np.full((1, 3), 99, np.int32))
