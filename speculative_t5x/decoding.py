@@ -362,6 +362,7 @@ def speculative_sample(
     draft_cache: PyTree,
     gamma: int,
     lenience: float = 1.0,
+    emulate_alpha: Optional[float] = None,
 ) -> Tuple[Array, Array, SpeculativeStats]:
   """Speculative sampling (Algorithm 1) in one compiled while_loop.
 
@@ -387,6 +388,10 @@ def speculative_sample(
     gamma: draft tokens proposed per iteration, >= 1.
     lenience: in (0, 1]; below 1 trades exactness for acceptance
       (Appendix A.5, see `speculative_sampling.verify`).
+    emulate_alpha: timing only. When set, acceptances are drawn i.i.d. with
+      this probability instead of by `verify` (see
+      `speculative_sampling.emulated_verify`): the output is not the target's
+      distribution. For walltime at a given alpha with untrained weights.
 
   Returns:
     `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes],
@@ -426,9 +431,14 @@ def speculative_sample(
     target_logits, cache = score_block(block, position, state.cache)
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
     target_probs = sampling.standardize(target_logits, **sample_args)
-    num_accepted, next_token, beta = speculative_sampling.verify(
-        verify_rng, draft_tokens, draft_probs, target_probs, lenience, return_beta=True
-    )
+    if emulate_alpha is None:
+      num_accepted, next_token, beta = speculative_sampling.verify(
+          verify_rng, draft_tokens, draft_probs, target_probs, lenience, return_beta=True
+      )
+    else:
+      num_accepted, next_token, beta = speculative_sampling.emulated_verify(
+          verify_rng, draft_tokens, target_probs, emulate_alpha
+      )
 
     # The emitted block: accepted draft tokens, then the residual/bonus token.
     padded_draft = jnp.pad(draft_tokens, ((0, 0), (0, 1)))

@@ -9,14 +9,16 @@
 
 `generate(target, None, ...)` runs the baseline (`decoding.temperature_sample`)
 with the same network, so the two are directly comparable. Each distinct
-configuration (shapes, draft structure, gamma, topk/topp, ...) is compiled once
-and cached; temperature, lenience and the PRNG key are traced, so changing them
-does not recompile.
+configuration (shapes, draft structure, gamma, sampling arguments, ...) is
+compiled once and cached; the PRNG key and the parameters are traced, so new
+keys, new weights of the same shapes and new inputs of the same shapes do not
+recompile. `make_decoder` validates a configuration once and returns the
+compiled call, for loops that time or stream many batches.
 """
 
 import dataclasses
 import functools
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import flax
 import jax
@@ -80,22 +82,26 @@ def _as_draft(draft: Draft):
 
 @functools.partial(
     jax.jit,
-    static_argnames=('target_config', 'gamma', 'max_decode_len', 'topk', 'topp', 'eos_id'),
+    static_argnames=(
+        'target_config', 'gamma', 'max_decode_len', 'temperature', 'topk', 'topp', 'lenience',
+        'eos_id', 'emulate_alpha',
+    ),
 )
 def _generate(
     target_params,
     draft,
     input_tokens,
     rng,
-    temperature,
-    lenience,
     *,
     target_config: network.T5Config,
     gamma: int,
     max_decode_len: int,
+    temperature: float,
     topk: int,
     topp: float,
+    lenience: float,
     eos_id: int,
+    emulate_alpha: Optional[float],
 ):
   """The whole decode call, compiled once per static configuration."""
   batch_size = input_tokens.shape[0]
@@ -113,7 +119,7 @@ def _generate(
     decodes, scores = decoding.temperature_sample(
         decoder_prompt, cache, tokens_to_logits, eos_id, **sample_args
     )
-    return decodes[:, -1], scores[:, -1], None
+    return GenerateOutput(tokens=decodes[:, -1], scores=scores[:, -1], stats=None)
 
   cache_length = decoding.speculative_cache_length(max_decode_len, gamma)
   cache = network.init_decoder_cache(target_config, target_params, input_tokens, cache_length)
@@ -133,6 +139,7 @@ def _generate(
       draft_cache=draft.init_cache(input_tokens, cache_length),
       gamma=gamma,
       lenience=lenience,
+      emulate_alpha=emulate_alpha,
   )
   best_per_row = lambda x: x[:, -1]
   stats = stats.replace(
@@ -140,7 +147,89 @@ def _generate(
       accepted=best_per_row(stats.accepted),
       emitted=best_per_row(stats.emitted),
   )
-  return decodes[:, -1], scores[:, -1], stats
+  return GenerateOutput(tokens=decodes[:, -1], scores=scores[:, -1], stats=stats)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoder:
+  """A validated decoding configuration: `decoder(input_tokens, rng) -> GenerateOutput`.
+
+  Calling it runs the compiled decode call and nothing else on the host.
+  """
+
+  target: Model
+  draft: Any
+  static_args: Mapping[str, Any]
+
+  def __call__(self, input_tokens: Array, rng: Array) -> GenerateOutput:
+    """input_tokens: int32 [B, Lin]; rng: a PRNG key."""
+    return _generate(self.target.params, self.draft, input_tokens, rng, **self.static_args)
+
+  def compile(self, input_tokens: Array, rng: Array) -> 'CompiledDecoder':
+    """Compiles ahead of time for the shapes of these arguments."""
+    compiled = _generate.lower(
+        self.target.params, self.draft, input_tokens, rng, **self.static_args).compile()
+    return CompiledDecoder(self, compiled)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledDecoder:
+  """A `Decoder` compiled for one input shape: call it, or read its memory use."""
+
+  decoder: Decoder
+  compiled: Any  # jax.stages.Compiled
+
+  def __call__(self, input_tokens: Array, rng: Array) -> GenerateOutput:
+    return self.compiled(self.decoder.target.params, self.decoder.draft, input_tokens, rng)
+
+  def memory_analysis(self):
+    """XLA's memory analysis (argument, output, temporary sizes), or None."""
+    return self.compiled.memory_analysis()
+
+
+def make_decoder(
+    target: Model,
+    draft: Optional[Draft],
+    *,
+    gamma: int = 4,
+    temperature: float = 0.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    max_decode_len: int = 64,
+    lenience: float = 1.0,
+    eos_id: int = EOS_ID,
+    emulate_alpha: Optional[float] = None,
+) -> Decoder:
+  """Validates a decoding configuration once; returns `(input_tokens, rng) -> GenerateOutput`.
+
+  The returned function does no host-side work beyond the compiled call, so
+  benchmarks and inference loops time only decoding. Arguments as `generate`,
+  plus `emulate_alpha` (timing only, see `decoding.speculative_sample`).
+  """
+  sampling.validate_sampling_args(temperature=temperature, topk=topk, topp=topp)
+  if max_decode_len < 1:
+    raise ValueError(f'max_decode_len must be >= 1; got {max_decode_len}.')
+  if draft is not None:
+    draft = _as_draft(draft)
+    drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
+    if not isinstance(gamma, (int, np.integer)) or gamma < 1:
+      raise ValueError(f'gamma must be an integer >= 1; got {gamma!r}.')
+    speculative_sampling.validate_lenience(lenience)
+  else:
+    gamma, lenience, emulate_alpha = 0, 1.0, None  # Unused by the baseline.
+  static_args = dict(
+      target_config=target.config,
+      gamma=int(gamma),
+      max_decode_len=int(max_decode_len),
+      temperature=float(temperature),
+      topk=int(topk),
+      topp=float(topp),
+      lenience=float(lenience),
+      eos_id=int(eos_id),
+      emulate_alpha=None if emulate_alpha is None else float(emulate_alpha),
+  )
+
+  return Decoder(target, draft, static_args)
 
 
 def generate(
@@ -149,7 +238,7 @@ def generate(
     input_tokens,
     *,
     gamma: int = 4,
-    temperature: Union[float, Array] = 0.0,
+    temperature: float = 0.0,
     topk: int = 0,
     topp: float = 0.0,
     max_decode_len: int = 64,
@@ -165,7 +254,7 @@ def generate(
       draft from `drafts`, or None for plain (baseline) decoding.
     input_tokens: int [B, Lin] encoder inputs, 0-padded, EOS-terminated.
     gamma: draft tokens per iteration (ignored without a draft).
-    temperature: 0 (the default) is greedy; a scalar or float [B].
+    temperature: 0 (the default) is greedy.
     topk: keep the k most likely tokens (0: off).
     topp: nucleus mass (0: off).
     max_decode_len: output length; decoding stops earlier at EOS.
@@ -187,29 +276,30 @@ def generate(
         f'input_tokens must lie in [0, {target.vocab_size}) (the target vocabulary); '
         f'got min {input_tokens.min()}, max {input_tokens.max()}.'
     )
-  if max_decode_len < 1:
-    raise ValueError(f'max_decode_len must be >= 1; got {max_decode_len}.')
-  sampling.validate_sampling_args(temperature=temperature, topk=topk, topp=topp)
-  if draft is not None:
-    draft = _as_draft(draft)
-    drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
-    if not isinstance(gamma, (int, np.integer)) or gamma < 1:
-      raise ValueError(f'gamma must be an integer >= 1; got {gamma!r}.')
-    speculative_sampling.validate_lenience(lenience)
-  else:
-    gamma = 0  # Unused by the baseline; fixed so that it does not recompile.
-  decodes, scores, stats = _generate(
-      target.params,
-      draft,
-      jnp.asarray(input_tokens, jnp.int32),
-      jax.random.PRNGKey(0) if rng is None else rng,
-      jnp.asarray(temperature, jnp.float32),
-      jnp.asarray(lenience, jnp.float32),
-      target_config=target.config,
-      gamma=int(gamma),
-      max_decode_len=int(max_decode_len),
-      topk=int(topk),
-      topp=float(topp),
-      eos_id=int(eos_id),
+  decode = make_decoder(
+      target, draft, gamma=gamma, temperature=temperature, topk=topk, topp=topp,
+      max_decode_len=max_decode_len, lenience=lenience, eos_id=eos_id,
   )
-  return GenerateOutput(tokens=decodes, scores=scores, stats=stats)
+  return decode(jnp.asarray(input_tokens, jnp.int32), jax.random.PRNGKey(0) if rng is None else rng)
+
+
+def load_model(config: network.T5Config, checkpoint_path: str, dtype=None) -> Model:
+  """A `Model` from any checkpoint `checkpoints.load_params` reads.
+
+  Args:
+    config: the network's configuration; the checkpoint's shapes are checked
+      against it, and a mismatch names the parameter.
+    checkpoint_path: our orbax directory, a T5X checkpoint (legacy or orbax,
+      a `checkpoint_<step>` directory or its parent), or a Hugging Face
+      directory.
+    dtype: optional parameter dtype to cast to (e.g. 'bfloat16').
+  """
+  from speculative_t5x import checkpoints  # orbax/tensorstore only when loading.
+
+  return Model(config, checkpoints.load_params(checkpoint_path, config=config, dtype=dtype))
+
+
+def random_model(config: network.T5Config, seed: int = 0) -> Model:
+  """A `Model` with random parameters (T5X's initializer scales), for timing only."""
+  params, _ = network.random_params(config, seed=seed)
+  return Model(config, params)

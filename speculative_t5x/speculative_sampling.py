@@ -261,3 +261,36 @@ def verify(rng: jax.Array,
     beta = lenient_acceptance_rate(target_probs,
                                    draft_probs.astype(jnp.float32), lenience)
   return num_accepted, next_token, beta
+
+
+def emulated_verify(rng: jax.Array, draft_tokens: jax.Array,
+                    target_probs: jax.Array, alpha: float):
+  """Timing only: accepts each draft token i.i.d. with probability `alpha`.
+
+  Stands in for `verify` when full-size models with random weights are timed
+  at the acceptance rate of a trained pair (the benchmark's --emulate_alpha).
+  It does the same kind of work per row (draws, a gather, one sample) but its
+  output is NOT distributed as the target's: never use it to produce text.
+
+  Args:
+    rng: a PRNG key.
+    draft_tokens: int32 [B, γ].
+    target_probs: float [B, γ+1, V].
+    alpha: the acceptance probability, in [0, 1].
+
+  Returns:
+    (num_accepted int32 [B], next_token int32 [B], beta float32 [B, γ]) as
+    `verify(..., return_beta=True)`: the accepted count is the number of
+    leading successes, the next token is drawn from the target at that
+    position, and beta is `alpha` everywhere.
+  """
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f"emulate_alpha must lie in [0, 1]; got {alpha}.")
+  accept_rng, sample_rng = jax.random.split(rng)
+  accepted = jax.random.uniform(accept_rng, draft_tokens.shape) < alpha
+  num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
+  next_probs = jnp.take_along_axis(
+      target_probs, num_accepted[:, None, None], axis=1)[:, 0]
+  next_token = sampling.sample(sample_rng, next_probs)
+  beta = jnp.full(draft_tokens.shape, alpha, jnp.float32)
+  return num_accepted.astype(jnp.int32), next_token, beta

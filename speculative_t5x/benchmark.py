@@ -1,0 +1,707 @@
+"""Benchmarks: the paper's Tables 2-4 for any pair, and what the paper left out.
+
+For a target/draft pair and a set of encoder inputs, measured in one run:
+
+  * alpha (Table 3): the mean of beta = sum_x min(p, q) over >= `alpha_tokens`
+    tokens sampled from the target, teacher forcing the draft on them, per
+    temperature; the same for unigram/bigram drafts fitted on a corpus.
+  * c (draft time per token / target step time) and the verify cost v(gamma)
+    (a (gamma+1)-token target call / a one-token call), from compiled steps
+    timed inside a loop, warmed up, median of repetitions.
+  * walltime (Table 2): ms/token of the baseline and of speculative decoding
+    at batch 1, for a gamma sweep, repeated, median and range; predicted
+    speedup (Table 4) = E[tokens per call] / (gamma c + v(gamma)) from the
+    measured alpha, c and v (Theorem 3.8 with the verify cost measured rather
+    than assumed free).
+  * what the paper left out: speedup vs batch size, memory vs gamma (XLA's
+    analysis of the compiled decode call, and the device's peak where it
+    reports one), acceptance by draft position and by token, the histogram of
+    tokens per target call, and BLEU of both decodes (identical when greedy).
+  * `emulate_alpha`: an explicitly labelled timing mode for models with random
+    weights (e.g. T5-XXL/small) in which acceptances are drawn i.i.d. with
+    probability alpha; no text is produced and no alpha is measured.
+
+Everything here imports jax/flax/numpy only (sentencepiece or seqio only for
+the input readers that need them), so the walltime benchmark runs on GPU/TPU
+machines without TensorFlow. `python -m speculative_t5x.benchmark
+--gin_file=configs/runs/benchmark.gin ...` runs `run_benchmark` from gin;
+`scripts/` wraps it.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import decoding
+from speculative_t5x import drafts
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import sampling
+from speculative_t5x import speculative_sampling
+from speculative_t5x import theory
+
+EOS_ID = models.EOS_ID
+
+
+# ------------------------------------------------------------------------------
+# Inputs.
+# ------------------------------------------------------------------------------
+
+
+def pad_rows(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
+  """int32 [N, length]: token rows (each ending in EOS), 0-padded.
+
+  Raises ValueError for a row longer than `length`, naming it: inputs are
+  never silently cut.
+  """
+  out = np.zeros((len(rows), length), np.int32)
+  for i, row in enumerate(rows):
+    if len(row) > length:
+      raise ValueError(
+          f'Input {i} has {len(row)} tokens, more than the input length {length}; '
+          'raise the input length (feature length "inputs").'
+      )
+    out[i, : len(row)] = row
+  return out
+
+
+def tsv_inputs(path: str, vocabulary_path: str, *, prefix: str, input_length: int,
+               num_examples: Optional[int] = None):
+  """Reads `source<TAB>target` lines and tokenizes with a SentencePiece model.
+
+  Needs only sentencepiece (no TensorFlow), for accelerator machines.
+
+  Returns:
+    (inputs int32 [N, input_length], targets: list of N reference strings).
+  """
+  import sentencepiece  # Only this reader needs it.
+
+  processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
+  sources, targets = [], []
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      if num_examples is not None and len(sources) == num_examples:
+        break
+      source, target = line.rstrip('\n').split('\t')
+      sources.append(processor.encode(prefix + source) + [EOS_ID])
+      targets.append(target)
+  return pad_rows(sources, input_length), targets
+
+
+def random_inputs(num_examples: int, input_length: int, vocab_size: int, seed: int = 0):
+  """Random full-length inputs (for the emulation mode): ([N, Lin], no targets)."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(2, vocab_size, size=(num_examples, input_length)).astype(np.int32)
+  tokens[:, -1] = EOS_ID
+  return tokens, None
+
+
+# ------------------------------------------------------------------------------
+# Step costs: c and v(gamma).
+# ------------------------------------------------------------------------------
+
+
+def _median_seconds(fn: Callable[[], Any], repetitions: int) -> float:
+  jax.block_until_ready(fn())  # Compile and warm up.
+  times = []
+  for _ in range(repetitions):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'block_size', 'steps'))
+def _decode_steps(params, cache, *, config, block_size, steps):
+  """`steps` cached calls of `block_size` tokens per row, back to back."""
+  batch_size = jax.tree_util.tree_leaves(cache)[0].shape[0]
+  tokens = jnp.full((batch_size, block_size), 2, jnp.int32)
+
+  def body(i, carry):
+    cache, checksum = carry
+    logits, cache = network.apply_decode_block(
+        config, params, cache, tokens, jnp.full((batch_size,), i * block_size, jnp.int32))
+    return cache, checksum + logits[:, -1, 0]
+
+  return jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros((batch_size,), jnp.float32)))[1]
+
+
+def decode_step_seconds(model: models.Model, *, batch_size: int, input_length: int,
+                        block_size: int, steps: int = 16, repetitions: int = 7) -> float:
+  """Seconds per cached decoder call on `block_size` tokens per row (median)."""
+  inputs = jnp.asarray(random_inputs(batch_size, input_length, model.vocab_size)[0])
+  cache = jax.jit(network.init_decoder_cache, static_argnums=(0, 3))(
+      model.config, model.params, inputs, steps * block_size)
+  run = lambda: _decode_steps(
+      model.params, cache, config=model.config, block_size=block_size, steps=steps)
+  return _median_seconds(run, repetitions) / steps
+
+
+@functools.partial(jax.jit, static_argnames=('gamma',))
+def _propose(draft, draft_cache, sequences, positions, rng, *, gamma):
+  return draft.propose(draft_cache, sequences, positions, rng, gamma=gamma,
+                       temperature=1.0, topk=0, topp=0.0)[:2]
+
+
+def draft_proposal_seconds(draft, *, batch_size: int, input_length: int, gamma: int,
+                           repetitions: int = 7) -> float:
+  """Seconds for one proposal of gamma draft tokens (median), any draft type."""
+  inputs = jnp.asarray(random_inputs(batch_size, input_length, draft.vocab_size)[0])
+  draft_cache = jax.jit(draft.init_cache, static_argnums=(1,))(inputs, 4 * gamma + 4)
+  sequences = jnp.full((batch_size, 4 * gamma + 4), 2, jnp.int32)
+  positions = jnp.full((batch_size,), gamma, jnp.int32)
+  run = lambda: _propose(draft, draft_cache, sequences, positions, jax.random.PRNGKey(0),
+                         gamma=gamma)
+  return _median_seconds(run, repetitions)
+
+
+@dataclasses.dataclass
+class StepCosts:
+  """Measured costs, in seconds and as the paper's ratios.
+
+  Attributes:
+    target_step: one-token target call.
+    target_block: {gamma: (gamma+1)-token target call}.
+    draft_proposal: {gamma: one proposal of gamma tokens}.
+    c: {gamma: draft time per token / target_step}.
+    verify_cost: {gamma: target_block / target_step}, v(gamma) (1 in the paper).
+  """
+
+  target_step: float
+  target_block: Dict[int, float]
+  draft_proposal: Dict[int, float]
+
+  @property
+  def c(self) -> Dict[int, float]:
+    return {g: t / g / self.target_step for g, t in self.draft_proposal.items()}
+
+  @property
+  def verify_cost(self) -> Dict[int, float]:
+    return {g: t / self.target_step for g, t in self.target_block.items()}
+
+
+def measure_step_costs(target: models.Model, draft, gammas: Sequence[int], *,
+                       batch_size: int = 1, input_length: int, repetitions: int = 7) -> StepCosts:
+  draft = draft.as_draft() if isinstance(draft, models.Model) else draft
+  shape = dict(batch_size=batch_size, input_length=input_length)
+  return StepCosts(
+      target_step=decode_step_seconds(target, block_size=1, repetitions=repetitions, **shape),
+      target_block={g: decode_step_seconds(target, block_size=g + 1, repetitions=repetitions,
+                                           **shape) for g in gammas},
+      draft_proposal={g: draft_proposal_seconds(draft, gamma=g, repetitions=repetitions, **shape)
+                      for g in gammas},
+  )
+
+
+# ------------------------------------------------------------------------------
+# alpha by teacher forcing on target samples.
+# ------------------------------------------------------------------------------
+
+
+def output_lengths(tokens: np.ndarray, eos_id: int = EOS_ID) -> np.ndarray:
+  """int [N]: emitted tokens per row of decodes [N, L] (up to and incl. EOS)."""
+  tokens = np.asarray(tokens)
+  is_eos = tokens == eos_id
+  return np.where(is_eos.any(axis=1), np.argmax(is_eos, axis=1) + 1, tokens.shape[1])
+
+
+@functools.partial(jax.jit, static_argnames=('config',))
+def _teacher_forced_logits(params, input_tokens, output_tokens, *, config):
+  decoder_inputs = jnp.pad(output_tokens[:, :-1], ((0, 0), (1, 0)))
+  return network.Transformer(config).apply(
+      {'params': params}, input_tokens, decoder_inputs, jnp.ones_like(output_tokens),
+      enable_dropout=False)
+
+
+def draft_logits(draft, input_tokens: np.ndarray, output_tokens: np.ndarray) -> jax.Array:
+  """float32 [N, L, V]: the draft's next-token logits along target outputs."""
+  if isinstance(draft, models.Model):
+    return _teacher_forced_logits(draft.params, input_tokens, output_tokens, config=draft.config)
+  if isinstance(draft, drafts.NgramDraft):
+    previous = np.pad(output_tokens[:, :-1], ((0, 0), (1, 0)))
+    logits = draft.log_probs(jnp.asarray(previous.reshape(-1)))
+    return logits.reshape(previous.shape + (draft.vocab_size,))
+  raise ValueError(
+      f'alpha by teacher forcing needs a model or n-gram draft; a {type(draft).__name__} '
+      'proposes from the context, so its acceptance comes from the decode loop (alpha_loop).')
+
+
+@functools.partial(jax.jit, static_argnames=('temperature', 'topk', 'topp'))
+def _beta(target_logits, draft_logits, *, temperature, topk, topp):
+  standardize = functools.partial(sampling.standardize, temperature=temperature, topk=topk,
+                                  topp=topp)
+  return speculative_sampling.lenient_acceptance_rate(standardize(target_logits),
+                                                     standardize(draft_logits))
+
+
+@dataclasses.dataclass
+class AlphaResult:
+  """alpha measured on target samples.
+
+  Attributes:
+    alpha: mean beta over the tokens.
+    stderr: standard error, from per-sequence means (tokens of one sequence
+      are not independent).
+    num_tokens: tokens averaged over.
+    beta_by_token: {token id: (count, mean beta)} over the tokens the target
+      emitted (where the draft's guesses fail).
+  """
+
+  alpha: float
+  stderr: float
+  num_tokens: int
+  beta_by_token: Dict[int, tuple]
+
+
+def measure_alpha(target: models.Model, draft, inputs: np.ndarray, *, temperature: float,
+                  topk: int = 0, topp: float = 0.0, max_decode_len: int, min_tokens: int = 10_000,
+                  batch_size: int = 64, seed: int = 0) -> AlphaResult:
+  """Samples from the target until `min_tokens` and averages beta over them."""
+  decode = models.make_decoder(target, None, temperature=temperature, topk=topk, topp=topp,
+                               max_decode_len=max_decode_len)
+  sample_args = dict(temperature=temperature, topk=topk, topp=topp)
+  betas, tokens, sequence_means = [], [], []
+  num_tokens, start, key = 0, 0, jax.random.PRNGKey(seed)
+  while num_tokens < min_tokens:
+    batch = np.take(inputs, np.arange(start, start + batch_size), axis=0, mode='wrap')
+    start += batch_size
+    key, step_key = jax.random.split(key)
+    outputs = np.asarray(decode(jnp.asarray(batch), step_key).tokens)
+    target_logits = _teacher_forced_logits(target.params, batch, outputs, config=target.config)
+    beta = np.asarray(_beta(target_logits, draft_logits(draft, batch, outputs), **sample_args))
+    valid = np.arange(outputs.shape[1])[None] < output_lengths(outputs)[:, None]
+    betas.append(beta[valid])
+    tokens.append(outputs[valid])
+    sequence_means.extend((beta * valid).sum(1) / valid.sum(1))
+    num_tokens += int(valid.sum())
+  betas, tokens = np.concatenate(betas), np.concatenate(tokens)
+  by_token = {}
+  for token in np.unique(tokens):
+    selected = betas[tokens == token]
+    by_token[int(token)] = (int(selected.size), float(selected.mean()))
+  return AlphaResult(
+      alpha=float(betas.mean()),
+      stderr=float(np.std(sequence_means) / np.sqrt(len(sequence_means))),
+      num_tokens=int(betas.size),
+      beta_by_token=by_token,
+  )
+
+
+# ------------------------------------------------------------------------------
+# Walltime.
+# ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DecodeRun:
+  """A timed decoding pass over the inputs.
+
+  Attributes:
+    seconds: per repetition, the wall time of decoding every batch.
+    tokens: tokens emitted per pass (EOS included).
+    outputs: int32 [N, L] decodes of the first pass.
+    stats: speculative statistics summed over the first pass's batches (None
+      for the baseline): dict of numpy arrays.
+    memory: XLA's memory analysis of the compiled call, in bytes
+      (argument_bytes, temp_bytes, output_bytes; empty if unavailable).
+  """
+
+  seconds: List[float]
+  tokens: int
+  outputs: np.ndarray
+  stats: Optional[Dict[str, np.ndarray]]
+  memory: Dict[str, int]
+
+  @property
+  def ms_per_token(self) -> List[float]:
+    return [1000.0 * s / self.tokens for s in self.seconds]
+
+
+def _sum_stats(stats: Sequence[decoding.SpeculativeStats]) -> Dict[str, np.ndarray]:
+  """Sums speculative statistics over batches; per-row fields also over rows."""
+  per_row = ('iterations', 'accepted', 'emitted')
+  aggregate = ('accepted_histogram', 'position_reached', 'position_accepted', 'beta_sum',
+               'beta_count')
+  totals = {}
+  for batch_stats in stats:
+    for field in per_row + aggregate:
+      value = np.asarray(getattr(batch_stats, field))
+      totals[field] = totals.get(field, 0) + (value.sum() if field in per_row else value)
+  return totals
+
+
+def time_decoding(decode: models.Decoder, inputs: np.ndarray, *, batch_size: int = 1,
+                  repetitions: int = 3, seed: int = 0) -> DecodeRun:
+  """Decodes all inputs in batches, `repetitions` times, timing each pass.
+
+  `len(inputs)` must be a multiple of `batch_size` (no row is dropped). The
+  call is compiled ahead of time and warmed up; the compiled program's memory
+  analysis is returned with the run.
+  """
+  if len(inputs) % batch_size:
+    raise ValueError(f'{len(inputs)} inputs do not split into batches of {batch_size}; '
+                     'pass a multiple of the batch size.')
+  batches = [jnp.asarray(inputs[i:i + batch_size]) for i in range(0, len(inputs), batch_size)]
+  keys = list(jax.random.split(jax.random.PRNGKey(seed), len(batches)))
+  compiled = decode.compile(batches[0], keys[0])
+  jax.block_until_ready(compiled(batches[0], keys[0]))  # Warm up.
+  seconds, first_pass = [], None
+  for _ in range(repetitions):
+    start = time.perf_counter()
+    results = [compiled(batch, key) for batch, key in zip(batches, keys)]
+    jax.block_until_ready(results)
+    seconds.append(time.perf_counter() - start)
+    first_pass = first_pass or results
+  outputs = np.concatenate([np.asarray(r.tokens) for r in first_pass])
+  stats = None if first_pass[0].stats is None else _sum_stats([r.stats for r in first_pass])
+  tokens = int(output_lengths(outputs, decode.static_args['eos_id']).sum())
+  return DecodeRun(seconds=seconds, tokens=tokens, outputs=outputs,
+                   stats=stats, memory=_memory_bytes(compiled))
+
+
+def _memory_bytes(compiled: models.CompiledDecoder) -> Dict[str, int]:
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    return {}
+  return {
+      'argument_bytes': int(analysis.argument_size_in_bytes),
+      'temp_bytes': int(analysis.temp_size_in_bytes),
+      'output_bytes': int(analysis.output_size_in_bytes),
+  }
+
+
+def device_peak_bytes() -> Optional[int]:
+  """The device allocator's peak (GPU/TPU); None where not reported (CPU)."""
+  stats = jax.devices()[0].memory_stats()
+  return None if not stats else stats.get('peak_bytes_in_use')
+
+
+def corpus_bleu(vocabulary_path: Optional[str], outputs: np.ndarray,
+                references: Optional[Sequence[str]]) -> Optional[float]:
+  """sacrebleu corpus BLEU (T5's settings) of decodes against references."""
+  if vocabulary_path is None or references is None:
+    return None
+  import sacrebleu  # Only when there are references to score.
+  import sentencepiece
+
+  processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
+  texts = [processor.decode([int(t) for t in row[:n] if t != EOS_ID])
+           for row, n in zip(outputs, output_lengths(outputs))]
+  return float(sacrebleu.corpus_bleu(texts, [list(references)], smooth_method='exp',
+                                     tokenize='intl').score)
+
+
+# ------------------------------------------------------------------------------
+# The whole benchmark.
+# ------------------------------------------------------------------------------
+
+
+def _summary(values: Sequence[float]) -> Dict[str, float]:
+  return {'median': float(np.median(values)), 'min': float(np.min(values)),
+          'max': float(np.max(values))}
+
+
+def run_benchmark(
+    target: models.Model,
+    draft,
+    inputs: np.ndarray,
+    *,
+    references: Optional[Sequence[str]] = None,
+    vocabulary_path: Optional[str] = None,
+    pair_name: str = 'pair',
+    task_name: str = 'task',
+    temperatures: Sequence[float] = (0.0, 1.0),
+    gammas: Sequence[int] = (1, 3, 5, 7),
+    batch_sizes: Sequence[int] = (1,),
+    batch_size_gamma: Optional[int] = None,
+    num_walltime_examples: int = 64,
+    repetitions: int = 3,
+    max_decode_len: int = 64,
+    alpha_tokens: int = 10_000,
+    ngram_corpus: Optional[Sequence[np.ndarray]] = None,
+    emulate_alpha: Optional[float] = None,
+    output_dir: Optional[str] = None,
+    progress: Callable[[str], None] = print,
+) -> List[Dict[str, Any]]:
+  """Measures everything in the module docstring; returns JSON-ready records.
+
+  Args:
+    target: the target model.
+    draft: a `models.Model` or a draft from `drafts`.
+    inputs: int32 [N, Lin] encoder inputs; the first `num_walltime_examples`
+      are timed, all of them feed the alpha measurement.
+    references: optional N reference strings, for BLEU.
+    vocabulary_path: SentencePiece model, for BLEU and token strings.
+    pair_name, task_name: labels of the records.
+    temperatures: sampling temperatures (0 is greedy).
+    gammas: the gamma sweep.
+    batch_sizes: batch sizes of the batch-size sweep (1 always runs).
+    batch_size_gamma: gamma for the batch-size sweep (default: best at batch 1).
+    num_walltime_examples: examples timed (a multiple of every batch size).
+    repetitions: timed passes per configuration.
+    max_decode_len: output length.
+    alpha_tokens: target tokens for each alpha measurement (>= 10,000 as the
+      paper).
+    ngram_corpus: target-side token sequences; if given, unigram and bigram
+      drafts are fitted on them and their alpha measured (Table 3).
+    emulate_alpha: if set, the timing mode for random weights (no alpha is
+      measured, no text or BLEU produced; records say `emulated`).
+    output_dir: if given, writes benchmark.json, benchmark.md and figures.
+    progress: called with a line per step.
+
+  Returns:
+    A list of records (dicts): kind 'alpha' (per draft and temperature),
+    'costs', and 'walltime' (per temperature, gamma and batch size).
+  """
+  emulated = emulate_alpha is not None
+  draft = draft.as_draft() if isinstance(draft, models.Model) else draft
+  draft_name = type(draft).__name__
+  walltime_inputs = inputs[:num_walltime_examples]
+  walltime_refs = None if references is None else list(references)[:num_walltime_examples]
+  common = dict(pair=pair_name, task=task_name, emulated=emulated)
+  records: List[Dict[str, Any]] = []
+
+  progress('Measuring step costs (c, verify cost) ...')
+  costs = measure_step_costs(target, draft, sorted(set(gammas) | {batch_size_gamma or gammas[0]}),
+                             input_length=inputs.shape[1], repetitions=max(5, repetitions))
+  records.append(dict(common, kind='costs', target_step_ms=1000 * costs.target_step,
+                      c=costs.c, verify_cost=costs.verify_cost))
+
+  # alpha of the draft (and of n-gram drafts) on target samples, per temperature.
+  alphas = {temperature: emulate_alpha for temperature in temperatures} if emulated else {}
+  candidates = {}
+  if not emulated and not isinstance(draft, drafts.PromptLookupDraft):
+    candidates[draft_name] = (models.Model(draft.config, draft.params)
+                              if isinstance(draft, drafts.ModelDraft) else draft)
+  if not emulated and ngram_corpus is not None:
+    for order in (1, 2):
+      candidates[f'{order}-gram'] = drafts.NgramDraft.fit(ngram_corpus, target.vocab_size,
+                                                          order=order)
+  for temperature in temperatures:
+    for name, candidate in candidates.items():
+      progress(f'alpha of {name} at temperature {temperature} ...')
+      result = measure_alpha(target, candidate, inputs, temperature=temperature,
+                             max_decode_len=max_decode_len, min_tokens=alpha_tokens)
+      worst = sorted((v[1], k, v[0]) for k, v in result.beta_by_token.items() if v[0] >= 20)[:10]
+      records.append(dict(common, kind='alpha', draft=name, temperature=temperature,
+                          alpha=result.alpha, alpha_stderr=result.stderr,
+                          num_tokens=result.num_tokens,
+                          worst_tokens=[dict(token=k, count=n, beta=b) for b, k, n in worst]))
+      if name == draft_name:
+        alphas[temperature] = result.alpha
+
+  eos_id = -1 if emulated else EOS_ID  # Emulated rows run to full length.
+  measure = functools.partial(
+      _measure_walltime, target, draft, walltime_inputs, common=common, costs=costs,
+      repetitions=repetitions, vocabulary_path=vocabulary_path, references=walltime_refs,
+      emulate_alpha=emulate_alpha, max_decode_len=max_decode_len, eos_id=eos_id,
+      progress=progress)
+  for temperature in temperatures:
+    baseline = None
+    for gamma in gammas:
+      record, baseline = measure(temperature, gamma, 1, alphas.get(temperature), baseline)
+      records.append(record)
+    sweep_gamma = batch_size_gamma or max(
+        (r for r in records if r['kind'] == 'walltime' and r['temperature'] == temperature),
+        key=lambda r: r['speedup']['median'])['gamma']
+    for batch_size in sorted(set(batch_sizes) - {1}):
+      records.append(measure(temperature, sweep_gamma, batch_size, alphas.get(temperature))[0])
+  if output_dir is not None:
+    write_report(records, output_dir)
+  return records
+
+
+def _measure_walltime(target, draft, inputs, temperature, gamma, batch_size, alpha,
+                      baseline: Optional[DecodeRun] = None, *, common, costs: StepCosts,
+                      repetitions, vocabulary_path, references, emulate_alpha, max_decode_len,
+                      eos_id, progress):
+  """Times baseline (unless given) and speculative decoding; returns (record, baseline)."""
+  settings = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
+  if baseline is None:
+    progress(f'baseline, temperature {temperature}, batch {batch_size} ...')
+    baseline = time_decoding(models.make_decoder(target, None, **settings), inputs,
+                             batch_size=batch_size, repetitions=repetitions)
+  progress(f'speculative, temperature {temperature}, gamma {gamma}, batch {batch_size} ...')
+  decode = models.make_decoder(target, draft, gamma=gamma, emulate_alpha=emulate_alpha,
+                               **settings)
+  speculative = time_decoding(decode, inputs, batch_size=batch_size, repetitions=repetitions)
+  stats = speculative.stats
+  speedups = [b / s for b, s in zip(baseline.ms_per_token, speculative.ms_per_token)]
+  record = dict(
+      common,
+      kind='walltime',
+      temperature=temperature,
+      gamma=gamma,
+      batch_size=batch_size,
+      num_examples=int(len(inputs)),
+      alpha=alpha,
+      alpha_loop=float(stats['beta_sum'] / max(stats['beta_count'], 1)),
+      c=costs.c.get(gamma),
+      verify_cost=costs.verify_cost.get(gamma),
+      ms_per_token_baseline=_summary(baseline.ms_per_token),
+      ms_per_token_speculative=_summary(speculative.ms_per_token),
+      speedup=_summary(speedups),
+      tokens_per_call=float(stats['emitted'] / max(stats['iterations'], 1)),
+      accepted_histogram=stats['accepted_histogram'].tolist(),
+      acceptance_by_position=(stats['position_accepted'] /
+                              np.maximum(stats['position_reached'], 1)).tolist(),
+      memory=speculative.memory,
+      device_peak_bytes=device_peak_bytes(),
+  )
+  if alpha is not None and gamma in costs.c:
+    record.update(
+        predicted_tokens_per_call=float(theory.expected_tokens(alpha, gamma)),
+        predicted_speedup=float(theory.walltime_improvement(
+            alpha, gamma, costs.c[gamma], verify_cost=costs.verify_cost[gamma])),
+        predicted_speedup_free_verify=float(theory.walltime_improvement(
+            alpha, gamma, costs.c[gamma])),
+    )
+  if emulate_alpha is None:
+    record.update(
+        identical_outputs=float(np.mean(np.all(baseline.outputs == speculative.outputs, axis=1))),
+        bleu_baseline=corpus_bleu(vocabulary_path, baseline.outputs, references),
+        bleu_speculative=corpus_bleu(vocabulary_path, speculative.outputs, references),
+    )
+  progress(_one_line(record))
+  return record, baseline
+
+
+def _one_line(record: Dict[str, Any]) -> str:
+  predicted = record.get('predicted_speedup')
+  return (f"  T={record['temperature']} gamma={record['gamma']} batch={record['batch_size']}: "
+          f"{record['ms_per_token_baseline']['median']:.2f} -> "
+          f"{record['ms_per_token_speculative']['median']:.2f} ms/token, speedup "
+          f"{record['speedup']['median']:.2f}x"
+          + (f' (predicted {predicted:.2f}x)' if predicted is not None else '')
+          + f", {record['tokens_per_call']:.2f} tokens/call")
+
+
+# ------------------------------------------------------------------------------
+# Reports.
+# ------------------------------------------------------------------------------
+
+
+def _fmt(value, digits=2):
+  return '-' if value is None else f'{value:.{digits}f}'
+
+
+def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
+  """Markdown tables: walltime and prediction (Tables 2 and 4), alpha (Table 3),
+  batch size, memory, acceptance by position."""
+  lines = []
+  walltime = [r for r in records if r['kind'] == 'walltime']
+  if any(r['emulated'] for r in records):
+    lines += ['**EMULATION**: acceptances drawn i.i.d. at the given alpha on random weights; '
+              'timings only, no text.', '']
+  lines += ['## Walltime at batch 1 (Tables 2 and 4)', '',
+            '| pair | task | T | gamma | alpha | alpha (loop) | c | v(gamma) | tokens/call '
+            '| ms/token base | ms/token spec | speedup (range) | predicted | predicted, v=1 '
+            '| BLEU base / spec |',
+            '|' + '---|' * 15]
+  for r in walltime:
+    if r['batch_size'] != 1:
+      continue
+    bleu = (f"{_fmt(r.get('bleu_baseline'), 1)} / {_fmt(r.get('bleu_speculative'), 1)}"
+            if r.get('bleu_baseline') is not None else '-')
+    lines.append(
+        f"| {r['pair']} | {r['task']} | {r['temperature']} | {r['gamma']} | {_fmt(r['alpha'])} "
+        f"| {_fmt(r['alpha_loop'])} | {_fmt(r['c'], 3)} | {_fmt(r['verify_cost'])} "
+        f"| {_fmt(r['tokens_per_call'])} | {_fmt(r['ms_per_token_baseline']['median'])} "
+        f"| {_fmt(r['ms_per_token_speculative']['median'])} "
+        f"| {_fmt(r['speedup']['median'])}x ({_fmt(r['speedup']['min'])}-"
+        f"{_fmt(r['speedup']['max'])}) | {_fmt(r.get('predicted_speedup'))}x "
+        f"| {_fmt(r.get('predicted_speedup_free_verify'))}x | {bleu} |")
+  alpha = [r for r in records if r['kind'] == 'alpha']
+  if alpha:
+    lines += ['', '## alpha (Table 3)', '', '| draft | T | alpha | stderr | tokens |',
+              '|---|---|---|---|---|']
+    lines += [f"| {r['draft']} | {r['temperature']} | {_fmt(r['alpha'], 3)} "
+              f"| {_fmt(r['alpha_stderr'], 3)} | {r['num_tokens']} |" for r in alpha]
+  batched = [r for r in walltime if r['batch_size'] != 1]
+  if batched:
+    lines += ['', '## Speedup vs batch size', '',
+              '| T | gamma | batch | ms/token base | ms/token spec | speedup |',
+              '|---|---|---|---|---|---|']
+    for r in sorted(walltime, key=lambda r: (r['temperature'], r['batch_size'])):
+      if r['gamma'] == batched[0]['gamma']:
+        lines.append(f"| {r['temperature']} | {r['gamma']} | {r['batch_size']} "
+                     f"| {_fmt(r['ms_per_token_baseline']['median'])} "
+                     f"| {_fmt(r['ms_per_token_speculative']['median'])} "
+                     f"| {_fmt(r['speedup']['median'])}x |")
+  lines += ['', '## Memory and acceptance by position (batch 1)', '',
+            '| T | gamma | XLA temp MiB | XLA args MiB | acceptance by draft position |',
+            '|---|---|---|---|---|']
+  for r in walltime:
+    if r['batch_size'] == 1:
+      mem = r['memory']
+      lines.append(f"| {r['temperature']} | {r['gamma']} "
+                   f"| {_fmt(mem.get('temp_bytes', 0) / 2**20, 1)} "
+                   f"| {_fmt(mem.get('argument_bytes', 0) / 2**20, 1)} "
+                   f"| {' '.join(f'{a:.2f}' for a in r['acceptance_by_position'])} |")
+  return '\n'.join(lines) + '\n'
+
+
+def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]:
+  """Saves speedup-vs-gamma (measured and predicted) and speedup-vs-batch figures."""
+  import matplotlib  # Figures only when asked for.
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt
+
+  walltime = [r for r in records if r['kind'] == 'walltime']
+  paths = []
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for temperature in sorted({r['temperature'] for r in walltime}):
+    rows = sorted((r for r in walltime if r['temperature'] == temperature and
+                   r['batch_size'] == 1), key=lambda r: r['gamma'])
+    gammas = [r['gamma'] for r in rows]
+    ax.errorbar(gammas, [r['speedup']['median'] for r in rows],
+                yerr=[[r['speedup']['median'] - r['speedup']['min'] for r in rows],
+                      [r['speedup']['max'] - r['speedup']['median'] for r in rows]],
+                marker='o', capsize=3, label=f'measured, T={temperature}')
+    if rows and rows[0].get('predicted_speedup') is not None:
+      ax.plot(gammas, [r['predicted_speedup'] for r in rows], '--', marker='x',
+              label=f'predicted, T={temperature}')
+  ax.axhline(1.0, color='gray', linewidth=0.8)
+  ax.set_xlabel('gamma')
+  ax.set_ylabel('speedup over baseline')
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  paths.append(os.path.join(output_dir, 'speedup_vs_gamma.png'))
+  fig.savefig(paths[-1], dpi=120)
+  plt.close(fig)
+  batched = [r for r in walltime if r['batch_size'] != 1]
+  if batched:
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for temperature in sorted({r['temperature'] for r in walltime}):
+      rows = sorted((r for r in walltime if r['temperature'] == temperature and
+                     r['gamma'] == batched[0]['gamma']), key=lambda r: r['batch_size'])
+      ax.plot([r['batch_size'] for r in rows], [r['speedup']['median'] for r in rows],
+              marker='o', label=f'T={temperature}, gamma={batched[0]["gamma"]}')
+    ax.set_xscale('log', base=2)
+    ax.axhline(1.0, color='gray', linewidth=0.8)
+    ax.set_xlabel('batch size')
+    ax.set_ylabel('speedup over baseline')
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(os.path.join(output_dir, 'speedup_vs_batch.png'))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+  return paths
+
+
+def write_report(records: Sequence[Dict[str, Any]], output_dir: str) -> None:
+  """benchmark.json (one record per configuration), benchmark.md, figures."""
+  os.makedirs(output_dir, exist_ok=True)
+  with open(os.path.join(output_dir, 'benchmark.json'), 'w') as f:
+    json.dump(list(records), f, indent=1, default=float)
+  with open(os.path.join(output_dir, 'benchmark.md'), 'w') as f:
+    f.write(markdown_report(records))
+  plot_report(records, output_dir)

@@ -1,0 +1,83 @@
+"""The benchmark end to end on a tiny random pair, and the emulation mode."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from speculative_t5x import benchmark
+from speculative_t5x import theory
+from test_models import padded_inputs, tiny_model
+
+TARGET = tiny_model(seed=0, vocab_size=24, layers=2, scale=1.5)
+DRAFT = tiny_model(seed=0, vocab_size=24, scale=1.5)
+
+
+@pytest.fixture(scope='module')
+def records(tmp_path_factory):
+  output_dir = str(tmp_path_factory.mktemp('benchmark'))
+  inputs = padded_inputs(0, 8, 7, TARGET.vocab_size)
+  corpus = list(padded_inputs(1, 20, 7, TARGET.vocab_size))
+  result = benchmark.run_benchmark(
+      TARGET, DRAFT, inputs, temperatures=(1.0,), gammas=(1, 3), batch_sizes=(1, 2),
+      num_walltime_examples=4, repetitions=2, max_decode_len=10, alpha_tokens=3000,
+      ngram_corpus=corpus, output_dir=output_dir, progress=lambda line: None)
+  return result, output_dir
+
+
+def test_writes_json_markdown_and_figures(records):
+  result, output_dir = records
+  with open(os.path.join(output_dir, 'benchmark.json')) as f:
+    assert json.load(f) == json.loads(json.dumps(result, default=float))
+  for name in ('benchmark.md', 'speedup_vs_gamma.png', 'speedup_vs_batch.png'):
+    assert os.path.getsize(os.path.join(output_dir, name)) > 0
+  markdown = open(os.path.join(output_dir, 'benchmark.md')).read()
+  assert '## Walltime at batch 1' in markdown and '## alpha (Table 3)' in markdown
+
+
+def test_every_record_has_its_fields(records):
+  result, _ = records
+  kinds = [r['kind'] for r in result]
+  assert kinds.count('costs') == 1
+  # 3 drafts: the model, unigram, bigram.
+  assert kinds.count('alpha') == 3
+  walltime = [r for r in result if r['kind'] == 'walltime']
+  assert {(r['gamma'], r['batch_size']) for r in walltime if r['batch_size'] == 1} == {
+      (1, 1), (3, 1)}
+  assert {r['batch_size'] for r in walltime} == {1, 2}
+  for r in walltime:
+    for field in ('alpha', 'alpha_loop', 'c', 'verify_cost', 'tokens_per_call',
+                  'ms_per_token_baseline', 'ms_per_token_speculative', 'speedup',
+                  'predicted_speedup', 'predicted_tokens_per_call', 'accepted_histogram',
+                  'acceptance_by_position', 'memory', 'identical_outputs'):
+      assert r[field] is not None, field
+    assert len(r['accepted_histogram']) == r['gamma'] + 1
+    assert r['memory']['temp_bytes'] > 0
+    assert r['ms_per_token_baseline']['min'] <= r['ms_per_token_baseline']['median']
+  for r in (r for r in result if r['kind'] == 'alpha'):
+    assert 0.0 <= r['alpha'] <= 1.0 and r['num_tokens'] >= 3000
+
+
+def test_alpha_agrees_with_the_decode_loop(records):
+  """Teacher-forced alpha on target samples vs the loop's on-the-fly beta."""
+  result, _ = records
+  for r in result:
+    if r['kind'] == 'walltime' and r['batch_size'] == 1:
+      # The loop judges ~num_examples * tokens positions only; allow its noise.
+      assert abs(r['alpha'] - r['alpha_loop']) < 0.15, r
+
+
+def test_emulated_tokens_per_call_follow_eq_1():
+  alpha, gamma = 0.7, 4
+  inputs, _ = benchmark.random_inputs(16, 6, TARGET.vocab_size)
+  decode = benchmark.models.make_decoder(TARGET, DRAFT, gamma=gamma, temperature=1.0,
+                                         max_decode_len=60, eos_id=-1, emulate_alpha=alpha)
+  run = benchmark.time_decoding(decode, inputs, batch_size=16, repetitions=1)
+  histogram = run.stats['accepted_histogram']
+  iterations = histogram.sum()
+  mean_tokens = (histogram * (np.arange(gamma + 1) + 1)).sum() / iterations
+  expected = theory.expected_tokens(alpha, gamma)
+  # Tokens per call are in [1, gamma + 1]: their standard deviation is < gamma / 2.
+  assert abs(mean_tokens - expected) < 4 * (gamma / 2) / np.sqrt(iterations)
+  assert run.tokens == 16 * 60  # No EOS: every emulated row runs to full length.
