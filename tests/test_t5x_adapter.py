@@ -1,0 +1,449 @@
+"""The T5X integration: draft grafting, the speculative predict path, and the T5X model.
+
+The first part needs no t5x: it tests the functions of `t5x_adapter` that the
+model class calls (parameter trees, grafting a T5X checkpoint, the predict
+computation) on this project's networks. The second part runs against the
+real t5x when it is importable (it is not on PyPI; see
+`t5x_adapter._T5X_MISSING`): the model class inside T5X's own restore,
+partitioning and prediction code, compared with T5X's stock
+`EncoderDecoderModel` on T5X's own network, and the gin files of configs/t5x.
+"""
+
+import functools
+import os
+import sys
+
+import flax
+from flax import serialization
+from flax import traverse_util
+from flax.linen import partitioning as nn_partitioning
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative_t5x import decoding
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import t5x_adapter
+from test_checkpoints import _write_t5x_legacy
+from test_models import padded_inputs, tiny_model
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EOS = 1
+GAMMA = 3
+MAX_DECODE_LEN = 12
+# Target and draft share one config (different parameters), so that one
+# compiled predict program serves every draft below.
+TARGET = tiny_model(seed=0, scale=3.0)
+DRAFT = tiny_model(seed=1, scale=3.0)
+MODULE = network.Transformer(TARGET.config)
+INPUTS = padded_inputs(seed=3, batch=4, length=9, vocab_size=TARGET.vocab_size)
+BATCH = {'encoder_input_tokens': INPUTS,
+         'decoder_input_tokens': np.zeros((len(INPUTS), MAX_DECODE_LEN), np.int32)}
+
+
+def _with_draft(draft_params):
+  return {**TARGET.params, t5x_adapter.DRAFT_KEY: draft_params}
+
+
+def _assert_trees_equal(actual, expected):
+  actual, expected = traverse_util.flatten_dict(actual), traverse_util.flatten_dict(expected)
+  assert actual.keys() == expected.keys()
+  for path, value in expected.items():
+    np.testing.assert_array_equal(np.asarray(actual[path]), np.asarray(value),
+                                  err_msg='/'.join(path))
+
+
+def _decoded_lengths(tokens):
+  """Tokens up to and including the first EOS (or all of them), per row."""
+  tokens = np.asarray(tokens)
+  has_eos = (tokens == EOS).any(axis=1)
+  return np.where(has_eos, np.argmax(tokens == EOS, axis=1) + 1, tokens.shape[1])
+
+
+# ------------------------------------------------------------------------------
+# Parameter trees.
+# ------------------------------------------------------------------------------
+def test_add_draft_variables_mirrors_params_and_axes():
+  shapes = {'encoder_input_tokens': (2, 5), 'decoder_input_tokens': (2, 3)}
+  small = network.t5_1_1_config('tiny', vocab_size=32, num_encoder_layers=1,
+                                num_decoder_layers=1)
+  target_variables, draft_variables = (
+      jax.eval_shape(lambda m=m: t5x_adapter.init_network_variables(m, jax.random.PRNGKey(0),
+                                                                      shapes))
+      for m in (MODULE, network.Transformer(small)))
+  variables = t5x_adapter.add_draft_variables(target_variables, draft_variables)
+  assert sorted(variables['params']) == ['decoder', 'draft', 'encoder', 'token_embedder']
+  # T5X's InferenceState requires params_axes to describe params leaf for leaf.
+  axes = traverse_util.flatten_dict(
+      flax.core.unfreeze(nn_partitioning.get_axis_names(variables['params_axes'])))
+  assert axes.keys() == traverse_util.flatten_dict(variables['params']).keys()
+  assert tuple(axes['draft', 'token_embedder', 'embedding']) == ('vocab', 'embed')
+  assert variables['params']['draft']['token_embedder']['embedding'].shape == (32, 128)
+  assert 'draft' not in target_variables['params']  # Not modified.
+
+  with pytest.raises(ValueError, match="already has a 'draft' entry"):
+    t5x_adapter.add_draft_variables(variables, draft_variables)
+  with pytest.raises(ValueError, match="need 'params_axes'"):
+    t5x_adapter.add_draft_variables(target_variables, {'params': draft_variables['params']})
+
+
+def test_split_and_strip_draft_params():
+  target_params, draft_params = t5x_adapter.split_draft_params(_with_draft(DRAFT.params))
+  assert sorted(target_params) == sorted(TARGET.params)
+  assert draft_params is DRAFT.params
+  assert sorted(t5x_adapter.strip_draft_params(TARGET.params)) == sorted(TARGET.params)
+  with pytest.raises(ValueError, match="no 'draft' subtree.*graft_draft_checkpoint"):
+    t5x_adapter.split_draft_params(TARGET.params)
+
+
+# ------------------------------------------------------------------------------
+# Grafting a draft checkpoint into T5X's restored state.
+# ------------------------------------------------------------------------------
+def _target_state_dict(draft_config):
+  """The abstract state T5X restores into: the model's params with a draft."""
+  target = network.abstract_params(TARGET.config)[0]
+  draft = network.abstract_params(draft_config)[0]
+  return {'target': {**target, 'draft': draft}, 'state': {'step': np.int32(0)}}
+
+
+def test_graft_draft_checkpoint_into_a_legacy_t5x_state(tmp_path):
+  draft_config = network.t5_1_1_config('tiny', vocab_size=32, emb_dim=16, num_heads=2,
+                                       head_dim=8, mlp_dim=32, num_encoder_layers=2,
+                                       num_decoder_layers=1, dtype='float32')
+  draft_params = network.random_params(draft_config, seed=5)[0]
+  draft_dir = _write_t5x_legacy(tmp_path / 'draft', 4, draft_params).parent
+  # What T5X's legacy Checkpointer hands to the state transformations: the
+  # msgpack's optimizer state, with tensorstore specs for the large arrays.
+  target_step = _write_t5x_legacy(tmp_path / 'target', 9, TARGET.params)
+  state_dict = serialization.msgpack_restore((target_step / 'checkpoint').read_bytes())['optimizer']
+  target_state_dict = _target_state_dict(draft_config)
+
+  graft = t5x_adapter.graft_draft_checkpoint(os.fspath(draft_dir))
+  grafted = graft(state_dict, target_state_dict)
+  _assert_trees_equal(grafted['target']['draft'], draft_params)
+  assert grafted['target']['draft']['encoder']['layers_1']['mlp']['wo']['kernel'].dtype == np.float32
+  assert grafted['state'] is state_dict['state']
+  for name in TARGET.params:  # The target's entries are untouched.
+    assert grafted['target'][name] is state_dict['target'][name]
+  assert 'draft' not in state_dict['target']  # Not modified.
+
+  # Resuming from a checkpoint that already has a draft keeps it.
+  assert graft(grafted, target_state_dict, is_resuming=True) is grafted
+  resumed = graft(state_dict, target_state_dict, is_resuming=True)
+  _assert_trees_equal(resumed['target']['draft'], draft_params)
+  cast = t5x_adapter.graft_draft_checkpoint(os.fspath(draft_dir), dtype='bfloat16')(
+      state_dict, target_state_dict)
+  assert cast['target']['draft']['token_embedder']['embedding'].dtype == jnp.bfloat16
+
+  # A draft checkpoint of another size names the first mismatch.
+  with pytest.raises(ValueError, match=r'decoder/decoder_norm/scale has shape \(16,\), but the '
+                                       r'draft network needs \(32,\) \(0 missing, 9 unexpected, '
+                                       r'27 mis-shaped\).*DRAFT_SIZE'):
+    graft(state_dict, _target_state_dict(TARGET.config))
+  with pytest.raises(ValueError, match="has no 'draft' parameters"):
+    graft(state_dict, {'target': network.abstract_params(TARGET.config)[0]})
+  with pytest.raises(FileNotFoundError, match='absent'):
+    t5x_adapter.graft_draft_checkpoint(os.fspath(tmp_path / 'absent'))(
+        state_dict, target_state_dict)
+  with pytest.raises(ValueError, match='set DRAFT_CHECKPOINT_PATH'):
+    t5x_adapter.graft_draft_checkpoint(None)
+
+
+# ------------------------------------------------------------------------------
+# The predict computation, without t5x.
+# ------------------------------------------------------------------------------
+NUM_DECODES = 2
+
+
+@jax.jit
+def _predict_all(params, rng, temperature):
+  """Every decode of each input; temperature 0 is greedy. One program for all draft params."""
+  return t5x_adapter.speculative_predict_batch(
+      MODULE, MODULE, params, BATCH, eos_id=EOS, gamma=GAMMA, rng=rng,
+      decoder_params={'topk': 0, 'temperature': temperature}, num_decodes=NUM_DECODES,
+      return_all_decodes=True)
+
+
+def test_greedy_predictions_equal_the_baseline():
+  baseline = models.generate(TARGET, None, INPUTS, max_decode_len=MAX_DECODE_LEN)
+  lengths = _decoded_lengths(baseline.tokens)
+  assert 1 < lengths.min() and lengths.max() == MAX_DECODE_LEN  # Rows end differently.
+  expected = np.repeat(np.asarray(baseline.tokens)[:, None], NUM_DECODES, axis=1)
+  per_decode_lengths = np.repeat(lengths[:, None], NUM_DECODES, axis=1)
+
+  decodes, aux = _predict_all(_with_draft(DRAFT.params), jax.random.PRNGKey(0), 0.0)
+  np.testing.assert_array_equal(decodes, expected)
+  assert sorted(aux) == ['accepted', 'batch_mean_beta', 'batch_target_calls', 'emitted',
+                         'iterations', 'scores']
+  for name in ('scores', 'iterations', 'accepted', 'emitted'):
+    assert aux[name].shape == (len(INPUTS), NUM_DECODES), name
+  assert aux['batch_mean_beta'].shape == aux['batch_target_calls'].shape == (len(INPUTS),)
+  np.testing.assert_array_equal(aux['scores'], 0.0)  # log 1 under argmax.
+  np.testing.assert_array_equal(aux['emitted'], per_decode_lengths)
+  assert np.all(aux['accepted'] + aux['iterations'] >= aux['emitted'])
+  np.testing.assert_array_equal(aux['batch_target_calls'], np.max(aux['iterations']))
+  assert np.all((0.0 <= aux['batch_mean_beta']) & (aux['batch_mean_beta'] < 1.0))
+
+  # The target as its own draft: every draft token accepted, one target call
+  # per gamma + 1 tokens, beta = 1.
+  decodes, aux = _predict_all(_with_draft(TARGET.params), jax.random.PRNGKey(0), 0.0)
+  np.testing.assert_array_equal(decodes, expected)
+  np.testing.assert_array_equal(aux['iterations'], -(-per_decode_lengths // (GAMMA + 1)))
+  np.testing.assert_array_equal(aux['accepted'], GAMMA * aux['iterations'])
+  np.testing.assert_array_equal(aux['batch_target_calls'], -(-MAX_DECODE_LEN // (GAMMA + 1)))
+  np.testing.assert_array_equal(aux['batch_mean_beta'], 1.0)
+
+
+def test_sampled_predictions_are_sorted_and_follow_the_key():
+  params = _with_draft(DRAFT.params)
+  decodes, aux = _predict_all(params, jax.random.PRNGKey(1), 1.0)
+  scores = np.asarray(aux['scores'])
+  assert np.all(scores < 0) and np.all(np.diff(scores, axis=1) >= 0)  # Ascending, as T5X.
+  flat = np.asarray(decodes).reshape(-1, MAX_DECODE_LEN)
+  np.testing.assert_array_equal(aux['emitted'], _decoded_lengths(flat).reshape(scores.shape))
+  assert len({tuple(row) for row in flat}) > len(INPUTS)
+  other, _ = _predict_all(params, jax.random.PRNGKey(2), 1.0)
+  assert not np.array_equal(decodes, other)
+
+
+def test_predict_calls_the_decode_fn_and_formats_aux():
+  """The wiring around the decode function, pinned with a recording decode_fn."""
+  batch_size, num_decodes = len(INPUTS), 3
+  # Decode i of row b is the constant row 10 * b + i; its score is -i.
+  decodes = np.arange(batch_size)[:, None, None] * 10 + np.arange(num_decodes)[None, :, None]
+  decodes = np.broadcast_to(decodes, (batch_size, num_decodes, MAX_DECODE_LEN))
+  scores = -np.broadcast_to(np.arange(num_decodes, dtype=np.float32), (batch_size, num_decodes))
+  per_decode = np.arange(batch_size * num_decodes, dtype=np.int32).reshape(batch_size, -1)
+  stats = decoding.SpeculativeStats(
+      target_calls=np.int32(6), iterations=per_decode, accepted=2 * per_decode,
+      emitted=3 * per_decode, accepted_histogram=np.zeros(6, np.int32),
+      position_reached=np.zeros(5, np.int32), position_accepted=np.zeros(5, np.int32),
+      beta_sum=np.float32(3.0), beta_count=np.int32(4))
+  recorded = {}
+  block = np.asarray(BATCH['decoder_input_tokens'][:, :2]) + 5
+
+  def decode_fn(**kwargs):
+    recorded.update(kwargs)
+    return decodes, scores, stats
+
+  @jax.jit
+  def run(params, rng):
+    best, aux = t5x_adapter.speculative_predict_batch(
+        MODULE, MODULE, params, BATCH, eos_id=EOS, gamma=4, lenience=0.5, decode_fn=decode_fn,
+        rng=rng, decoder_params={'gamma': 5, 'temperature': 0.7}, num_decodes=num_decodes)
+    # The target's block scorer, and a teacher-forced forward pass to compare with.
+    block_logits, _ = recorded['score_block'](block, jnp.zeros(batch_size, jnp.int32),
+                                              recorded['cache'])
+    forward_logits = MODULE.apply({'params': TARGET.params}, INPUTS, block, np.ones_like(block),
+                                  enable_dropout=False)
+    return best, aux, recorded['decode_rng'], recorded['inputs'], block_logits, forward_logits
+
+  rng = jax.random.PRNGKey(7)
+  best, aux, decode_rng, inputs, block_logits, forward_logits = run(_with_draft(DRAFT.params), rng)
+  assert sorted(recorded) == ['cache', 'decode_rng', 'draft', 'draft_cache', 'eos_id', 'gamma',
+                              'inputs', 'lenience', 'num_decodes', 'score_block', 'temperature']
+  assert (recorded['gamma'], recorded['lenience'], recorded['eos_id']) == (5, 0.5, EOS)
+  assert (recorded['temperature'], recorded['num_decodes']) == (0.7, num_decodes)
+  np.testing.assert_array_equal(decode_rng, rng)
+  np.testing.assert_array_equal(inputs, np.zeros((batch_size, MAX_DECODE_LEN)))
+  assert recorded['draft'].config == DRAFT.config
+  # Both caches hold the output plus one block of gamma + 1 (decoder_params' gamma).
+  for cache in (recorded['cache'], recorded['draft_cache']):
+    assert cache['decoder']['layers_0']['self_attention']['cached_key'].shape[:2] == (
+        batch_size, MAX_DECODE_LEN + 5 + 1)
+  np.testing.assert_allclose(block_logits, forward_logits, rtol=1e-5, atol=1e-5)
+
+  # Without return_all_decodes: the last (most likely) decode and its stats.
+  np.testing.assert_array_equal(best, decodes[:, -1])
+  np.testing.assert_array_equal(aux['scores'], -2.0)
+  for name, factor in (('iterations', 1), ('accepted', 2), ('emitted', 3)):
+    np.testing.assert_array_equal(aux[name], factor * per_decode[:, -1])
+  np.testing.assert_array_equal(aux['batch_target_calls'], [6] * batch_size)
+  np.testing.assert_array_equal(aux['batch_mean_beta'], [0.75] * batch_size)
+
+
+def test_predict_errors_name_the_problem():
+  predict = functools.partial(t5x_adapter.speculative_predict_batch, eos_id=EOS, gamma=GAMMA)
+  with pytest.raises(ValueError, match="no 'draft' subtree"):
+    predict(MODULE, MODULE, TARGET.params, BATCH)
+  with pytest.raises(ValueError, match='either as `rng` or as'):
+    predict(MODULE, MODULE, _with_draft(DRAFT.params), BATCH, rng=jax.random.PRNGKey(0),
+            decoder_params={'decode_rng': jax.random.PRNGKey(1)})
+  with pytest.raises(ValueError, match=r'lenience must be a scalar in \(0, 1\]'):
+    predict(MODULE, MODULE, _with_draft(DRAFT.params), BATCH, decoder_params={'lenience': 0.0})
+  with pytest.raises(ValueError, match='draft_module must be a speculative_t5x.network.Transformer'):
+    predict(MODULE, object(), _with_draft(DRAFT.params), BATCH)
+  other_vocab = network.Transformer(tiny_model(seed=1, vocab_size=48).config)
+  with pytest.raises(ValueError, match='one shared vocabulary'):
+    predict(MODULE, other_vocab, _with_draft(DRAFT.params), BATCH)
+
+
+def test_missing_t5x_raises_import_error_with_instructions(monkeypatch):
+  monkeypatch.setitem(sys.modules, 't5x', None)
+  monkeypatch.setitem(sys.modules, 't5x.models', None)
+  with pytest.raises(ImportError, match='t5x is not on PyPI.*google-research/t5x'):
+    t5x_adapter._speculative_model_class.__wrapped__()
+  with pytest.raises(AttributeError, match='no attribute'):
+    t5x_adapter.NotAModel  # pylint: disable=pointless-statement
+
+
+# ------------------------------------------------------------------------------
+# With the real t5x.
+# ------------------------------------------------------------------------------
+T5X_REASON = ('t5x is not installed (it is not on PyPI; install it from its source '
+              'repository to run the T5X integration tests)')
+
+
+@pytest.fixture(scope='module')
+def t5x_env():
+  """T5X's modules, the stock model on T5X's network, and ours on the same sizes."""
+  pytest.importorskip('t5x', reason=T5X_REASON)
+  import seqio  # pylint: disable=g-import-not-at-top
+  from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
+  from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
+  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+  fields = {name: getattr(TARGET.config, name) for name in (
+      'vocab_size', 'emb_dim', 'num_heads', 'num_encoder_layers', 'num_decoder_layers',
+      'head_dim', 'mlp_dim', 'mlp_activations', 'logits_via_embedding')}
+  vocabulary = seqio.PassThroughVocabulary(size=TARGET.vocab_size, eos_id=EOS)
+  stock = t5x_models.EncoderDecoderModel(
+      t5x_network.Transformer(t5x_network.T5Config(**fields, dtype='float32', dropout_rate=0.0)),
+      vocabulary, vocabulary, optimizer_def=None, decode_fn=t5x_decoding.temperature_sample)
+  model = t5x_adapter.SpeculativeEncoderDecoderModel(
+      MODULE, vocabulary, vocabulary, optimizer_def=None, draft_module=MODULE, gamma=GAMMA)
+  shapes = {name: (len(INPUTS), INPUTS.shape[1] if name.startswith('encoder') else MAX_DECODE_LEN)
+            for name in ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
+                         'decoder_loss_weights')}
+  types = {name: jnp.int32 for name in shapes}
+  return dict(stock=stock, model=model, shapes=shapes, types=types, vocabulary=vocabulary)
+
+
+def test_t5x_predictions_equal_stock_t5x_greedy(t5x_env):
+  """Ours (speculative, our network) vs T5X's temperature_sample(topk=1) on T5X's network."""
+  stock, model = t5x_env['stock'], t5x_env['model']
+  # Teacher-forcing features for the loss and scores: 7 target tokens per row.
+  targets = (INPUTS[:, :1] + np.arange(MAX_DECODE_LEN)) % (TARGET.vocab_size - 2) + 2
+  targets[:, 7:] = 0
+  batch = {**BATCH, 'decoder_target_tokens': targets,
+           'decoder_input_tokens': np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+           'decoder_loss_weights': (targets > 0).astype(np.float32)}
+  params = _with_draft(DRAFT.params)
+  expected, expected_aux = jax.jit(stock.predict_batch_with_aux)(TARGET.params, batch)
+  decodes, aux = jax.jit(model.predict_batch_with_aux)(params, batch)
+  assert 1 < _decoded_lengths(expected).min()
+  np.testing.assert_array_equal(decodes, expected)
+  np.testing.assert_allclose(aux['scores'], expected_aux['scores'], atol=1e-6)
+  np.testing.assert_array_equal(aux['emitted'], _decoded_lengths(expected))
+  # Scoring and the loss see the target only.
+  np.testing.assert_allclose(jax.jit(model.score_batch)(params, batch),
+                             jax.jit(stock.score_batch)(TARGET.params, batch), rtol=1e-5)
+  (loss, metrics), grads = jax.jit(jax.value_and_grad(model.loss_fn, has_aux=True))(
+      params, batch, None)
+  np.testing.assert_allclose(loss, jax.jit(stock.loss_fn)(TARGET.params, batch, None)[0],
+                             rtol=1e-5)
+  assert 'accuracy' in metrics
+  assert all(np.all(np.asarray(grad) == 0) for grad in jax.tree.leaves(grads['draft']))
+  assert any(np.any(np.asarray(grad) != 0) for grad in jax.tree.leaves(grads['decoder']))
+  with pytest.raises(ValueError, match='prompt_with_targets'):
+    model.predict_batch_with_aux(params, batch, prompt_with_targets=True)
+
+
+def test_t5x_initial_variables_are_partitioned_like_the_target(t5x_env):
+  from t5x import partitioning as t5x_partitioning  # pylint: disable=g-import-not-at-top
+  from t5x import train_state as t5x_train_state  # pylint: disable=g-import-not-at-top
+  model = t5x_env['model']
+  variables = jax.eval_shape(lambda: model.get_initial_variables(
+      jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types']))
+  stock_variables = jax.eval_shape(lambda: t5x_env['stock'].get_initial_variables(
+      jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types']))
+  # The draft's tree is T5X's own network's tree.
+  assert jax.tree.structure(variables['params']['draft']) == jax.tree.structure(
+      stock_variables['params'])
+  state = t5x_train_state.InferenceState.create(variables)  # Validates params_axes.
+  mesh_axes = t5x_partitioning.PjitPartitioner(num_partitions=1).get_mesh_axes(state).params
+  target_axes = {name: subtree for name, subtree in mesh_axes.items() if name != 'draft'}
+  assert jax.tree.leaves(mesh_axes['draft'], is_leaf=lambda x: x is None) == jax.tree.leaves(
+      target_axes, is_leaf=lambda x: x is None)
+
+
+@pytest.mark.parametrize('target_format, draft_format', [('legacy', 'orbax'), ('orbax', 'legacy')])
+def test_t5x_restore_grafts_the_draft(t5x_env, tmp_path, target_format, draft_format):
+  """T5X's checkpointers write both checkpoints; T5X's restore (as infer.py) grafts the draft."""
+  from t5x import checkpoints as t5x_checkpoints  # pylint: disable=g-import-not-at-top
+  from t5x import partitioning as t5x_partitioning  # pylint: disable=g-import-not-at-top
+  from t5x import train_state as t5x_train_state  # pylint: disable=g-import-not-at-top
+  from t5x import utils as t5x_utils  # pylint: disable=g-import-not-at-top
+  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
+  stock_axes = jax.eval_shape(lambda: t5x_env['stock'].get_initial_variables(
+      jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types']))['params_axes']
+
+  def save(params, directory, checkpoint_format):
+    state = t5x_train_state.InferenceState.create({'params': params, 'params_axes': stock_axes})
+    directory.mkdir()
+    if checkpoint_format == 'legacy':
+      t5x_checkpoints.Checkpointer(state, partitioner, directory).save(state)
+    else:
+      manager = t5x_checkpoints.OrbaxCheckpointManagerInterface(os.fspath(directory), state,
+                                                                partitioner)
+      manager.save(state)
+      manager.close()
+    return os.fspath(directory / 'checkpoint_0')
+
+  target_path = save(TARGET.params, tmp_path / 'target', target_format)
+  draft_path = save(DRAFT.params, tmp_path / 'draft', draft_format)
+  initializer = t5x_utils.TrainStateInitializer(
+      optimizer_def=None, init_fn=t5x_env['model'].get_initial_variables,
+      input_shapes=t5x_env['shapes'], input_types=t5x_env['types'], partitioner=partitioner)
+  restore_config = t5x_utils.RestoreCheckpointConfig(
+      path=target_path, mode='specific', dtype='float32', strict=False,
+      state_transformation_fns=[t5x_adapter.graft_draft_checkpoint(draft_path)])
+  state, _ = t5x_utils.create_checkpoint_manager_and_restore(
+      initializer, partitioner, restore_config, target_path, None, use_orbax=True)
+  _assert_trees_equal(state.params['draft'], DRAFT.params)
+  _assert_trees_equal(t5x_adapter.strip_draft_params(state.params), TARGET.params)
+
+
+@pytest.mark.parametrize('pair, draft_size, gamma', [
+    ('speculative_xxl_small.gin', 'small', 7), ('speculative_xxl_base.gin', 'base', 5),
+    ('speculative_xxl_large.gin', 'large', 3)])
+def test_t5x_gin_files_build_the_speculative_model(t5x_env, pair, draft_size, gamma):
+  import gin  # pylint: disable=g-import-not-at-top
+  import t5x  # pylint: disable=g-import-not-at-top
+  t5x_root = os.path.dirname(os.path.dirname(os.path.abspath(t5x.__file__)))
+  gin.clear_config()
+  try:
+    for path in (REPO_ROOT, t5x_root):
+      gin.add_config_file_search_path(path)
+    gin.parse_config_files_and_bindings(
+        [f'configs/t5x/{pair}'], ["DRAFT_CHECKPOINT_PATH = '/ckpt/draft'"], finalize_config=False)
+    model = gin.query_parameter('%MODEL').scoped_configurable_fn()
+    graft_fns = [reference.scoped_configurable_fn() for reference in gin.query_parameter(
+        'utils.RestoreCheckpointConfig.state_transformation_fns')]
+  finally:
+    gin.clear_config()
+  assert type(model).__name__ == 'SpeculativeEncoderDecoderModel'
+  assert model.module.config == network.t5_1_1_config('xxl', dtype='bfloat16', dropout_rate=0.0)
+  assert model.draft_module.config == network.t5_1_1_config(draft_size, dtype='bfloat16',
+                                                          dropout_rate=0.0)
+  assert (model.gamma, model.lenience) == (gamma, 1.0)
+  assert model.decode_fn.__wrapped__ is decoding.speculative_sample
+  # T5X's T5 1.1 vocabulary (base.gin), shared by input and output.
+  assert model.output_vocabulary == model.input_vocabulary
+  assert model.output_vocabulary.sentencepiece_model_file.endswith(
+      'cc_all.32000.100extra/sentencepiece.model')
+  assert len(graft_fns) == 1 and callable(graft_fns[0])
+
+
+def test_t5x_model_rejects_bad_arguments(t5x_env):
+  from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
+  vocabulary = t5x_env['vocabulary']
+  build = functools.partial(t5x_adapter.SpeculativeEncoderDecoderModel, MODULE, vocabulary,
+                            vocabulary, None)
+  with pytest.raises(ValueError, match='decode_fn must be a speculative decode function'):
+    build(decode_fn=t5x_decoding.temperature_sample, draft_module=MODULE, gamma=GAMMA)
+  with pytest.raises(ValueError, match='gamma must be an integer >= 1'):
+    build(draft_module=MODULE, gamma=0)
+  with pytest.raises(ValueError, match='draft_module must be a speculative_t5x.network'):
+    build(draft_module=t5x_env['stock'].module, gamma=GAMMA)
