@@ -406,8 +406,8 @@ def test_t5x_restore_grafts_the_draft(t5x_env, tmp_path, target_format, draft_fo
 
 
 @pytest.mark.parametrize('pair, draft_size, gamma', [
-    ('speculative_xxl_small.gin', 'small', 7), ('speculative_xxl_base.gin', 'base', 5),
-    ('speculative_xxl_large.gin', 'large', 3)])
+    ('speculative_xxl_small.gin', 'small', 7), ('speculative_xxl_base.gin', 'base', 7),
+    ('speculative_xxl_large.gin', 'large', 7)])
 def test_t5x_gin_files_build_the_speculative_model(t5x_env, pair, draft_size, gamma):
   import gin  # pylint: disable=g-import-not-at-top
   import t5x  # pylint: disable=g-import-not-at-top
