@@ -226,8 +226,9 @@ def temperature_sample(
             cache=state.cache,
         )
     )
-    probs = sampling.standardize(logits, temperature=temperature, topk=topk, topp=topp)
-    sampled = sampling.sample(sample_rng, probs)
+    sampled, probs = sampling.sample_logits(
+        sample_rng, logits, temperature=temperature, topk=topk, topp=topp
+    )
     forced = lax.dynamic_index_in_dim(state.sequences, index + 1, axis=1, keepdims=False)
     in_prompt = forced != 0
     next_token = jnp.where(in_prompt, forced, sampled)

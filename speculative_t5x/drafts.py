@@ -21,7 +21,7 @@ that caches keys/values re-reads at most the one token it may have missed
 (the last draft token, when all gamma were accepted).
 """
 
-from typing import Any, Iterable, Tuple
+from typing import Any, Iterable
 
 import flax
 import jax
@@ -43,12 +43,6 @@ def check_shared_vocabulary(draft_vocab_size: int, target_vocab_size: int) -> No
         f'The draft has vocabulary size {draft_vocab_size} but the target has '
         f'{target_vocab_size}: speculative decoding needs one shared vocabulary.'
     )
-
-
-def _sample_standardized(rng, logits, temperature, topk, topp) -> Tuple[Array, Array]:
-  """Returns (token int32 [BN], q float32 [BN, V]) sampled from standardized q."""
-  probs = sampling.standardize(logits, temperature=temperature, topk=topk, topp=topp)
-  return sampling.sample(rng, probs), probs
 
 
 # ------------------------------------------------------------------------------
@@ -93,12 +87,12 @@ class ModelDraft:
     block = jnp.take_along_axis(sequences, start[:, None] + jnp.arange(2)[None], axis=1)
     logits, cache = self._decode_block(cache, block, start)
     logits = jnp.take_along_axis(logits, (positions - start)[:, None, None], axis=1)[:, 0]
-    first_token, first_probs = _sample_standardized(rngs[0], logits, temperature, topk, topp)
+    first_token, first_probs = sampling.sample_logits(rngs[0], logits, temperature, topk, topp)
 
     def step(carry, step_rng):
       token, position, cache = carry
       logits, cache = self._decode_block(cache, token[:, None], position)
-      next_token, probs = _sample_standardized(step_rng, logits[:, 0], temperature, topk, topp)
+      next_token, probs = sampling.sample_logits(step_rng, logits[:, 0], temperature, topk, topp)
       return (next_token, position + 1, cache), (next_token, probs)
 
     (_, _, cache), (tokens, probs) = lax.scan(
@@ -223,7 +217,7 @@ class NgramDraft:
     last_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
 
     def step(previous_token, step_rng):
-      token, probs = _sample_standardized(
+      token, probs = sampling.sample_logits(
           step_rng, self.log_probs(previous_token), temperature, topk, topp
       )
       return token, (token, probs)

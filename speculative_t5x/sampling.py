@@ -234,3 +234,20 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   log_probs = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)),
                         -jnp.inf)
   return jax.random.categorical(rng, log_probs, axis=-1).astype(jnp.int32)
+
+
+def sample_logits(rng: jax.Array,
+                  logits: jax.Array,
+                  temperature: Temperature = 1.0,
+                  topk: int = 0,
+                  topp: Union[float, jax.Array] = 0.0):
+  """`standardize`, then `sample`: returns (ids int32 [...], probs float32 [..., V]).
+
+  When every temperature is a concrete 0 the distribution is one-hot and the
+  id is its argmax: no random numbers are drawn (on a CPU, drawing V Gumbel
+  variates costs about as much as a small network's step).
+  """
+  probs = standardize(logits, temperature=temperature, topk=topk, topp=topp)
+  if not _is_traced(temperature) and np.all(np.asarray(temperature) == 0):
+    return jnp.argmax(probs, axis=-1).astype(jnp.int32), probs
+  return sample(rng, probs), probs

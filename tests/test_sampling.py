@@ -231,3 +231,23 @@ def test_standardize_and_sample_properties(seed, mask_rate, pos_inf_rate,
   # Masked tokens get nothing, unless every token is masked.
   fully_masked = np.all(logits == NEG_INF, axis=-1, keepdims=True)
   assert np.all(probs[(logits == NEG_INF) & ~fully_masked] == 0)
+
+
+def test_sample_logits_is_standardize_then_sample():
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(64, 17)), jnp.float32)
+  rng = jax.random.PRNGKey(3)
+  for kwargs in (dict(temperature=0.7), dict(temperature=1.0, topk=3),
+                 dict(temperature=1.0, topp=0.8)):
+    ids, probs = sampling.sample_logits(rng, logits, **kwargs)
+    expected_probs = sampling.standardize(logits, **kwargs)
+    np.testing.assert_array_equal(probs, expected_probs)
+    np.testing.assert_array_equal(ids, sampling.sample(rng, expected_probs))
+  # Greedy: the argmax, without drawing (any key gives the same ids), ties to the lowest id.
+  tied = logits.at[:, 5].set(9.0).at[:, 11].set(9.0)
+  for key in (rng, jax.random.PRNGKey(4)):
+    ids, probs = sampling.sample_logits(key, tied, temperature=0.0)
+    np.testing.assert_array_equal(ids, np.full(64, 5))
+    np.testing.assert_array_equal(probs, sampling.standardize(tied, temperature=0.0))
+  # A traced temperature of 0 still samples the one-hot distribution: the argmax.
+  ids, _ = jax.jit(sampling.sample_logits)(rng, tied, jnp.float32(0.0))
+  np.testing.assert_array_equal(ids, np.full(64, 5))
