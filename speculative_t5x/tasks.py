@@ -149,6 +149,17 @@ def rouge(targets: Sequence[str],
 # ---------------------------------------------------------------------------
 
 
+def hide_gpus_from_tensorflow() -> None:
+  """Keeps TensorFlow, which only feeds data here, off the GPUs that JAX uses.
+
+  Left alone, TensorFlow reserves most of every GPU's memory when it starts.
+  """
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except RuntimeError:  # TensorFlow's devices are already initialized.
+    pass
+
+
 def get_vocabulary(vocabulary: VocabularyOrPath = DEFAULT_VOCAB_PATH,
                    extra_ids: int = DEFAULT_EXTRA_IDS) -> seqio.Vocabulary:
   """A `seqio.Vocabulary` from a SentencePiece model path, or `vocabulary`.

@@ -1,0 +1,82 @@
+"""T5X-style command lines for the gin-configured mains (train, infer, benchmark).
+
+Every main takes T5X's flags:
+
+  --gin_file=PATH            gin files, parsed in order (repeatable)
+  --gin.NAME=VALUE           the binding `NAME = VALUE`, applied after the files
+                             (repeatable; `--gin_bindings='NAME = VALUE'` is the
+                             same in gin's own spelling)
+  --gin_search_paths=DIR     where relative gin files and `include`s are looked
+                             up after the working directory (repeatable)
+
+In a source checkout the repository root is searched last, so
+`--gin_file=configs/runs/infer.gin` and the `include 'configs/...'` lines of
+the gin files work from any directory.
+
+A main is `def main(argv): ...` run by `gin_utils.run(main)`; by the time it is
+called the gin files and bindings are parsed.
+"""
+
+import os
+from typing import Any, Callable, List, Sequence
+
+from absl import app
+from absl import flags
+import gin
+
+# The checkout holding this package, if it carries the gin files (a source
+# checkout or an editable install).
+_REPOSITORY_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
+  """Rewrites T5X's `--gin.NAME=VALUE` flags to `--gin_bindings=NAME = VALUE`.
+
+  Other arguments pass through unchanged.
+  """
+  rewritten = []
+  for arg in argv:
+    if arg.startswith('--gin.'):
+      name, separator, value = arg[len('--gin.'):].partition('=')
+      if not separator or not name:
+        raise ValueError(f'A gin flag must look like --gin.NAME=VALUE, got {arg!r}.')
+      arg = f'--gin_bindings={name} = {value}'
+    rewritten.append(arg)
+  return rewritten
+
+
+def default_search_paths() -> List[str]:
+  """The repository root if it holds configs/ (gin searches the working directory first)."""
+  return [_REPOSITORY_ROOT] if os.path.isdir(os.path.join(_REPOSITORY_ROOT, 'configs')) else []
+
+
+def parse_gin_flags(gin_search_paths: Sequence[str], gin_files: Sequence[str],
+                    gin_bindings: Sequence[str]) -> None:
+  """Parses gin files, then bindings, resolving relative paths on the search paths.
+
+  Args:
+    gin_search_paths: directories searched in order for relative gin files and
+      includes, after the working directory and before `default_search_paths()`.
+    gin_files: gin files, parsed in order.
+    gin_bindings: `NAME = VALUE` bindings, applied after the files.
+  """
+  for path in [*gin_search_paths, *default_search_paths()]:
+    gin.add_config_file_search_path(path)
+  gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings))
+
+
+def run(main: Callable[[Sequence[str]], Any]) -> None:
+  """Runs `main(argv)` after parsing T5X-style gin flags (see the module docstring)."""
+  flags.DEFINE_multi_string('gin_file', [], 'Gin files, parsed in order.')
+  flags.DEFINE_multi_string('gin_bindings', [],
+                            'Gin bindings (also --gin.NAME=VALUE), applied after the files.')
+  flags.DEFINE_multi_string('gin_search_paths', [],
+                            'Directories searched for relative gin files and includes, after '
+                            'the working directory and before the repository root.')
+
+  def parse_then_main(argv: Sequence[str]) -> None:
+    parse_gin_flags(flags.FLAGS.gin_search_paths, flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
+    main(argv)
+
+  app.run(parse_then_main,
+          flags_parser=lambda argv: app.parse_flags_with_usage(rewrite_gin_args(argv)))

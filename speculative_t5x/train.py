@@ -1,0 +1,616 @@
+r"""Training `network.Transformer` on a seqio task: optax, orbax, resumable.
+
+`train` trains a network of any size on any registered task; a speculative
+pair's target and draft are trained by the same call with different configs.
+The loss is T5X's (`t5x/losses.py`): cross entropy against label-smoothed
+targets minus the smoothed targets' entropy, plus `z_loss * log(Z)^2`, summed
+over real target tokens and divided by an optional `loss_normalizing_factor`.
+The optimizer defaults to Adafactor, whose optax defaults are T5X's (decay
+rate 0.8, factored second moments, parameter-scaled updates clipped at RMS 1).
+
+Data. The training stream is seqio's: the train split repeated, shuffled with
+`seed`, packed (or padded) by `seqio.EncDecFeatureConverter` and batched
+without remainder. It depends only on the task, feature lengths, batch size,
+packing and seed, so a run resumed at step s skips the stream's first s
+batches and then sees the batches an uninterrupted run sees. Skipping re-reads,
+re-tokenizes and re-packs those examples (about 20 s per 1e5 examples on a
+2-core CPU), which keeps the checkpoint to the model's state alone.
+
+Checkpoints. `model_dir` is an `orbax.checkpoint.CheckpointManager` directory
+with items 'params' (the T5X parameter tree, float32) and 'opt_state' (the
+optax state), each saved with `ocp.args.StandardSave`, one step directory per
+checkpoint named by the step (orbax's default), written every
+`checkpoint_every` steps and at the last step. orbax writes a step into a
+temporary directory and renames it when complete, so an interruption leaves no
+half-written step that could be restored; a run picks up the latest complete
+step. Besides the steps, `metrics.jsonl` logs training and validation metrics
+(one JSON object per line; a resumed run appends, so steps after the last
+checkpoint of an interrupted run appear twice).
+
+Determinism. Parameters are drawn from `seed` on the host
+(`network.random_params`), dropout keys are `fold_in(PRNGKey(seed), step)`,
+and the data order is fixed as above, so on the CPU, whose XLA kernels are
+deterministic, an interrupted and resumed run ends with the same parameters as
+an uninterrupted one, bit for bit (tests/test_train.py checks it). On GPUs
+that holds with XLA_FLAGS=--xla_gpu_deterministic_ops=true.
+
+Command line, T5X style (flags as in `gin_utils`):
+
+  python -m speculative_t5x.train \
+    --gin_file=configs/models/gettext_target.gin \
+    --gin_file=configs/tasks/gettext_ende.gin \
+    --gin_file=configs/runs/train.gin \
+    --gin.MODEL_DIR="'/tmp/gettext_target'" --gin.TRAIN_STEPS=600 \
+    --gin.CORPUS_DIR="'/tmp/gettext_ende'" --gin.VOCABULARY="'/tmp/spm/ende_4000.model'"
+
+The model file binds `network.T5Config`, the task file `TASK` (a task name or
+a registering call), the run file `train`'s arguments. SIGTERM ends the run
+after the saves it started are complete.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from absl import app
+from absl import logging
+import flax
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import seqio
+import tensorflow as tf
+import tqdm
+
+from speculative_t5x import gin_utils
+from speculative_t5x import network
+from speculative_t5x import tasks
+
+PyTree = Any
+Batch = Dict[str, np.ndarray]
+LossNormalizingFactor = Union[None, float, str]
+
+ITEM_NAMES = ('params', 'opt_state')
+METRICS_FILE = 'metrics.jsonl'
+# T5X's special loss normalizing factors (`t5x.losses.SpecialLossNormalizingFactor`).
+SPECIAL_LOSS_NORMALIZING_FACTORS = ('NUM_REAL_TARGET_TOKENS', 'NUM_TOTAL_TARGET_TOKENS',
+                                    'AVERAGE_PER_SEQUENCE')
+# Summed over tokens by the steps; per-token means are these over 'weight'.
+_METRIC_SUMS = ('loss', 'cross_entropy', 'z_loss', 'correct', 'weight')
+
+
+# ------------------------------------------------------------------------------
+# Loss.
+# ------------------------------------------------------------------------------
+def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array, *,
+                              label_smoothing: float = 0.0,
+                              z_loss: float = 0.0) -> Dict[str, jax.Array]:
+  """T5X's per-token loss, without materializing one-hot targets.
+
+  With V = vocabulary size, the smoothed target puts 1 - label_smoothing on the
+  target id and label_smoothing / (V - 1) on every other id. The loss is the
+  cross entropy against it minus its entropy (so a perfect prediction of the
+  smoothed target scores 0), plus z_loss * log(Z)^2 with Z the softmax
+  normalizer. The gradient equals that of T5X's custom-VJP version.
+
+  Args:
+    logits: float [B, L, V].
+    targets: int [B, L] target ids.
+    label_smoothing: in [0, 1).
+    z_loss: coefficient of the log(Z)^2 term.
+
+  Returns:
+    float32 [B, L] arrays: 'loss' (the objective above), 'cross_entropy'
+    (-log p(target), unsmoothed), 'z_loss' (the z term alone) and 'correct'
+    (1 where the argmax is the target).
+  """
+  logits = logits.astype(jnp.float32)
+  vocab_size = logits.shape[-1]
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logits = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), -1)[..., 0]
+  cross_entropy = log_z - target_logits
+  loss = cross_entropy
+  if label_smoothing > 0.0:
+    confidence = 1.0 - label_smoothing
+    off_value = label_smoothing / (vocab_size - 1)
+    # -sum_v t_v log p_v with t the smoothed target; log p_v = logits_v - log Z.
+    other_log_probs = jnp.sum(logits, axis=-1) - vocab_size * log_z + cross_entropy
+    loss = confidence * cross_entropy - off_value * other_log_probs
+    entropy = -(confidence * np.log(confidence) +
+                (vocab_size - 1) * off_value * np.log(off_value + 1e-20))
+    loss = loss - entropy
+  z_term = z_loss * jnp.square(log_z)
+  return {'loss': loss + z_term, 'cross_entropy': cross_entropy, 'z_loss': z_term,
+          'correct': (jnp.argmax(logits, -1) == targets).astype(jnp.float32)}
+
+
+def loss_weights(batch: Mapping[str, jax.Array],
+                 loss_normalizing_factor: LossNormalizingFactor) -> tuple:
+  """Per-token weights of the objective and the number it is divided by.
+
+  As T5X's `get_loss_normalizing_factor_and_weights`: the base weights are
+  'decoder_loss_weights' (else non-padding targets); None divides by 1 (T5X's
+  default: the loss is a sum over tokens, which Adafactor's scale invariance
+  makes harmless); a number divides by it; 'NUM_REAL_TARGET_TOKENS' by the
+  weight sum; 'NUM_TOTAL_TARGET_TOKENS' by B * L; 'AVERAGE_PER_SEQUENCE'
+  weights each sequence (packed segment) by 1 / its token count and divides
+  by the number of sequences.
+
+  Args:
+    batch: model features; 'decoder_target_tokens' int [B, L], optionally
+      'decoder_loss_weights' [B, L] and 'decoder_segment_ids' int [B, L].
+    loss_normalizing_factor: see above (checked by `train`).
+
+  Returns:
+    (weights float32 [B, L], normalizer float32 scalar).
+  """
+  targets = batch['decoder_target_tokens']
+  weights = _token_weights(batch)
+  if loss_normalizing_factor is None:
+    return weights, jnp.float32(1.0)
+  if not isinstance(loss_normalizing_factor, str):
+    return weights, jnp.float32(loss_normalizing_factor)
+  if loss_normalizing_factor == 'NUM_REAL_TARGET_TOKENS':
+    return weights, jnp.sum(weights)
+  if loss_normalizing_factor == 'NUM_TOTAL_TARGET_TOKENS':
+    return weights, jnp.float32(np.prod(targets.shape))
+  segments = batch.get('decoder_segment_ids', (targets > 0).astype(jnp.int32))
+  same_segment = segments[:, :, None] == segments[:, None, :]  # [B, L, L]
+  tokens_in_segment = jnp.einsum('blm,bm->bl', same_segment.astype(jnp.float32), weights)
+  weights = jnp.where(weights > 0, weights / jnp.maximum(tokens_in_segment, 1e-9), 0.0)
+  return weights, jnp.sum(weights)
+
+
+def _token_weights(batch: Mapping[str, jax.Array]) -> jax.Array:
+  """float32 [B, L]: 'decoder_loss_weights', else 1 at non-padding targets."""
+  targets = batch['decoder_target_tokens']
+  return batch.get('decoder_loss_weights', targets > 0).astype(jnp.float32)
+
+
+def _check_loss_normalizing_factor(value: LossNormalizingFactor) -> LossNormalizingFactor:
+  if isinstance(value, str):
+    if value.upper() not in SPECIAL_LOSS_NORMALIZING_FACTORS:
+      raise ValueError(f'Unknown loss_normalizing_factor {value!r}: use None, a positive '
+                       f'number or one of {SPECIAL_LOSS_NORMALIZING_FACTORS}.')
+    return value.upper()
+  if value is not None and not value > 0:
+    raise ValueError(f'loss_normalizing_factor must be positive, got {value}.')
+  return value
+
+
+# ------------------------------------------------------------------------------
+# Steps.
+# ------------------------------------------------------------------------------
+@flax.struct.dataclass
+class TrainState:
+  """The training state: `step` int32 scalar, `params` (T5X tree), `opt_state`."""
+
+  step: jax.Array
+  params: PyTree
+  opt_state: PyTree
+
+
+def _logits(module: network.Transformer, params: PyTree, batch: Mapping[str, jax.Array],
+            dropout_key: Optional[jax.Array]) -> jax.Array:
+  return module.apply(
+      {'params': params}, batch['encoder_input_tokens'], batch['decoder_input_tokens'],
+      batch['decoder_target_tokens'], batch.get('encoder_segment_ids'),
+      batch.get('decoder_segment_ids'), enable_dropout=dropout_key is not None,
+      rngs=None if dropout_key is None else {'dropout': dropout_key})
+
+
+def _metric_sums(per_token: Mapping[str, jax.Array], weights: jax.Array) -> Dict[str, jax.Array]:
+  sums = {name: jnp.sum(per_token[name] * weights) for name in _METRIC_SUMS[:-1]}
+  sums['weight'] = jnp.sum(weights)
+  return sums
+
+
+def make_train_step(config: network.T5Config, optimizer: optax.GradientTransformation, *,
+                    label_smoothing: float, z_loss: float,
+                    loss_normalizing_factor: LossNormalizingFactor) -> Callable:
+  """The (unjitted) training step `(state, batch, key) -> (state, metric sums)`.
+
+  `batch` holds `seqio.EncDecFeatureConverter`'s features as int32 [B, L]
+  arrays; `key` is the run's PRNG key, folded with the step for dropout
+  (used only when `config.dropout_rate > 0`). The metric sums (float32
+  scalars) are the loss terms and correct predictions summed over real target
+  tokens, and their count 'weight'.
+  """
+  module = network.Transformer(config)
+  use_dropout = config.dropout_rate > 0.0
+
+  def step(state: TrainState, batch: Mapping[str, jax.Array], key: jax.Array):
+    dropout_key = jax.random.fold_in(key, state.step) if use_dropout else None
+
+    def objective(params):
+      logits = _logits(module, params, batch, dropout_key)
+      per_token = cross_entropy_with_logits(logits, batch['decoder_target_tokens'],
+                                            label_smoothing=label_smoothing, z_loss=z_loss)
+      weights, normalizer = loss_weights(batch, loss_normalizing_factor)
+      total = jnp.sum(per_token['loss'] * weights) / normalizer
+      return total, _metric_sums(per_token, _token_weights(batch))
+
+    grads, sums = jax.grad(objective, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
+
+  return step
+
+
+def make_eval_step(config: network.T5Config, *, label_smoothing: float,
+                   z_loss: float) -> Callable:
+  """The (unjitted) evaluation step `(params, batch) -> metric sums`, no dropout."""
+  module = network.Transformer(config)
+
+  def step(params: PyTree, batch: Mapping[str, jax.Array]):
+    logits = _logits(module, params, batch, None)
+    per_token = cross_entropy_with_logits(logits, batch['decoder_target_tokens'],
+                                          label_smoothing=label_smoothing, z_loss=z_loss)
+    return _metric_sums(per_token, _token_weights(batch))
+
+  return step
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_steps(config: network.T5Config, optimizer: Callable[..., optax.GradientTransformation],
+                  learning_rate: optax.ScalarOrSchedule, label_smoothing: float, z_loss: float,
+                  loss_normalizing_factor: LossNormalizingFactor) -> tuple:
+  """(optax transformation, jitted train step, jitted eval step).
+
+  Cached, so that training the same configuration again in one process (a
+  resumed or continued run in a notebook) reuses the compiled steps.
+  """
+  tx = optimizer(learning_rate)
+  train_step = make_train_step(config, tx, label_smoothing=label_smoothing, z_loss=z_loss,
+                               loss_normalizing_factor=loss_normalizing_factor)
+  eval_step = make_eval_step(config, label_smoothing=label_smoothing, z_loss=z_loss)
+  return tx, jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+
+
+def _per_token(sums: Mapping[str, float]) -> Dict[str, float]:
+  weight = max(float(sums['weight']), 1.0)
+  return {'loss': float(sums['loss']) / weight,
+          'cross_entropy': float(sums['cross_entropy']) / weight,
+          'z_loss': float(sums['z_loss']) / weight,
+          'accuracy': float(sums['correct']) / weight}
+
+
+# ------------------------------------------------------------------------------
+# Data.
+# ------------------------------------------------------------------------------
+def get_dataset(task: Union[str, seqio.Task], split: str, feature_lengths: Mapping[str, int],
+                batch_size: int, *, pack: bool = True, shuffle: bool = False,
+                seed: Optional[int] = None, repeat: bool = False,
+                skip_batches: int = 0) -> tf.data.Dataset:
+  """Batches of model features from a seqio task.
+
+  seqio's pipeline (the split's examples tokenized, EOS-terminated and
+  truncated to `feature_lengths`; repeated if `repeat`; shuffled with `seed`
+  if `shuffle`), then `seqio.EncDecFeatureConverter(pack=pack)`, then batches
+  of `batch_size` rows (the last, partial one dropped if `repeat`).
+
+  Args:
+    task: a registered task name or a `seqio.Task`.
+    split: the split, e.g. 'train' or 'validation'.
+    feature_lengths: {'inputs': Lin, 'targets': L}, the task feature lengths.
+    batch_size: rows per batch.
+    pack: pack several examples per row (T5X's default for training).
+    shuffle: shuffle examples (buffer of the task's shuffle_buffer_size).
+    seed: the shuffle seed; with it the order is deterministic.
+    repeat: repeat the split indefinitely.
+    skip_batches: batches to drop from the start (resuming).
+
+  Returns:
+    A `tf.data.Dataset` of dicts of int32 [rows, Lin] 'encoder_*' and
+    [rows, L] 'decoder_*' arrays (segment ids and positions when packed).
+  """
+  dataset = seqio.get_dataset(
+      task, dict(feature_lengths), seqio.EncDecFeatureConverter(pack=pack),
+      dataset_split=split, shuffle=shuffle, num_epochs=None if repeat else 1, seed=seed,
+      verbose=False)
+  dataset = dataset.batch(batch_size, drop_remainder=repeat)
+  if skip_batches:
+    dataset = dataset.skip(skip_batches)
+  return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _padded(batch: Batch, batch_size: int) -> Batch:
+  """Pads a final partial batch with all-padding rows (weight 0)."""
+  rows = next(iter(batch.values())).shape[0]
+  return {name: np.pad(value, [(0, batch_size - rows)] + [(0, 0)] * (value.ndim - 1))
+          for name, value in batch.items()}
+
+
+def _real_tokens(batch: Batch) -> int:
+  return int(np.count_nonzero(batch['encoder_input_tokens']) +
+             np.count_nonzero(batch['decoder_target_tokens']))
+
+
+# ------------------------------------------------------------------------------
+# Checkpoints.
+# ------------------------------------------------------------------------------
+def checkpoint_manager(model_dir: str, keep_checkpoints: Optional[int] = None
+                       ) -> ocp.CheckpointManager:
+  """The orbax manager of `model_dir` (items 'params' and 'opt_state').
+
+  Temporary directories of saves cut short are removed on creation.
+  `keep_checkpoints` is `max_to_keep` (None keeps all).
+  """
+  return ocp.CheckpointManager(
+      os.path.abspath(model_dir), item_names=ITEM_NAMES,
+      options=ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints,
+                                           cleanup_tmp_directories=True))
+
+
+def _host_copy(tree: PyTree) -> PyTree:
+  # The next step donates (overwrites) the state's buffers while orbax writes
+  # in the background, and on CPU a host view of a device array aliases it.
+  return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
+
+
+def _save(manager: ocp.CheckpointManager, state: TrainState) -> None:
+  manager.save(int(state.step), args=ocp.args.Composite(
+      params=ocp.args.StandardSave(_host_copy(state.params)),
+      opt_state=ocp.args.StandardSave(_host_copy(state.opt_state))))
+
+
+def _restore(manager: ocp.CheckpointManager, step: int, params: PyTree,
+             opt_state: PyTree) -> TrainState:
+  """Restores `step`, checking its parameters against those of `params`.
+
+  Args:
+    manager: the model directory's manager.
+    step: a complete step in it.
+    params: the parameter tree the run trains (`jax.ShapeDtypeStruct`s).
+    opt_state: the optimizer state's structure (`jax.ShapeDtypeStruct`s).
+  """
+  restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
+  shapes = lambda tree: {jax.tree_util.keystr(path): (tuple(leaf.shape), np.dtype(leaf.dtype))
+                         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  saved, expected = shapes(restored.params), shapes(params)
+  if saved != expected:
+    differing = sorted(set(saved.items()) ^ set(expected.items()), key=str)[:4]
+    raise ValueError(
+        f'The checkpoint at step {step} in {manager.directory} holds the parameters of another '
+        f'network (first differences, (path, (shape, dtype))): {differing}. Resume with the '
+        'config it was trained with, or train into a new model_dir.')
+  restored_opt_state = manager.restore(step, args=ocp.args.Composite(
+      opt_state=ocp.args.StandardRestore(opt_state))).opt_state
+  return TrainState(step=jnp.int32(step), params=jax.device_put(restored.params),
+                    opt_state=jax.device_put(restored_opt_state))
+
+
+# ------------------------------------------------------------------------------
+# Training.
+# ------------------------------------------------------------------------------
+@dataclasses.dataclass
+class TrainResult:
+  """What `train` returns.
+
+  Attributes:
+    params: the final parameters (T5X tree, float32 jax arrays).
+    step: the final step.
+    train_metrics: per logging interval, {'step', 'loss', 'cross_entropy',
+      'z_loss', 'accuracy' (per real target token), 'learning_rate',
+      'tokens_per_second' (real input + target tokens), 'seconds' (since the
+      run started)}.
+    eval_metrics: per evaluation, {'step', 'loss', 'cross_entropy', 'z_loss',
+      'accuracy', 'seconds'} on the validation split.
+  """
+
+  params: PyTree
+  step: int
+  train_metrics: List[Dict[str, float]]
+  eval_metrics: List[Dict[str, float]]
+
+
+def _check_positive(**values) -> None:
+  for name, value in values.items():
+    if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+      raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+
+
+def _check_task(task: Union[str, seqio.Task], config: network.T5Config,
+                feature_lengths: Mapping[str, int]) -> seqio.Task:
+  task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
+  if 'train' not in task.splits:
+    raise ValueError(f'Task {task.name!r} has no train split (splits: {task.splits}).')
+  if set(feature_lengths) != {'inputs', 'targets'}:
+    raise ValueError("feature_lengths must map exactly 'inputs' and 'targets' to lengths, got "
+                     f'{dict(feature_lengths)}.')
+  _check_positive(**{f'feature_lengths[{k!r}]': v for k, v in feature_lengths.items()})
+  for name, feature in task.output_features.items():
+    if feature.vocabulary.vocab_size > config.vocab_size:
+      raise ValueError(
+          f'Task {task.name!r} feature {name!r} has a vocabulary of '
+          f'{feature.vocabulary.vocab_size} ids but the network has vocab_size='
+          f'{config.vocab_size}; set T5Config.vocab_size >= {feature.vocabulary.vocab_size}.')
+  return task
+
+
+def _evaluate(eval_step: Callable, params: PyTree, batches: Sequence[Batch]) -> Dict[str, float]:
+  totals = {name: 0.0 for name in _METRIC_SUMS}
+  for sums in [eval_step(params, batch) for batch in batches]:
+    for name, value in jax.device_get(sums).items():
+      totals[name] += float(value)
+  return _per_token(totals)
+
+
+def train(model_dir: str,
+          config: network.T5Config,
+          task: Union[str, seqio.Task],
+          *,
+          feature_lengths: Mapping[str, int],
+          batch_size: int,
+          num_steps: int,
+          learning_rate: optax.ScalarOrSchedule = 0.01,
+          optimizer: Callable[..., optax.GradientTransformation] = optax.adafactor,
+          pack: bool = True,
+          label_smoothing: float = 0.0,
+          z_loss: float = 1e-4,
+          loss_normalizing_factor: LossNormalizingFactor = None,
+          seed: int = 0,
+          checkpoint_every: int = 1000,
+          keep_checkpoints: Optional[int] = 3,
+          eval_every: Optional[int] = 1000,
+          eval_batches: Optional[int] = None,
+          log_every: int = 50,
+          progress: bool = True) -> TrainResult:
+  """Trains (or resumes training of) a network on a task; see the module docstring.
+
+  Args:
+    model_dir: the checkpoint directory; the latest checkpoint in it is resumed.
+    config: the network (`dtype` is the compute dtype; parameters are float32;
+      dropout is on when `config.dropout_rate > 0`).
+    task: a registered seqio task name or a `seqio.Task` with 'inputs' and
+      'targets' features and 'train' (and, to evaluate, 'validation') splits.
+    feature_lengths: {'inputs': Lin, 'targets': L}; longer examples are
+      truncated (seqio's trimming), packed rows hold several examples.
+    batch_size: rows per step.
+    num_steps: the step to train to (a resumed run continues up to it).
+    learning_rate: a float or an optax schedule of the step (e.g.
+      `optax.warmup_cosine_decay_schedule(...)`).
+    optimizer: called as `optimizer(learning_rate)`; default Adafactor.
+    pack: pack examples into rows (else one example per row, padded).
+    label_smoothing: T5X's label smoothing, in [0, 1).
+    z_loss: T5X's z-loss coefficient (T5X's default 1e-4).
+    loss_normalizing_factor: T5X's: None (a sum over tokens), a number, or
+      one of `SPECIAL_LOSS_NORMALIZING_FACTORS`.
+    seed: seeds the parameters, the data order and dropout.
+    checkpoint_every: save every this many steps (and at `num_steps`).
+    keep_checkpoints: orbax's `max_to_keep` (None keeps all).
+    eval_every: evaluate on the validation split every this many steps and
+      at the end; None never.
+    eval_batches: evaluate on at most this many batches; None the whole split.
+    log_every: steps per logged (and progress bar) metrics line.
+    progress: show a tqdm progress bar.
+
+  Returns:
+    A `TrainResult`.
+  """
+  _check_positive(batch_size=batch_size, num_steps=num_steps, checkpoint_every=checkpoint_every,
+                  keep_checkpoints=keep_checkpoints, eval_every=eval_every,
+                  eval_batches=eval_batches, log_every=log_every)
+  if not 0.0 <= label_smoothing < 1.0:
+    raise ValueError(f'label_smoothing must be in [0, 1), got {label_smoothing}.')
+  if z_loss < 0:
+    raise ValueError(f'z_loss must be >= 0, got {z_loss}.')
+  loss_normalizing_factor = _check_loss_normalizing_factor(loss_normalizing_factor)
+  task = _check_task(task, config, feature_lengths)
+  if eval_every is not None and 'validation' not in task.splits:
+    raise ValueError(f'Task {task.name!r} has no validation split to evaluate on; pass '
+                     'eval_every=None.')
+  tasks.hide_gpus_from_tensorflow()
+  step_args = (config, optimizer, learning_rate, label_smoothing, z_loss, loss_normalizing_factor)
+  try:
+    tx, train_step, eval_step = _jitted_steps(*step_args)
+  except TypeError:  # An unhashable argument (e.g. an array learning rate): no caching.
+    tx, train_step, eval_step = _jitted_steps.__wrapped__(*step_args)
+  start_time = time.perf_counter()
+
+  manager = checkpoint_manager(model_dir, keep_checkpoints)
+  metrics_path = os.path.join(model_dir, METRICS_FILE)
+  train_metrics, eval_metrics = [], []
+  try:
+    start_step = manager.latest_step() or 0
+    if start_step:
+      params = network.abstract_params(config)[0]
+      state = _restore(manager, start_step, params, jax.eval_shape(tx.init, params))
+      logging.info('Resuming %s from step %d.', model_dir, start_step)
+    else:
+      params = jax.device_put(network.random_params(config, seed)[0])
+      state = TrainState(step=jnp.int32(0), params=params, opt_state=jax.jit(tx.init)(params))
+    if start_step >= num_steps:
+      logging.info('%s is already at step %d >= num_steps=%d.', model_dir, start_step, num_steps)
+      return TrainResult(state.params, start_step, [], [])
+
+    eval_sets = []
+    if eval_every is not None:
+      validation = get_dataset(task, 'validation', feature_lengths, batch_size, pack=pack)
+      if eval_batches is not None:
+        validation = validation.take(eval_batches)
+      eval_sets = [_padded(batch, batch_size) for batch in validation.as_numpy_iterator()]
+    batches = get_dataset(task, 'train', feature_lengths, batch_size, pack=pack, shuffle=True,
+                          seed=seed, repeat=True, skip_batches=start_step).as_numpy_iterator()
+    key = jax.random.PRNGKey(seed)
+
+    def log(records: List[Dict[str, float]], split: str, record: Dict[str, float]) -> None:
+      record['seconds'] = time.perf_counter() - start_time
+      records.append(record)
+      logging.info('%s step %d: %s', split, record['step'], record)
+      with open(metrics_path, 'a') as f:
+        f.write(json.dumps({'split': split, **record}) + '\n')
+
+    bar = tqdm.tqdm(total=num_steps, initial=start_step, disable=not progress,
+                    desc=os.path.basename(os.path.normpath(model_dir)), dynamic_ncols=True)
+    pending, tokens, interval_start = [], 0, time.perf_counter()
+    batch = next(batches)
+    for step in range(start_step + 1, num_steps + 1):
+      state, sums = train_step(state, batch, key)
+      if step == start_step + 1:
+        # Throughput is measured from the end of the first step (compilation).
+        jax.block_until_ready(sums)
+        interval_start = time.perf_counter()
+        logging.info('First step of %s (with compilation) done %.1f s after the start.',
+                     model_dir, interval_start - start_time)
+      else:
+        tokens += _real_tokens(batch)
+        # One step in flight: the host prepares the next batch while the device
+        # computes, and the progress bar stays within a step of the truth.
+        jax.block_until_ready(in_flight)
+      pending.append(sums)
+      in_flight = sums
+      if step < num_steps:
+        batch = next(batches)
+      bar.update()
+      if step % log_every == 0 or step == num_steps:
+        totals = jax.device_get(jax.tree_util.tree_map(lambda *x: sum(x), *pending))
+        now = time.perf_counter()
+        record = {'step': step, **_per_token(totals),
+                  'learning_rate': float(learning_rate(step - 1) if callable(learning_rate)
+                                         else learning_rate),
+                  'tokens_per_second': tokens / (now - interval_start)}
+        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f'{record["tokens_per_second"]:.0f}')
+        log(train_metrics, 'train', record)
+        pending, tokens, interval_start = [], 0, now
+      if step % checkpoint_every == 0 or step == num_steps:
+        _save(manager, state)
+      if eval_sets and (step % eval_every == 0 or step == num_steps):
+        log(eval_metrics, 'validation', {'step': step,
+                                         **_evaluate(eval_step, state.params, eval_sets)})
+    bar.close()
+    return TrainResult(state.params, num_steps, train_metrics, eval_metrics)
+  finally:
+    # Returns only once every started save is complete (renamed into place).
+    manager.wait_until_finished()
+    manager.close()
+
+
+# ------------------------------------------------------------------------------
+# Command line.
+# ------------------------------------------------------------------------------
+def main(argv: Sequence[str]) -> None:
+  """Runs the gin-configured `train` (`gin_utils.run` has parsed the gin flags)."""
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
+  logging.info('Gin config:\n%s', gin.config_str())
+  # The SIGTERM of a preemption or a `kill` unwinds like an exception, so
+  # `train` finishes the saves it started before the process exits.
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+  # The gin files configure `speculative_t5x.train.train`, which is not this
+  # module's function when it runs as `python -m speculative_t5x.train`.
+  from speculative_t5x import train as train_lib  # pylint: disable=g-import-not-at-top
+  gin.get_configurable(train_lib.train)()
+
+
+if __name__ == '__main__':
+  gin_utils.run(main)
