@@ -55,12 +55,13 @@ EOS_ID = models.EOS_ID
 # ------------------------------------------------------------------------------
 
 
-def pad_rows(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
+def pad_rows(rows: Sequence[Sequence[int]], length: Optional[int] = None) -> np.ndarray:
   """int32 [N, length]: token rows (each ending in EOS), 0-padded.
 
-  Raises ValueError for a row longer than `length`, naming it: inputs are
-  never silently cut.
+  `length` None fits the longest row. A row longer than `length` is a
+  ValueError naming it: inputs are never silently cut.
   """
+  length = max(map(len, rows)) if length is None else length
   out = np.zeros((len(rows), length), np.int32)
   for i, row in enumerate(rows):
     if len(row) > length:
@@ -72,11 +73,18 @@ def pad_rows(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
   return out
 
 
-def tsv_inputs(path: str, vocabulary_path: str, *, prefix: str, input_length: int,
-               num_examples: Optional[int] = None):
+def tsv_inputs(path: str, vocabulary_path: str, *, prefix: str,
+               input_length: Optional[int] = None, num_examples: Optional[int] = None):
   """Reads `source<TAB>target` lines and tokenizes with a SentencePiece model.
 
   Needs only sentencepiece (no TensorFlow), for accelerator machines.
+
+  Args:
+    path: the TSV file.
+    vocabulary_path: a SentencePiece model.
+    prefix: the task prefix, e.g. "translate English to German: ".
+    input_length: pad to this length (None: the longest input).
+    num_examples: read at most this many lines.
 
   Returns:
     (inputs int32 [N, input_length], targets: list of N reference strings).
@@ -93,6 +101,57 @@ def tsv_inputs(path: str, vocabulary_path: str, *, prefix: str, input_length: in
       sources.append(processor.encode(prefix + source) + [EOS_ID])
       targets.append(target)
   return pad_rows(sources, input_length), targets
+
+
+def task_inputs(task, split: str, *, num_examples: Optional[int] = None,
+                input_length: Optional[int] = None):
+  """Encoder inputs and reference texts of a seqio task's split, in order.
+
+  Args:
+    task: a registered task name or a `seqio.Task` (configs/tasks/*.gin).
+    split: e.g. 'test'.
+    num_examples: read at most this many examples.
+    input_length: pad to this length (None: the longest input); longer
+      inputs are an error, not cut.
+
+  Returns:
+    (inputs int32 [N, input_length] as the task tokenizes them, EOS
+    included; list of N target strings).
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
+  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
+  if num_examples is not None:
+    dataset = dataset.take(num_examples)
+  vocabulary = task.output_features['targets'].vocabulary
+  rows, references = [], []
+  for example in dataset.as_numpy_iterator():
+    rows.append(example['inputs'])
+    text = example.get('targets_pretokenized')
+    references.append(vocabulary.decode(example['targets'].tolist()) if text is None
+                      else text.decode('utf-8'))
+  if not rows:
+    raise ValueError(f'{task.name}:{split} has no examples.')
+  return pad_rows(rows, input_length), references
+
+
+def tsv_target_tokens(path: str, vocabulary_path: str,
+                      num_examples: Optional[int] = None) -> List[np.ndarray]:
+  """The target column of a `source<TAB>target` file as EOS-terminated id rows.
+
+  The corpus for the n-gram drafts (`run_benchmark(ngram_corpus=...)`).
+  """
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+
+  processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
+  rows = []
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      if num_examples is not None and len(rows) == num_examples:
+        break
+      rows.append(np.asarray(processor.encode(line.rstrip('\n').split('\t')[1]) + [EOS_ID]))
+  return rows
 
 
 def random_inputs(num_examples: int, input_length: int, vocab_size: int, seed: int = 0):
@@ -128,7 +187,10 @@ def _decode_steps(params, cache, *, config, block_size, steps):
     cache, checksum = carry
     logits, cache = network.apply_decode_block(
         config, params, cache, tokens, jnp.full((batch_size,), i * block_size, jnp.int32))
-    return cache, checksum + logits[:, -1, 0]
+    # Standardize as the decode loops do, so that XLA computes (and fuses) the
+    # logits as it does there, not only the ones a checksum would read.
+    probs = sampling.standardize(logits, temperature=1.0)
+    return cache, checksum + probs[:, :, 0].sum(axis=-1)
 
   return jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros((batch_size,), jnp.float32)))[1]
 
@@ -144,22 +206,35 @@ def decode_step_seconds(model: models.Model, *, batch_size: int, input_length: i
   return _median_seconds(run, repetitions) / steps
 
 
-@functools.partial(jax.jit, static_argnames=('gamma',))
-def _propose(draft, draft_cache, sequences, positions, rng, *, gamma):
-  return draft.propose(draft_cache, sequences, positions, rng, gamma=gamma,
-                       temperature=1.0, topk=0, topp=0.0)[:2]
+@functools.partial(jax.jit, static_argnames=('gamma', 'steps'))
+def _propose_steps(draft, draft_cache, sequences, positions, rng, *, gamma, steps):
+  """`steps` proposals of gamma tokens, back to back (the draft's cost per iteration)."""
+
+  def body(i, carry):
+    draft_cache, checksum = carry
+    tokens, _, draft_cache = draft.propose(
+        draft_cache, sequences, positions, jax.random.fold_in(rng, i), gamma=gamma,
+        temperature=1.0, topk=0, topp=0.0)
+    return draft_cache, checksum + tokens.sum()
+
+  return jax.lax.fori_loop(0, steps, body, (draft_cache, jnp.zeros((), jnp.int32)))[1]
 
 
 def draft_proposal_seconds(draft, *, batch_size: int, input_length: int, gamma: int,
-                           repetitions: int = 7) -> float:
-  """Seconds for one proposal of gamma draft tokens (median), any draft type."""
+                           steps: int = 16, repetitions: int = 7) -> float:
+  """Seconds per proposal of gamma draft tokens (median), any draft type.
+
+  Timed like `decode_step_seconds`, inside a compiled loop, so that neither
+  includes the host's dispatch of a call.
+  """
   inputs = jnp.asarray(random_inputs(batch_size, input_length, draft.vocab_size)[0])
-  draft_cache = jax.jit(draft.init_cache, static_argnums=(1,))(inputs, 4 * gamma + 4)
-  sequences = jnp.full((batch_size, 4 * gamma + 4), 2, jnp.int32)
+  length = 4 * gamma + 4
+  draft_cache = jax.jit(draft.init_cache, static_argnums=(1,))(inputs, length)
+  sequences = jnp.full((batch_size, length), 2, jnp.int32)
   positions = jnp.full((batch_size,), gamma, jnp.int32)
-  run = lambda: _propose(draft, draft_cache, sequences, positions, jax.random.PRNGKey(0),
-                         gamma=gamma)
-  return _median_seconds(run, repetitions)
+  run = lambda: _propose_steps(draft, draft_cache, sequences, positions, jax.random.PRNGKey(0),
+                               gamma=gamma, steps=steps)
+  return _median_seconds(run, repetitions) / steps
 
 
 @dataclasses.dataclass
@@ -705,3 +780,75 @@ def write_report(records: Sequence[Dict[str, Any]], output_dir: str) -> None:
   with open(os.path.join(output_dir, 'benchmark.md'), 'w') as f:
     f.write(markdown_report(records))
   plot_report(records, output_dir)
+
+
+# ------------------------------------------------------------------------------
+# The gin-configured main.
+# ------------------------------------------------------------------------------
+
+
+def benchmark_pair(*, target: models.Model, draft, output_dir: str,
+                   task=None, split: str = 'test', tsv_path: Optional[str] = None, vocabulary_path: Optional[str] = None,
+                   prefix: str = 'translate English to German: ',
+                   num_examples: Optional[int] = None, ngram_tsv_path: Optional[str] = None,
+                   ngram_examples: int = 20_000, random_input_length: int = 64,
+                   **settings) -> List[Dict[str, Any]]:
+  """`run_benchmark` on a task split, a TSV file, or random inputs (emulation).
+
+  Args:
+    target, draft: the pair (configs/pairs/*.gin bind them).
+    output_dir: where the report goes.
+    task: a seqio task (configs/tasks/*.gin bind TASK) whose `split` is
+      decoded; its inputs are tokenized (and prefixed) by the task.
+    split: the task's split.
+    tsv_path: instead of a task, `source<TAB>target` examples to decode (a task split); None
+      only with `emulate_alpha`, which then decodes random inputs.
+    vocabulary_path: the pair's SentencePiece model, a local file (tokenizes
+      the TSV; BLEU).
+    prefix: prepended to every source, as the task does.
+    num_examples: read at most this many examples.
+    ngram_tsv_path: a TSV whose targets fit the unigram/bigram drafts of
+      Table 3 (the task's train split); None skips them.
+    ngram_examples: lines of `ngram_tsv_path` read.
+    random_input_length: input length in the emulation mode.
+    **settings: `run_benchmark`'s keyword arguments (gammas, temperatures,
+      batch_sizes, emulate_alpha, ...).
+  """
+  if task is not None:
+    inputs, references = task_inputs(task, split, num_examples=num_examples)
+  elif tsv_path is not None:
+    if vocabulary_path is None:
+      raise ValueError('tsv_path needs vocabulary_path, the pair\'s SentencePiece model, to '
+                       'tokenize it (VOCABULARY in configs/runs/benchmark.gin).')
+    inputs, references = tsv_inputs(tsv_path, vocabulary_path, prefix=prefix,
+                                    num_examples=num_examples)
+  elif settings.get('emulate_alpha') is not None:
+    inputs, references = random_inputs(num_examples or settings.get('num_walltime_examples', 64),
+                                       random_input_length, target.vocab_size)
+  else:
+    raise ValueError('Nothing to decode: include a task file (TASK), set TSV_PATH to '
+                     'source<TAB>target lines, or set EMULATE_ALPHA to time random inputs '
+                     'with emulated acceptance.')
+  ngram_corpus = (None if ngram_tsv_path is None else
+                  tsv_target_tokens(ngram_tsv_path, vocabulary_path, ngram_examples))
+  return run_benchmark(target, draft, inputs, references=references,
+                       vocabulary_path=vocabulary_path, ngram_corpus=ngram_corpus,
+                       output_dir=output_dir, **settings)
+
+
+def main(argv: Sequence[str]) -> None:
+  """Runs the gin-configured `benchmark_pair` (configs/runs/benchmark.gin)."""
+  if len(argv) > 1:
+    raise ValueError(f'Unexpected arguments: {argv[1:]}.')
+  # Bindings name `speculative_t5x.benchmark.benchmark_pair`, which is not this
+  # module's function when it runs as `python -m speculative_t5x.benchmark`.
+  import gin  # pylint: disable=g-import-not-at-top
+  from speculative_t5x import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
+
+  gin.get_configurable(benchmark_lib.benchmark_pair)()
+
+
+if __name__ == '__main__':
+  from speculative_t5x import gin_utils  # pylint: disable=g-import-not-at-top
+
+  gin_utils.run(main)

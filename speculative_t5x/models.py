@@ -299,7 +299,12 @@ def load_model(config: network.T5Config, checkpoint_path: str, dtype=None) -> Mo
   return Model(config, checkpoints.load_params(checkpoint_path, config=config, dtype=dtype))
 
 
-def random_model(config: network.T5Config, seed: int = 0) -> Model:
-  """A `Model` with random parameters (T5X's initializer scales), for timing only."""
+def random_model(config: network.T5Config, seed: int = 0, dtype=None) -> Model:
+  """A `Model` with random parameters (T5X's initializer scales), for timing only.
+
+  `dtype` (e.g. 'bfloat16') casts the parameters, as `load_model` does.
+  """
   params, _ = network.random_params(config, seed=seed)
+  if dtype is not None:
+    params = jax.tree.map(lambda x: np.asarray(x).astype(jnp.dtype(dtype), copy=False), params)
   return Model(config, params)

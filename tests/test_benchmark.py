@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -81,3 +83,32 @@ def test_emulated_tokens_per_call_follow_eq_1():
   # Tokens per call are in [1, gamma + 1]: their standard deviation is < gamma / 2.
   assert abs(mean_tokens - expected) < 4 * (gamma / 2) / np.sqrt(iterations)
   assert run.tokens == 16 * 60  # No EOS: every emulated row runs to full length.
+
+
+def test_gin_main_runs_a_pair_file_in_the_emulation_mode(tmp_path):
+  """`python -m speculative_t5x.benchmark` with random weights, as for XXL/small."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  command = [
+      sys.executable, '-m', 'speculative_t5x.benchmark',
+      '--gin_file=configs/models/tiny.gin', '--gin_file=configs/pairs/pair.gin',
+      '--gin_file=configs/runs/benchmark.gin',
+      '--gin.VOCAB_SIZE=64', '--gin.GAMMA=2', '--gin.CHECKPOINT_PATH=None', '--gin.TASK=None',
+      '--gin.TARGET=@target/models.random_model()', '--gin.DRAFT=@draft/models.random_model()',
+      '--gin.draft/network.T5Config.num_decoder_layers=1',
+      '--gin.EMULATE_ALPHA=0.6', '--gin.GAMMAS=[2]', '--gin.NUM_EXAMPLES=2',
+      '--gin.MAX_DECODE_LEN=8', '--gin.benchmark_pair.temperatures=[1.0]',
+      '--gin.benchmark_pair.batch_sizes=[1, 2]', '--gin.benchmark_pair.repetitions=1',
+      '--gin.benchmark_pair.random_input_length=6',
+      f"--gin.BENCHMARK_OUTPUT_DIR='{tmp_path}'"]
+  subprocess.run(command, cwd=repo, check=True, capture_output=True, text=True)
+  with open(tmp_path / 'benchmark.json') as f:
+    records = json.load(f)
+  walltime = [r for r in records if r['kind'] == 'walltime']
+  assert [(r['gamma'], r['batch_size']) for r in walltime] == [(2, 1), (2, 2)]
+  assert all(r['emulated'] and r['alpha'] == 0.6 for r in walltime)
+  assert not [r for r in records if r['kind'] == 'alpha']  # Emulation measures no alpha.
+
+
+def test_gin_main_needs_examples_or_the_emulation():
+  with pytest.raises(ValueError, match='Nothing to decode: include a task file'):
+    benchmark.benchmark_pair(target=TARGET, draft=DRAFT, output_dir='/unused')

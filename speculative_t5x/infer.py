@@ -1,0 +1,565 @@
+r"""Inference over a seqio task split: baseline or speculative, resumable, sharded.
+
+The role of T5X's `infer.py`, with T5X's command line:
+
+  python -m speculative_t5x.infer \
+    --gin_file=configs/pairs/gettext_tiny.gin \
+    --gin_file=configs/tasks/gettext_ende.gin \
+    --gin_file=configs/runs/infer.gin \
+    --gin.CHECKPOINT_PATH="'/tmp/gettext_target'" \
+    --gin.DRAFT_CHECKPOINT_PATH="'/tmp/gettext_draft'" \
+    --gin.CORPUS_DIR="'/tmp/gettext_ende'" --gin.VOCABULARY="'/tmp/spm/ende_4000.model'" \
+    --gin.TASK_FEATURE_LENGTHS="{'inputs': 48, 'targets': 48}" \
+    --gin.INFER_OUTPUT_DIR="'/tmp/infer_gettext'"
+
+The pair file binds the target and draft (`--gin.DRAFT=None` decodes with the
+target alone, the baseline), the task file the task, the run file `infer`'s
+arguments (configs/runs/infer.gin lists the common overrides).
+
+`infer` reads the split in its stored order (no shuffling), one example a row
+(`seqio.EncDecFeatureConverter(pack=False)`), decodes it in batches with
+`models.make_decoder`, and writes, for a task T and split S:
+
+  <output_dir>/T-S.jsonl         one JSON object a line, per example in order:
+      index, inputs, targets, prediction (texts; with the task's postprocessed
+      values too when it has a postprocessor), score (log probability under the
+      distribution sampled from, 0 when greedy), iterations (target calls
+      while the row was active), accepted (draft tokens accepted), emitted
+      (tokens written, EOS included), truncated (the decode reached
+      feature_lengths['targets'] before EOS), and, speculative only,
+      batch_beta_sum / batch_beta_count: the beta = sum_x min(p, q) statistics
+      of the example's batch (`decoding.SpeculativeStats` aggregates them per
+      batch; the padding rows of a last, partial batch, copies of its last
+      example, are included).
+  <output_dir>/T-S.summary.json  examples, tokens, tokens/s, alpha (the mean
+      beta over the run, weighted by beta_count), tokens per target call, the
+      number of truncated predictions, and the task's metrics (its
+      `predict_metric_fns` on the postprocessed targets and predictions).
+  <output_dir>/T-S.settings.json what determines the outputs (task, lengths,
+      batch size, seed, decoding arguments, the networks' configs and a
+      fingerprint of their parameters); a resumed run must match it.
+
+Nothing is cut silently. An input longer than feature_lengths['inputs']
+(measured before seqio's trimming) is an error that names the example and the
+length needed, unless `truncate_inputs=True` lets seqio cut it; the last,
+partial batch is padded and only its real rows are written.
+
+Resuming. Records are appended batch by batch and flushed. A rerun with the
+same settings keeps the complete records, drops a partial last line (a write
+cut short by a kill), and continues at the first missing example. Each batch
+covers the same examples as in an uninterrupted run (batch k is examples
+[k * batch_size, (k + 1) * batch_size)): a batch cut short is decoded again
+whole and only its missing rows are written, so resumed outputs equal
+uninterrupted ones.
+
+Determinism. Batch k decodes with the key fold_in(PRNGKey(seed), k *
+batch_size). An example's output is a function of the settings alone, so
+resumed and uninterrupted runs agree, sampling included, and so do runs on
+other meshes (the target is greedy-exact; JAX's random bits do not depend on
+sharding). Greedy outputs also do not depend on the batch size, up to the
+float rounding of batched matrix products (identical in our tests); sampled
+ones do, because a batch draws its random numbers together.
+
+Sharding. Parameters are placed on a ('data', 'model') mesh of all devices by
+their logical axes (T5X's rules, `partitioning`): `num_partitions` devices
+split each model (heads, MLP, vocabulary), the other axis splits the batch.
+The decode call stays one compiled program; XLA partitions it from the
+shardings of its arguments, caches included.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+from absl import app
+from absl import logging
+import gin
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+import numpy as np
+import seqio
+import tensorflow as tf
+import tqdm
+
+from speculative_t5x import drafts
+from speculative_t5x import gin_utils
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import partitioning
+from speculative_t5x import tasks
+
+Record = Dict[str, Any]
+
+
+# ------------------------------------------------------------------------------
+# Checks.
+# ------------------------------------------------------------------------------
+def _get_task(task: Union[str, seqio.Task]) -> seqio.Task:
+  task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
+  if not isinstance(task, seqio.Task):
+    raise ValueError(f'{task.name!r} is a mixture; infer decodes one task at a time.')
+  missing = {'inputs', 'targets'} - set(task.output_features)
+  if missing:
+    raise ValueError(f'Task {task.name!r} has no {sorted(missing)} features; infer needs '
+                     "text-to-text tasks with 'inputs' and 'targets'.")
+  return task
+
+
+def check_vocabularies(task: seqio.Task, target: models.Model,
+                       draft: Optional[models.Draft]) -> None:
+  """Raises ValueError unless the task's ids fit the target and the draft shares its vocabulary."""
+  for name in ('inputs', 'targets'):
+    size = task.output_features[name].vocabulary.vocab_size
+    if size > target.vocab_size:
+      raise ValueError(
+          f"Task {task.name!r} feature {name!r} has a vocabulary of {size} ids but the target "
+          f'has vocab_size={target.vocab_size}: the checkpoint belongs to another vocabulary '
+          '(check the task file\'s VOCABULARY and the model file\'s VOCAB_SIZE).')
+  if draft is not None:
+    drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
+
+
+def _check_arguments(feature_lengths: Mapping[str, int], batch_size: int,
+                     num_partitions: int) -> Mesh:
+  """Validates the arguments that shape the run; returns its mesh."""
+  if set(feature_lengths) != {'inputs', 'targets'}:
+    raise ValueError("feature_lengths must map exactly 'inputs' and 'targets' to lengths "
+                     f'(TASK_FEATURE_LENGTHS), got {dict(feature_lengths)}.')
+  for name, value in dict(feature_lengths, batch_size=batch_size,
+                          num_partitions=num_partitions).items():
+    if not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+  if jax.device_count() % num_partitions:
+    raise ValueError(f'num_partitions={num_partitions} does not divide the '
+                     f'{jax.device_count()} devices.')
+  data_parallel = jax.device_count() // num_partitions
+  if batch_size % data_parallel:
+    raise ValueError(f'batch_size={batch_size} must be a multiple of the {data_parallel} '
+                     f'data-parallel replicas ({jax.device_count()} devices / '
+                     f'num_partitions={num_partitions}).')
+  return partitioning.make_mesh(data_parallel, num_partitions)
+
+
+def _count_and_check_inputs(raw: tf.data.Dataset, max_length: int, truncate: bool,
+                            description: str) -> int:
+  """Number of examples in `raw`; raises for inputs longer than `max_length`.
+
+  `raw` is the task's dataset before any trimming, so the lengths are the true
+  ones (EOS included).
+  """
+  lengths = np.fromiter(raw.map(lambda ex: tf.size(ex['inputs'])).as_numpy_iterator(), np.int64)
+  if not lengths.size:
+    raise ValueError(f'{description} has no examples.')
+  too_long = np.flatnonzero(lengths > max_length)
+  if too_long.size and not truncate:
+    first, longest = too_long[0], too_long[np.argmax(lengths[too_long])]
+    raise ValueError(
+        f"{too_long.size} of the {lengths.size} examples of {description} have more input "
+        f"tokens than TASK_FEATURE_LENGTHS['inputs'] = {max_length}: example {first} has "
+        f'{lengths[first]} (EOS included), the longest, example {longest}, has '
+        f"{lengths[longest]}. Raise TASK_FEATURE_LENGTHS['inputs'] to {lengths[longest]}, or "
+        'let seqio truncate them with --gin.infer.infer.truncate_inputs=True.')
+  if too_long.size:
+    logging.warning('%d inputs of %s are truncated to %d tokens.', too_long.size, description,
+                    max_length)
+  return int(lengths.size)
+
+
+# ------------------------------------------------------------------------------
+# Settings and records on disk.
+# ------------------------------------------------------------------------------
+def _jsonable_config(config: network.T5Config) -> Dict[str, Any]:
+  return dict(dataclasses.asdict(config), dtype=jnp.dtype(config.dtype).name,
+              mlp_activations=list(config.mlp_activations))
+
+
+def _fingerprint(tree: Any) -> str:
+  """A digest of a tree's paths, shapes, dtypes and the first values of each array."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    head = np.asarray(leaf.reshape(-1)[:16], np.float64)
+    digest.update(f'{jax.tree_util.keystr(path)}{leaf.shape}{leaf.dtype}'.encode())
+    digest.update(head.tobytes())
+  return digest.hexdigest()[:16]
+
+
+def _describe(model_or_draft: Any) -> Optional[Dict[str, Any]]:
+  """The draft or target as JSON: its kind, static configuration and a fingerprint."""
+  if model_or_draft is None:
+    return None
+  if isinstance(model_or_draft, models.Model):
+    model_or_draft = model_or_draft.as_draft()
+  static = {field.name: getattr(model_or_draft, field.name)
+            for field in dataclasses.fields(model_or_draft)
+            if not field.metadata.get('pytree_node', True)}
+  static = {name: _jsonable_config(value) if isinstance(value, network.T5Config) else value
+            for name, value in static.items()}
+  return {'kind': type(model_or_draft).__name__, **static,
+          'fingerprint': _fingerprint(model_or_draft)}
+
+
+def _output_paths(output_dir: str, task_name: str, split: str) -> Tuple[str, str, str]:
+  """(records, summary, settings) paths."""
+  stem = os.path.join(output_dir, f'{task_name}-{split}')
+  return f'{stem}.jsonl', f'{stem}.summary.json', f'{stem}.settings.json'
+
+
+def _check_settings(path: str, settings: Dict[str, Any], records_path: str) -> None:
+  """Raises ValueError if records exist that were written with other settings."""
+  if not os.path.exists(records_path) or not os.path.getsize(records_path):
+    return  # Nothing to continue.
+  if not os.path.exists(path):
+    raise ValueError(f'{records_path} exists without {path}: it was not written by '
+                     'speculative_t5x.infer. Use another output_dir.')
+  with open(path) as f:
+    stored = json.load(f)
+  settings = json.loads(json.dumps(settings))  # Tuples become lists, as when read back.
+  differing = sorted(key for key in settings.keys() | stored.keys()
+                     if settings.get(key) != stored.get(key))
+  if differing:
+    raise ValueError(
+        f'{records_path} holds outputs of a run with other settings (differing: {differing}, '
+        f'see {path}); they cannot be continued with these. Use another output_dir, or delete '
+        'its files to start over.')
+
+
+def read_records(path: str) -> List[Record]:
+  """The complete records of an output file, in order.
+
+  A partial last line (a write cut short by a kill) is removed from the file.
+  Raises ValueError for a damaged complete line or records out of order.
+  """
+  if not os.path.exists(path):
+    return []
+  with open(path, 'rb') as f:
+    data = f.read()
+  end = data.rfind(b'\n') + 1
+  if end < len(data):
+    logging.warning('Dropping a partial last line (%d bytes) of %s.', len(data) - end, path)
+    with open(path, 'r+b') as f:
+      f.truncate(end)
+  records = []
+  for number, line in enumerate(data[:end].split(b'\n')[:-1]):
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f'Line {number + 1} of {path} is not JSON ({e}); the file is damaged. '
+                       'Delete it to start over.') from e
+    if record.get('index') != number:
+      raise ValueError(f'Line {number + 1} of {path} holds example {record.get("index")}, '
+                       f'expected {number}; the file is damaged. Delete it to start over.')
+    records.append(record)
+  return records
+
+
+# ------------------------------------------------------------------------------
+# Data.
+# ------------------------------------------------------------------------------
+def _datasets(task: seqio.Task, split: str, feature_lengths: Mapping[str, int],
+              num_examples: Optional[int]) -> Tuple[tf.data.Dataset, tf.data.Dataset]:
+  """(untrimmed examples, model features), both in the split's order."""
+  raw = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
+  features = seqio.get_dataset(task, dict(feature_lengths),
+                               seqio.EncDecFeatureConverter(pack=False), dataset_split=split,
+                               shuffle=False, num_epochs=1, verbose=False)
+  if num_examples is not None:
+    raw, features = raw.take(num_examples), features.take(num_examples)
+  return raw, features
+
+
+@dataclasses.dataclass
+class _Batch:
+  """Rows [start, start + len(examples)) of the split, padded to the batch size.
+
+  Attributes:
+    start: the index of the first row.
+    inputs: int32 [batch_size, Lin] encoder inputs; rows past the examples
+      repeat the last one (so the batch ends with them).
+    examples: the untrimmed seqio examples of the real rows (numpy values).
+  """
+
+  start: int
+  inputs: np.ndarray
+  examples: List[Dict[str, Any]]
+
+
+def _batches(raw: tf.data.Dataset, features: tf.data.Dataset, start: int,
+             batch_size: int) -> Iterator[_Batch]:
+  pairs = tf.data.Dataset.zip((raw, features)).skip(start).prefetch(tf.data.AUTOTUNE)
+  examples, rows = [], []
+  for example, feature in pairs.as_numpy_iterator():
+    examples.append(example)
+    rows.append(feature['encoder_input_tokens'])
+    if len(rows) == batch_size:
+      yield _Batch(start, np.stack(rows).astype(np.int32), examples)
+      start, examples, rows = start + batch_size, [], []
+  if rows:
+    rows += [rows[-1]] * (batch_size - len(rows))
+    yield _Batch(start, np.stack(rows).astype(np.int32), examples)
+
+
+def _text(example: Mapping[str, Any], key: str, vocabulary: seqio.Vocabulary) -> str:
+  """The example's text of `key`: seqio's `<key>_pretokenized`, else its ids decoded."""
+  text = example.get(f'{key}_pretokenized')
+  if text is None:
+    return vocabulary.decode(example[key].tolist())
+  return text.decode('utf-8') if isinstance(text, bytes) else str(text)
+
+
+# ------------------------------------------------------------------------------
+# Placement on the mesh.
+# ------------------------------------------------------------------------------
+def place_on_mesh(model_or_draft: Any, mesh: Mesh,
+                  rules: Optional[partitioning.LogicalRules] = None) -> Any:
+  """A `models.Model` or draft with its arrays on `mesh`.
+
+  Networks (`Model`, `drafts.ModelDraft`) are sharded by their parameters'
+  logical axes; other drafts' arrays (n-gram tables) are replicated.
+  """
+  if isinstance(model_or_draft, (models.Model, drafts.ModelDraft)):
+    _, params_axes = network.abstract_params(model_or_draft.config)
+    shardings = partitioning.params_shardings(model_or_draft.params, params_axes, mesh, rules)
+    return dataclasses.replace(model_or_draft,
+                               params=jax.device_put(model_or_draft.params, shardings))
+  return jax.device_put(model_or_draft, NamedSharding(mesh, PartitionSpec()))
+
+
+# ------------------------------------------------------------------------------
+# Records and the summary.
+# ------------------------------------------------------------------------------
+def _batch_records(batch: _Batch, output: models.GenerateOutput, task: seqio.Task,
+                   eos_id: int) -> List[Record]:
+  """One record per real row of a decoded batch (`output` on the host)."""
+  vocabulary = task.output_features['targets'].vocabulary
+  stats = output.stats
+  records = []
+  for row, example in enumerate(batch.examples):
+    tokens = output.tokens[row]
+    eos_at = np.flatnonzero(tokens == eos_id)
+    length = int(eos_at[0]) + 1 if eos_at.size else tokens.size
+    prediction = vocabulary.decode(tokens[:length].tolist())
+    targets = _text(example, 'targets', vocabulary)
+    record = {
+        'index': batch.start + row,
+        'inputs': _text(example, 'inputs', task.output_features['inputs'].vocabulary),
+        'targets': targets,
+        'prediction': prediction,
+        'score': float(output.scores[row]),
+        # The baseline makes one target call per token and accepts no draft tokens.
+        'iterations': length if stats is None else int(stats.iterations[row]),
+        'accepted': 0 if stats is None else int(stats.accepted[row]),
+        'emitted': length if stats is None else int(stats.emitted[row]),
+        'truncated': not eos_at.size,
+    }
+    if stats is not None:
+      record.update(batch_beta_sum=float(stats.beta_sum), batch_beta_count=int(stats.beta_count))
+    if task.postprocessor is not None:
+      record.update(
+          postprocessed_targets=task.postprocess_fn(targets, example=example, is_target=True),
+          postprocessed_prediction=task.postprocess_fn(prediction, example=example,
+                                                       is_target=False))
+    records.append(record)
+  return records
+
+
+def summarize(records: Sequence[Record], task: seqio.Task, batch_size: int) -> Dict[str, Any]:
+  """Totals, alpha and the task's metrics over all records of a run.
+
+  Args:
+    records: every record of the run, in order (`read_records`).
+    task: the task, for its metric functions.
+    batch_size: the run's batch size (records of one batch share its beta
+      statistics).
+
+  Returns:
+    {'examples', 'tokens', 'alpha' (None for the baseline),
+    'tokens_per_target_call', 'truncated_predictions', 'metrics'}.
+  """
+  batch_betas = {record['index'] // batch_size: (record['batch_beta_sum'],
+                                                 record['batch_beta_count'])
+                 for record in records if 'batch_beta_sum' in record}
+  beta_sum, beta_count = np.sum(list(batch_betas.values()) or [(0.0, 0)], axis=0)
+  tokens = sum(record['emitted'] for record in records)
+  targets = [record.get('postprocessed_targets', record['targets']) for record in records]
+  predictions = [record.get('postprocessed_prediction', record['prediction'])
+                 for record in records]
+  if task.score_metric_fns or task.predict_with_aux_metric_fns:
+    logging.warning('Task %s: only its predict_metric_fns are computed (the others need target '
+                    'scores or auxiliary values).', task.name)
+  metrics = {}
+  for metric_fn in task.predict_metric_fns:
+    metrics.update({name: float(value) for name, value in metric_fn(targets, predictions).items()})
+  return {
+      'examples': len(records),
+      'tokens': tokens,
+      'alpha': float(beta_sum / beta_count) if batch_betas else None,
+      'tokens_per_target_call': tokens / max(sum(r['iterations'] for r in records), 1),
+      'truncated_predictions': sum(record['truncated'] for record in records),
+      'metrics': metrics,
+  }
+
+
+# ------------------------------------------------------------------------------
+# Inference.
+# ------------------------------------------------------------------------------
+def infer(*,
+          target: models.Model,
+          draft: Optional[models.Draft],
+          task: Union[str, seqio.Task],
+          feature_lengths: Mapping[str, int],
+          output_dir: str,
+          split: str = 'test',
+          batch_size: int = 32,
+          gamma: Optional[int] = None,
+          temperature: float = 0.0,
+          topk: int = 0,
+          topp: float = 0.0,
+          lenience: float = 1.0,
+          seed: int = 0,
+          num_partitions: int = 1,
+          logical_axis_rules: Optional[partitioning.LogicalRules] = None,
+          truncate_inputs: bool = False,
+          num_examples: Optional[int] = None,
+          progress: bool = True) -> Dict[str, Any]:
+  """Decodes a task split into `output_dir`, resuming a run there; see the module docstring.
+
+  Args:
+    target: the target model (parameters on the host or on devices).
+    draft: a `models.Model` or a draft from `drafts` for speculative decoding;
+      None for the baseline.
+    task: a registered task name or a `seqio.Task` with 'inputs' and
+      'targets' text features.
+    feature_lengths: {'inputs': Lin, 'targets': L}; L is the decode length.
+    output_dir: where the records, summary and settings go (created).
+    split: the split to decode.
+    batch_size: rows per decode call; a multiple of the data-parallel size.
+    gamma: draft tokens per iteration (required with a draft).
+    temperature: 0 is greedy.
+    topk: keep the k most likely tokens (0: off).
+    topp: nucleus mass (0: off).
+    lenience: 1 is exact (see `speculative_sampling.verify`).
+    seed: batch k decodes with fold_in(PRNGKey(seed), k * batch_size).
+    num_partitions: devices per model replica (model parallelism); all
+      devices are used, the rest split the batch.
+    logical_axis_rules: logical-to-mesh axis rules; default T5X's standard.
+    truncate_inputs: let seqio truncate inputs longer than Lin (else an error).
+    num_examples: decode only the first this many examples. A later run with
+      a larger number continues the outputs; the records of the shorter run's
+      last, padded batch keep that batch's beta statistics.
+    progress: show a tqdm progress bar.
+
+  Returns:
+    The summary written to `<task>-<split>.summary.json`: `summarize`'s
+    fields plus task, split, speculative, gamma, mesh ({'data': ..., 'model':
+    ...}) and this process's decoded_examples, decoded_tokens,
+    compile_seconds, decode_seconds and tokens_per_second.
+  """
+  mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
+  if draft is not None and gamma is None:
+    raise ValueError('gamma is required with a draft (the pair file sets GAMMA).')
+  task = _get_task(task)
+  check_vocabularies(task, target, draft)
+  decoding_args = dict(gamma=gamma if draft is not None else None, temperature=temperature,
+                       topk=topk, topp=topp, lenience=lenience if draft is not None else None)
+  settings = dict(task=task.name, split=split, feature_lengths=dict(feature_lengths),
+                  truncate_inputs=truncate_inputs, batch_size=batch_size, seed=seed,
+                  decoding=decoding_args, target=_describe(target), draft=_describe(draft))
+  os.makedirs(output_dir, exist_ok=True)
+  records_path, summary_path, settings_path = _output_paths(output_dir, task.name, split)
+  _check_settings(settings_path, settings, records_path)
+  done = len(read_records(records_path))
+
+  tasks.hide_gpus_from_tensorflow()
+  raw, features = _datasets(task, split, feature_lengths, num_examples)
+  total = _count_and_check_inputs(raw, feature_lengths['inputs'], truncate_inputs,
+                                  f'{task.name}:{split}')
+  eos_id = task.output_features['targets'].vocabulary.eos_id
+  decoder = models.make_decoder(
+      place_on_mesh(target, mesh, logical_axis_rules),
+      place_on_mesh(draft, mesh, logical_axis_rules),
+      **{k: v for k, v in decoding_args.items() if v is not None},
+      max_decode_len=feature_lengths['targets'], eos_id=eos_id)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  base_key = jax.random.PRNGKey(seed)
+  compiled, compile_seconds, decode_start = None, 0.0, None
+
+  def decode(batch: _Batch) -> models.GenerateOutput:
+    nonlocal compiled, compile_seconds, decode_start
+    inputs = jax.device_put(batch.inputs, partitioning.batch_sharding(batch.inputs.shape, mesh))
+    key = jax.device_put(jax.random.fold_in(base_key, batch.start), replicated)
+    if compiled is None:  # Every batch has the same shapes: one compilation.
+      start = time.perf_counter()
+      compiled = decoder.compile(inputs, key)
+      decode_start = time.perf_counter()
+      compile_seconds = decode_start - start
+    return compiled(inputs, key)
+
+  with open(settings_path, 'w') as f:
+    json.dump(settings, f, indent=1)
+  decoded, decoded_tokens = 0, 0
+  bar = tqdm.tqdm(total=total, initial=min(done, total), disable=not progress, unit='ex',
+                  desc=f'{task.name}:{split}', dynamic_ncols=True)
+  with open(records_path, 'ab') as f:
+
+    def write(batch: _Batch, output: models.GenerateOutput) -> None:
+      nonlocal decoded, decoded_tokens
+      records = [r for r in _batch_records(batch, jax.device_get(output), task, eos_id)
+                 if r['index'] >= done]
+      f.write(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in records).encode())
+      f.flush()
+      decoded += len(records)
+      decoded_tokens += sum(r['emitted'] for r in records)
+      bar.update(len(records))
+
+    # One batch in flight: the host writes batch k while the devices decode k + 1.
+    pending = None
+    for batch in _batches(raw, features, done - done % batch_size, batch_size):
+      output = decode(batch)
+      if pending is not None:
+        write(*pending)
+      pending = (batch, output)
+    if pending is not None:
+      write(*pending)
+  bar.close()
+  decode_seconds = time.perf_counter() - decode_start if decoded else 0.0
+
+  summary = dict(task=task.name, split=split, speculative=draft is not None,
+                 gamma=decoding_args['gamma'], mesh=dict(mesh.shape),
+                 **summarize(read_records(records_path)[:total], task, batch_size),
+                 decoded_examples=decoded, decoded_tokens=decoded_tokens,
+                 compile_seconds=compile_seconds, decode_seconds=decode_seconds,
+                 tokens_per_second=decoded_tokens / decode_seconds if decoded else None)
+  with open(summary_path, 'w') as f:
+    json.dump(summary, f, indent=1)
+  logging.info('Summary of %s: %s', records_path, summary)
+  return summary
+
+
+def _format_summary(summary: Mapping[str, Any]) -> str:
+  alpha = 'n/a (baseline)' if summary['alpha'] is None else f"{summary['alpha']:.3f}"
+  speed = ('n/a (nothing left to decode)' if summary['tokens_per_second'] is None
+           else f"{summary['tokens_per_second']:.1f}")
+  metrics = ', '.join(f'{name} {value:.2f}' for name, value in summary['metrics'].items())
+  return (f"{summary['task']}:{summary['split']}: {summary['examples']} examples, "
+          f"{summary['tokens']} tokens, {speed} tokens/s, alpha {alpha}, "
+          f"{summary['tokens_per_target_call']:.2f} tokens per target call, "
+          f"{summary['truncated_predictions']} truncated predictions; {metrics}")
+
+
+def main(argv: Sequence[str]) -> None:
+  """Runs the gin-configured `infer` and prints its summary."""
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
+  logging.info('Gin config:\n%s', gin.config_str())
+  # The gin files configure `speculative_t5x.infer.infer`, which is not this
+  # module's function when it runs as `python -m speculative_t5x.infer`.
+  from speculative_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
+  print(_format_summary(gin.get_configurable(infer_lib.infer)()))
+
+
+if __name__ == '__main__':
+  gin_utils.run(main)
