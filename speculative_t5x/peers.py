@@ -43,6 +43,13 @@ therefore get `decoder_attention_mask=ones([1, 1])`, which transformers
 extends as decoding proceeds and which changes no output, to measure HF's
 assisted generation as intended.
 
+HF's cache size. transformers 5.24 sizes a T5's generation cache by the
+config's `num_layers`, the *encoder's* depth, so a T5 with more decoder than
+encoder layers (our demo target: 2 and 4) fails with an IndexError in
+`generate`. The loaded models' `config.num_layers` is therefore set to the
+decoder's depth after loading: transformers reads it only to build the
+encoder (already built) and to size that cache.
+
 Tokens are counted alike: each example's tokens up to and including EOS (all
 `max_decode_len` if none). HF's sequences begin with decoder_start_token_id,
 which is not a generated token.
@@ -342,8 +349,10 @@ def _quiet(transformers):
 def _export(model: models.Model, directory: str, transformers):
   """Saves `model` in Hugging Face format and loads it back with transformers."""
   checkpoints.save_huggingface_t5(model.config, model.params, directory)
-  return transformers.T5ForConditionalGeneration.from_pretrained(directory,
-                                                                 dtype='float32').eval()
+  hf_model = transformers.T5ForConditionalGeneration.from_pretrained(directory,
+                                                                     dtype='float32').eval()
+  hf_model.config.num_layers = hf_model.config.num_decoder_layers  # See "HF's cache size".
+  return hf_model
 
 
 def _logits_error(torch, model: models.Model, hf_model, input_row: np.ndarray,
