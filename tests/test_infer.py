@@ -294,8 +294,8 @@ print(json.dumps({
 
 
 def test_sharded_inference_on_a_2x4_mesh_equals_unsharded(fixture, greedy_runs, tmp_path):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(
+      [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']))
   command = _cli(fixture, tmp_path / 'sharded', '--gin.infer.infer.num_partitions=4',
                  '--gin.infer.infer.num_examples=12')
   result = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT, *command[3:]], cwd=REPO,

@@ -104,8 +104,8 @@ _SHARDED_SCRIPT = textwrap.dedent('''
 
 
 def test_sharded_forward_and_decode_block_equal_unsharded_on_2x4_mesh():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(
+      [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']))
   result = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
