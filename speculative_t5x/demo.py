@@ -1,0 +1,197 @@
+r"""The main job: train a small EnDe pair on this machine and measure speculative decoding.
+
+  make demo                      # or: python -m speculative_t5x.demo
+
+Every step is cached in --workdir (default runs/demo), so a second run skips
+to the measurements:
+
+  1. an English->German corpus from the machine's gettext catalogs
+     (`tasks.build_gettext_corpus`; 36k/2k/2k pairs on Debian);
+  2. a SentencePiece vocabulary on its train split;
+  3. a target (6.0M parameters, configs/models/gettext_target.gin) and a
+     draft (1.3M, configs/models/gettext_draft.gin), trained by `train.train`;
+  4. `benchmark.run_benchmark` on the held-out test split at batch 1, greedy
+     and temperature 1: alpha (Table 3, also for unigram/bigram drafts), c and
+     the verify cost, ms/token of both decoders over a gamma sweep, the
+     Theorem 3.8 prediction, BLEU, speedup vs batch size, memory;
+  5. the peer comparison: the same pair exported to Hugging Face and run by
+     transformers' greedy and assisted generation at batch 1, beside ours,
+     outputs compared token for token (`peers.compare_with_huggingface`);
+  6. a Table-2-style report printed and written to <workdir>/report/
+     (benchmark.json, benchmark.md, peers.json, peers.md, figures).
+
+The compiled programs are cached in <workdir>/jax_cache, which is what makes
+the second run fast. On a 2-core CPU, expect no speedup: a block of gamma+1
+tokens costs the target about as much as gamma+1 single steps there (XLA's
+CPU matmuls are compute-bound at these sizes), which the report shows next to
+the paper's assumption that it is free. Full-size walltime belongs to an
+accelerator: see scripts/gpu and scripts/tpu.
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import gin
+import jax
+import numpy as np
+
+from speculative_t5x import benchmark
+from speculative_t5x import gin_utils
+from speculative_t5x import models
+from speculative_t5x import network
+
+_WORKDIR = flags.DEFINE_string('workdir', 'runs/demo', 'Where every step caches its result.')
+_TARGET_STEPS = flags.DEFINE_integer('target_steps', 400, 'Training steps of the target.')
+_DRAFT_STEPS = flags.DEFINE_integer('draft_steps', 400, 'Training steps of the draft.')
+_VOCAB_SIZE = flags.DEFINE_integer('vocab_size', 4000, 'SentencePiece pieces.')
+_NUM_EXAMPLES = flags.DEFINE_integer('num_examples', 40, 'Test examples timed at batch 1.')
+_GAMMAS = flags.DEFINE_list('gammas', ['1', '2', '3'], 'The gamma sweep.')
+_BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '8'], 'The batch-size sweep.')
+_REPETITIONS = flags.DEFINE_integer('repetitions', 3, 'Timed passes per configuration.')
+_ALPHA_TOKENS = flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per alpha.')
+_PEER_EXAMPLES = flags.DEFINE_integer(
+    'peer_examples', 20, 'Test examples of the Hugging Face comparison (0: skip it).')
+
+EN_DE_PREFIX = 'translate English to German: '  # tasks.EN_DE_PREFIX, without TensorFlow.
+FEATURE_LENGTHS = {'inputs': 48, 'targets': 48}
+MAX_DECODE_LEN = 48
+# The trainer's recommendation for this budget (see configs/runs/train.gin).
+TRAIN_SETTINGS = dict(batch_size=16, learning_rate=0.03, checkpoint_every=200, eval_every=None,
+                      log_every=25, keep_checkpoints=1)
+
+
+def model_config(name: str, vocab_size: int) -> network.T5Config:
+  """The network of configs/models/<name>.gin with this vocabulary size."""
+  gin.clear_config()
+  gin_utils.parse_gin_flags([], [f'configs/models/{name}.gin'],
+                            [f'VOCAB_SIZE = {vocab_size}', 'DROPOUT_RATE = 0.0'])
+  config = gin.get_configurable(network.T5Config)()
+  gin.clear_config()
+  return config
+
+
+def _step(message: str) -> None:
+  print(f'\n== {message}', flush=True)
+
+
+def prepare_data(workdir: str, vocab_size: int):
+  """Builds (or finds) the corpus and the vocabulary: (corpus_dir, vocabulary path)."""
+  corpus_dir = os.path.join(workdir, 'corpus')
+  vocabulary = os.path.join(workdir, 'vocabulary', f'spm_{vocab_size}')
+  if not os.path.exists(os.path.join(corpus_dir, 'test.tsv')):
+    from speculative_t5x import tasks  # TensorFlow and seqio only when needed.
+
+    _step('Building the gettext English->German corpus')
+    print(tasks.build_gettext_corpus(corpus_dir))
+  if not os.path.exists(vocabulary + '.model'):
+    from speculative_t5x import tasks
+
+    _step(f'Training a {vocab_size}-piece SentencePiece vocabulary')
+    os.makedirs(os.path.dirname(vocabulary), exist_ok=True)
+    tasks.train_sentencepiece(tasks.tsv_texts(os.path.join(corpus_dir, 'train.tsv')),
+                              vocabulary, vocab_size)
+  return corpus_dir, vocabulary + '.model'
+
+
+def trained_model(workdir: str, name: str, steps: int, corpus_dir: str, vocabulary: str,
+                  vocab_size: int):
+  """Trains configs/models/<name>.gin on the corpus (or resumes/finds it)."""
+  config = model_config(name, vocab_size)
+  model_dir = os.path.join(workdir, name)
+  from speculative_t5x import checkpoints
+
+  finished = os.path.isdir(model_dir) and os.path.isdir(os.path.join(model_dir, str(steps)))
+  if not finished:
+    from speculative_t5x import tasks  # TensorFlow and seqio only when training.
+    from speculative_t5x import train
+
+    num_params = sum(x.size for x in jax.tree_util.tree_leaves(network.abstract_params(config)[0]))
+    _step(f'Training {name} ({num_params / 1e6:.1f}M parameters, {steps} steps)')
+    task = tasks.register_gettext_task(corpus_dir, vocabulary, extra_ids=0)
+    train.train(model_dir, config, task, feature_lengths=FEATURE_LENGTHS, num_steps=steps,
+                **TRAIN_SETTINGS)
+  return models.Model(config, checkpoints.restore_params(model_dir, step=steps))
+
+
+def compare_with_huggingface(target, draft, inputs, gamma, workdir, report_dir) -> str:
+  """`peers.compare_with_huggingface`, written to report_dir/peers.{json,md}."""
+  from speculative_t5x import peers  # PyTorch and transformers only here.
+
+  result = peers.compare_with_huggingface(target, draft, inputs, max_decode_len=MAX_DECODE_LEN,
+                                          gamma=gamma, workdir=os.path.join(workdir, 'hf'))
+  markdown = peers.format_markdown(result)
+  os.makedirs(report_dir, exist_ok=True)
+  with open(os.path.join(report_dir, 'peers.json'), 'w') as f:
+    json.dump(dataclasses.asdict(result), f, indent=1, default=lambda value: value.item())
+  with open(os.path.join(report_dir, 'peers.md'), 'w') as f:
+    f.write(markdown)
+  return markdown
+
+
+def print_table(records) -> None:
+  """The Table-2-style summary: one row per temperature and gamma, at batch 1."""
+  header = ('T', 'gamma', 'alpha', 'c', 'v', 'tok/call', 'base ms/tok', 'spec ms/tok', 'speedup',
+            'predicted', 'BLEU base', 'BLEU spec')
+  print(' '.join(f'{h:>11s}' for h in header))
+  for r in records:
+    if r['kind'] != 'walltime' or r['batch_size'] != 1:
+      continue
+    row = (r['temperature'], r['gamma'], r['alpha'], r['c'], r['verify_cost'],
+           r['tokens_per_call'], r['ms_per_token_baseline']['median'],
+           r['ms_per_token_speculative']['median'], r['speedup']['median'],
+           r.get('predicted_speedup'), r.get('bleu_baseline'), r.get('bleu_speculative'))
+    print(' '.join(f'{v:>11.3f}' if isinstance(v, float) else f'{str(v):>11s}' for v in row))
+
+
+def main(argv) -> None:
+  del argv
+  start = time.perf_counter()
+  if not flags.FLAGS['verbosity'].present:  # Progress bars and the report, not library INFO logs.
+    logging.set_verbosity(logging.WARNING)
+  workdir = _WORKDIR.value
+  os.makedirs(workdir, exist_ok=True)
+  # Compiled programs persist across runs: the second run skips compilation.
+  jax.config.update('jax_compilation_cache_dir', os.path.join(workdir, 'jax_cache'))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+
+  corpus_dir, vocabulary = prepare_data(workdir, _VOCAB_SIZE.value)
+  target = trained_model(workdir, 'gettext_target', _TARGET_STEPS.value, corpus_dir, vocabulary,
+                         _VOCAB_SIZE.value)
+  draft = trained_model(workdir, 'gettext_draft', _DRAFT_STEPS.value, corpus_dir, vocabulary,
+                        _VOCAB_SIZE.value)
+
+  _step('Benchmarking on the test split')
+  inputs, references = benchmark.tsv_inputs(
+      os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=EN_DE_PREFIX)
+  ngram_corpus = benchmark.tsv_target_tokens(os.path.join(corpus_dir, 'train.tsv'), vocabulary,
+                                             20_000)
+  records = benchmark.run_benchmark(
+      target, draft, inputs, references=references, vocabulary_path=vocabulary,
+      pair_name='gettext target (6.0M) / draft (1.3M)', task_name='gettext EnDe test',
+      temperatures=(0.0, 1.0), gammas=[int(g) for g in _GAMMAS.value],
+      batch_sizes=[int(b) for b in _BATCH_SIZES.value], num_walltime_examples=_NUM_EXAMPLES.value,
+      repetitions=_REPETITIONS.value, max_decode_len=MAX_DECODE_LEN,
+      alpha_tokens=_ALPHA_TOKENS.value, ngram_corpus=ngram_corpus,
+      output_dir=os.path.join(workdir, 'report'))
+  report_dir = os.path.join(workdir, 'report')
+  peers_markdown = None
+  if _PEER_EXAMPLES.value:
+    greedy_gamma = max((r for r in records if r['kind'] == 'walltime' and r['batch_size'] == 1
+                        and r['temperature'] == 0.0), key=lambda r: r['speedup']['median'])['gamma']
+    _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
+    peers_markdown = compare_with_huggingface(target, draft, inputs[:_PEER_EXAMPLES.value],
+                                              greedy_gamma, workdir, report_dir)
+  _step(f'Report ({report_dir}/benchmark.md, .json, peers.md, figures)')
+  print_table(records)
+  if peers_markdown:
+    print('\n' + peers_markdown)
+  print(f'\nTotal wall time: {time.perf_counter() - start:.0f} s')
+
+
+if __name__ == '__main__':
+  app.run(main)
