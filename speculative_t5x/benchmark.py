@@ -33,7 +33,7 @@ import functools
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -288,6 +288,7 @@ def output_lengths(tokens: np.ndarray, eos_id: int = EOS_ID) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=('config',))
+@functools.partial(jax.jit, static_argnames=('config',))
 def _teacher_forced_logits(params, input_tokens, output_tokens, *, config):
   decoder_inputs = jnp.pad(output_tokens[:, :-1], ((0, 0), (1, 0)))
   return network.Transformer(config).apply(
@@ -335,14 +336,32 @@ class AlphaResult:
   beta_by_token: Dict[int, tuple]
 
 
-def measure_alpha(target: models.Model, draft, inputs: np.ndarray, *, temperature: float,
-                  topk: int = 0, topp: float = 0.0, max_decode_len: int, min_tokens: int = 10_000,
-                  batch_size: int = 64, seed: int = 0) -> AlphaResult:
-  """Samples from the target until `min_tokens` and averages beta over them."""
+def measure_alpha(target: models.Model, candidates: Mapping[str, Any], inputs: np.ndarray, *,
+                  temperature: float, topk: int = 0, topp: float = 0.0, max_decode_len: int,
+                  min_tokens: int = 10_000, batch_size: int = 64,
+                  seed: int = 0) -> Dict[str, AlphaResult]:
+  """alpha of each draft: beta averaged over the same >= `min_tokens` target samples.
+
+  Args:
+    target: the target.
+    candidates: name -> a `models.Model` or `drafts.NgramDraft` draft.
+    inputs: int32 [N, Lin] encoder inputs, cycled through in batches.
+    temperature, topk, topp: the sampling mode (of the target's samples and
+      of both standardized distributions).
+    max_decode_len: output length of the target's samples.
+    min_tokens: sample batches until this many target tokens (EOS included).
+    batch_size: rows per sampled batch.
+    seed: PRNG seed of the target's samples.
+
+  Returns:
+    name -> `AlphaResult`.
+  """
   decode = models.make_decoder(target, None, temperature=temperature, topk=topk, topp=topp,
                                max_decode_len=max_decode_len)
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
-  betas, tokens, sequence_means = [], [], []
+  betas = {name: [] for name in candidates}
+  sequence_means = {name: [] for name in candidates}
+  tokens = []
   num_tokens, start, key = 0, 0, jax.random.PRNGKey(seed)
   while num_tokens < min_tokens:
     batch = np.take(inputs, np.arange(start, start + batch_size), axis=0, mode='wrap')
@@ -350,23 +369,28 @@ def measure_alpha(target: models.Model, draft, inputs: np.ndarray, *, temperatur
     key, step_key = jax.random.split(key)
     outputs = np.asarray(decode(jnp.asarray(batch), step_key).tokens)
     target_logits = _teacher_forced_logits(target.params, batch, outputs, config=target.config)
-    beta = np.asarray(_beta(target_logits, draft_logits(draft, batch, outputs), **sample_args))
     valid = np.arange(outputs.shape[1])[None] < output_lengths(outputs)[:, None]
-    betas.append(beta[valid])
+    for name, draft in candidates.items():
+      beta = np.asarray(_beta(target_logits, draft_logits(draft, batch, outputs), **sample_args))
+      betas[name].append(beta[valid])
+      sequence_means[name].extend((beta * valid).sum(1) / valid.sum(1))
     tokens.append(outputs[valid])
-    sequence_means.extend((beta * valid).sum(1) / valid.sum(1))
     num_tokens += int(valid.sum())
-  betas, tokens = np.concatenate(betas), np.concatenate(tokens)
-  by_token = {}
-  for token in np.unique(tokens):
-    selected = betas[tokens == token]
-    by_token[int(token)] = (int(selected.size), float(selected.mean()))
-  return AlphaResult(
-      alpha=float(betas.mean()),
-      stderr=float(np.std(sequence_means) / np.sqrt(len(sequence_means))),
-      num_tokens=int(betas.size),
-      beta_by_token=by_token,
-  )
+  tokens = np.concatenate(tokens)
+  results = {}
+  for name in candidates:
+    all_betas = np.concatenate(betas[name])
+    by_token = {}
+    for token in np.unique(tokens):
+      selected = all_betas[tokens == token]
+      by_token[int(token)] = (int(selected.size), float(selected.mean()))
+    results[name] = AlphaResult(
+        alpha=float(all_betas.mean()),
+        stderr=float(np.std(sequence_means[name]) / np.sqrt(len(sequence_means[name]))),
+        num_tokens=int(all_betas.size),
+        beta_by_token=by_token,
+    )
+  return results
 
 
 # ------------------------------------------------------------------------------
@@ -559,11 +583,11 @@ def run_benchmark(
     for order in (1, 2):
       candidates[f'{order}-gram'] = drafts.NgramDraft.fit(ngram_corpus, target.vocab_size,
                                                           order=order)
-  for temperature in temperatures:
-    for name, candidate in candidates.items():
-      progress(f'alpha of {name} at temperature {temperature} ...')
-      result = measure_alpha(target, candidate, inputs, temperature=temperature,
-                             max_decode_len=max_decode_len, min_tokens=alpha_tokens)
+  for temperature in temperatures if candidates else ():
+    progress(f'alpha of {", ".join(candidates)} at temperature {temperature} ...')
+    results = measure_alpha(target, candidates, inputs, temperature=temperature,
+                            max_decode_len=max_decode_len, min_tokens=alpha_tokens)
+    for name, result in results.items():
       worst = sorted((v[1], k, v[0]) for k, v in result.beta_by_token.items() if v[0] >= 20)[:10]
       records.append(dict(common, kind='alpha', draft=name, temperature=temperature,
                           alpha=result.alpha, alpha_stderr=result.stderr,
