@@ -49,13 +49,13 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/demo', 'Where every step caches 
 _TARGET_STEPS = flags.DEFINE_integer('target_steps', 400, 'Training steps of the target.')
 _DRAFT_STEPS = flags.DEFINE_integer('draft_steps', 400, 'Training steps of the draft.')
 _VOCAB_SIZE = flags.DEFINE_integer('vocab_size', 4000, 'SentencePiece pieces.')
-_NUM_EXAMPLES = flags.DEFINE_integer('num_examples', 40, 'Test examples timed at batch 1.')
+_NUM_EXAMPLES = flags.DEFINE_integer('num_examples', 24, 'Test examples timed at batch 1.')
 _GAMMAS = flags.DEFINE_list('gammas', ['1', '2', '3'], 'The gamma sweep.')
 _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '8'], 'The batch-size sweep.')
 _REPETITIONS = flags.DEFINE_integer('repetitions', 3, 'Timed passes per configuration.')
 _ALPHA_TOKENS = flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per alpha.')
 _PEER_EXAMPLES = flags.DEFINE_integer(
-    'peer_examples', 20, 'Test examples of the Hugging Face comparison (0: skip it).')
+    'peer_examples', 12, 'Test examples of the Hugging Face comparison (0: skip it).')
 
 EN_DE_PREFIX = 'translate English to German: '  # tasks.EN_DE_PREFIX, without TensorFlow.
 FEATURE_LENGTHS = {'inputs': 48, 'targets': 48}
@@ -166,6 +166,7 @@ def main(argv) -> None:
                         _VOCAB_SIZE.value)
 
   _step('Benchmarking on the test split')
+  progress = lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True)
   inputs, references = benchmark.tsv_inputs(
       os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=EN_DE_PREFIX)
   ngram_corpus = benchmark.tsv_target_tokens(os.path.join(corpus_dir, 'train.tsv'), vocabulary,
@@ -177,14 +178,15 @@ def main(argv) -> None:
       batch_sizes=[int(b) for b in _BATCH_SIZES.value], num_walltime_examples=_NUM_EXAMPLES.value,
       repetitions=_REPETITIONS.value, max_decode_len=MAX_DECODE_LEN,
       alpha_tokens=_ALPHA_TOKENS.value, ngram_corpus=ngram_corpus,
-      output_dir=os.path.join(workdir, 'report'))
+      output_dir=os.path.join(workdir, 'report'), progress=progress)
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None
   if _PEER_EXAMPLES.value:
     greedy_gamma = max((r for r in records if r['kind'] == 'walltime' and r['batch_size'] == 1
                         and r['temperature'] == 0.0), key=lambda r: r['speedup']['median'])['gamma']
     _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
-    peers_markdown = compare_with_huggingface(target, draft, inputs[:_PEER_EXAMPLES.value],
+    peers_markdown = compare_with_huggingface(target, draft,
+                                              benchmark.trim_padding(inputs[:_PEER_EXAMPLES.value]),
                                               greedy_gamma, workdir, report_dir)
   _step(f'Report ({report_dir}/benchmark.md, .json, peers.md, figures)')
   print_table(records)

@@ -112,3 +112,10 @@ def test_gin_main_runs_a_pair_file_in_the_emulation_mode(tmp_path):
 def test_gin_main_needs_examples_or_the_emulation():
   with pytest.raises(ValueError, match='Nothing to decode: include a task file'):
     benchmark.benchmark_pair(target=TARGET, draft=DRAFT, output_dir='/unused')
+
+
+def test_trim_padding_drops_only_all_zero_columns():
+  inputs = np.array([[5, 6, 1, 0, 0, 0, 0], [7, 1, 0, 0, 0, 0, 0]], np.int32)
+  np.testing.assert_array_equal(benchmark.trim_padding(inputs), inputs[:, :3])
+  np.testing.assert_array_equal(benchmark.trim_padding(inputs, multiple=2), inputs[:, :4])
+  np.testing.assert_array_equal(benchmark.trim_padding(inputs, multiple=16), inputs)
