@@ -49,13 +49,13 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/demo', 'Where every step caches 
 _TARGET_STEPS = flags.DEFINE_integer('target_steps', 400, 'Training steps of the target.')
 _DRAFT_STEPS = flags.DEFINE_integer('draft_steps', 400, 'Training steps of the draft.')
 _VOCAB_SIZE = flags.DEFINE_integer('vocab_size', 4000, 'SentencePiece pieces.')
-_NUM_EXAMPLES = flags.DEFINE_integer('num_examples', 24, 'Test examples timed at batch 1.')
+_NUM_EXAMPLES = flags.DEFINE_integer('num_examples', 16, 'Test examples timed at batch 1.')
 _GAMMAS = flags.DEFINE_list('gammas', ['1', '2', '3'], 'The gamma sweep.')
 _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '8'], 'The batch-size sweep.')
 _REPETITIONS = flags.DEFINE_integer('repetitions', 3, 'Timed passes per configuration.')
 _ALPHA_TOKENS = flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per alpha.')
 _PEER_EXAMPLES = flags.DEFINE_integer(
-    'peer_examples', 12, 'Test examples of the Hugging Face comparison (0: skip it).')
+    'peer_examples', 8, 'Test examples of the Hugging Face comparison (0: skip it).')
 
 EN_DE_PREFIX = 'translate English to German: '  # tasks.EN_DE_PREFIX, without TensorFlow.
 FEATURE_LENGTHS = {'inputs': 48, 'targets': 48}
