@@ -11,6 +11,7 @@ measured c and verify cost (`benchmark.run_benchmark` measures and predicts).
 """
 
 import argparse
+import dataclasses
 import os
 import tempfile
 
@@ -31,8 +32,13 @@ def main():
   parser.add_argument('--output_dir', default=None, help='Reports (default: a temporary dir).')
   args = parser.parse_args()
 
-  target = models.random_model(demo.model_config(args.target, args.vocab_size), seed=0)
-  draft = models.random_model(demo.model_config(args.draft, args.vocab_size), seed=1)
+  # Untied logits: with random weights and logits through the shared
+  # embedding, every network's argmax repeats the previous token, so any two
+  # would agree everywhere; a separate random logits layer makes them disagree.
+  untied = lambda name: dataclasses.replace(demo.model_config(name, args.vocab_size),
+                                            logits_via_embedding=False)
+  target = models.random_model(untied(args.target), seed=0)
+  draft = models.random_model(untied(args.draft), seed=1)
   inputs, _ = benchmark.random_inputs(args.num_examples, 24, args.vocab_size)
   output_dir = args.output_dir or tempfile.mkdtemp(prefix='speedup_bounds_')
   print('draft | gamma | alpha | c | v(gamma) | tokens/call | speculative/baseline time '
