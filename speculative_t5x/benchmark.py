@@ -876,7 +876,9 @@ def benchmark_pair(*, target: models.Model, draft, output_dir: str,
 def main(argv: Sequence[str]) -> None:
   """Runs the gin-configured `benchmark_pair` (configs/runs/benchmark.gin)."""
   if len(argv) > 1:
-    raise ValueError(f'Unexpected arguments: {argv[1:]}.')
+    from absl import app  # pylint: disable=g-import-not-at-top
+
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
   # Bindings name `speculative_t5x.benchmark.benchmark_pair`, which is not this
   # module's function when it runs as `python -m speculative_t5x.benchmark`.
   import gin  # pylint: disable=g-import-not-at-top

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from speculative_t5x import checkpoints
+from speculative_t5x import demo
 from speculative_t5x import gin_utils
 from speculative_t5x import infer
 from speculative_t5x import models
@@ -43,17 +44,6 @@ BATCH_SIZE = 4
 EOS_ID = 1
 
 
-def _tiny_config():
-  """configs/models/tiny.gin's `T5Config` with the fixture's vocabulary size."""
-  gin.clear_config()
-  gin_utils.parse_gin_flags([], ['configs/models/tiny.gin'],
-                            [f'VOCAB_SIZE = {VOCAB_SIZE}', 'DROPOUT_RATE = 0.0'])
-  try:
-    return gin.get_configurable(network.T5Config)()
-  finally:
-    gin.clear_config()
-
-
 @pytest.fixture(scope='module')
 def fixture(tmp_path_factory):
   """Paths of the task files and checkpoints, the registered task and the models."""
@@ -66,7 +56,7 @@ def fixture(tmp_path_factory):
                                          character_coverage=1.0)
   task = tasks.register_tsv_task(TASK_NAME, {'test': test_tsv}, vocabulary, extra_ids=0,
                                  prefix=PREFIX)
-  config = _tiny_config()
+  config = demo.model_config('tiny', VOCAB_SIZE)  # configs/models/tiny.gin.
   target = models.random_model(config, seed=1)
   target.params['decoder']['logits_dense']['kernel'][:, EOS_ID] *= 1.3
   rng = np.random.default_rng(2)
