@@ -17,8 +17,9 @@ its configuration is static. Every draft implements
 
 The speculative loop keeps a draft's state consistent by construction: it only
 ever moves a row's position forward over tokens the draft has seen, so a draft
-that caches keys/values re-reads at most the one token it may have missed
-(the last draft token, when all gamma were accepted).
+that caches keys/values lacks at most the one token it never fed (the last
+draft token, when all gamma were accepted); `ModelDraft` feeds it in one
+single-token step, only in iterations where some row needs it.
 """
 
 from typing import Any, Iterable
@@ -67,40 +68,73 @@ class ModelDraft:
     return self.config.vocab_size
 
   def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
-    """Encodes the inputs and returns the draft's decoder cache [B, ...]."""
-    return network.init_decoder_cache(self.config, self.params, encoder_input_tokens, cache_length)
+    """Encodes the inputs; returns the draft's state [B, ...].
 
-  def _decode_block(self, cache, block_tokens, start_positions):
-    return network.apply_decode_block(self.config, self.params, cache, block_tokens, start_positions)
-
-  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
-    """Rolls the draft out gamma tokens from each row's position.
-
-    The first step feeds the two tokens at positions [p - 1, p] (at p = 0, BOS
-    and a placeholder whose key/value is overwritten before anyone attends
-    to it): this re-reads the previous token, whose keys/values are missing
-    when the previous iteration accepted all gamma draft tokens. The
-    remaining gamma - 1 steps are a `lax.scan` of single-token calls.
+    `{'decoder': the network's decoder cache, 'written_until': int32 [B]}`:
+    row b's cached keys/values are those of its tokens at positions
+    < written_until[b] (entries at later positions are stale or unwritten).
     """
-    rngs = jax.random.split(rng, gamma)
-    start = jnp.maximum(positions - 1, 0)
-    block = jnp.take_along_axis(sequences, start[:, None] + jnp.arange(2)[None], axis=1)
-    logits, cache = self._decode_block(cache, block, start)
-    logits = jnp.take_along_axis(logits, (positions - start)[:, None, None], axis=1)[:, 0]
-    first_token, first_probs = sampling.sample_logits(rngs[0], logits, temperature, topk, topp)
+    return {
+        'decoder': network.init_decoder_cache(
+            self.config, self.params, encoder_input_tokens, cache_length),
+        'written_until': jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32),
+    }
+
+  def decode_step(self, decoder_cache, tokens, positions):
+    """One single-token cached step: (logits [BN, V], new decoder cache).
+
+    tokens: int32 [BN], the decoder inputs at positions int32 [BN].
+    """
+    logits, decoder_cache = network.apply_decode_block(
+        self.config, self.params, decoder_cache, tokens[:, None], positions)
+    return logits[:, 0], decoder_cache
+
+  def catch_up(self, cache, sequences, positions):
+    """Writes the one key/value a row may lack before `positions`; returns the cache.
+
+    A rollout feeds the tokens at positions p..p+gamma-1, so when an iteration
+    accepts all gamma draft tokens the next one starts at p + gamma + 1 and
+    the last draft token, at p + gamma, was never fed. Rows in that state
+    (positions > written_until; the decode loop never leaves a larger gap)
+    feed it now, in one single-token step, skipped entirely (`lax.cond`) when
+    no row needs it. Other rows write their token at `positions` instead,
+    which the rollout's first step overwrites.
+    """
+    missing = positions > cache['written_until']
+
+    def feed_missing(decoder_cache):
+      start = jnp.where(missing, positions - 1, positions)
+      tokens = jnp.take_along_axis(sequences, start[:, None], axis=1)[:, 0]
+      return self.decode_step(decoder_cache, tokens, start)[1]
+
+    decoder_cache = lax.cond(jnp.any(missing), feed_missing, lambda c: c, cache['decoder'])
+    return {'decoder': decoder_cache, 'written_until': jnp.maximum(cache['written_until'], positions)}
+
+  def rollout(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
+    """gamma single-token steps from each row's last token: (tokens, probs, cache).
+
+    Step i feeds the token at position p + i (first the row's last emitted
+    token) and samples draft token i + 1 from its standardized distribution.
+    Assumes every key/value before `positions` is written (see `catch_up`).
+    """
+    last_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
 
     def step(carry, step_rng):
-      token, position, cache = carry
-      logits, cache = self._decode_block(cache, token[:, None], position)
-      next_token, probs = sampling.sample_logits(step_rng, logits[:, 0], temperature, topk, topp)
-      return (next_token, position + 1, cache), (next_token, probs)
+      token, position, decoder_cache = carry
+      logits, decoder_cache = self.decode_step(decoder_cache, token, position)
+      next_token, probs = sampling.sample_logits(step_rng, logits, temperature, topk, topp)
+      return (next_token, position + 1, decoder_cache), (next_token, probs)
 
-    (_, _, cache), (tokens, probs) = lax.scan(
-        step, (first_token, positions + 1, cache), rngs[1:]
-    )
-    tokens = jnp.concatenate([first_token[:, None], tokens.T], axis=1)
-    probs = jnp.concatenate([first_probs[:, None], jnp.swapaxes(probs, 0, 1)], axis=1)
-    return tokens, probs, cache
+    (_, _, decoder_cache), (tokens, probs) = lax.scan(
+        step, (last_token, positions, cache['decoder']), jax.random.split(rng, gamma))
+    cache = {'decoder': decoder_cache, 'written_until': positions + gamma}
+    return tokens.T, jnp.swapaxes(probs, 0, 1), cache
+
+  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
+    """Rolls the draft out gamma tokens from each row's position (see `catch_up`)."""
+    cache = self.catch_up(cache, sequences, positions)
+    return self.rollout(cache, sequences, positions, rng, gamma=gamma, temperature=temperature,
+                        topk=topk, topp=topp)
 
 
 # ------------------------------------------------------------------------------

