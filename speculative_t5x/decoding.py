@@ -303,6 +303,22 @@ class SpeculativeStats:
   beta_sum: Array
   beta_count: Array
 
+  @classmethod
+  def zeros(cls, flat_size: int, gamma: int) -> 'SpeculativeStats':
+    """Statistics before the first iteration, per-row fields [flat_size]."""
+    zeros_rows = jnp.zeros((flat_size,), jnp.int32)
+    return cls(
+        target_calls=jnp.zeros((), jnp.int32),
+        iterations=zeros_rows,
+        accepted=zeros_rows,
+        emitted=zeros_rows,
+        accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
+        position_reached=jnp.zeros((gamma,), jnp.int32),
+        position_accepted=jnp.zeros((gamma,), jnp.int32),
+        beta_sum=jnp.zeros((), jnp.float32),
+        beta_count=jnp.zeros((), jnp.int32),
+    )
+
   @property
   def mean_beta(self) -> Array:
     """alpha measured on the fly: the mean of beta over judged positions."""
@@ -339,6 +355,125 @@ class SpeculativeLoopState:
   rng: Array
   log_prob: Array
   stats: SpeculativeStats
+
+
+@flax.struct.dataclass
+class Judgement:
+  """What verification decided for one block, per row.
+
+  Attributes:
+    num_accepted: int32 [BN], draft tokens accepted (0..gamma).
+    next_token: int32 [BN], the residual (or bonus) token after them.
+    beta: float32 [BN, gamma], beta_i = sum_x min(p_i, q_i) per position.
+    target_probs: float32 [BN, gamma + 1, V], the standardized target
+      distributions p_1..p_{gamma+1}.
+  """
+
+  num_accepted: Array
+  next_token: Array
+  beta: Array
+  target_probs: Array
+
+
+def judge_block(
+    rng: Array,
+    draft_tokens: Array,
+    draft_probs: Optional[Array],
+    target_logits: Array,
+    sample_args: Mapping[str, Any],
+    *,
+    lenience: float = 1.0,
+    emulate_alpha: Optional[float] = None,
+) -> Judgement:
+  """Standardizes the target's block logits and verifies the draft tokens.
+
+  Args:
+    rng: PRNG key.
+    draft_tokens: int32 [BN, gamma].
+    draft_probs: float32 [BN, gamma, V] standardized q, or None (one-hot).
+    target_logits: float [BN, gamma + 1, V] for the block [last, x_1..x_gamma].
+    sample_args: `temperature`, `topk`, `topp` (as `sampling.standardize`).
+    lenience: see `speculative_sampling.verify`.
+    emulate_alpha: see `speculative_sample`.
+  """
+  target_probs = sampling.standardize(target_logits, **sample_args)
+  if emulate_alpha is None:
+    num_accepted, next_token, beta = speculative_sampling.verify(
+        rng, draft_tokens, draft_probs, target_probs, lenience, return_beta=True
+    )
+  else:
+    num_accepted, next_token, beta = speculative_sampling.emulated_verify(
+        rng, draft_tokens, target_probs, emulate_alpha
+    )
+  return Judgement(num_accepted, next_token, beta, target_probs)
+
+
+def emit_block(
+    state: 'SpeculativeLoopState',
+    draft_tokens: Array,
+    judgement: Judgement,
+    *,
+    limits: Array,
+    eos_id: int,
+) -> 'SpeculativeLoopState':
+  """Writes each row's accepted tokens and next token; moves positions; counts.
+
+  The bookkeeping of one iteration: cuts each row's block at its end (past
+  the accepted prefix, the row's length limit, the first EOS), writes what is
+  kept after the row's position, and updates `ended`, `log_prob` and `stats`.
+
+  Args:
+    state: the loop state before the iteration's writes.
+    draft_tokens: int32 [BN, gamma].
+    judgement: the block's `Judgement`.
+    limits: int32 [BN], each row's last output index (see `_row_limits`).
+    eos_id: end-of-sequence id.
+  """
+  gamma = draft_tokens.shape[1]
+  num_accepted = judgement.num_accepted
+  position = state.position
+  block_offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
+  # The emitted block: accepted draft tokens, then the residual/bonus token.
+  padded_draft = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
+  emitted = jnp.where(
+      block_offsets[None] < num_accepted[:, None], padded_draft, judgement.next_token[:, None]
+  )
+  # Cut at each row's end: past the accepted prefix, the length, an EOS.
+  slot = position[:, None] + 1 + block_offsets[None]
+  keep = (block_offsets[None] <= num_accepted[:, None]) & (slot <= limits[:, None])
+  keep &= ~state.ended[:, None]
+  is_eos = keep & (emitted == eos_id)
+  keep &= jnp.cumsum(is_eos, axis=1) - is_eos == 0  # nothing after the first EOS
+  num_kept = jnp.sum(keep, axis=1).astype(jnp.int32)
+  written = jnp.where(keep, emitted, 0)
+  sequences = jax.vmap(lambda row, values, start: lax.dynamic_update_slice(row, values, (start,)))(
+      state.sequences, written, position + 1
+  )
+  new_position = position + num_kept
+  ended = state.ended | jnp.any(is_eos & keep, axis=1) | (new_position >= limits)
+
+  token_probs = jnp.take_along_axis(judgement.target_probs, emitted[..., None], axis=-1)[..., 0]
+  log_prob = state.log_prob + jnp.sum(jnp.where(keep, jnp.log(token_probs), 0.0), axis=1)
+
+  active = ~state.ended
+  judged = (block_offsets[None, :gamma] <= num_accepted[:, None]) & active[:, None]
+  stats = state.stats
+  stats = SpeculativeStats(
+      target_calls=stats.target_calls + 1,
+      iterations=stats.iterations + active,
+      accepted=stats.accepted + jnp.where(active, num_accepted, 0),
+      emitted=stats.emitted + num_kept,
+      accepted_histogram=stats.accepted_histogram
+      + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active[:, None], axis=0),
+      position_reached=stats.position_reached + jnp.sum(judged, axis=0),
+      position_accepted=stats.position_accepted
+      + jnp.sum((block_offsets[None, :gamma] < num_accepted[:, None]) & active[:, None], axis=0),
+      beta_sum=stats.beta_sum + jnp.sum(jnp.where(judged, judgement.beta, 0.0)),
+      beta_count=stats.beta_count + jnp.sum(judged),
+  )
+  return state.replace(
+      position=new_position, sequences=sequences, ended=ended, log_prob=log_prob, stats=stats
+  )
 
 
 def speculative_cache_length(max_decode_len: int, gamma: int) -> int:
@@ -416,100 +551,40 @@ def speculative_sample(
   limits = _row_limits(inputs, max_decode_steps)
   flat_size = inputs.shape[0]
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
-  block_offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
 
   def cond_fn(state: SpeculativeLoopState) -> Array:
     return ~jnp.all(state.ended)
 
   def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
     rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
-    position = state.position
     draft_tokens, draft_probs, draft_cache = draft.propose(
-        state.draft_cache, state.sequences, position, propose_rng, gamma=gamma, **sample_args
+        state.draft_cache, state.sequences, state.position, propose_rng, gamma=gamma,
+        **sample_args
     )
-    last_token = jnp.take_along_axis(state.sequences, position[:, None], axis=1)
-    block = jnp.concatenate([last_token, draft_tokens], axis=1)
-    target_logits, cache = score_block(block, position, state.cache)
+    block = jnp.concatenate(
+        [jnp.take_along_axis(state.sequences, state.position[:, None], axis=1), draft_tokens],
+        axis=1,
+    )
+    target_logits, cache = score_block(block, state.position, state.cache)
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
-    target_probs = sampling.standardize(target_logits, **sample_args)
-    if emulate_alpha is None:
-      num_accepted, next_token, beta = speculative_sampling.verify(
-          verify_rng, draft_tokens, draft_probs, target_probs, lenience, return_beta=True
-      )
-    else:
-      num_accepted, next_token, beta = speculative_sampling.emulated_verify(
-          verify_rng, draft_tokens, target_probs, emulate_alpha
-      )
-
-    # The emitted block: accepted draft tokens, then the residual/bonus token.
-    padded_draft = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
-    emitted = jnp.where(
-        block_offsets[None] < num_accepted[:, None], padded_draft, next_token[:, None]
+    judgement = judge_block(
+        verify_rng, draft_tokens, draft_probs, target_logits, sample_args,
+        lenience=lenience, emulate_alpha=emulate_alpha,
     )
-    # Cut at each row's end: past the accepted prefix, the length, an EOS.
-    slot = position[:, None] + 1 + block_offsets[None]
-    keep = (block_offsets[None] <= num_accepted[:, None]) & (slot <= limits[:, None])
-    keep &= ~state.ended[:, None]
-    is_eos = keep & (emitted == eos_id)
-    keep &= jnp.cumsum(is_eos, axis=1) - is_eos == 0  # nothing after the first EOS
-    num_kept = jnp.sum(keep, axis=1).astype(jnp.int32)
-    written = jnp.where(keep, emitted, 0)
-    sequences = jax.vmap(lambda row, values, start: lax.dynamic_update_slice(row, values, (start,)))(
-        state.sequences, written, position + 1
-    )
-    new_position = position + num_kept
-    ended = state.ended | jnp.any(is_eos & keep, axis=1) | (new_position >= limits)
-
-    token_probs = jnp.take_along_axis(target_probs, emitted[..., None], axis=-1)[..., 0]
-    log_prob = state.log_prob + jnp.sum(jnp.where(keep, jnp.log(token_probs), 0.0), axis=1)
-
-    active = ~state.ended
-    judged = (block_offsets[None, :gamma] <= num_accepted[:, None]) & active[:, None]
-    stats = state.stats
-    stats = SpeculativeStats(
-        target_calls=stats.target_calls + 1,
-        iterations=stats.iterations + active,
-        accepted=stats.accepted + jnp.where(active, num_accepted, 0),
-        emitted=stats.emitted + num_kept,
-        accepted_histogram=stats.accepted_histogram
-        + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active[:, None], axis=0),
-        position_reached=stats.position_reached + jnp.sum(judged, axis=0),
-        position_accepted=stats.position_accepted
-        + jnp.sum((block_offsets[None, :gamma] < num_accepted[:, None]) & active[:, None], axis=0),
-        beta_sum=stats.beta_sum + jnp.sum(jnp.where(judged, beta, 0.0)),
-        beta_count=stats.beta_count + jnp.sum(judged),
-    )
-    return SpeculativeLoopState(
-        position=new_position,
-        sequences=sequences,
-        cache=cache,
-        draft_cache=draft_cache,
-        ended=ended,
-        rng=rng,
-        log_prob=log_prob,
-        stats=stats,
+    return emit_block(
+        state.replace(rng=rng, cache=cache, draft_cache=draft_cache), draft_tokens, judgement,
+        limits=limits, eos_id=eos_id,
     )
 
-  zeros_rows = jnp.zeros((flat_size,), jnp.int32)
   init_state = SpeculativeLoopState(
-      position=zeros_rows,
+      position=jnp.zeros((flat_size,), jnp.int32),
       sequences=jnp.zeros((flat_size, max_decode_len + gamma + 2), jnp.int32),
       cache=cache,
       draft_cache=draft_cache,
       ended=limits <= 0,
       rng=decode_rng,
       log_prob=jnp.zeros((flat_size,), jnp.float32),
-      stats=SpeculativeStats(
-          target_calls=jnp.zeros((), jnp.int32),
-          iterations=zeros_rows,
-          accepted=zeros_rows,
-          emitted=zeros_rows,
-          accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
-          position_reached=jnp.zeros((gamma,), jnp.int32),
-          position_accepted=jnp.zeros((gamma,), jnp.int32),
-          beta_sum=jnp.zeros((), jnp.float32),
-          beta_count=jnp.zeros((), jnp.int32),
-      ),
+      stats=SpeculativeStats.zeros(flat_size, gamma),
   )
   final_state = lax.while_loop(cond_fn, body_fn, init_state)
   stats = final_state.stats

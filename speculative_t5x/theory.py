@@ -55,6 +55,30 @@ def expected_tokens(alpha, gamma) -> np.ndarray:
   return np.where(alpha == 1, calls, geometric_sum)
 
 
+def expected_iterations(alpha: float, gamma: int, num_tokens: int) -> float:
+  """Expected iterations to emit exactly `num_tokens` tokens (a row cut at a length).
+
+  Eq. 1 counts the tokens of an uncut iteration; a row that must stop at
+  `num_tokens` (no EOS) emits fewer in its last iteration, so its tokens per
+  call are `num_tokens / expected_iterations(...)`, below Eq. 1. Under the
+  i.i.d. assumption an iteration emits k tokens with probability
+  α^{k−1}(1 − α) for k ≤ γ and α^γ for k = γ + 1, and the last one is cut:
+  E(n) = 1 + Σ_k P(k) E(n − k), with E(n) = 0 for n ≤ 0.
+
+  Args:
+    alpha: float in [0, 1].
+    gamma: int >= 1.
+    num_tokens: int >= 0.
+  """
+  emit = np.array([alpha ** (k - 1) * (1 - alpha) for k in range(1, gamma + 1)]
+                  + [alpha ** gamma], dtype=np.float64)
+  iterations = np.zeros(num_tokens + 1)
+  for n in range(1, num_tokens + 1):
+    remaining = np.maximum(n - np.arange(1, gamma + 2), 0)
+    iterations[n] = 1 + np.dot(emit, iterations[remaining])
+  return float(iterations[num_tokens])
+
+
 def walltime_improvement(alpha, gamma, c, verify_cost=1.0) -> np.ndarray:
   """Theorem 3.8: expected walltime speedup over one-token-at-a-time decoding.
 

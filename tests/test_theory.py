@@ -110,3 +110,30 @@ def test_acceptance_rate_by_hand():
   q = np.array([[0.25, 0.25, 0.5], [0.0, 0.0, 1.0]])
   np.testing.assert_allclose(theory.acceptance_rate(p, q), [0.5, 0.0])
   np.testing.assert_allclose(theory.acceptance_rate(p, p), [1.0, 1.0])
+
+
+def test_expected_iterations_of_a_cut_row():
+  # Without a cut the tokens per iteration tend to Eq. 1.
+  alpha, gamma = 0.75, 3
+  long = 20_000
+  assert long / theory.expected_iterations(alpha, gamma, long) == pytest.approx(
+      theory.expected_tokens(alpha, gamma), rel=1e-3)
+  # alpha = 1: every iteration emits gamma + 1 tokens, the last one what is left.
+  assert theory.expected_iterations(1.0, 3, 10) == 3
+  # alpha = 0: one token per iteration.
+  assert theory.expected_iterations(0.0, 5, 7) == 7
+  # Two tokens, gamma 1: one iteration if the draft token is accepted, else two.
+  assert theory.expected_iterations(0.6, 1, 2) == pytest.approx(0.6 * 1 + 0.4 * 2)
+  # Monte Carlo of the i.i.d. model.
+  rng = np.random.default_rng(0)
+  counts = []
+  for _ in range(20_000):
+    emitted, iterations = 0, 0
+    while emitted < 32:
+      accepted = 0
+      while accepted < gamma and rng.random() < alpha:
+        accepted += 1
+      emitted += accepted + 1
+      iterations += 1
+    counts.append(iterations)
+  assert np.mean(counts) == pytest.approx(theory.expected_iterations(alpha, gamma, 32), abs=0.05)
