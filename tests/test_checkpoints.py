@@ -7,10 +7,10 @@ is tested against the on-disk format, not against itself.
 """
 
 import dataclasses
+import functools
 import os
 import shutil
 
-from flax import serialization
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
@@ -18,69 +18,20 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-import tensorstore as ts
 
 from speculative_t5x import checkpoints
 from speculative_t5x import network
+from testing_utils import assert_trees_equal, write_t5x_legacy
 
 # Two encoder layers and one decoder layer, so that a swap of the stacks shows.
 CONFIG = network.T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
                           num_encoder_layers=2, num_decoder_layers=1, dtype='float32')
-# Layer norm scales (16 elements) and relative position tables (2 x 32) are
-# stored inline in the msgpack; kernels and embeddings (>= 256) as zarr arrays.
-INLINE_BELOW = 100
+# The readers return host numpy arrays.
+_assert_trees_equal = functools.partial(assert_trees_equal, numpy_leaves=True)
 
 
 def _params(seed=0, config=CONFIG):
   return network.random_params(config, seed)[0]
-
-
-def _assert_trees_equal(actual, expected, dtype=None):
-  actual, expected = traverse_util.flatten_dict(actual), traverse_util.flatten_dict(expected)
-  assert actual.keys() == expected.keys()
-  for path, value in expected.items():
-    want = np.asarray(value) if dtype is None else np.asarray(value).astype(dtype)
-    assert isinstance(actual[path], np.ndarray), path
-    assert actual[path].dtype == want.dtype, path
-    np.testing.assert_array_equal(actual[path], want, err_msg='/'.join(path))
-
-
-def _write_t5x_legacy(model_dir, step, params, dtype=np.float32, kvstore_driver='file'):
-  """Writes a legacy T5X checkpoint as `t5x.checkpoints.Checkpointer.save` does.
-
-  Large arrays go to zarr directories named by their dotted path
-  (`target.encoder.layers_0.attention.query.kernel/`, gzip, chunked along the
-  first axis); the msgpack stores the JSON of their tensorstore spec with the
-  path relative to the step directory (on GCS T5X writes a `gcs` kvstore with a
-  placeholder bucket). Small arrays are stored inline. Everything is in `dtype`
-  (T5X's `save_dtype`).
-  """
-  step_dir = model_dir / f'checkpoint_{step}'
-  step_dir.mkdir(parents=True)
-
-  def write(path, value):
-    value = np.asarray(value).astype(dtype)
-    if value.size < INLINE_BELOW:
-      return value
-    name = '.'.join(('target',) + path)
-    kvstore = ({'driver': 'file', 'path': name} if kvstore_driver == 'file' else
-               {'driver': 'gcs', 'bucket': 't5x-dummy-bucket', 'path': name})
-    chunks = (max(1, value.shape[0] // 2),) + value.shape[1:]
-    spec = ts.Spec({'driver': 'zarr', 'dtype': np.dtype(dtype).name, 'kvstore': kvstore,
-                    'metadata': {'compressor': {'id': 'gzip'}, 'shape': value.shape,
-                                 'chunks': chunks}}).to_json()
-    local = {**spec, 'kvstore': {'driver': 'file', 'path': str(step_dir / name)}}
-    ts.open(local, create=True).result().write(value).result()
-    return spec
-
-  flat = traverse_util.flatten_dict(params)
-  target = traverse_util.unflatten_dict({path: write(path, value) for path, value in flat.items()})
-  # Adafactor's factored second moments: tiny placeholders per parameter.
-  param_states = jax.tree.map(lambda _: {'v_row': np.zeros((1,), np.float32)}, params)
-  contents = {'version': 3, 'optimizer': {
-      'target': target, 'state': {'step': np.int32(step), 'param_states': param_states}}}
-  (step_dir / 'checkpoint').write_bytes(serialization.msgpack_serialize(contents))
-  return step_dir
 
 
 def _write_t5x_orbax(model_dir, step, params, dtype=np.float32):
@@ -110,7 +61,7 @@ def _write_trainer_checkpoint(model_dir, step, params):
 @pytest.mark.parametrize('dtype', [np.float32, jnp.bfloat16])
 def test_t5x_legacy_round_trip(tmp_path, dtype):
   params = _params()
-  step_dir = _write_t5x_legacy(tmp_path, 7, params, dtype)
+  step_dir = write_t5x_legacy(tmp_path, 7, params, dtype)
   zarr_dirs = sorted(name for name in os.listdir(step_dir) if name.startswith('target.'))
   assert 'target.encoder.layers_0.attention.query.kernel' in zarr_dirs
   assert 'target.encoder.encoder_norm.scale' not in zarr_dirs  # Stored inline.
@@ -123,14 +74,14 @@ def test_t5x_legacy_round_trip(tmp_path, dtype):
 
 def test_t5x_legacy_written_on_gcs_reads_locally(tmp_path):
   params = _params()
-  _write_t5x_legacy(tmp_path, 1, params, kvstore_driver='gcs')
+  write_t5x_legacy(tmp_path, 1, params, kvstore_driver='gcs')
   _assert_trees_equal(checkpoints.load_t5x_params(tmp_path), params)
 
 
 def test_t5x_parent_directory_means_latest_step(tmp_path):
   old, new = _params(seed=1), _params(seed=2)
-  _write_t5x_legacy(tmp_path, 9, old)
-  _write_t5x_legacy(tmp_path, 10, new)  # 10 > 9 numerically, not as text.
+  write_t5x_legacy(tmp_path, 9, old)
+  write_t5x_legacy(tmp_path, 10, new)  # 10 > 9 numerically, not as text.
   (tmp_path / 'checkpoint_11.tmp-1700000000').mkdir()  # An unfinished save.
   _assert_trees_equal(checkpoints.load_t5x_params(tmp_path), new)
   _assert_trees_equal(checkpoints.load_t5x_params(tmp_path / 'checkpoint_9'), old)
@@ -164,20 +115,20 @@ def test_t5x_errors_name_the_problem(tmp_path):
 
   # A size mismatch names the first mis-shaped parameter and both shapes.
   wide = dataclasses.replace(CONFIG, mlp_dim=48)
-  step_dir = _write_t5x_legacy(tmp_path / 'wide', 1, _params(config=wide))
+  step_dir = write_t5x_legacy(tmp_path / 'wide', 1, _params(config=wide))
   with pytest.raises(ValueError, match=r'decoder/layers_0/mlp/wi_0/kernel has shape \(16, 48\), '
                                        r'but the config implies \(16, 32\)'):
     checkpoints.load_t5x_params(step_dir, config=CONFIG)
   # A parameter the config needs but the checkpoint lacks.
   tied = dataclasses.replace(CONFIG, logits_via_embedding=True)
-  step_dir = _write_t5x_legacy(tmp_path / 'tied', 1, _params(config=tied))
+  step_dir = write_t5x_legacy(tmp_path / 'tied', 1, _params(config=tied))
   with pytest.raises(ValueError,
                      match=r'decoder/logits_dense/kernel \(shape \(16, 64\)\) is missing'):
     checkpoints.load_t5x_params(step_dir, config=CONFIG)
   with pytest.raises(ValueError, match='logits_dense/kernel .* is not part of the configured'):
     checkpoints.load_t5x_params(tmp_path / 'wide', config=dataclasses.replace(tied, mlp_dim=48))
   # An array the msgpack refers to but whose zarr directory is gone.
-  step_dir = _write_t5x_legacy(tmp_path / 'partial', 1, _params())
+  step_dir = write_t5x_legacy(tmp_path / 'partial', 1, _params())
   shutil.rmtree(step_dir / 'target.decoder.layers_0.mlp.wo.kernel')
   with pytest.raises(ValueError, match=r'parameter decoder/layers_0/mlp/wo/kernel .*NOT_FOUND'):
     checkpoints.load_t5x_params(step_dir)
@@ -271,7 +222,7 @@ def test_check_params_names_the_first_problem():
 def test_load_params_dispatches_on_the_format(tmp_path, monkeypatch):
   params = _params()
   monkeypatch.chdir(tmp_path)
-  _write_t5x_legacy(tmp_path / 't5x_legacy', 1, params)
+  write_t5x_legacy(tmp_path / 't5x_legacy', 1, params)
   _write_t5x_orbax(tmp_path / 't5x_orbax', 1, params)
   checkpoints.save_params(tmp_path / 'orbax', params, step=2)
   for kind, path in [(checkpoints.T5X_LEGACY, tmp_path / 't5x_legacy'),
@@ -311,3 +262,4 @@ def test_load_params_without_a_checkpoint(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"(?s)Hugging Face.*<step>/params/.*"
                                               r"checkpoint_<step>/checkpoint.*notes\.txt"):
     checkpoints.load_params(tmp_path, CONFIG)
+

@@ -4,13 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.stats
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 import markov
-
-EOS = 1
+from testing_utils import EOS, decoded_lengths, outputs_as_tuples, sequence_chi_square_p_value
 
 
 def run_baseline(target, row_shift, length, rng=None, num_decodes=1, **sample_args):
@@ -135,8 +133,7 @@ class TestLoopBehaviour:
     assert np.all(np.diff(np.asarray(log_probs), axis=1) >= 0)
     for row, shift in enumerate(row_shift):
       exact = target.sequence_distribution(length, EOS, row_shift=shift, temperature=1.0)
-      for decode, log_prob in zip(np.asarray(decodes[row]), np.asarray(log_probs[row])):
-        output = tuple(decode[: np.argmax(decode == EOS) + 1] if EOS in decode else decode)
+      for output, log_prob in zip(outputs_as_tuples(decodes[row]), np.asarray(log_probs[row])):
         np.testing.assert_allclose(log_prob, np.log(exact[output]), rtol=1e-5)
     # The samples of one row differ (independent keys per expanded row).
     assert len({tuple(d) for d in np.asarray(decodes[0])}) > 1
@@ -149,8 +146,7 @@ class TestLoopBehaviour:
     decodes, _, stats = run_speculative(
         target, draft, {}, row_shift, length, gamma, temperature=1.0, topk=0)
     decodes = np.asarray(decodes[:, 0])
-    written = np.where((decodes == EOS).any(1), np.argmax(decodes == EOS, 1) + 1, length)
-    np.testing.assert_array_equal(stats.emitted[:, 0], written)
+    np.testing.assert_array_equal(stats.emitted[:, 0], decoded_lengths(decodes))
     cut = stats.accepted + stats.iterations - stats.emitted
     assert np.all(cut >= 0) and np.all(cut <= gamma)
     assert stats.accepted_histogram.sum() == stats.iterations.sum()
@@ -183,41 +179,6 @@ class TestLoopBehaviour:
           draft=drafts.NgramDraft.fit([[2]], 5), draft_cache={}, gamma=2)
 
 
-def chi_square_p_value(samples, exact, min_expected=5.0):
-  """Pearson chi-square of observed outputs against exact probabilities.
-
-  Cells with expected count below `min_expected` are pooled into one.
-  """
-  n = len(samples)
-  counts = {}
-  for s in samples:
-    counts[s] = counts.get(s, 0) + 1
-  unknown = set(counts) - set(exact)
-  assert not unknown, f'sampled outputs of probability 0: {sorted(unknown)[:5]}'
-  observed, expected, pooled_obs, pooled_exp = [], [], 0, 0.0
-  for output, prob in exact.items():
-    if prob * n >= min_expected:
-      observed.append(counts.get(output, 0))
-      expected.append(prob * n)
-    else:
-      pooled_obs += counts.get(output, 0)
-      pooled_exp += prob * n
-  if pooled_exp > 0:
-    observed.append(pooled_obs)
-    expected.append(pooled_exp)
-  expected = np.asarray(expected) * (n / np.sum(expected))
-  return scipy.stats.chisquare(observed, expected).pvalue
-
-
-def outputs_as_tuples(decodes):
-  decodes = np.asarray(decodes).reshape(-1, decodes.shape[-1])
-  result = []
-  for row in decodes:
-    end = np.argmax(row == EOS) + 1 if EOS in row else len(row)
-    result.append(tuple(row[:end].tolist()))
-  return result
-
-
 @pytest.mark.parametrize(
     'sample_args',
     [dict(temperature=1.0, topk=0), dict(temperature=0.7, topk=3), dict(temperature=1.0, topk=0, topp=0.8)],
@@ -240,6 +201,6 @@ def test_whole_sequences_match_the_target_distribution(sample_args, draft_kind):
     decodes, _, _ = run(jax.random.PRNGKey(seed), draft)
     samples += outputs_as_tuples(decodes)
   exact = target.sequence_distribution(length, EOS, **sample_args)
-  p_value = chi_square_p_value(samples, exact)
+  p_value = sequence_chi_square_p_value(samples, exact)
   print(f'\nchi-square p-value, Markov target, {draft_kind} draft, {sample_args}: {p_value:.4f}')
   assert p_value > 1e-3

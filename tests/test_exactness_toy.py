@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from speculative_t5x import sampling
 from speculative_t5x import speculative_sampling
+from testing_utils import chi_square_test
 
 VOCAB_SIZE = 5
 LENGTH = 4
@@ -26,7 +26,6 @@ NUM_SEQUENCES = 200_000
 # own state (the largest is 155 < K); longer prefixes, which only drafts beyond
 # the sequence end reach, may share states.
 NUM_STATES = 257
-MIN_EXPECTED_COUNT = 5.0
 P_VALUE_FLOOR = 1e-3
 
 # mode: (target sampling args, draft sampling args, deterministic draft).
@@ -146,26 +145,6 @@ def sequence_index(tokens):
                               (VOCAB_SIZE,) * LENGTH)
 
 
-def chi_square_p_value(counts, probs):
-  """Chi-square goodness of fit, merging cells with expected count < 5.
-
-  Cells of probability zero must be empty; they are asserted, not tested.
-  """
-  assert counts[probs == 0].sum() == 0, "a zero-probability sequence appeared"
-  counts, probs = counts[probs > 0], probs[probs > 0]
-  expected = counts.sum() * probs / probs.sum()
-  order = np.argsort(expected)
-  counts, expected = counts[order], expected[order]
-  # Merge the smallest cells into one until it reaches the minimum count.
-  num_merged = int(np.searchsorted(np.cumsum(expected), MIN_EXPECTED_COUNT)) + 1
-  if num_merged > 1:
-    counts = np.concatenate([[counts[:num_merged].sum()], counts[num_merged:]])
-    expected = np.concatenate([[expected[:num_merged].sum()],
-                               expected[num_merged:]])
-  result = stats.chisquare(counts, expected)
-  return result.statistic, len(counts) - 1, result.pvalue
-
-
 def sample_mode(mode, gamma, seed=0):
   """Speculative samples [N, LENGTH] for one sampling mode and γ."""
   target_args, draft_args, deterministic_draft = MODES[mode]
@@ -182,7 +161,7 @@ def run_configuration(mode, gamma, seed=0):
   """Returns (statistic, dof, p-value) of speculative vs exact for one case."""
   tokens = sample_mode(mode, gamma, seed)
   counts = np.bincount(sequence_index(tokens), minlength=VOCAB_SIZE**LENGTH)
-  return chi_square_p_value(counts, exact_sequence_probabilities(MODES[mode][0]))
+  return chi_square_test(counts, exact_sequence_probabilities(MODES[mode][0]))
 
 
 @pytest.mark.parametrize("gamma", GAMMAS)

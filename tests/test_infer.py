@@ -28,6 +28,7 @@ from speculative_t5x import infer
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks
+from testing_utils import decoded_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERBS = [('Open', 'öffnen'), ('Close', 'schließen'), ('Delete', 'löschen'), ('Save', 'speichern'),
@@ -155,8 +156,7 @@ def test_outputs_are_complete_and_greedy_speculative_equals_baseline(fixture, gr
   direct = models.generate(fixture['target'], None, inputs,
                            max_decode_len=FEATURE_LENGTHS['targets']).tokens
   assert [r['prediction'] for r in baseline] == [vocabulary.decode(row.tolist()) for row in direct]
-  lengths = [int(np.argmax(row == EOS_ID)) + 1 if EOS_ID in row else row.size for row in direct]
-  assert [r['emitted'] for r in baseline] == lengths
+  assert [r['emitted'] for r in baseline] == decoded_lengths(direct, EOS_ID).tolist()
   assert [r['truncated'] for r in baseline] == [EOS_ID not in row for row in direct]
   assert 0 < sum(r['truncated'] for r in baseline) < len(PAIRS)  # Both kinds are covered.
 

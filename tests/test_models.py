@@ -12,26 +12,8 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
 import markov
-from test_decoding import EOS, chi_square_p_value, outputs_as_tuples
-
-
-def tiny_model(seed, vocab_size=32, emb_dim=32, layers=1, scale=1.0):
-  config = network.t5_1_1_config(
-      'tiny', vocab_size=vocab_size, emb_dim=emb_dim, num_heads=2, head_dim=16,
-      mlp_dim=2 * emb_dim, num_encoder_layers=layers, num_decoder_layers=layers, dtype='float32')
-  params, _ = network.random_params(config, seed=seed)
-  # Sharper logits than the unit-scale default make greedy outputs non-trivial.
-  params['decoder']['logits_dense']['kernel'] *= scale
-  return models.Model(config, params)
-
-
-def padded_inputs(seed, batch, length, vocab_size):
-  rng = np.random.default_rng(seed)
-  tokens = rng.integers(2, vocab_size, size=(batch, length))
-  lengths = rng.integers(1, length + 1, size=batch)
-  tokens[np.arange(length)[None] >= lengths[:, None]] = 0
-  tokens[np.arange(batch), lengths - 1] = EOS
-  return tokens.astype(np.int32)
+from testing_utils import (EOS, decoded_lengths, outputs_as_tuples, padded_inputs,
+                           sequence_chi_square_p_value, tiny_model)
 
 
 TARGET = tiny_model(seed=0, layers=2, scale=3.0)
@@ -76,7 +58,7 @@ class TestGreedyEquality:
         {'params': TARGET.params}, inputs, decoder_inputs, np.ones_like(decoder_inputs),
         enable_dropout=False)
     expected = np.asarray(jnp.argmax(logits, -1))
-    alive = np.cumsum(np.asarray(out.tokens) == EOS, axis=1) - (np.asarray(out.tokens) == EOS) == 0
+    alive = np.arange(out.tokens.shape[1]) < decoded_lengths(out.tokens)[:, None]
     np.testing.assert_array_equal(np.where(alive, out.tokens, 0), np.where(alive, expected, 0))
 
 
@@ -120,7 +102,7 @@ def test_sampled_sequences_follow_the_target(sample_args):
                           rng=jax.random.PRNGKey(call), **sample_args)
     samples += outputs_as_tuples(out.tokens)
   exact = exact_sequence_distribution(target, input_row, length, **sample_args)
-  p_value = chi_square_p_value(samples, exact)
+  p_value = sequence_chi_square_p_value(samples, exact)
   print(f'\nchi-square p-value, tiny networks, model draft, gamma={gamma}, {sample_args}: '
         f'{p_value:.4f} over {len(samples)} sequences, alpha={float(out.stats.mean_beta):.3f}')
   assert p_value > 1e-3

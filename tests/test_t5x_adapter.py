@@ -26,11 +26,10 @@ from speculative_t5x import decoding
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import t5x_adapter
-from test_checkpoints import _write_t5x_legacy
-from test_models import padded_inputs, tiny_model
+from testing_utils import (EOS, assert_trees_equal, decoded_lengths, padded_inputs, tiny_model,
+                           write_t5x_legacy)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EOS = 1
 GAMMA = 3
 MAX_DECODE_LEN = 12
 # Target and draft share one config (different parameters), so that one
@@ -45,21 +44,6 @@ BATCH = {'encoder_input_tokens': INPUTS,
 
 def _with_draft(draft_params):
   return {**TARGET.params, t5x_adapter.DRAFT_KEY: draft_params}
-
-
-def _assert_trees_equal(actual, expected):
-  actual, expected = traverse_util.flatten_dict(actual), traverse_util.flatten_dict(expected)
-  assert actual.keys() == expected.keys()
-  for path, value in expected.items():
-    np.testing.assert_array_equal(np.asarray(actual[path]), np.asarray(value),
-                                  err_msg='/'.join(path))
-
-
-def _decoded_lengths(tokens):
-  """Tokens up to and including the first EOS (or all of them), per row."""
-  tokens = np.asarray(tokens)
-  has_eos = (tokens == EOS).any(axis=1)
-  return np.where(has_eos, np.argmax(tokens == EOS, axis=1) + 1, tokens.shape[1])
 
 
 # ------------------------------------------------------------------------------
@@ -113,16 +97,16 @@ def test_graft_draft_checkpoint_into_a_legacy_t5x_state(tmp_path):
                                        head_dim=8, mlp_dim=32, num_encoder_layers=2,
                                        num_decoder_layers=1, dtype='float32')
   draft_params = network.random_params(draft_config, seed=5)[0]
-  draft_dir = _write_t5x_legacy(tmp_path / 'draft', 4, draft_params).parent
+  draft_dir = write_t5x_legacy(tmp_path / 'draft', 4, draft_params).parent
   # What T5X's legacy Checkpointer hands to the state transformations: the
   # msgpack's optimizer state, with tensorstore specs for the large arrays.
-  target_step = _write_t5x_legacy(tmp_path / 'target', 9, TARGET.params)
+  target_step = write_t5x_legacy(tmp_path / 'target', 9, TARGET.params)
   state_dict = serialization.msgpack_restore((target_step / 'checkpoint').read_bytes())['optimizer']
   target_state_dict = _target_state_dict(draft_config)
 
   graft = t5x_adapter.graft_draft_checkpoint(os.fspath(draft_dir))
   grafted = graft(state_dict, target_state_dict)
-  _assert_trees_equal(grafted['target']['draft'], draft_params)
+  assert_trees_equal(grafted['target']['draft'], draft_params)
   assert grafted['target']['draft']['encoder']['layers_1']['mlp']['wo']['kernel'].dtype == np.float32
   assert grafted['state'] is state_dict['state']
   for name in TARGET.params:  # The target's entries are untouched.
@@ -132,7 +116,7 @@ def test_graft_draft_checkpoint_into_a_legacy_t5x_state(tmp_path):
   # Resuming from a checkpoint that already has a draft keeps it.
   assert graft(grafted, target_state_dict, is_resuming=True) is grafted
   resumed = graft(state_dict, target_state_dict, is_resuming=True)
-  _assert_trees_equal(resumed['target']['draft'], draft_params)
+  assert_trees_equal(resumed['target']['draft'], draft_params)
   cast = t5x_adapter.graft_draft_checkpoint(os.fspath(draft_dir), dtype='bfloat16')(
       state_dict, target_state_dict)
   assert cast['target']['draft']['token_embedder']['embedding'].dtype == jnp.bfloat16
@@ -168,7 +152,7 @@ def _predict_all(params, rng, temperature):
 
 def test_greedy_predictions_equal_the_baseline():
   baseline = models.generate(TARGET, None, INPUTS, max_decode_len=MAX_DECODE_LEN)
-  lengths = _decoded_lengths(baseline.tokens)
+  lengths = decoded_lengths(baseline.tokens)
   assert 1 < lengths.min() and lengths.max() == MAX_DECODE_LEN  # Rows end differently.
   expected = np.repeat(np.asarray(baseline.tokens)[:, None], NUM_DECODES, axis=1)
   per_decode_lengths = np.repeat(lengths[:, None], NUM_DECODES, axis=1)
@@ -202,7 +186,7 @@ def test_sampled_predictions_are_sorted_and_follow_the_key():
   scores = np.asarray(aux['scores'])
   assert np.all(scores < 0) and np.all(np.diff(scores, axis=1) >= 0)  # Ascending, as T5X.
   flat = np.asarray(decodes).reshape(-1, MAX_DECODE_LEN)
-  np.testing.assert_array_equal(aux['emitted'], _decoded_lengths(flat).reshape(scores.shape))
+  np.testing.assert_array_equal(aux['emitted'], decoded_lengths(flat).reshape(scores.shape))
   assert len({tuple(row) for row in flat}) > len(INPUTS)
   other, _ = _predict_all(params, jax.random.PRNGKey(2), 1.0)
   assert not np.array_equal(decodes, other)
@@ -332,10 +316,10 @@ def test_t5x_predictions_equal_stock_t5x_greedy(t5x_env):
   params = _with_draft(DRAFT.params)
   expected, expected_aux = jax.jit(stock.predict_batch_with_aux)(TARGET.params, batch)
   decodes, aux = jax.jit(model.predict_batch_with_aux)(params, batch)
-  assert 1 < _decoded_lengths(expected).min()
+  assert 1 < decoded_lengths(expected).min()
   np.testing.assert_array_equal(decodes, expected)
   np.testing.assert_allclose(aux['scores'], expected_aux['scores'], atol=1e-6)
-  np.testing.assert_array_equal(aux['emitted'], _decoded_lengths(expected))
+  np.testing.assert_array_equal(aux['emitted'], decoded_lengths(expected))
   # Scoring and the loss see the target only.
   np.testing.assert_allclose(jax.jit(model.score_batch)(params, batch),
                              jax.jit(stock.score_batch)(TARGET.params, batch), rtol=1e-5)
@@ -401,8 +385,8 @@ def test_t5x_restore_grafts_the_draft(t5x_env, tmp_path, target_format, draft_fo
       state_transformation_fns=[t5x_adapter.graft_draft_checkpoint(draft_path)])
   state, _ = t5x_utils.create_checkpoint_manager_and_restore(
       initializer, partitioner, restore_config, target_path, None, use_orbax=True)
-  _assert_trees_equal(state.params['draft'], DRAFT.params)
-  _assert_trees_equal(t5x_adapter.strip_draft_params(state.params), TARGET.params)
+  assert_trees_equal(state.params['draft'], DRAFT.params)
+  assert_trees_equal(t5x_adapter.strip_draft_params(state.params), TARGET.params)
 
 
 @pytest.mark.parametrize('pair, draft_size, gamma', [

@@ -1,0 +1,189 @@
+"""Helpers that several test modules use: fixtures' models and inputs, output lengths,
+chi-square tests, T5X legacy checkpoints written as T5X writes them, tree comparison.
+
+Test modules import these from here, not from each other.
+"""
+
+import collections
+
+from flax import serialization
+from flax import traverse_util
+import jax
+import numpy as np
+from scipy import stats
+import tensorstore as ts
+
+from speculative_t5x import models
+from speculative_t5x import network
+
+EOS = models.EOS_ID
+# T5X's legacy writer stores arrays of fewer elements than this inline in the
+# msgpack (layer norm scales, small relative position tables), the others as
+# zarr arrays.
+INLINE_BELOW = 100
+
+
+# ------------------------------------------------------------------------------
+# Models and inputs.
+# ------------------------------------------------------------------------------
+def tiny_model(seed, vocab_size=32, emb_dim=32, layers=1, scale=1.0):
+  """A float32 T5 1.1 'tiny'-shaped `models.Model` with random parameters.
+
+  `scale` multiplies the output layer: sharper logits than the unit-scale
+  default make greedy outputs non-trivial.
+  """
+  config = network.t5_1_1_config(
+      'tiny', vocab_size=vocab_size, emb_dim=emb_dim, num_heads=2, head_dim=16,
+      mlp_dim=2 * emb_dim, num_encoder_layers=layers, num_decoder_layers=layers, dtype='float32')
+  params, _ = network.random_params(config, seed=seed)
+  params['decoder']['logits_dense']['kernel'] *= scale
+  return models.Model(config, params)
+
+
+def padded_inputs(seed, batch, length, vocab_size):
+  """int32 [batch, length] random inputs, each EOS-terminated and 0-padded after it."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(2, vocab_size, size=(batch, length))
+  lengths = rng.integers(1, length + 1, size=batch)
+  tokens[np.arange(length)[None] >= lengths[:, None]] = 0
+  tokens[np.arange(batch), lengths - 1] = EOS
+  return tokens.astype(np.int32)
+
+
+# ------------------------------------------------------------------------------
+# Outputs.
+# ------------------------------------------------------------------------------
+def decoded_lengths(tokens, eos_id=EOS):
+  """int [...]: tokens up to and including the first EOS of each row, else the row's length.
+
+  Args:
+    tokens: int [..., L] decodes.
+    eos_id: the EOS id.
+  """
+  tokens = np.asarray(tokens)
+  is_eos = tokens == eos_id
+  return np.where(is_eos.any(-1), np.argmax(is_eos, -1) + 1, tokens.shape[-1])
+
+
+def outputs_as_tuples(decodes, eos_id=EOS):
+  """Each row of int [..., L] decodes up to and including its first EOS, as a tuple."""
+  decodes = np.asarray(decodes).reshape(-1, np.shape(decodes)[-1])
+  return [tuple(row[:length].tolist()) for row, length in zip(decodes, decoded_lengths(decodes, eos_id))]
+
+
+# ------------------------------------------------------------------------------
+# Chi-square tests against exact probabilities.
+# ------------------------------------------------------------------------------
+def chi_square_test(counts, probs, min_expected=5.0):
+  """Pearson's chi-square test of observed counts against exact probabilities.
+
+  Outcomes of probability 0 must never be observed: that is asserted, not
+  tested. The cells of smallest expected count are merged into one until it
+  and every other cell expect at least `min_expected`.
+
+  Args:
+    counts: int [K], how often each outcome was observed.
+    probs: float [K], each outcome's exact probability (normalized here).
+    min_expected: the smallest expected count of a cell.
+
+  Returns:
+    (statistic, degrees of freedom, p-value).
+  """
+  counts, probs = np.asarray(counts), np.asarray(probs, np.float64)
+  assert counts[probs == 0].sum() == 0, 'an outcome of probability 0 was observed'
+  counts, probs = counts[probs > 0], probs[probs > 0]
+  expected = counts.sum() * probs / probs.sum()
+  order = np.argsort(expected)
+  counts, expected = counts[order], expected[order]
+  num_merged = max(int(np.searchsorted(np.cumsum(expected), min_expected)) + 1,
+                   int(np.sum(expected < min_expected)))
+  if num_merged > 1:
+    counts = np.concatenate([[counts[:num_merged].sum()], counts[num_merged:]])
+    expected = np.concatenate([[expected[:num_merged].sum()], expected[num_merged:]])
+  result = stats.chisquare(counts, expected)
+  return result.statistic, len(counts) - 1, result.pvalue
+
+
+def sequence_chi_square_p_value(samples, exact):
+  """`chi_square_test`'s p-value of sampled outputs against their exact distribution.
+
+  Args:
+    samples: the sampled outputs (hashable, e.g. `outputs_as_tuples`).
+    exact: {output: probability}, every output of non-zero probability.
+  """
+  counts = collections.Counter(samples)
+  unknown = counts.keys() - exact.keys()
+  assert not unknown, f'sampled outputs of probability 0: {sorted(unknown)[:5]}'
+  outputs = list(exact)
+  return chi_square_test([counts[output] for output in outputs],
+                         [exact[output] for output in outputs])[2]
+
+
+# ------------------------------------------------------------------------------
+# Checkpoints and parameter trees.
+# ------------------------------------------------------------------------------
+def write_t5x_legacy(model_dir, step, params, dtype=np.float32, kvstore_driver='file'):
+  """Writes a legacy T5X checkpoint as `t5x.checkpoints.Checkpointer.save` does.
+
+  Large arrays go to zarr directories named by their dotted path
+  (`target.encoder.layers_0.attention.query.kernel/`, gzip, chunked along the
+  first axis); the msgpack stores the JSON of their tensorstore spec with the
+  path relative to the step directory (on GCS T5X writes a `gcs` kvstore with a
+  placeholder bucket). Arrays of fewer than INLINE_BELOW elements are stored
+  inline. Everything is in `dtype` (T5X's `save_dtype`).
+
+  Args:
+    model_dir: a `pathlib.Path`; `checkpoint_<step>` is created in it.
+    step: the training step.
+    params: the T5X parameter tree.
+    dtype: the stored dtype.
+    kvstore_driver: 'file', or 'gcs' for a checkpoint as T5X writes it to GCS.
+
+  Returns:
+    The `checkpoint_<step>` directory.
+  """
+  step_dir = model_dir / f'checkpoint_{step}'
+  step_dir.mkdir(parents=True)
+
+  def write(path, value):
+    value = np.asarray(value).astype(dtype)
+    if value.size < INLINE_BELOW:
+      return value
+    name = '.'.join(('target',) + path)
+    kvstore = ({'driver': 'file', 'path': name} if kvstore_driver == 'file' else
+               {'driver': 'gcs', 'bucket': 't5x-dummy-bucket', 'path': name})
+    chunks = (max(1, value.shape[0] // 2),) + value.shape[1:]
+    spec = ts.Spec({'driver': 'zarr', 'dtype': np.dtype(dtype).name, 'kvstore': kvstore,
+                    'metadata': {'compressor': {'id': 'gzip'}, 'shape': value.shape,
+                                 'chunks': chunks}}).to_json()
+    local = {**spec, 'kvstore': {'driver': 'file', 'path': str(step_dir / name)}}
+    ts.open(local, create=True).result().write(value).result()
+    return spec
+
+  flat = traverse_util.flatten_dict(params)
+  target = traverse_util.unflatten_dict({path: write(path, value) for path, value in flat.items()})
+  # Adafactor's factored second moments: tiny placeholders per parameter.
+  param_states = jax.tree.map(lambda _: {'v_row': np.zeros((1,), np.float32)}, params)
+  contents = {'version': 3, 'optimizer': {
+      'target': target, 'state': {'step': np.int32(step), 'param_states': param_states}}}
+  (step_dir / 'checkpoint').write_bytes(serialization.msgpack_serialize(contents))
+  return step_dir
+
+
+def assert_trees_equal(actual, expected, dtype=None, *, numpy_leaves=False):
+  """Asserts equal paths and, leaf by leaf, equal dtypes and values.
+
+  Args:
+    actual: a nested dict of arrays.
+    expected: a nested dict of arrays.
+    dtype: if given, `actual` must equal `expected` cast to this dtype.
+    numpy_leaves: also assert that every leaf of `actual` is a numpy array
+      (what the checkpoint readers return), not a jax array.
+  """
+  actual, expected = traverse_util.flatten_dict(actual), traverse_util.flatten_dict(expected)
+  assert actual.keys() == expected.keys()
+  for path, value in expected.items():
+    want = np.asarray(value) if dtype is None else np.asarray(value).astype(dtype)
+    assert not numpy_leaves or isinstance(actual[path], np.ndarray), path
+    assert np.asarray(actual[path]).dtype == want.dtype, path
+    np.testing.assert_array_equal(np.asarray(actual[path]), want, err_msg='/'.join(path))
