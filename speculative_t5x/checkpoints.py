@@ -28,8 +28,11 @@ formats are read, and `load_params(path, config)` tells them apart:
 names the first missing, unexpected or mis-shaped parameter; the loaders run it
 on shapes alone, before reading any array, when given a `config`.
 
-Missing checkpoints raise FileNotFoundError naming the path and what was looked
-for; malformed or mismatched ones raise ValueError.
+Missing checkpoints (and a plain file given as a checkpoint directory) raise
+FileNotFoundError naming the path and what was looked for; a file that exists
+but does not parse as its format (truncated, overwritten) raises
+`CorruptCheckpointError`, a ValueError naming the file and the format; other
+malformed or mismatched checkpoints raise ValueError.
 """
 
 import contextlib
@@ -76,6 +79,45 @@ ORBAX_METADATA_FILE = '_METADATA'  # Marks an orbax PyTree item.
 _T5X_STEP_DIR = re.compile(r'checkpoint_(\d+)')
 # Keys that identify a serialized tensorstore spec among msgpack leaves.
 _TS_SPEC_KEYS = frozenset({'driver', 'kvstore', 'metadata'})
+
+
+class CorruptCheckpointError(ValueError):
+  """A checkpoint file that exists but cannot be parsed as the format it belongs to.
+
+  Attributes:
+    path: the file, as a string.
+    expected: the format the file should hold, in words (e.g. 'a T5X legacy
+      checkpoint (msgpack)').
+    cause: what the parser said.
+    owner: whose checkpoint it is, in words (e.g. "the draft checkpoint
+      (DRAFT_CHECKPOINT_PATH = '/ckpt/small')"), if the caller knows it.
+  """
+
+  def __init__(self, path: PathLike, expected: str, cause: str, owner: Optional[str] = None):
+    self.path, self.expected, self.cause, self.owner = os.fspath(path), expected, cause, owner
+    whose = f'{owner[0].upper()}{owner[1:]} is damaged: ' if owner else ''
+    super().__init__(f'{whose}{self.path} cannot be read as {expected} ({cause}). The file is '
+                     'truncated or overwritten (an interrupted save or copy?): save or copy '
+                     'the checkpoint again.')
+
+  def with_owner(self, owner: str) -> 'CorruptCheckpointError':
+    """The same error, its message saying whose checkpoint the file belongs to."""
+    return CorruptCheckpointError(self.path, self.expected, self.cause, owner)
+
+
+@contextlib.contextmanager
+def _parsing(path: PathLike, expected: str, errors: Tuple[type, ...]) -> Iterator[None]:
+  """Turns a parser's `errors` raised inside the block into a CorruptCheckpointError."""
+  try:
+    yield
+  except errors as error:
+    raise CorruptCheckpointError(path, expected, f'{type(error).__name__}: {error}') from error
+
+
+# JSON files that cannot be parsed raise these (a binary file: UnicodeDecodeError).
+_JSON_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
+_ORBAX_FORMAT = 'orbax checkpoint metadata (JSON)'
+_T5X_ORBAX_FORMAT = 'the orbax metadata of a T5X checkpoint (JSON)'
 
 
 # ------------------------------------------------------------------------------
@@ -162,6 +204,11 @@ def _directory(path: PathLike) -> epath.Path:
   path = _absolute(epath.Path(path))
   if path.name == T5X_CHECKPOINT_FILE and path.is_file():
     return path.parent
+  if path.is_file():
+    raise FileNotFoundError(
+        f'No checkpoint at {path}: {path.name} is a file, not a checkpoint directory. Pass '
+        f'the directory that holds the checkpoint (perhaps {path.parent}); only T5X\'s '
+        f'checkpoint_<step>/{T5X_CHECKPOINT_FILE} file may stand for its directory.')
   if not path.is_dir():
     raise FileNotFoundError(f'No checkpoint at {path}: the directory does not exist.')
   return path
@@ -230,7 +277,9 @@ def restore_params(directory: PathLike, step: Optional[int] = None, dtype: Optio
     if step not in steps:
       raise ValueError(f'{directory} has no checkpoint for step {step}; it has steps '
                        f'{sorted(steps)}.')
-    metadata = manager.item_metadata(step).get(PARAMS_ITEM)
+    with _parsing(directory / str(step) / PARAMS_ITEM / ORBAX_METADATA_FILE, _ORBAX_FORMAT,
+                  _JSON_ERRORS):
+      metadata = manager.item_metadata(step).get(PARAMS_ITEM)
     if metadata is None:
       raise FileNotFoundError(f'The checkpoint of step {step} in {directory} has no '
                               f'{PARAMS_ITEM!r} item.')
@@ -318,7 +367,9 @@ def _load_t5x_legacy(step_dir: epath.Path, config: Optional[network.T5Config],
   if raw.startswith(b'model_checkpoint_path'):
     raise ValueError(f'{checkpoint_file} is a TensorFlow (Mesh TensorFlow) checkpoint index, not '
                      'a T5X checkpoint; convert it with t5x/scripts/convert_tf_checkpoint.py.')
-  contents = serialization.msgpack_restore(raw)
+  # msgpack's errors for truncated or foreign bytes are all ValueErrors.
+  with _parsing(checkpoint_file, 'a T5X legacy checkpoint (msgpack)', (ValueError,)):
+    contents = serialization.msgpack_restore(raw)
   if not isinstance(contents, dict) or 'optimizer' not in contents:
     keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
     raise ValueError(f'{checkpoint_file} is not a T5X checkpoint: expected a msgpack with keys '
@@ -362,7 +413,8 @@ def _load_t5x_orbax(item: epath.Path, config: Optional[network.T5Config],
   # The handler, not a Checkpointer: the step-level _CHECKPOINT_METADATA is one
   # directory up, and a Checkpointer on the item warns that it is missing.
   handler = ocp.PyTreeCheckpointHandler()
-  tree = handler.metadata(item).tree
+  with _parsing(item / ORBAX_METADATA_FILE, _T5X_ORBAX_FORMAT, _JSON_ERRORS):
+    tree = handler.metadata(item).tree
   if 'target' not in tree:
     raise ValueError(f"{item} is an orbax checkpoint without T5X's 'target' parameters "
                      f'(its top-level entries: {sorted(tree)}).')
@@ -470,10 +522,22 @@ def _safetensors():
 
 
 def _read_json(path: str, what: str) -> Dict[str, Any]:
+  """The JSON object in `path`, which should hold `what` (for the messages)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f'No {os.path.basename(path)} at {path}: expected {what}.')
-  with open(path) as f:
-    return json.load(f)
+  with open(path, 'rb') as f, _parsing(path, f'{what} (JSON)', _JSON_ERRORS):
+    contents = json.loads(f.read())
+  if not isinstance(contents, dict):
+    raise CorruptCheckpointError(path, f'{what} (a JSON object)',
+                                 f'it holds a JSON {type(contents).__name__}')
+  return contents
+
+
+def _safe_open(path: str):
+  """safetensors' `safe_open(path)`, its errors for a damaged file naming it."""
+  safetensors = _safetensors()
+  with _parsing(path, 'safetensors weights', (safetensors.SafetensorError,)):
+    return safetensors.safe_open(path, framework='np')
 
 
 def _hf_tensor_files(model_dir: str) -> Dict[str, str]:
@@ -481,7 +545,7 @@ def _hf_tensor_files(model_dir: str) -> Dict[str, str]:
   single = os.path.join(model_dir, HF_WEIGHTS_FILE)
   index = os.path.join(model_dir, HF_WEIGHTS_INDEX_FILE)
   if os.path.isfile(single):
-    with _safetensors().safe_open(single, framework='np') as f:
+    with _safe_open(single) as f:
       return {name: single for name in f.keys()}
   if os.path.isfile(index):
     weight_map = _read_json(index, 'a sharded safetensors index')['weight_map']
@@ -531,11 +595,12 @@ def _t5_config_from_hf(hf: Dict[str, Any], logits_via_embedding: bool) -> networ
 @contextlib.contextmanager
 def _open_huggingface(model_dir: str):
   """Yields (config.json contents, tensor names, read(name) -> float32 array)."""
+  model_dir = os.fspath(_directory(model_dir))
   hf = _read_json(os.path.join(model_dir, HF_CONFIG_FILE),
                   'the config.json of a transformers T5 model')
   files = _hf_tensor_files(model_dir)
   with contextlib.ExitStack() as stack:
-    handles = {path: stack.enter_context(_safetensors().safe_open(path, framework='np'))
+    handles = {path: stack.enter_context(_safe_open(path))
                for path in set(files.values())}
 
     def read(name):

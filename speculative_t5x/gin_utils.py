@@ -18,7 +18,7 @@ called the gin files and bindings are parsed.
 """
 
 import os
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -63,6 +63,38 @@ def parse_gin_flags(gin_search_paths: Sequence[str], gin_files: Sequence[str],
   for path in [*gin_search_paths, *default_search_paths()]:
     gin.add_config_file_search_path(path)
   gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings))
+
+
+# The macros of configs/pairs/pair.gin that hold the checkpoint paths, by model.
+CHECKPOINT_MACROS = (('target', 'CHECKPOINT_PATH'), ('draft', 'DRAFT_CHECKPOINT_PATH'))
+
+
+def _within(path: str, directory: str) -> bool:
+  """Whether `path` is `directory` or lies below it (local paths or URLs such as gs://)."""
+  path, directory = (p if '://' in p else os.path.abspath(p) for p in (path, directory))
+  return path == directory or path.startswith(directory.rstrip('/') + '/')
+
+
+def checkpoint_owner(path: str) -> Optional[str]:
+  """Whose checkpoint `path` belongs to, by the bound CHECKPOINT_MACROS; None if no one's.
+
+  Args:
+    path: a checkpoint directory or a file inside one.
+
+  Returns:
+    E.g. "the draft checkpoint (DRAFT_CHECKPOINT_PATH = '/ckpt/small')"; both
+    models are named when both macros hold the path.
+  """
+  owners = []
+  for model, macro in CHECKPOINT_MACROS:
+    try:
+      directory = gin.query_parameter(f'%{macro}')
+    except ValueError:  # Not bound.
+      continue
+    if isinstance(directory, (str, os.PathLike)) and _within(os.fspath(path),
+                                                             os.fspath(directory)):
+      owners.append(f'the {model} checkpoint ({macro} = {os.fspath(directory)!r})')
+  return ' and '.join(owners) or None
 
 
 def run(main: Callable[[Sequence[str]], Any]) -> None:

@@ -85,6 +85,7 @@ import seqio
 import tensorflow as tf
 import tqdm
 
+from speculative_t5x import checkpoints
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
 from speculative_t5x import models
@@ -551,14 +552,25 @@ def _format_summary(summary: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str]) -> None:
-  """Runs the gin-configured `infer` and prints its summary."""
+  """Runs the gin-configured `infer` and prints its summary.
+
+  A damaged checkpoint file is reported as the target's or the draft's (the
+  pair file loads both while gin builds `infer`'s arguments).
+  """
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
   logging.info('Gin config:\n%s', gin.config_str())
   # The gin files configure `speculative_t5x.infer.infer`, which is not this
   # module's function when it runs as `python -m speculative_t5x.infer`.
   from speculative_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
-  print(_format_summary(gin.get_configurable(infer_lib.infer)()))
+  try:
+    summary = gin.get_configurable(infer_lib.infer)()
+  except checkpoints.CorruptCheckpointError as error:
+    owner = gin_utils.checkpoint_owner(error.path)
+    if owner is None:
+      raise
+    raise error.with_owner(owner) from error
+  print(_format_summary(summary))
 
 
 if __name__ == '__main__':

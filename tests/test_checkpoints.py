@@ -263,3 +263,54 @@ def test_load_params_without_a_checkpoint(tmp_path):
                                               r"checkpoint_<step>/checkpoint.*notes\.txt"):
     checkpoints.load_params(tmp_path, CONFIG)
 
+
+def _cut_in_half(path):
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) // 2])
+  return path
+
+
+def _corrupt_t5x_legacy(tmp_path):
+  return _cut_in_half(write_t5x_legacy(tmp_path, 1, _params()) / 'checkpoint'), 'msgpack'
+
+
+def _corrupt_t5x_orbax(tmp_path):
+  return _cut_in_half(_write_t5x_orbax(tmp_path, 1, _params()) / 'state' / '_METADATA'), 'orbax'
+
+
+def _corrupt_orbax(tmp_path):
+  checkpoints.save_params(tmp_path, _params(), step=1)
+  return _cut_in_half(tmp_path / '1' / 'params' / '_METADATA'), 'orbax'
+
+
+def _corrupt_huggingface_config(tmp_path):
+  pytest.importorskip('safetensors', reason='Hugging Face checkpoints need safetensors')
+  checkpoints.save_huggingface_t5(CONFIG, _params(), str(tmp_path))
+  return _cut_in_half(tmp_path / 'config.json'), 'JSON'
+
+
+def _corrupt_huggingface_weights(tmp_path):
+  pytest.importorskip('safetensors', reason='Hugging Face checkpoints need safetensors')
+  checkpoints.save_huggingface_t5(CONFIG, _params(), str(tmp_path))
+  (tmp_path / 'model.safetensors').write_bytes(b'\xff' * 16)  # "header too large".
+  return tmp_path / 'model.safetensors', 'safetensors'
+
+
+@pytest.mark.parametrize('corrupt', [_corrupt_t5x_legacy, _corrupt_t5x_orbax, _corrupt_orbax,
+                                     _corrupt_huggingface_config, _corrupt_huggingface_weights])
+def test_a_damaged_file_is_named_with_the_format_it_should_hold(tmp_path, corrupt):
+  damaged, expected_format = corrupt(tmp_path)
+  with pytest.raises(checkpoints.CorruptCheckpointError,
+                     match=f'{damaged} cannot be read as .*{expected_format}') as error:
+    checkpoints.load_params(tmp_path, CONFIG)
+  assert error.value.path == str(damaged)
+  assert isinstance(error.value, ValueError)
+
+
+def test_a_plain_file_is_not_called_a_missing_directory(tmp_path):
+  (tmp_path / 'weights.bin').write_bytes(b'\0')
+  for load in (checkpoints.load_params, checkpoints.load_t5x_params, checkpoints.restore_params,
+               lambda path: checkpoints.load_huggingface_t5(str(path))):
+    with pytest.raises(FileNotFoundError, match=r'weights\.bin is a file, not a checkpoint '
+                                                f'directory.*{tmp_path}'):
+      load(tmp_path / 'weights.bin')

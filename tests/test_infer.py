@@ -11,6 +11,7 @@ command-line tests run `python -m speculative_t5x.infer` with those gin files.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,8 +59,9 @@ def fixture(tmp_path_factory):
   task = tasks.register_tsv_task(TASK_NAME, {'test': test_tsv}, vocabulary, extra_ids=0,
                                  prefix=PREFIX)
   config = demo.model_config('tiny', VOCAB_SIZE)  # configs/models/tiny.gin.
-  target = models.random_model(config, seed=1)
-  target.params['decoder']['logits_dense']['kernel'][:, EOS_ID] *= 1.3
+  params = jax.tree_util.tree_map(np.array, models.random_model(config, seed=1).params)
+  params['decoder']['logits_dense']['kernel'][:, EOS_ID] *= 1.3
+  target = models.Model(config, params)
   rng = np.random.default_rng(2)
   draft = models.Model(config, jax.tree_util.tree_map(
       lambda x: x + 0.15 * x.std() * rng.standard_normal(x.shape).astype(np.float32),
@@ -327,6 +329,18 @@ def test_bad_configurations_name_the_problem(fixture, greedy_runs, tmp_path):
   with pytest.raises(ValueError, match='Line 2 of .* is not JSON'):
     infer.read_records(str(damaged))
   assert os.listdir(tmp_path / 'd') == []  # A run that fails its checks writes nothing.
+
+
+def test_a_damaged_checkpoint_file_is_named_as_the_target_or_the_draft(fixture, tmp_path):
+  for model, macro in (('target', 'CHECKPOINT_PATH'), ('draft', 'DRAFT_CHECKPOINT_PATH')):
+    damaged_dir = tmp_path / model
+    shutil.copytree(fixture['directory'] / model, damaged_dir)
+    metadata = damaged_dir / '0' / 'params' / '_METADATA'
+    metadata.write_bytes(metadata.read_bytes()[:20])
+    with pytest.raises(checkpoints.CorruptCheckpointError,
+                       match=f"The {model} checkpoint \\({macro} = '{damaged_dir}'\\) is damaged: "
+                             f'{metadata} cannot be read as orbax checkpoint metadata'):
+      _run_main_in_process(_cli(fixture, tmp_path / 'output', f"--gin.{macro}='{damaged_dir}'"))
 
 
 def test_benchmark_reads_a_task_split_as_the_tsv_reader_does(fixture):
