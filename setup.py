@@ -23,6 +23,8 @@ setuptools.setup(
         "numpy>=1.26,<3",
         "optax>=0.2.4,<0.3",
         "orbax-checkpoint>=0.11,<0.13",
+        # Reads the gettext catalogs of the offline EnDe corpus.
+        "polib>=1.2,<2",
         "rouge-score>=0.1.2,<0.2",
         "sacrebleu>=2.4,<3",
         "sentencepiece>=0.2,<0.3",

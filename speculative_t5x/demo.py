@@ -6,7 +6,7 @@ Every step is cached in --workdir (default runs/demo), so a second run skips
 to the measurements:
 
   1. an English->German corpus from the machine's gettext catalogs
-     (`tasks.build_gettext_corpus`; 36k/2k/2k pairs on Debian);
+     (`tasks_core.build_gettext_corpus`; 36k/2k/2k pairs on Debian);
   2. a SentencePiece vocabulary on its train split;
   3. a target (6.0M parameters, configs/models/gettext_target.gin) and a
      draft (1.3M, configs/models/gettext_draft.gin), trained by `train.train`;
@@ -44,6 +44,7 @@ from speculative_t5x import benchmark
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import tasks_core
 
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/demo', 'Where every step caches its result.')
 _TARGET_STEPS = flags.DEFINE_integer('target_steps', 400, 'Training steps of the target.')
@@ -57,7 +58,6 @@ _ALPHA_TOKENS = flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per 
 _PEER_EXAMPLES = flags.DEFINE_integer(
     'peer_examples', 8, 'Test examples of the Hugging Face comparison (0: skip it).')
 
-EN_DE_PREFIX = 'translate English to German: '  # tasks.EN_DE_PREFIX, without TensorFlow.
 FEATURE_LENGTHS = {'inputs': 48, 'targets': 48}
 MAX_DECODE_LEN = 48
 # The trainer's recommendation for this budget (see configs/runs/train.gin).
@@ -84,17 +84,13 @@ def prepare_data(workdir: str, vocab_size: int):
   corpus_dir = os.path.join(workdir, 'corpus')
   vocabulary = os.path.join(workdir, 'vocabulary', f'spm_{vocab_size}')
   if not os.path.exists(os.path.join(corpus_dir, 'test.tsv')):
-    from speculative_t5x import tasks  # TensorFlow and seqio only when needed.
-
     _step('Building the gettext English->German corpus')
-    print(tasks.build_gettext_corpus(corpus_dir))
+    print(tasks_core.build_gettext_corpus(corpus_dir))
   if not os.path.exists(vocabulary + '.model'):
-    from speculative_t5x import tasks
-
     _step(f'Training a {vocab_size}-piece SentencePiece vocabulary')
-    os.makedirs(os.path.dirname(vocabulary), exist_ok=True)
-    tasks.train_sentencepiece(tasks.tsv_texts(os.path.join(corpus_dir, 'train.tsv')),
-                              vocabulary, vocab_size)
+    train_pairs = tasks_core.read_tsv(os.path.join(corpus_dir, 'train.tsv'))
+    tasks_core.train_sentencepiece_model((text for pair in train_pairs for text in pair),
+                                         vocabulary, vocab_size)
   return corpus_dir, vocabulary + '.model'
 
 
@@ -168,7 +164,7 @@ def main(argv) -> None:
   _step('Benchmarking on the test split')
   progress = lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True)
   inputs, references = benchmark.tsv_inputs(
-      os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=EN_DE_PREFIX)
+      os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=tasks_core.EN_DE_PREFIX)
   ngram_corpus = benchmark.tsv_target_tokens(os.path.join(corpus_dir, 'train.tsv'), vocabulary,
                                              20_000)
   records = benchmark.run_benchmark(

@@ -20,6 +20,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks
+from speculative_t5x import tasks_core
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Macros the run files define, which model files use.
@@ -124,8 +125,8 @@ def test_pairs_load_in_bfloat16_for_the_xxl_target_only(tmp_path):
 
 
 def test_task_files_name_or_register_their_tasks(tmp_path):
-  for file, name in (('wmt_ende', tasks.WMT_ENDE_TASK),
-                     ('cnn_dailymail', tasks.CNN_DAILYMAIL_TASK)):
+  for file, name in (('wmt_ende', tasks_core.WMT_ENDE_TASK),
+                     ('cnn_dailymail', tasks_core.CNN_DAILYMAIL_TASK)):
     task = _evaluate([f'tasks/{file}'], task='%TASK')['task']
     assert task == name and seqio.get_mixture_or_task(name).name == name
   task = _evaluate(['tasks/tsv'], [f"TSV_FILES = {{'test': '{tmp_path}/test.tsv'}}",
@@ -133,7 +134,7 @@ def test_task_files_name_or_register_their_tasks(tmp_path):
                                    "TASK_NAME = 'speculative_t5x:configs_test_tsv'"],
                    task='%TASK')['task']
   assert (task.name, list(task.splits)) == ('speculative_t5x:configs_test_tsv', ['test'])
-  (metric_fn,) = task.predict_metric_fns  # gin's wrapper of tasks.bleu.
+  (metric_fn,) = task.predict_metric_fns  # gin's wrapper of tasks_core.bleu.
   sentence = 'Die Datei wurde nicht gespeichert .'
   assert metric_fn([sentence], [sentence]) == {'bleu': pytest.approx(100.0)}
   task = _evaluate(['tasks/gettext_ende'], [

@@ -29,6 +29,7 @@ from speculative_t5x import infer
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks
+from speculative_t5x import tasks_core
 from testing_utils import decoded_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -188,7 +189,7 @@ def test_outputs_are_complete_and_greedy_speculative_equals_baseline(fixture, gr
       tokens / sum(r['iterations'] for r in speculative))
   assert summary['tokens_per_target_call'] > 1.2
   assert summary['tokens_per_second'] > 0 and summary['mesh'] == {'data': 1, 'model': 1}
-  bleu = tasks.bleu([t for _, t in PAIRS], [r['prediction'] for r in speculative])['bleu']
+  bleu = tasks_core.bleu([t for _, t in PAIRS], [r['prediction'] for r in speculative])['bleu']
   assert summary['metrics'] == {'bleu': pytest.approx(bleu)}
   assert greedy_runs['baseline']['metrics'] == summary['metrics']
   assert (greedy_runs['baseline']['alpha'], greedy_runs['baseline']['gamma']) == (None, None)

@@ -10,7 +10,6 @@ import filecmp
 import gettext
 import hashlib
 import os
-import struct
 
 import numpy as np
 import pytest
@@ -21,6 +20,8 @@ import seqio
 import tensorflow_datasets as tfds
 
 from speculative_t5x import tasks
+from speculative_t5x import tasks_core
+from testing_utils import write_mo
 
 # English/German UI strings: the vocabulary's training text and the TSV data.
 PAIRS = [
@@ -78,10 +79,10 @@ CNN_VALIDATION = [
 @pytest.fixture(scope="module")
 def tfds_data_dir(tmp_path_factory):
   data_dir = str(tmp_path_factory.mktemp("tfds"))
-  _write_tfds(data_dir, tasks.WMT_ENDE_TFDS_NAME,
+  _write_tfds(data_dir, tasks_core.WMT_ENDE_TFDS_NAME,
               {"train": [{"en": "Close", "de": "Schließen"}],
                "validation": WMT_VALIDATION})
-  _write_tfds(data_dir, tasks.CNN_DAILYMAIL_TFDS_NAME,
+  _write_tfds(data_dir, tasks_core.CNN_DAILYMAIL_TFDS_NAME,
               {"validation": CNN_VALIDATION})
   return data_dir
 
@@ -99,7 +100,7 @@ def _examples(task_name, split, sequence_length=None):
 
 def test_wmt_task_matches_t5_preprocessing(vocabulary, tfds_data_dir):
   tasks.register_tasks(vocabulary, tfds_data_dir=tfds_data_dir)
-  examples = _examples(tasks.WMT_ENDE_TASK, "validation")
+  examples = _examples(tasks_core.WMT_ENDE_TASK, "validation")
   assert len(examples) == len(WMT_VALIDATION)
   for example, raw in zip(examples, WMT_VALIDATION):
     inputs = "translate English to German: " + raw["en"]
@@ -112,7 +113,7 @@ def test_wmt_task_matches_t5_preprocessing(vocabulary, tfds_data_dir):
 def test_cnn_dailymail_task_matches_t5_preprocessing(vocabulary,
                                                      tfds_data_dir):
   tasks.register_tasks(vocabulary, tfds_data_dir=tfds_data_dir)
-  [example] = _examples(tasks.CNN_DAILYMAIL_TASK, "validation")
+  [example] = _examples(tasks_core.CNN_DAILYMAIL_TASK, "validation")
   raw = CNN_VALIDATION[0]
   inputs = "summarize: " + raw["article"]
   assert set(example) == {"inputs", "inputs_pretokenized", "targets",
@@ -125,7 +126,7 @@ def test_cnn_dailymail_task_matches_t5_preprocessing(vocabulary,
 
 def test_tfds_task_trims_then_appends_eos(vocabulary, tfds_data_dir):
   tasks.register_tasks(vocabulary, tfds_data_dir=tfds_data_dir)
-  [example, _] = _examples(tasks.WMT_ENDE_TASK, "validation",
+  [example, _] = _examples(tasks_core.WMT_ENDE_TASK, "validation",
                            {"inputs": 5, "targets": 3})
   inputs = vocabulary.encode("translate English to German: Open file")
   assert len(inputs) > 5
@@ -140,7 +141,7 @@ def test_tfds_tasks_features_metrics_and_namespace(vocabulary, tfds_data_dir):
   assert tasks.register_tasks(vocabulary, tfds_data_dir=tfds_data_dir) == names
   assert names == ("speculative_t5x:wmt_t2t_ende_v003",
                    "speculative_t5x:cnn_dailymail_v002")
-  for name, metric in zip(names, (tasks.bleu, tasks.rouge)):
+  for name, metric in zip(names, (tasks_core.bleu, tasks_core.rouge)):
     task = seqio.get_mixture_or_task(name)
     assert task.metric_fns == [metric]
     assert task.output_features["inputs"].add_eos
@@ -154,14 +155,14 @@ def test_tfds_tasks_features_metrics_and_namespace(vocabulary, tfds_data_dir):
 def test_default_vocabulary_is_t5s_and_loaded_lazily(vocabulary):
   # No network here: registering with the gs:// path must not read it.
   tasks.register_tasks()
-  task = seqio.get_mixture_or_task(tasks.WMT_ENDE_TASK)
+  task = seqio.get_mixture_or_task(tasks_core.WMT_ENDE_TASK)
   default = task.output_features["targets"].vocabulary
   assert default.sentencepiece_model_file == (
       "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model")
   assert default.extra_ids == 100
   # A local path works the same way, with T5's 100 extra ids by default.
   tasks.register_tasks(vocabulary.sentencepiece_model_file)
-  local = seqio.get_mixture_or_task(tasks.CNN_DAILYMAIL_TASK).output_features[
+  local = seqio.get_mixture_or_task(tasks_core.CNN_DAILYMAIL_TASK).output_features[
       "targets"].vocabulary
   assert local.vocab_size == VOCAB_SIZE + 100
   with pytest.raises(ValueError, match="seqio.Vocabulary or the path"):
@@ -175,16 +176,16 @@ def test_default_vocabulary_is_t5s_and_loaded_lazily(vocabulary):
 
 def test_bleu_hand_checked():
   # 1-4-gram precisions 5/6, 3/5, 2/4, 1/3; no brevity penalty.
-  assert tasks.bleu(["the cat sat on the mat"],
+  assert tasks_core.bleu(["the cat sat on the mat"],
                     ["the cat sat on a mat"])["bleu"] == pytest.approx(
                         100 * (1 / 12) ** 0.25)
   # No 4-gram match: exp smoothing counts it as 1 / (2 * 1).
-  assert tasks.bleu(["a b c d"], ["a b c e"])["bleu"] == pytest.approx(
+  assert tasks_core.bleu(["a b c d"], ["a b c e"])["bleu"] == pytest.approx(
       100 * (3 / 4 * 2 / 3 * 1 / 2 * 1 / 2) ** 0.25)
   # The international tokenizer splits Unicode punctuation off words
   # ("»Bericht«" is 3 tokens, 1 for sacrebleu's default 13a): precisions
   # 7/8, 5/7, 4/6, 3/5.
-  assert tasks.bleu(["Die Datei »Bericht« wurde gespeichert"],
+  assert tasks_core.bleu(["Die Datei »Bericht« wurde gespeichert"],
                     ["Die Datei »Bericht« wurde nicht gespeichert"])[
                         "bleu"] == pytest.approx(100 * (1 / 4) ** 0.25)
   # Corpus-level and case-sensitive, as sacrebleu computes it.
@@ -192,20 +193,20 @@ def test_bleu_hand_checked():
   predictions = ["hallo, Welt!", "Die Datei wurde nicht gespeichert."]
   expected = sacrebleu.corpus_bleu(predictions, [targets], smooth_method="exp",
                                    tokenize="intl").score
-  assert tasks.bleu(targets, predictions)["bleu"] == pytest.approx(expected)
-  assert tasks.bleu(targets, targets)["bleu"] == pytest.approx(100.0)
+  assert tasks_core.bleu(targets, predictions)["bleu"] == pytest.approx(expected)
+  assert tasks_core.bleu(targets, targets)["bleu"] == pytest.approx(100.0)
   with pytest.raises(ValueError, match="one prediction per target"):
-    tasks.bleu(targets, predictions[:1])
+    tasks_core.bleu(targets, predictions[:1])
 
 
 def test_rouge_hand_checked():
-  scores = tasks.rouge(["the cat sat"], ["the cat"])
+  scores = tasks_core.rouge(["the cat sat"], ["the cat"])
   # ROUGE-1: P = 1, R = 2/3; ROUGE-2: P = 1, R = 1/2; LCS = 2 tokens.
   assert scores == pytest.approx(
       {"rouge1": 80.0, "rouge2": 200 / 3, "rougeLsum": 80.0})
   # Lsum splits sentences at " . ": two swapped sentences match fully, while
   # the unsplit LCS would be half the tokens.
-  assert tasks.rouge(["a b . c d"], ["c d . a b"])["rougeLsum"] == (
+  assert tasks_core.rouge(["a b . c d"], ["c d . a b"])["rougeLsum"] == (
       pytest.approx(100.0))
   unsplit = rouge_scorer.RougeScorer(["rougeLsum"]).score("a b . c d",
                                                           "c d . a b")
@@ -225,7 +226,7 @@ def test_rouge_matches_rouge_score_and_t5s_bootstrap():
                           prediction.replace(" . ", " .\n"))
     per_example.append(scores)
     aggregator.add_scores(scores)
-  ours = tasks.rouge(targets, predictions)
+  ours = tasks_core.rouge(targets, predictions)
   for key, value in ours.items():
     mean = 100 * np.mean([scores[key].fmeasure for scores in per_example])
     assert value == pytest.approx(mean)
@@ -237,37 +238,8 @@ def test_rouge_matches_rouge_score_and_t5s_bootstrap():
 
 
 # ---------------------------------------------------------------------------
-# A writer of GNU .mo catalogs (the format msgfmt writes), for fixtures.
+# The .mo writer of the fixtures (testing_utils.write_mo).
 # ---------------------------------------------------------------------------
-
-HEADER = ("Content-Type: text/plain; charset={charset}\n"
-          "Plural-Forms: nplurals=2; plural=(n != 1);\n")
-
-
-def write_mo(path, messages, charset="UTF-8", byte_order="<"):
-  """Writes a catalog of {original: translation}.
-
-  An original is `msgid`, `context\\x04msgid` or `msgid\\0msgid_plural`; a
-  plural translation joins its forms with `\\0`.
-  """
-  messages = {"": HEADER.format(charset=charset), **messages}
-  originals = sorted(key.encode(charset) for key in messages)
-  translations = [messages[key.decode(charset)].encode(charset)
-                  for key in originals]
-  count = len(originals)
-  originals_at = 28
-  translations_at = originals_at + 8 * count
-  strings_at = translations_at + 8 * count
-  tables, strings = [], b""
-  for string in originals + translations:
-    tables.append(struct.pack(byte_order + "2I", len(string),
-                              strings_at + len(strings)))
-    strings += string + b"\0"
-  header = struct.pack(byte_order + "7I", 0x950412de, 0, count, originals_at,
-                       translations_at, 0, strings_at)
-  with open(path, "wb") as f:
-    f.write(header + b"".join(tables) + strings)
-
 
 def test_mo_writer_agrees_with_python_gettext(tmp_path):
   path = tmp_path / "x.mo"
@@ -360,7 +332,7 @@ def _write_catalogs(locale_dir, file_names):
 
 def _read_corpus(corpus_dir):
   rows = {}
-  for split in tasks.SPLITS:
+  for split in tasks_core.SPLITS:
     with open(os.path.join(corpus_dir, f"{split}.tsv"), encoding="utf-8") as f:
       rows[split] = [tuple(line.rstrip("\n").split("\t")) for line in f]
   return rows
@@ -376,7 +348,7 @@ def _expected_split(source):
 def gettext_corpus(tmp_path_factory):
   root = tmp_path_factory.mktemp("gettext")
   _write_catalogs(root / "locale", ["main.mo", *OTHER_CATALOGS])
-  counts = tasks.build_gettext_corpus(str(root / "corpus"),
+  counts = tasks_core.build_gettext_corpus(str(root / "corpus"),
                                       str(root / "locale"))
   return root, counts
 
@@ -384,12 +356,12 @@ def gettext_corpus(tmp_path_factory):
 def test_gettext_corpus_extracts_and_cleans(gettext_corpus):
   root, counts = gettext_corpus
   rows = _read_corpus(root / "corpus")
-  assert counts == {split: len(rows[split]) for split in tasks.SPLITS}
-  written = [pair for split in tasks.SPLITS for pair in rows[split]]
+  assert counts == {split: len(rows[split]) for split in tasks_core.SPLITS}
+  written = [pair for split in tasks_core.SPLITS for pair in rows[split]]
   assert all(len(pair) == 2 for pair in written)
   assert len(written) == len(set(written))
   assert set(written) == MAIN_PAIRS | OTHER_PAIRS
-  for split in tasks.SPLITS:
+  for split in tasks_core.SPLITS:
     assert all(_expected_split(source) == split for source, _ in rows[split])
 
 
@@ -397,9 +369,9 @@ def test_gettext_corpus_is_independent_of_file_order(gettext_corpus, tmp_path):
   root, counts = gettext_corpus
   # Reversed names reverse the order in which catalogs are read.
   _write_catalogs(tmp_path / "locale", ["z.mo", "y.mo", "x.mo"])
-  assert tasks.build_gettext_corpus(str(tmp_path / "corpus"),
+  assert tasks_core.build_gettext_corpus(str(tmp_path / "corpus"),
                                     str(tmp_path / "locale")) == counts
-  for split in tasks.SPLITS:
+  for split in tasks_core.SPLITS:
     assert filecmp.cmp(root / "corpus" / f"{split}.tsv",
                        tmp_path / "corpus" / f"{split}.tsv", shallow=False)
 
@@ -409,7 +381,7 @@ def test_gettext_split_is_about_90_5_5(tmp_path):
   messages_dir.mkdir(parents=True)
   write_mo(messages_dir / "many.mo",
            {f"Message number {i}": f"Meldung Nummer {i}" for i in range(4000)})
-  counts = tasks.build_gettext_corpus(str(tmp_path / "corpus"), str(tmp_path))
+  counts = tasks_core.build_gettext_corpus(str(tmp_path / "corpus"), str(tmp_path))
   assert sum(counts.values()) == 4000
   # Binomial standard deviations: 19 (train), 14 (validation, test).
   assert abs(counts["train"] - 3600) < 80
@@ -420,7 +392,7 @@ def test_gettext_split_is_about_90_5_5(tmp_path):
 def test_gettext_corpus_without_catalogs_points_to_tfds(tmp_path):
   with pytest.raises(FileNotFoundError,
                      match=r"de/LC_MESSAGES/\*\.mo.*wmt_t2t_ende_v003"):
-    tasks.build_gettext_corpus(str(tmp_path / "corpus"), str(tmp_path))
+    tasks_core.build_gettext_corpus(str(tmp_path / "corpus"), str(tmp_path))
 
 
 # ---------------------------------------------------------------------------
@@ -450,7 +422,7 @@ def test_gettext_task_end_to_end(gettext_corpus, vocabulary):
   assert first["encoder_input_tokens"].shape == (12,)
   assert first["decoder_target_tokens"].shape == (6,)
   assert first["decoder_input_tokens"][0] == 0
-  assert task.metric_fns == [tasks.bleu]
+  assert task.metric_fns == [tasks_core.bleu]
 
 
 def test_tsv_task_with_own_prefix_and_metric(tmp_path, vocabulary):
@@ -459,13 +431,13 @@ def test_tsv_task_with_own_prefix_and_metric(tmp_path, vocabulary):
                   encoding="utf-8")
   task = tasks.register_tsv_task("speculative_t5x:test_tsv",
                                  {"validation": str(path)}, vocabulary,
-                                 prefix="en2de: ", metric_fns=[tasks.rouge])
+                                 prefix="en2de: ", metric_fns=[tasks_core.rouge])
   examples = _examples(task.name, "validation")
   assert [e["inputs"].tolist() for e in examples] == [
       vocabulary.encode("en2de: " + en) + [1] for en, _ in PAIRS[:3]]
   assert [e["targets"].tolist() for e in examples] == [
       vocabulary.encode(de) + [1] for _, de in PAIRS[:3]]
-  assert task.metric_fns == [tasks.rouge]
+  assert task.metric_fns == [tasks_core.rouge]
   with pytest.raises(ValueError, match="split_to_filepattern is empty"):
     tasks.register_tsv_task("speculative_t5x:test_tsv", {}, vocabulary)
 

@@ -1,10 +1,12 @@
 """Helpers that several test modules use: fixtures' models and inputs, output lengths,
-chi-square tests, T5X legacy checkpoints written as T5X writes them, tree comparison.
+chi-square tests, T5X legacy checkpoints written as T5X writes them, tree comparison,
+GNU .mo catalogs written as msgfmt writes them.
 
 Test modules import these from here, not from each other.
 """
 
 import collections
+import struct
 
 from flax import serialization
 from flax import traverse_util
@@ -187,3 +189,34 @@ def assert_trees_equal(actual, expected, dtype=None, *, numpy_leaves=False):
     assert not numpy_leaves or isinstance(actual[path], np.ndarray), path
     assert np.asarray(actual[path]).dtype == want.dtype, path
     np.testing.assert_array_equal(np.asarray(actual[path]), want, err_msg='/'.join(path))
+
+
+# ------------------------------------------------------------------------------
+# gettext catalogs.
+# ------------------------------------------------------------------------------
+MO_HEADER = ('Content-Type: text/plain; charset={charset}\n'
+             'Plural-Forms: nplurals=2; plural=(n != 1);\n')
+
+
+def write_mo(path, messages, charset='UTF-8', byte_order='<'):
+  """Writes a GNU .mo catalog of {original: translation}, as msgfmt does (sorted originals).
+
+  An original is `msgid`, `context\\x04msgid` or `msgid\\0msgid_plural`; a
+  plural translation joins its forms with `\\0`. The header entry (msgid "")
+  names `charset` and German's plural forms.
+  """
+  messages = {'': MO_HEADER.format(charset=charset), **messages}
+  originals = sorted(key.encode(charset) for key in messages)
+  translations = [messages[key.decode(charset)].encode(charset) for key in originals]
+  count = len(originals)
+  originals_at = 28
+  translations_at = originals_at + 8 * count
+  strings_at = translations_at + 8 * count
+  tables, strings = [], b''
+  for string in originals + translations:
+    tables.append(struct.pack(byte_order + '2I', len(string), strings_at + len(strings)))
+    strings += string + b'\0'
+  header = struct.pack(byte_order + '7I', 0x950412de, 0, count, originals_at, translations_at, 0,
+                       strings_at)
+  with open(path, 'wb') as f:
+    f.write(header + b''.join(tables) + strings)
