@@ -36,7 +36,6 @@ import time
 from absl import app
 from absl import flags
 from absl import logging
-import gin
 import jax
 import numpy as np
 
@@ -46,33 +45,22 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks_core
 
-_WORKDIR = flags.DEFINE_string('workdir', 'runs/demo', 'Where every step caches its result.')
-_TARGET_STEPS = flags.DEFINE_integer('target_steps', 400, 'Training steps of the target.')
-_DRAFT_STEPS = flags.DEFINE_integer('draft_steps', 400, 'Training steps of the draft.')
-_VOCAB_SIZE = flags.DEFINE_integer('vocab_size', 4000, 'SentencePiece pieces.')
-_NUM_EXAMPLES = flags.DEFINE_integer('num_examples', 16, 'Test examples timed at batch 1.')
-_GAMMAS = flags.DEFINE_list('gammas', ['1', '2', '3'], 'The gamma sweep.')
-_BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '8'], 'The batch-size sweep.')
-_REPETITIONS = flags.DEFINE_integer('repetitions', 3, 'Timed passes per configuration.')
-_ALPHA_TOKENS = flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per alpha.')
-_PEER_EXAMPLES = flags.DEFINE_integer(
-    'peer_examples', 8, 'Test examples of the Hugging Face comparison (0: skip it).')
-
-FEATURE_LENGTHS = {'inputs': 48, 'targets': 48}
-MAX_DECODE_LEN = 48
-# The trainer's recommendation for this budget (see configs/runs/train.gin).
-TRAIN_SETTINGS = dict(batch_size=16, learning_rate=0.03, checkpoint_every=200, eval_every=None,
-                      log_every=25, keep_checkpoints=1)
+MAX_DECODE_LEN = 48  # Output length of the timed decodes: the training targets' length.
 
 
-def model_config(name: str, vocab_size: int) -> network.T5Config:
-  """The network of configs/models/<name>.gin with this vocabulary size."""
-  gin.clear_config()
-  gin_utils.parse_gin_flags([], [f'configs/models/{name}.gin'],
-                            [f'VOCAB_SIZE = {vocab_size}', 'DROPOUT_RATE = 0.0'])
-  config = gin.get_configurable(network.T5Config)()
-  gin.clear_config()
-  return config
+def _define_flags() -> None:
+  """The demo's command line; defined only when the demo runs, not when it is imported."""
+  flags.DEFINE_string('workdir', 'runs/demo', 'Where every step caches its result.')
+  flags.DEFINE_integer('target_steps', 400, 'Training steps of the target.')
+  flags.DEFINE_integer('draft_steps', 400, 'Training steps of the draft.')
+  flags.DEFINE_integer('vocab_size', 4000, 'SentencePiece pieces.')
+  flags.DEFINE_integer('num_examples', 16, 'Test examples timed at batch 1.')
+  flags.DEFINE_list('gammas', ['1', '2', '3'], 'The gamma sweep.')
+  flags.DEFINE_list('batch_sizes', ['1', '8'], 'The batch-size sweep.')
+  flags.DEFINE_integer('repetitions', 3, 'Timed passes per configuration.')
+  flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per alpha.')
+  flags.DEFINE_integer('peer_examples', 8,
+                       'Test examples of the Hugging Face comparison (0: skip it).')
 
 
 def _step(message: str) -> None:
@@ -95,22 +83,29 @@ def prepare_data(workdir: str, vocab_size: int):
 
 
 def trained_model(workdir: str, name: str, steps: int, corpus_dir: str, vocabulary: str,
-                  vocab_size: int):
-  """Trains configs/models/<name>.gin on the corpus (or resumes/finds it)."""
-  config = model_config(name, vocab_size)
+                  vocab_size: int) -> models.Model:
+  """Trains configs/models/<name>.gin on the corpus (or resumes/finds it).
+
+  The training run is `python -m speculative_t5x.train` with the model file,
+  configs/tasks/gettext_ende.gin and configs/runs/train.gin, keeping only the
+  last checkpoint and without evaluation.
+  """
+  config = gin_utils.model_config(name, vocab_size)
   model_dir = os.path.join(workdir, name)
   from speculative_t5x import checkpoints
 
   finished = os.path.isdir(model_dir) and os.path.isdir(os.path.join(model_dir, str(steps)))
   if not finished:
-    from speculative_t5x import tasks  # TensorFlow and seqio only when training.
-    from speculative_t5x import train
+    from speculative_t5x import train  # TensorFlow and seqio only when training.
 
     num_params = sum(x.size for x in jax.tree_util.tree_leaves(network.abstract_params(config)[0]))
     _step(f'Training {name} ({num_params / 1e6:.1f}M parameters, {steps} steps)')
-    task = tasks.register_gettext_task(corpus_dir, vocabulary, extra_ids=0)
-    train.train(model_dir, config, task, feature_lengths=FEATURE_LENGTHS, num_steps=steps,
-                **TRAIN_SETTINGS)
+    gin_utils.call_configured(
+        train.train,
+        [f'configs/models/{name}.gin', 'configs/tasks/gettext_ende.gin', 'configs/runs/train.gin'],
+        [f'MODEL_DIR = {model_dir!r}', f'TRAIN_STEPS = {steps}', f'CORPUS_DIR = {corpus_dir!r}',
+         f'VOCABULARY = {vocabulary!r}', f'VOCAB_SIZE = {vocab_size}', 'EVAL_PERIOD = None',
+         'train.train.keep_checkpoints = 1'])
   return models.Model(config, checkpoints.restore_params(model_dir, step=steps))
 
 
@@ -147,19 +142,20 @@ def print_table(records) -> None:
 def main(argv) -> None:
   del argv
   start = time.perf_counter()
-  if not flags.FLAGS['verbosity'].present:  # Progress bars and the report, not library INFO logs.
+  args = flags.FLAGS
+  if not args['verbosity'].present:  # Progress bars and the report, not library INFO logs.
     logging.set_verbosity(logging.WARNING)
-  workdir = _WORKDIR.value
+  workdir = args.workdir
   os.makedirs(workdir, exist_ok=True)
   # Compiled programs persist across runs: the second run skips compilation.
   jax.config.update('jax_compilation_cache_dir', os.path.join(workdir, 'jax_cache'))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
 
-  corpus_dir, vocabulary = prepare_data(workdir, _VOCAB_SIZE.value)
-  target = trained_model(workdir, 'gettext_target', _TARGET_STEPS.value, corpus_dir, vocabulary,
-                         _VOCAB_SIZE.value)
-  draft = trained_model(workdir, 'gettext_draft', _DRAFT_STEPS.value, corpus_dir, vocabulary,
-                        _VOCAB_SIZE.value)
+  corpus_dir, vocabulary = prepare_data(workdir, args.vocab_size)
+  target = trained_model(workdir, 'gettext_target', args.target_steps, corpus_dir, vocabulary,
+                         args.vocab_size)
+  draft = trained_model(workdir, 'gettext_draft', args.draft_steps, corpus_dir, vocabulary,
+                        args.vocab_size)
 
   _step('Benchmarking on the test split')
   progress = lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True)
@@ -170,19 +166,19 @@ def main(argv) -> None:
   records = benchmark.run_benchmark(
       target, draft, inputs, references=references, vocabulary_path=vocabulary,
       pair_name='gettext target (6.0M) / draft (1.3M)', task_name='gettext EnDe test',
-      temperatures=(0.0, 1.0), gammas=[int(g) for g in _GAMMAS.value],
-      batch_sizes=[int(b) for b in _BATCH_SIZES.value], num_walltime_examples=_NUM_EXAMPLES.value,
-      repetitions=_REPETITIONS.value, max_decode_len=MAX_DECODE_LEN,
-      alpha_tokens=_ALPHA_TOKENS.value, ngram_corpus=ngram_corpus,
+      temperatures=(0.0, 1.0), gammas=[int(g) for g in args.gammas],
+      batch_sizes=[int(b) for b in args.batch_sizes], num_walltime_examples=args.num_examples,
+      repetitions=args.repetitions, max_decode_len=MAX_DECODE_LEN,
+      alpha_tokens=args.alpha_tokens, ngram_corpus=ngram_corpus,
       output_dir=os.path.join(workdir, 'report'), progress=progress)
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None
-  if _PEER_EXAMPLES.value:
+  if args.peer_examples:
     greedy_gamma = max((r for r in records if r['kind'] == 'walltime' and r['batch_size'] == 1
                         and r['temperature'] == 0.0), key=lambda r: r['speedup']['median'])['gamma']
     _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
     peers_markdown = compare_with_huggingface(target, draft,
-                                              benchmark.trim_padding(inputs[:_PEER_EXAMPLES.value]),
+                                              benchmark.trim_padding(inputs[:args.peer_examples]),
                                               greedy_gamma, workdir, report_dir)
   _step(f'Report ({report_dir}/benchmark.md, .json, peers.md, figures)')
   print_table(records)
@@ -192,4 +188,5 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)

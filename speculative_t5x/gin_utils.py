@@ -14,7 +14,9 @@ In a source checkout the repository root is searched last, so
 the gin files work from any directory.
 
 A main is `def main(argv): ...` run by `gin_utils.run(main)`; by the time it is
-called the gin files and bindings are parsed.
+called the gin files and bindings are parsed. Library code calls a configured
+function on its own gin files with `call_configured` (e.g. `model_config`, the
+network of a configs/models file).
 """
 
 import os
@@ -23,6 +25,8 @@ from typing import Any, Callable, List, Optional, Sequence
 from absl import app
 from absl import flags
 import gin
+
+from speculative_t5x import network
 
 # The checkout holding this package, if it carries the gin files (a source
 # checkout or an editable install).
@@ -63,6 +67,39 @@ def parse_gin_flags(gin_search_paths: Sequence[str], gin_files: Sequence[str],
   for path in [*gin_search_paths, *default_search_paths()]:
     gin.add_config_file_search_path(path)
   gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings))
+
+
+def call_configured(fn: Callable[..., Any], gin_files: Sequence[str],
+                    gin_bindings: Sequence[str] = ()) -> Any:
+  """`fn()` with the arguments that the gin files and bindings bind, in a fresh configuration.
+
+  gin's configuration is global: it is cleared before the files are parsed
+  and again after the call, so a configuration parsed earlier is lost.
+
+  Args:
+    fn: a function or class the gin files configure (e.g. `train.train`).
+    gin_files: gin files, parsed in order (relative ones as `parse_gin_flags`
+      finds them).
+    gin_bindings: `NAME = VALUE` bindings, applied after the files.
+
+  Returns:
+    What `fn` returns.
+  """
+  gin.clear_config()
+  try:
+    parse_gin_flags([], gin_files, gin_bindings)
+    return gin.get_configurable(fn)()
+  finally:
+    gin.clear_config()
+
+
+def model_config(name: str, vocab_size: int) -> network.T5Config:
+  """The network of configs/models/<name>.gin with this vocabulary size and no dropout.
+
+  Clears gin's configuration (see `call_configured`).
+  """
+  return call_configured(network.T5Config, [f'configs/models/{name}.gin'],
+                         [f'VOCAB_SIZE = {vocab_size}', 'DROPOUT_RATE = 0.0'])
 
 
 # The macros of configs/pairs/pair.gin that hold the checkpoint paths, by model.

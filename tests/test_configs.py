@@ -45,14 +45,9 @@ def _values(**values):
 
 def _evaluate(files, bindings=(), **expressions):
   """Parses `files` with `bindings`; returns {name: value of the gin expression}."""
-  gin.clear_config()
-  try:
-    gin_utils.parse_gin_flags([], [f'configs/{file}.gin' for file in files], [
-        *bindings, *(f'configs_test_values.{name} = {value}'
-                     for name, value in expressions.items())])
-    return gin.get_configurable(_values)()
-  finally:
-    gin.clear_config()
+  return gin_utils.call_configured(
+      _values, [f'configs/{file}.gin' for file in files],
+      [*bindings, *(f'configs_test_values.{name} = {value}' for name, value in expressions.items())])
 
 
 def _model_config(model_file, bindings=()):

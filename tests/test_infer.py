@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 
 from speculative_t5x import checkpoints
-from speculative_t5x import demo
 from speculative_t5x import gin_utils
 from speculative_t5x import infer
 from speculative_t5x import models
@@ -59,7 +58,7 @@ def fixture(tmp_path_factory):
                                          character_coverage=1.0)
   task = tasks.register_tsv_task(TASK_NAME, {'test': test_tsv}, vocabulary, extra_ids=0,
                                  prefix=PREFIX)
-  config = demo.model_config('tiny', VOCAB_SIZE)  # configs/models/tiny.gin.
+  config = gin_utils.model_config('tiny', VOCAB_SIZE)  # configs/models/tiny.gin.
   params = jax.tree_util.tree_map(np.array, models.random_model(config, seed=1).params)
   params['decoder']['logits_dense']['kernel'][:, EOS_ID] *= 1.3
   target = models.Model(config, params)
