@@ -4,21 +4,16 @@ The metrics and the gettext corpus are tested in test_tasks.py, beside the
 seqio tasks that use them.
 """
 
-import subprocess
-import sys
-
 import pytest
 
 from speculative_t5x import tasks_core
-from testing_utils import write_mo
+from testing_utils import python_output, write_mo
 
 
 def test_importing_the_core_imports_no_tensorflow():
-  imported = subprocess.run(
-      [sys.executable, '-c', 'import sys; from speculative_t5x import tasks_core; '
-       'print(sorted({"tensorflow", "seqio", "tensorflow_datasets"} & set(sys.modules)))'],
-      capture_output=True, text=True, check=True).stdout
-  assert imported.strip() == '[]'
+  assert python_output(
+      'import sys; from speculative_t5x import tasks_core; '
+      'print(sorted({"tensorflow", "seqio", "tensorflow_datasets"} & set(sys.modules)))') == '[]'
 
 
 def test_read_tsv_reads_pairs_in_order_and_names_a_bad_line(tmp_path):

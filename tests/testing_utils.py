@@ -1,12 +1,14 @@
 """Helpers that several test modules use: fixtures' models and inputs, output lengths,
 chi-square tests, T5X legacy checkpoints written as T5X writes them, tree comparison,
-GNU .mo catalogs written as msgfmt writes them.
+GNU .mo catalogs written as msgfmt writes them, the output of code run in a fresh process.
 
 Test modules import these from here, not from each other.
 """
 
 import collections
 import struct
+import subprocess
+import sys
 
 from flax import serialization
 from flax import traverse_util
@@ -23,6 +25,12 @@ EOS = models.EOS_ID
 # msgpack (layer norm scales, small relative position tables), the others as
 # zarr arrays.
 INLINE_BELOW = 100
+
+
+def python_output(code):
+  """What `code` prints, run by this interpreter in a fresh process (for import side effects)."""
+  return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                        check=True).stdout.strip()
 
 
 # ------------------------------------------------------------------------------
