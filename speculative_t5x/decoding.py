@@ -397,13 +397,15 @@ def judge_block(
     emulate_alpha: see `speculative_sample`.
   """
   target_probs = sampling.standardize(target_logits, **sample_args)
+  one_hot_target = sampling.is_greedy(sample_args['temperature'])
   if emulate_alpha is None:
     num_accepted, next_token, beta = speculative_sampling.verify(
-        rng, draft_tokens, draft_probs, target_probs, lenience, return_beta=True
+        rng, draft_tokens, draft_probs, target_probs, lenience, return_beta=True,
+        one_hot_target=one_hot_target,
     )
   else:
     num_accepted, next_token, beta = speculative_sampling.emulated_verify(
-        rng, draft_tokens, target_probs, emulate_alpha
+        rng, draft_tokens, target_probs, emulate_alpha, one_hot_target=one_hot_target
     )
   return Judgement(num_accepted, next_token, beta, target_probs)
 

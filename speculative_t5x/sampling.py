@@ -229,8 +229,17 @@ def standardize(logits: jax.Array,
   return jnp.where(temperature > 0, probs, greedy)
 
 
-def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
+def is_greedy(temperature: Temperature) -> bool:
+  """True when `temperature` is concretely 0 everywhere: every distribution is one-hot."""
+  return not _is_traced(temperature) and bool(np.all(np.asarray(temperature) == 0))
+
+
+def sample(rng: jax.Array, probs: jax.Array, *, one_hot: bool = False) -> jax.Array:
   """Draws one token id per row of `probs`; zero-probability ids never come out.
+
+  With `one_hot=True` the caller guarantees every row is one-hot (greedy
+  decoding); its id is then taken by `argmax`, drawing no random numbers (V
+  Gumbel variates per row cost ~0.1 ms at V = 32k on a CPU).
 
   Gumbel-max on log(probs) with log(0) = -inf: a masked id scores -inf against
   finite Gumbel noise, so it cannot win, whatever the float rounding.
@@ -243,6 +252,8 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
     int32 [...] ids in [0, V).
   """
   probs = jnp.asarray(probs, jnp.float32)
+  if one_hot:
+    return argmax(probs)
   log_probs = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)),
                         -jnp.inf)
   # jax.random.categorical's Gumbel-max, with the fast `argmax`: the same ids.
@@ -261,6 +272,4 @@ def sample_logits(rng: jax.Array,
   variates costs about as much as a small network's step).
   """
   probs = standardize(logits, temperature=temperature, topk=topk, topp=topp)
-  if not _is_traced(temperature) and np.all(np.asarray(temperature) == 0):
-    return argmax(probs), probs
-  return sample(rng, probs), probs
+  return sample(rng, probs, one_hot=is_greedy(temperature)), probs

@@ -157,7 +157,7 @@ def _row_keys(rng: jax.Array, batch_size: int) -> jax.Array:
 
 def _verify_row(key: jax.Array, draft_tokens: jax.Array,
                 draft_probs: Optional[jax.Array], target_probs: jax.Array,
-                lenience) -> Tuple[jax.Array, jax.Array]:
+                lenience, one_hot_target: bool) -> Tuple[jax.Array, jax.Array]:
   """`verify` for one row: draft_tokens [γ], draft_probs [γ, V] or None,
   target_probs [γ+1, V]."""
   gamma = draft_tokens.shape[0]
@@ -184,7 +184,8 @@ def _verify_row(key: jax.Array, draft_tokens: jax.Array,
     residual = residual_distribution(
         target_next, draft_probs[rejected_at].astype(jnp.float32), lenience)
   next_probs = jnp.where(num_accepted < gamma, residual, target_next)
-  return num_accepted, sampling.sample(next_key, next_probs)
+  # A one-hot p makes the residual one-hot at p's token too (or p itself).
+  return num_accepted, sampling.sample(next_key, next_probs, one_hot=one_hot_target)
 
 
 def verify(rng: jax.Array,
@@ -192,7 +193,8 @@ def verify(rng: jax.Array,
            draft_probs: Optional[jax.Array],
            target_probs: jax.Array,
            lenience: Union[float, jax.Array] = 1.0,
-           return_beta: bool = False):
+           return_beta: bool = False,
+           one_hot_target: bool = False):
   """Accepts a prefix of each row's draft and draws the token that follows it.
 
   Batched and jittable; no sort, O(B·γ·V) work, float32 arithmetic whatever
@@ -211,6 +213,9 @@ def verify(rng: jax.Array,
     lenience: l in (0, 1]; 1 is exact. With l < 1 acceptance is more likely
       and no token is emitted with probability above p(x)/l (Appendix A.5).
     return_beta: also return the per-position acceptance probability β.
+    one_hot_target: static; every target distribution is one-hot (greedy
+      decoding), so the next token is drawn by argmax, without random
+      numbers (`sampling.sample(..., one_hot=True)`).
 
   Returns:
     num_accepted: int32 [B] in [0, γ].
@@ -247,7 +252,7 @@ def verify(rng: jax.Array,
         f"{draft_probs.shape}.")
 
   num_accepted, next_token = jax.vmap(
-      lambda key, tokens, q, p: _verify_row(key, tokens, q, p, lenience))(
+      lambda key, tokens, q, p: _verify_row(key, tokens, q, p, lenience, one_hot_target))(
           _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs)
   if not return_beta:
     return num_accepted, next_token
@@ -264,7 +269,7 @@ def verify(rng: jax.Array,
 
 
 def emulated_verify(rng: jax.Array, draft_tokens: jax.Array,
-                    target_probs: jax.Array, alpha: float):
+                    target_probs: jax.Array, alpha: float, one_hot_target: bool = False):
   """Timing only: accepts each draft token i.i.d. with probability `alpha`.
 
   Stands in for `verify` when full-size models with random weights are timed
@@ -291,6 +296,6 @@ def emulated_verify(rng: jax.Array, draft_tokens: jax.Array,
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
   next_probs = jnp.take_along_axis(
       target_probs, num_accepted[:, None, None], axis=1)[:, 0]
-  next_token = sampling.sample(sample_rng, next_probs)
+  next_token = sampling.sample(sample_rng, next_probs, one_hot=one_hot_target)
   beta = jnp.full(draft_tokens.shape, alpha, jnp.float32)
   return num_accepted.astype(jnp.int32), next_token, beta

@@ -1,11 +1,15 @@
 """Draft proposers pinned on small hand-checked arrays."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from speculative_t5x import drafts
+from speculative_t5x import network
+import testing_utils
 
 NO_SAMPLING_ARGS = dict(temperature=1.0, topk=0, topp=0.0)
 
@@ -81,3 +85,36 @@ class TestPromptLookupDraft:
 
   def test_no_match_proposes_padding(self):
     assert self.propose([5, 6, 1], [7], gamma=2) == [0, 0]
+
+
+class TestModelDraft:
+  """The draft's cache stays exact across the loop's position moves, with catch-ups."""
+
+  def test_rollouts_equal_the_full_forward_pass_after_any_acceptance(self):
+    model = testing_utils.tiny_model(seed=3, vocab_size=16, layers=2)
+    draft = model.as_draft()
+    gamma, length = 3, 40
+    rng = np.random.default_rng(0)
+    encoder_inputs = jnp.asarray(rng.integers(2, 16, (1, 5)), jnp.int32)
+    cache = draft.init_cache(encoder_inputs, length + gamma + 1)
+    sequences = np.zeros((1, length + gamma + 2), np.int32)
+    position, catch_ups = 0, 0
+    propose = jax.jit(functools.partial(draft.propose, gamma=gamma, **NO_SAMPLING_ARGS))
+    for iteration in range(12):
+      missing = position > int(cache['written_until'][0])
+      catch_ups += missing
+      tokens, probs, cache = propose(cache, jnp.asarray(sequences), jnp.array([position]),
+                                     jax.random.PRNGKey(iteration))
+      # Every proposed q equals the draft's full forward pass on the prefix.
+      prefix = np.concatenate([sequences[0, :position + 1], np.asarray(tokens[0])])
+      logits = network.Transformer(model.config).apply(
+          {'params': model.params}, encoder_inputs, jnp.asarray(prefix[None]),
+          jnp.ones((1, prefix.size), jnp.int32), enable_dropout=False)
+      expected = jax.nn.softmax(logits[0, position:position + gamma])
+      np.testing.assert_allclose(probs[0], expected, atol=2e-5)
+      # Accept all gamma every third iteration (the case that needs a catch-up).
+      accepted = gamma if iteration % 3 == 0 else int(rng.integers(0, gamma))
+      emitted = list(np.asarray(tokens[0, :accepted])) + [int(rng.integers(2, 16))]
+      sequences[0, position + 1:position + 1 + len(emitted)] = emitted
+      position += len(emitted)
+    assert catch_ups == 4  # After iterations 0, 3, 6 and 9.

@@ -304,3 +304,23 @@ def test_invalid_shapes_and_keys():
   with pytest.raises(ValueError, match="rng"):
     spec.verify(jax.random.split(key, 3), draft_tokens, draft_probs,
                 target_probs)
+
+
+@pytest.mark.parametrize('with_draft_probs', [True, False])
+def test_one_hot_target_draws_what_sampling_draws(with_draft_probs):
+  """Greedy targets: argmax instead of Gumbel noise gives the same tokens."""
+  rng = np.random.default_rng(0)
+  batch, gamma, vocab = 64, 3, 11
+  target_ids = rng.integers(0, vocab, (batch, gamma + 1))
+  target_probs = jax.nn.one_hot(target_ids, vocab, dtype=jnp.float32)
+  draft_tokens = jnp.asarray(np.where(rng.random((batch, gamma)) < 0.6, target_ids[:, :gamma],
+                                      rng.integers(0, vocab, (batch, gamma))), jnp.int32)
+  draft_probs = (jax.nn.softmax(jnp.asarray(rng.standard_normal((batch, gamma, vocab)),
+                                            jnp.float32)) if with_draft_probs else None)
+  for seed in range(5):
+    key = jax.random.PRNGKey(seed)
+    sampled = spec.verify(key, draft_tokens, draft_probs, target_probs)
+    by_argmax = spec.verify(key, draft_tokens, draft_probs, target_probs,
+                                            one_hot_target=True)
+    np.testing.assert_array_equal(sampled[0], by_argmax[0])
+    np.testing.assert_array_equal(sampled[1], by_argmax[1])
