@@ -41,6 +41,7 @@ import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import measure
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -175,119 +176,6 @@ def random_inputs(num_examples: int, input_length: int, vocab_size: int, seed: i
 
 
 # ------------------------------------------------------------------------------
-# Step costs: c and v(gamma).
-# ------------------------------------------------------------------------------
-
-
-def _median_seconds(fn: Callable[[], Any], repetitions: int) -> float:
-  jax.block_until_ready(fn())  # Compile and warm up.
-  times = []
-  for _ in range(repetitions):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
-
-
-@functools.partial(jax.jit, static_argnames=('config', 'block_size', 'steps'))
-def _decode_steps(params, cache, *, config, block_size, steps):
-  """`steps` cached calls of `block_size` tokens per row, back to back."""
-  batch_size = jax.tree_util.tree_leaves(cache)[0].shape[0]
-  tokens = jnp.full((batch_size, block_size), 2, jnp.int32)
-
-  def body(i, carry):
-    cache, checksum = carry
-    logits, cache = network.apply_decode_block(
-        config, params, cache, tokens, jnp.full((batch_size,), i * block_size, jnp.int32))
-    # Standardize as the decode loops do, so that XLA computes (and fuses) the
-    # logits as it does there, not only the ones a checksum would read.
-    probs = sampling.standardize(logits, temperature=1.0)
-    return cache, checksum + probs[:, :, 0].sum(axis=-1)
-
-  return jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros((batch_size,), jnp.float32)))[1]
-
-
-def decode_step_seconds(model: models.Model, *, batch_size: int, input_length: int,
-                        block_size: int, steps: int = 16, repetitions: int = 7) -> float:
-  """Seconds per cached decoder call on `block_size` tokens per row (median)."""
-  inputs = jnp.asarray(random_inputs(batch_size, input_length, model.vocab_size)[0])
-  cache = jax.jit(network.init_decoder_cache, static_argnums=(0, 3))(
-      model.config, model.params, inputs, steps * block_size)
-  run = lambda: _decode_steps(
-      model.params, cache, config=model.config, block_size=block_size, steps=steps)
-  return _median_seconds(run, repetitions) / steps
-
-
-@functools.partial(jax.jit, static_argnames=('gamma', 'steps'))
-def _propose_steps(draft, draft_cache, sequences, positions, rng, *, gamma, steps):
-  """`steps` proposals of gamma tokens, back to back (the draft's cost per iteration)."""
-
-  def body(i, carry):
-    draft_cache, checksum = carry
-    tokens, _, draft_cache = draft.propose(
-        draft_cache, sequences, positions, jax.random.fold_in(rng, i), gamma=gamma,
-        temperature=1.0, topk=0, topp=0.0)
-    return draft_cache, checksum + tokens.sum()
-
-  return jax.lax.fori_loop(0, steps, body, (draft_cache, jnp.zeros((), jnp.int32)))[1]
-
-
-def draft_proposal_seconds(draft, *, batch_size: int, input_length: int, gamma: int,
-                           steps: int = 16, repetitions: int = 7) -> float:
-  """Seconds per proposal of gamma draft tokens (median), any draft type.
-
-  Timed like `decode_step_seconds`, inside a compiled loop, so that neither
-  includes the host's dispatch of a call.
-  """
-  inputs = jnp.asarray(random_inputs(batch_size, input_length, draft.vocab_size)[0])
-  length = 4 * gamma + 4
-  draft_cache = jax.jit(draft.init_cache, static_argnums=(1,))(inputs, length)
-  sequences = jnp.full((batch_size, length), 2, jnp.int32)
-  positions = jnp.full((batch_size,), gamma, jnp.int32)
-  run = lambda: _propose_steps(draft, draft_cache, sequences, positions, jax.random.PRNGKey(0),
-                               gamma=gamma, steps=steps)
-  return _median_seconds(run, repetitions) / steps
-
-
-@dataclasses.dataclass
-class StepCosts:
-  """Measured costs, in seconds and as the paper's ratios.
-
-  Attributes:
-    target_step: one-token target call.
-    target_block: {gamma: (gamma+1)-token target call}.
-    draft_proposal: {gamma: one proposal of gamma tokens}.
-    c: {gamma: draft time per token / target_step}.
-    verify_cost: {gamma: target_block / target_step}, v(gamma) (1 in the paper).
-  """
-
-  target_step: float
-  target_block: Dict[int, float]
-  draft_proposal: Dict[int, float]
-
-  @property
-  def c(self) -> Dict[int, float]:
-    return {g: t / g / self.target_step for g, t in self.draft_proposal.items()}
-
-  @property
-  def verify_cost(self) -> Dict[int, float]:
-    return {g: t / self.target_step for g, t in self.target_block.items()}
-
-
-def measure_step_costs(target: models.Model, draft, gammas: Sequence[int], *,
-                       batch_size: int = 1, input_length: int, repetitions: int = 7) -> StepCosts:
-  draft = draft.as_draft() if isinstance(draft, models.Model) else draft
-  shape = dict(batch_size=batch_size, input_length=input_length)
-  return StepCosts(
-      target_step=decode_step_seconds(target, block_size=1, repetitions=repetitions, **shape),
-      target_block={g: decode_step_seconds(target, block_size=g + 1, repetitions=repetitions,
-                                           **shape) for g in gammas},
-      draft_proposal={g: draft_proposal_seconds(draft, gamma=g, repetitions=repetitions, **shape)
-                      for g in gammas},
-  )
-
-
-# ------------------------------------------------------------------------------
 # alpha by teacher forcing on target samples.
 # ------------------------------------------------------------------------------
 
@@ -299,7 +187,6 @@ def output_lengths(tokens: np.ndarray, eos_id: int = EOS_ID) -> np.ndarray:
   return np.where(is_eos.any(axis=1), np.argmax(is_eos, axis=1) + 1, tokens.shape[1])
 
 
-@functools.partial(jax.jit, static_argnames=('config',))
 @functools.partial(jax.jit, static_argnames=('config',))
 def _teacher_forced_logits(params, input_tokens, output_tokens, *, config):
   decoder_inputs = jnp.pad(output_tokens[:, :-1], ((0, 0), (1, 0)))
@@ -439,8 +326,8 @@ class DecodeRun:
 def _sum_stats(stats: Sequence[decoding.SpeculativeStats]) -> Dict[str, np.ndarray]:
   """Sums speculative statistics over batches; per-row fields also over rows."""
   per_row = ('iterations', 'accepted', 'emitted')
-  aggregate = ('accepted_histogram', 'position_reached', 'position_accepted', 'beta_sum',
-               'beta_count')
+  aggregate = ('target_calls', 'accepted_histogram', 'position_reached', 'position_accepted',
+               'beta_sum', 'beta_count')
   totals = {}
   for batch_stats in stats:
     for field in per_row + aggregate:
@@ -449,33 +336,47 @@ def _sum_stats(stats: Sequence[decoding.SpeculativeStats]) -> Dict[str, np.ndarr
   return totals
 
 
-def time_decoding(decode: models.Decoder, inputs: np.ndarray, *, batch_size: int = 1,
-                  repetitions: int = 3, seed: int = 0) -> DecodeRun:
-  """Decodes all inputs in batches, `repetitions` times, timing each pass.
+def time_decodings(decoders: Sequence[models.Decoder], inputs: np.ndarray, *,
+                   batch_size: int = 1, repetitions: int = 3, seed: int = 0) -> List[DecodeRun]:
+  """Decodes all inputs in batches with each decoder, passes interleaved.
 
-  `len(inputs)` must be a multiple of `batch_size` (no row is dropped). The
-  call is compiled ahead of time and warmed up; the compiled program's memory
-  analysis is returned with the run.
+  Pass r of every decoder runs before pass r + 1 of any (A B A B ...), so a
+  ratio of two decoders' pass r compares times taken moments apart: on a
+  shared, noisy machine the pairwise ratios hold when absolute times drift.
+  `len(inputs)` must be a multiple of `batch_size` (no row is dropped). Each
+  call is compiled ahead of time and warmed up; each run carries its compiled
+  program's memory analysis.
   """
   if len(inputs) % batch_size:
     raise ValueError(f'{len(inputs)} inputs do not split into batches of {batch_size}; '
                      'pass a multiple of the batch size.')
   batches = [jnp.asarray(inputs[i:i + batch_size]) for i in range(0, len(inputs), batch_size)]
   keys = list(jax.random.split(jax.random.PRNGKey(seed), len(batches)))
-  compiled = decode.compile(batches[0], keys[0])
-  jax.block_until_ready(compiled(batches[0], keys[0]))  # Warm up.
-  seconds, first_pass = [], None
+  compiled = [decode.compile(batches[0], keys[0]) for decode in decoders]
+  for call in compiled:
+    jax.block_until_ready(call(batches[0], keys[0]))  # Warm up.
+  seconds = [[] for _ in decoders]
+  first_pass = [None for _ in decoders]
   for _ in range(repetitions):
-    start = time.perf_counter()
-    results = [compiled(batch, key) for batch, key in zip(batches, keys)]
-    jax.block_until_ready(results)
-    seconds.append(time.perf_counter() - start)
-    first_pass = first_pass or results
-  outputs = np.concatenate([np.asarray(r.tokens) for r in first_pass])
-  stats = None if first_pass[0].stats is None else _sum_stats([r.stats for r in first_pass])
-  tokens = int(output_lengths(outputs, decode.static_args['eos_id']).sum())
-  return DecodeRun(seconds=seconds, tokens=tokens, outputs=outputs,
-                   stats=stats, memory=_memory_bytes(compiled))
+    for index, call in enumerate(compiled):
+      start = time.perf_counter()
+      results = [call(batch, key) for batch, key in zip(batches, keys)]
+      jax.block_until_ready(results)
+      seconds[index].append(time.perf_counter() - start)
+      first_pass[index] = first_pass[index] or results
+  runs = []
+  for decode, call, times, results in zip(decoders, compiled, seconds, first_pass):
+    outputs = np.concatenate([np.asarray(r.tokens) for r in results])
+    stats = None if results[0].stats is None else _sum_stats([r.stats for r in results])
+    tokens = int(output_lengths(outputs, decode.static_args['eos_id']).sum())
+    runs.append(DecodeRun(seconds=times, tokens=tokens, outputs=outputs, stats=stats,
+                          memory=_memory_bytes(call)))
+  return runs
+
+
+def time_decoding(decode: models.Decoder, inputs: np.ndarray, **kwargs) -> DecodeRun:
+  """`time_decodings` of one decoder."""
+  return time_decodings([decode], inputs, **kwargs)[0]
 
 
 def _memory_bytes(compiled: models.CompiledDecoder) -> Dict[str, int]:
@@ -513,6 +414,49 @@ def corpus_bleu(vocabulary_path: Optional[str], outputs: np.ndarray,
 # ------------------------------------------------------------------------------
 # The whole benchmark.
 # ------------------------------------------------------------------------------
+
+
+def measure_parts(target: models.Model, draft, temperatures: Sequence[float],
+                  gammas: Sequence[int], *, input_length: int, max_decode_len: int,
+                  emulate_alpha: Optional[float] = None,
+                  repetitions: int = 7) -> Dict[Any, measure.IterationParts]:
+  """`measure.iteration_parts` at batch 1 for every (temperature, gamma)."""
+  parts, target_step = {}, None
+  for temperature in temperatures:
+    for gamma in gammas:
+      parts[temperature, gamma] = measure.iteration_parts(
+          target.config, target.params, draft, gamma=gamma, batch_size=1,
+          input_length=input_length, max_decode_len=max_decode_len, temperature=temperature,
+          emulate_alpha=emulate_alpha, target_step=target_step, repetitions=repetitions)
+      target_step = parts[temperature, gamma].target_step
+  return parts
+
+
+def costs_record(target: models.Model, draft, parts: Mapping[Any, measure.IterationParts],
+                 input_length: int, max_decode_len: int) -> Dict[str, Any]:
+  """c, v(gamma), each part's milliseconds, and the steps against the memory floor."""
+  bandwidth = measure.memory_bandwidth()
+  first = next(iter(parts.values()))
+  shape = dict(batch_size=1, block_size=1, input_length=input_length,
+               cache_length=decoding.speculative_cache_length(max_decode_len, first.gamma))
+  floors = {'target': measure.step_floor(
+      measure.decoder_step_bytes(target.config, target.params, **shape), first.target_step,
+      bandwidth)}
+  if isinstance(draft, drafts.ModelDraft):
+    floors['draft'] = measure.step_floor(
+        measure.decoder_step_bytes(draft.config, draft.params, **shape), first.draft_catch_up,
+        bandwidth)
+    floors['draft_bytes_over_target_bytes'] = floors['draft']['bytes'] / floors['target']['bytes']
+  temperatures = sorted({t for t, _ in parts})
+  return dict(
+      target_step_ms=1000 * first.target_step,
+      bandwidth_gb_per_s=bandwidth / 1e9,
+      floors=floors,
+      verify_cost={g: p.verify_cost for (t, g), p in parts.items() if t == temperatures[0]},
+      c={t: {g: p.c for (pt, g), p in parts.items() if pt == t} for t in temperatures},
+      parts_ms={t: {g: p.as_ms() for (pt, g), p in parts.items() if pt == t}
+                for t in temperatures},
+  )
 
 
 def _summary(values: Sequence[float]) -> Dict[str, float]:
@@ -580,11 +524,14 @@ def run_benchmark(
   common = dict(pair=pair_name, task=task_name, emulated=emulated)
   records: List[Dict[str, Any]] = []
 
-  progress('Measuring step costs (c, verify cost) ...')
-  costs = measure_step_costs(target, draft, sorted(set(gammas) | {batch_size_gamma or gammas[0]}),
-                             input_length=walltime_inputs.shape[1], repetitions=max(5, repetitions))
-  records.append(dict(common, kind='costs', target_step_ms=1000 * costs.target_step,
-                      c=costs.c, verify_cost=costs.verify_cost))
+  progress('Measuring the parts of an iteration, bytes and bandwidth ...')
+  parts = measure_parts(target, draft, temperatures,
+                        sorted(set(gammas) | ({batch_size_gamma} if batch_size_gamma else set())),
+                        input_length=walltime_inputs.shape[1], max_decode_len=max_decode_len,
+                        emulate_alpha=emulate_alpha, repetitions=max(5, repetitions))
+  records.append(dict(common, kind='costs', **costs_record(target, draft, parts,
+                                                           walltime_inputs.shape[1],
+                                                           max_decode_len)))
 
   # alpha of the draft (and of n-gram drafts) on target samples, per temperature.
   alphas = {temperature: emulate_alpha for temperature in temperatures} if emulated else {}
@@ -610,42 +557,39 @@ def run_benchmark(
         alphas[temperature] = result.alpha
 
   eos_id = -1 if emulated else EOS_ID  # Emulated rows run to full length.
-  measure = functools.partial(
-      _measure_walltime, target, draft, walltime_inputs, common=common, costs=costs,
+  measure_walltime = functools.partial(
+      _measure_walltime, target, draft, walltime_inputs, common=common, parts=parts,
       repetitions=repetitions, vocabulary_path=vocabulary_path, references=walltime_refs,
       emulate_alpha=emulate_alpha, max_decode_len=max_decode_len, eos_id=eos_id,
       progress=progress)
   for temperature in temperatures:
-    baseline = None
     for gamma in gammas:
-      record, baseline = measure(temperature, gamma, 1, alphas.get(temperature), baseline)
-      records.append(record)
+      records.append(measure_walltime(temperature, gamma, 1, alphas.get(temperature)))
     sweep_gamma = batch_size_gamma or max(
         (r for r in records if r['kind'] == 'walltime' and r['temperature'] == temperature),
         key=lambda r: r['speedup']['median'])['gamma']
     for batch_size in sorted(set(batch_sizes) - {1}):
-      records.append(measure(temperature, sweep_gamma, batch_size, alphas.get(temperature))[0])
+      records.append(measure_walltime(temperature, sweep_gamma, batch_size,
+                                      alphas.get(temperature)))
   if output_dir is not None:
     write_report(records, output_dir)
   return records
 
 
-def _measure_walltime(target, draft, inputs, temperature, gamma, batch_size, alpha,
-                      baseline: Optional[DecodeRun] = None, *, common, costs: StepCosts,
-                      repetitions, vocabulary_path, references, emulate_alpha, max_decode_len,
-                      eos_id, progress):
-  """Times baseline (unless given) and speculative decoding; returns (record, baseline)."""
+def _measure_walltime(target, draft, inputs, temperature, gamma, batch_size, alpha, *, common,
+                      parts: Mapping[Any, measure.IterationParts], repetitions, vocabulary_path,
+                      references, emulate_alpha, max_decode_len, eos_id, progress):
+  """Times the baseline and speculative decoding, passes interleaved; returns the record."""
   settings = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
-  if baseline is None:
-    progress(f'baseline, temperature {temperature}, batch {batch_size} ...')
-    baseline = time_decoding(models.make_decoder(target, None, **settings), inputs,
-                             batch_size=batch_size, repetitions=repetitions)
-  progress(f'speculative, temperature {temperature}, gamma {gamma}, batch {batch_size} ...')
-  decode = models.make_decoder(target, draft, gamma=gamma, emulate_alpha=emulate_alpha,
-                               **settings)
-  speculative = time_decoding(decode, inputs, batch_size=batch_size, repetitions=repetitions)
+  progress(f'baseline and speculative, temperature {temperature}, gamma {gamma}, '
+           f'batch {batch_size} ...')
+  baseline, speculative = time_decodings(
+      [models.make_decoder(target, None, **settings),
+       models.make_decoder(target, draft, gamma=gamma, emulate_alpha=emulate_alpha, **settings)],
+      inputs, batch_size=batch_size, repetitions=repetitions)
   stats = speculative.stats
   speedups = [b / s for b, s in zip(baseline.ms_per_token, speculative.ms_per_token)]
+  part = parts[temperature, gamma]
   record = dict(
       common,
       kind='walltime',
@@ -655,8 +599,8 @@ def _measure_walltime(target, draft, inputs, temperature, gamma, batch_size, alp
       num_examples=int(len(inputs)),
       alpha=alpha,
       alpha_loop=float(stats['beta_sum'] / max(stats['beta_count'], 1)),
-      c=costs.c.get(gamma),
-      verify_cost=costs.verify_cost.get(gamma),
+      c=part.c,
+      verify_cost=part.verify_cost,
       ms_per_token_baseline=_summary(baseline.ms_per_token),
       ms_per_token_speculative=_summary(speculative.ms_per_token),
       speedup=_summary(speedups),
@@ -667,14 +611,23 @@ def _measure_walltime(target, draft, inputs, temperature, gamma, batch_size, alp
       memory=speculative.memory,
       device_peak_bytes=device_peak_bytes(),
   )
-  if alpha is not None and gamma in costs.c:
+  if batch_size == 1:
+    record['breakdown'] = iteration_breakdown(part, baseline, speculative)
+  if alpha is not None:
+    # Emulated rows run to the full length: their last call is cut (Eq. 1 overstates).
+    tokens_per_call = (max_decode_len / theory.expected_iterations(alpha, gamma, max_decode_len)
+                       if emulate_alpha is not None else float(theory.expected_tokens(alpha, gamma)))
+    catch_up_rate = 1 - (1 - alpha ** gamma) ** batch_size
     record.update(
-        predicted_tokens_per_call=float(theory.expected_tokens(alpha, gamma)),
+        predicted_tokens_per_call=tokens_per_call,
         predicted_speedup=float(theory.walltime_improvement(
-            alpha, gamma, costs.c[gamma], verify_cost=costs.verify_cost[gamma])),
-        predicted_speedup_free_verify=float(theory.walltime_improvement(
-            alpha, gamma, costs.c[gamma])),
+            alpha, gamma, part.c, verify_cost=part.verify_cost)),
+        predicted_speedup_free_verify=float(theory.walltime_improvement(alpha, gamma, part.c)),
     )
+    if batch_size == 1:
+      call = part.call_seconds(tokens=speculative.tokens / len(inputs),
+                               tokens_per_call=tokens_per_call, catch_up_rate=catch_up_rate)
+      record['predicted_speedup_parts'] = call['baseline'] / call['speculative']
   if emulate_alpha is None:
     record.update(
         identical_outputs=float(np.mean(np.all(baseline.outputs == speculative.outputs, axis=1))),
@@ -682,7 +635,46 @@ def _measure_walltime(target, draft, inputs, temperature, gamma, batch_size, alp
         bleu_speculative=corpus_bleu(vocabulary_path, speculative.outputs, references),
     )
   progress(_one_line(record))
-  return record, baseline
+  return record
+
+
+def iteration_breakdown(part: measure.IterationParts, baseline: DecodeRun,
+                        speculative: DecodeRun) -> Dict[str, float]:
+  """Milliseconds of one iteration: each part, their sum, the measured time, the rest.
+
+  Batch 1. The measured iteration is a pass's median time over its target
+  calls. The catch-up counts at the rate the pass needed it (the iterations
+  after a fully accepted block), the encoders (once per decode call) at
+  their share per iteration. The baseline's step is set against its parts
+  the same way.
+  """
+  stats = speculative.stats
+  iterations = max(int(stats['target_calls']), 1)
+  num_calls = len(speculative.outputs)  # Batch 1: one decode call per row.
+  catch_up_rate = float(stats['accepted_histogram'][-1]) / iterations
+  ms = part.as_ms()
+  breakdown = dict(
+      draft_catch_up=ms['draft_catch_up'] * catch_up_rate,
+      draft_rollout=ms['draft_rollout'],
+      target_block=ms['target_block'],
+      judge=ms['judge'],
+      emit=ms['emit'],
+      encode=(ms['target_encode'] + ms['draft_encode']) * num_calls / iterations,
+  )
+  measured = 1000 * float(np.median(speculative.seconds)) / iterations
+  baseline_parts = (ms['target_step'] + ms['sampling']
+                    + ms['target_encode'] * num_calls / baseline.tokens)
+  baseline_measured = float(np.median(baseline.ms_per_token))
+  return dict(
+      breakdown,
+      parts_sum=sum(breakdown.values()),
+      measured=measured,
+      unexplained=measured - sum(breakdown.values()),
+      catch_up_rate=catch_up_rate,
+      baseline_parts=baseline_parts,
+      baseline_measured=baseline_measured,
+      baseline_unexplained=baseline_measured - baseline_parts,
+  )
 
 
 def _one_line(record: Dict[str, Any]) -> str:
@@ -691,7 +683,10 @@ def _one_line(record: Dict[str, Any]) -> str:
           f"{record['ms_per_token_baseline']['median']:.2f} -> "
           f"{record['ms_per_token_speculative']['median']:.2f} ms/token, speedup "
           f"{record['speedup']['median']:.2f}x"
-          + (f' (predicted {predicted:.2f}x)' if predicted is not None else '')
+          + (f' (predicted {predicted:.2f}x' if predicted is not None else '')
+          + (f", from the parts {record['predicted_speedup_parts']:.2f}x"
+             if 'predicted_speedup_parts' in record else '')
+          + (')' if predicted is not None else '')
           + f", {record['tokens_per_call']:.2f} tokens/call")
 
 
@@ -730,6 +725,7 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
         f"| {_fmt(r['speedup']['median'])}x ({_fmt(r['speedup']['min'])}-"
         f"{_fmt(r['speedup']['max'])}) | {_fmt(r.get('predicted_speedup'))}x "
         f"| {_fmt(r.get('predicted_speedup_free_verify'))}x | {bleu} |")
+  lines += _breakdown_lines(records)
   alpha = [r for r in records if r['kind'] == 'alpha']
   if alpha:
     lines += ['', '## alpha (Table 3)', '', '| draft | T | alpha | stderr | tokens |',
@@ -758,6 +754,74 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
                    f"| {_fmt(mem.get('argument_bytes', 0) / 2**20, 1)} "
                    f"| {' '.join(f'{a:.2f}' for a in r['acceptance_by_position'])} |")
   return '\n'.join(lines) + '\n'
+
+
+_BREAKDOWN_PARTS = ('draft_catch_up', 'draft_rollout', 'target_block', 'judge', 'emit',
+                    'encode', 'unexplained')
+
+
+def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown: where an iteration's time goes, and each step against its memory floor."""
+  rows = [r for r in records if r['kind'] == 'walltime' and 'breakdown' in r]
+  lines = ['', "## Where an iteration's time goes (batch 1, ms)", '',
+           'Each part timed alone in a compiled loop at the decode call\'s shapes; the '
+           'catch-up counted at the rate the run needed it, the encoders at their share per '
+           'iteration; unexplained = measured - parts. The draft is timed with flushed caches, '
+           'as it runs after the target in the loop.',
+           '', '| T | gamma | catch-up | draft rollout | target block | verify | bookkeeping '
+           '| encode | parts | measured | unexplained | baseline ms/token: parts / measured '
+           '| predicted from parts | measured speedup |', '|' + '---|' * 14]
+  for r in rows:
+    b = r['breakdown']
+    lines.append(
+        f"| {r['temperature']} | {r['gamma']} | {_fmt(b['draft_catch_up'], 3)} "
+        f"| {_fmt(b['draft_rollout'], 3)} | {_fmt(b['target_block'], 3)} | {_fmt(b['judge'], 3)} "
+        f"| {_fmt(b['emit'], 3)} | {_fmt(b['encode'], 3)} | {_fmt(b['parts_sum'], 3)} "
+        f"| {_fmt(b['measured'], 3)} "
+        f"| {_fmt(b['unexplained'], 3)} ({100 * b['unexplained'] / max(b['measured'], 1e-9):.0f}%) "
+        f"| {_fmt(b['baseline_parts'], 3)} / {_fmt(b['baseline_measured'], 3)} "
+        f"| {_fmt(r.get('predicted_speedup_parts'))}x "
+        f"| {_fmt(r['speedup']['median'])}x |")
+  costs = next((r for r in records if r['kind'] == 'costs'), None)
+  if costs and costs.get('floors'):
+    lines += ['', '## One-token steps against the memory floor', '',
+              f"Bandwidth measured in this run: {costs['bandwidth_gb_per_s']:.1f} GB/s "
+              '(a reduction over 512 MiB).', '',
+              '| model | MB read per step | floor ms | measured ms | GB/s achieved | x floor |',
+              '|---|---|---|---|---|---|']
+    for name in ('target', 'draft'):
+      floor = costs['floors'].get(name)
+      if floor:
+        lines.append(f"| {name} | {floor['bytes'] / 1e6:.1f} | {_fmt(floor['floor_ms'], 3)} "
+                     f"| {_fmt(floor['measured_ms'], 3)} | {_fmt(floor['achieved_gb_per_s'], 1)} "
+                     f"| {_fmt(floor['over_floor'])} |")
+    if 'draft_bytes_over_target_bytes' in costs['floors']:
+      lines.append('')
+      lines.append(f"Draft / target bytes per step: "
+                   f"{costs['floors']['draft_bytes_over_target_bytes']:.3f}.")
+  return lines
+
+
+def plot_breakdown(records: Sequence[Dict[str, Any]], path: str) -> None:
+  """A stacked bar per (temperature, gamma): the parts of an iteration and the rest."""
+  from matplotlib import pyplot as plt
+
+  rows = [r for r in records if r['kind'] == 'walltime' and 'breakdown' in r]
+  fig, ax = plt.subplots(figsize=(max(4, 0.8 * len(rows) + 2), 3.5))
+  labels = [f"T={r['temperature']}\ng={r['gamma']}" for r in rows]
+  bottom = np.zeros(len(rows))
+  for part in _BREAKDOWN_PARTS:
+    heights = np.array([max(r['breakdown'][part], 0.0) for r in rows])
+    ax.bar(labels, heights, bottom=bottom, label=part.replace('_', ' '))
+    bottom += heights
+  if rows:
+    ax.plot(labels, [r['breakdown']['baseline_measured'] for r in rows], 'k_', markersize=20,
+            label='baseline ms/token')
+  ax.set_ylabel('ms per iteration')
+  ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
 
 
 def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]:
@@ -789,6 +853,9 @@ def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]
   paths.append(os.path.join(output_dir, 'speedup_vs_gamma.png'))
   fig.savefig(paths[-1], dpi=120)
   plt.close(fig)
+  if any('breakdown' in r for r in walltime):
+    paths.append(os.path.join(output_dir, 'iteration_breakdown.png'))
+    plot_breakdown(records, paths[-1])
   batched = [r for r in walltime if r['batch_size'] != 1]
   if batched:
     fig, ax = plt.subplots(figsize=(5, 3.5))

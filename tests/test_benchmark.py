@@ -10,7 +10,7 @@ import pytest
 
 from speculative_t5x import benchmark
 from speculative_t5x import theory
-from test_models import padded_inputs, tiny_model
+from testing_utils import padded_inputs, tiny_model
 
 TARGET = tiny_model(seed=0, vocab_size=24, layers=2, scale=1.5)
 DRAFT = tiny_model(seed=0, vocab_size=24, scale=1.5)
@@ -32,10 +32,13 @@ def test_writes_json_markdown_and_figures(records):
   result, output_dir = records
   with open(os.path.join(output_dir, 'benchmark.json')) as f:
     assert json.load(f) == json.loads(json.dumps(result, default=float))
-  for name in ('benchmark.md', 'speedup_vs_gamma.png', 'speedup_vs_batch.png'):
+  for name in ('benchmark.md', 'speedup_vs_gamma.png', 'speedup_vs_batch.png',
+               'iteration_breakdown.png'):
     assert os.path.getsize(os.path.join(output_dir, name)) > 0
   markdown = open(os.path.join(output_dir, 'benchmark.md')).read()
   assert '## Walltime at batch 1' in markdown and '## alpha (Table 3)' in markdown
+  assert "## Where an iteration's time goes" in markdown
+  assert '## One-token steps against the memory floor' in markdown
 
 
 def test_every_record_has_its_fields(records):
@@ -55,8 +58,22 @@ def test_every_record_has_its_fields(records):
                   'acceptance_by_position', 'memory', 'identical_outputs'):
       assert r[field] is not None, field
     assert len(r['accepted_histogram']) == r['gamma'] + 1
+    if r['batch_size'] == 1:
+      breakdown = r['breakdown']
+      parts = ('draft_catch_up', 'draft_rollout', 'target_block', 'judge', 'emit', 'encode')
+      assert all(breakdown[part] >= 0 for part in parts)
+      assert breakdown['target_block'] > 0 and breakdown['draft_rollout'] > 0
+      assert breakdown['parts_sum'] == pytest.approx(sum(breakdown[part] for part in parts))
+      assert breakdown['unexplained'] == pytest.approx(
+          breakdown['measured'] - breakdown['parts_sum'])
+      assert 0 <= breakdown['catch_up_rate'] <= 1
+      assert r['predicted_speedup_parts'] > 0
     assert r['memory']['temp_bytes'] > 0
     assert r['ms_per_token_baseline']['min'] <= r['ms_per_token_baseline']['median']
+  costs = next(r for r in result if r['kind'] == 'costs')
+  assert set(costs['floors']) == {'target', 'draft', 'draft_bytes_over_target_bytes'}
+  assert costs['floors']['target']['bytes'] > costs['floors']['draft']['bytes'] > 0
+  assert costs['bandwidth_gb_per_s'] > 0
   for r in (r for r in result if r['kind'] == 'alpha'):
     assert 0.0 <= r['alpha'] <= 1.0 and r['num_tokens'] >= 3000
 

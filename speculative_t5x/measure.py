@@ -1,0 +1,437 @@
+"""Where decoding's time goes: step costs, one iteration part by part, bytes and bandwidth.
+
+Every figure is timed inside one compiled `lax.fori_loop` of the part, with
+the shapes of the decode call (batch, cache length, gamma, sampling mode),
+after a warm-up, as the median of repetitions; the host's dispatch of a call
+is never inside a step. The parts of one speculative iteration
+(`decoding.speculative_sample`'s body) are
+
+  draft_catch_up: `drafts.ModelDraft.catch_up`'s single-token step, needed
+      only after an iteration that accepted all gamma tokens;
+  draft_rollout: the gamma draft steps with their sampling (`propose` for
+      drafts without a network);
+  target_block: the target's one call on gamma + 1 tokens;
+  judge: `decoding.judge_block`, standardizing p and verifying;
+  emit: `decoding.emit_block`, the writes, positions and statistics;
+
+and of one baseline step, `target_step` (one token) and `sampling`
+(`sampling.sample_logits`). What a decode call measures beyond their sum is
+reported as unexplained, never folded into a part.
+
+`decoder_step_bytes` counts what a cached decoder step must read and
+`memory_bandwidth` measures what this machine streams, so a step's time can
+be set against its floor (bytes / bandwidth) in the same run.
+"""
+
+import dataclasses
+import functools
+import statistics
+import time
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import decoding
+from speculative_t5x import drafts
+from speculative_t5x import network
+from speculative_t5x import sampling
+
+PyTree = Any
+Array = jax.Array
+
+
+def median_seconds(fn: Callable[[], Any], repetitions: int) -> float:
+  """Median wall time of `fn()` (blocked until ready) after one warm-up call."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repetitions):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return float(statistics.median(times))
+
+
+@functools.partial(jax.jit, static_argnames=('step', 'steps'))
+def _run_steps(operands, carry, *, step, steps):
+  """`steps` calls of `step(operands, i, carry) -> carry` in one compiled loop.
+
+  Operands (parameters, caches) are arguments, never closed-over constants,
+  so that XLA neither embeds them in the program nor folds the work away.
+  """
+  return lax.fori_loop(0, steps, lambda i, c: step(operands, i, c), carry)
+
+
+def step_seconds(step: Callable, operands: PyTree, carry: PyTree, *, steps: int = 16,
+                 repetitions: int = 7) -> float:
+  """Seconds per call of `step(operands, i, carry) -> carry` inside a compiled loop.
+
+  The carry must depend on everything the step computes (e.g. a checksum of
+  a full reduction of its outputs), or XLA may skip the work.
+  """
+  run = lambda: _run_steps(operands, carry, step=step, steps=steps)
+  return median_seconds(run, repetitions) / steps
+
+
+def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
+  """The CPU's last-level cache size (Linux sysfs), or `default` where unknown."""
+  for index in (3, 2):
+    try:
+      with open(f'/sys/devices/system/cpu/cpu0/cache/index{index}/size') as f:
+        text = f.read().strip()
+    except OSError:
+      continue
+    scale = {'K': 2**10, 'M': 2**20, 'G': 2**30}.get(text[-1], 1)
+    return int(text.rstrip('KMG')) * scale
+  return default
+
+
+def cold_step_seconds(step: Callable, operands: PyTree, *, steps: int = 16,
+                      repetitions: int = 7) -> float:
+  """`step_seconds` with the CPU caches flushed before every call of `step`.
+
+  In a decode loop each part runs after the others have streamed far more
+  than the last-level cache (the target alone reads its whole decoder per
+  call), so a small network's weights come from DRAM every time; timed back
+  to back they would stay cached and look up to 2x cheaper. Each step here
+  first reads a buffer of twice the cache size; the time of that read alone is
+  subtracted. `step` must carry a float32 scalar checksum. On accelerators
+  this is plain `step_seconds`.
+  """
+  if jax.default_backend() != 'cpu':
+    return step_seconds(step, operands, jnp.zeros((), jnp.float32), steps=steps,
+                        repetitions=repetitions)
+  flush = jnp.ones((2 * last_level_cache_bytes() // 4,), jnp.float32)
+
+  def flush_then_step(operands_and_flush, i, checksum, step=step):
+    operands, flush = operands_and_flush
+    checksum = checksum + jnp.sum(_vary(flush, checksum)) * 1e-12
+    return step(operands, i, checksum) if step is not None else checksum
+
+  timed = functools.partial(step_seconds, operands=(operands, flush),
+                            carry=jnp.zeros((), jnp.float32), steps=steps,
+                            repetitions=repetitions)
+  return max(timed(flush_then_step) - timed(functools.partial(flush_then_step, step=None)), 0.0)
+
+
+def _checksum(*arrays) -> Array:
+  """A float32 scalar that reads every element of `arrays`."""
+  return sum(jnp.sum(jnp.asarray(a, jnp.float32)) for a in arrays)
+
+
+def _vary(x: Array, checksum: Array) -> Array:
+  """`x`, made to depend on the loop's carry so that XLA cannot hoist its users.
+
+  A part whose inputs are all loop-invariant would be computed once, before
+  the loop (loop-invariant code motion), and time as nothing.
+  """
+  return x + (checksum == jnp.inf).astype(x.dtype)
+
+
+def random_encoder_inputs(batch_size: int, input_length: int, vocab_size: int,
+                          seed: int = 0) -> Array:
+  """int32 [batch_size, input_length] ids in [2, vocab_size), no padding."""
+  rng = np.random.default_rng(seed)
+  return jnp.asarray(rng.integers(2, vocab_size, (batch_size, input_length)), jnp.int32)
+
+
+# ------------------------------------------------------------------------------
+# Network steps.
+# ------------------------------------------------------------------------------
+
+
+def _target_block_step(params, i, carry, *, config, block_size):
+  cache, checksum = carry
+  batch_size = checksum.shape[0]
+  tokens = _vary(jnp.full((batch_size, block_size), 2, jnp.int32), checksum[0])
+  # The same start each step: the cache (carried, so written in place as in
+  # the decode loop) is attended to over its whole length.
+  logits, cache = network.apply_decode_block(config, params, cache, tokens,
+                                             jnp.zeros((batch_size,), jnp.int32))
+  return cache, checksum + jnp.sum(logits, axis=(1, 2)) * 1e-9
+
+
+def network_step_seconds(config: network.T5Config, params: PyTree, *, batch_size: int,
+                         input_length: int, block_size: int, cache_length: int,
+                         repetitions: int = 7) -> float:
+  """Seconds of one cached decoder call on `block_size` tokens per row.
+
+  The whole cache (`cache_length` positions) is attended to, as in a decode
+  call of that length; the logits are fully read.
+  """
+  inputs = random_encoder_inputs(batch_size, input_length, config.vocab_size)
+  cache = jax.jit(network.init_decoder_cache, static_argnums=(0, 3))(
+      config, params, inputs, cache_length)
+  step = functools.partial(_target_block_step, config=config, block_size=block_size)
+  return step_seconds(step, params, (cache, jnp.zeros((batch_size,), jnp.float32)),
+                      repetitions=repetitions)
+
+
+# ------------------------------------------------------------------------------
+# The parts of one iteration.
+# ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class IterationParts:
+  """Seconds of each part of one speculative iteration, and of a baseline step.
+
+  Attributes:
+    gamma: draft tokens per iteration.
+    draft_catch_up: one draft step that `propose` runs only in iterations
+      after a fully accepted block (0 for drafts without a network).
+    draft_rollout: the gamma-token proposal without the catch-up.
+    target_block: one target call on gamma + 1 tokens.
+    judge: standardizing the block's target logits and verifying.
+    emit: writes, positions and statistics.
+    target_step: one target call on one token (the baseline's step).
+    sampling: the baseline's sampling of one token.
+    target_encode: per decode call, the target's encoder and cache set-up.
+    draft_encode: per decode call, the draft's `init_cache`.
+
+  The draft's parts are timed with cold caches (`cold_step_seconds`).
+  """
+
+  gamma: int
+  draft_catch_up: float
+  draft_rollout: float
+  target_block: float
+  judge: float
+  emit: float
+  target_step: float
+  sampling: float
+  target_encode: float
+  draft_encode: float
+
+  def iteration_seconds(self, catch_up_rate: float) -> float:
+    """Expected seconds per iteration when a catch-up runs at `catch_up_rate`."""
+    return (catch_up_rate * self.draft_catch_up + self.draft_rollout + self.target_block
+            + self.judge + self.emit)
+
+  @property
+  def baseline_step_seconds(self) -> float:
+    return self.target_step + self.sampling
+
+  def call_seconds(self, *, tokens: float, tokens_per_call: float,
+                   catch_up_rate: float) -> Dict[str, float]:
+    """Predicted seconds of one decode call of one row: baseline and speculative.
+
+    Args:
+      tokens: tokens the row emits.
+      tokens_per_call: expected tokens per iteration (Eq. 1, or
+        `theory.expected_iterations` for rows cut at a length).
+      catch_up_rate: the fraction of iterations that run the draft's catch-up.
+    """
+    return dict(
+        baseline=self.target_encode + tokens * self.baseline_step_seconds,
+        speculative=(self.target_encode + self.draft_encode
+                     + tokens / tokens_per_call * self.iteration_seconds(catch_up_rate)))
+
+  @property
+  def c(self) -> float:
+    """The paper's c: a draft step (with its sampling) / a target step."""
+    return self.draft_rollout / self.gamma / self.target_step
+
+  @property
+  def verify_cost(self) -> float:
+    """v(gamma): a (gamma + 1)-token target call / a one-token call."""
+    return self.target_block / self.target_step
+
+  def as_ms(self) -> Dict[str, float]:
+    return {field.name: 1000.0 * getattr(self, field.name)
+            for field in dataclasses.fields(self) if field.name != 'gamma'}
+
+
+def _draft_rollout_step(operands, i, checksum, *, draft, gamma, sample_args):
+  draft_cache, sequences, positions, rng = operands
+  rng = jax.random.fold_in(rng, i)
+  sequences = _vary(sequences, checksum)
+  if isinstance(draft, drafts.ModelDraft):
+    tokens, probs, _ = draft.rollout(draft_cache, sequences, positions, rng, gamma=gamma,
+                                     **sample_args)
+  else:
+    tokens, probs, _ = draft.propose(draft_cache, sequences, positions, rng, gamma=gamma,
+                                     **sample_args)
+  return checksum + _checksum(tokens) + (0.0 if probs is None else _checksum(probs) * 1e-9)
+
+
+def _draft_catch_up_step(operands, i, checksum, *, draft):
+  draft_cache, sequences, positions = operands
+  logits, _ = draft.decode_step(draft_cache['decoder'], _vary(sequences[:, 0], checksum),
+                                positions)
+  return checksum + _checksum(logits) * 1e-9
+
+
+def _judge_step(operands, i, checksum, *, sample_args, lenience, emulate_alpha):
+  rng, draft_tokens, draft_probs, target_logits = operands
+  judgement = decoding.judge_block(
+      jax.random.fold_in(rng, i), _vary(draft_tokens, checksum), draft_probs,
+      _vary(target_logits, checksum), sample_args, lenience=lenience,
+      emulate_alpha=emulate_alpha)
+  return checksum + _checksum(judgement.num_accepted, judgement.next_token, judgement.beta)
+
+
+def _emit_step(operands, i, state, *, eos_id):
+  draft_tokens, judgement, limits = operands
+  # Rewind the positions so that every step writes as the decode loop does.
+  state = state.replace(position=state.position % 8)
+  return decoding.emit_block(state, _vary(draft_tokens, state.log_prob[0]), judgement,
+                             limits=limits, eos_id=eos_id)
+
+
+def _sampling_step(operands, i, checksum, *, sample_args):
+  rng, logits = operands
+  token, probs = sampling.sample_logits(jax.random.fold_in(rng, i), _vary(logits, checksum),
+                                        **sample_args)
+  return checksum + _checksum(token) + _checksum(probs) * 1e-9
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'cache_length'))
+def _target_encode(params, inputs, *, config, cache_length):
+  return network.init_decoder_cache(config, params, inputs, cache_length)
+
+
+@functools.partial(jax.jit, static_argnames=('cache_length',))
+def _draft_encode(draft, inputs, *, cache_length):
+  return draft.init_cache(inputs, cache_length)
+
+
+def iteration_parts(target_config: network.T5Config, target_params: PyTree, draft, *,
+                    gamma: int, batch_size: int, input_length: int, max_decode_len: int,
+                    temperature: float = 0.0, topk: int = 0, topp: float = 0.0,
+                    lenience: float = 1.0, emulate_alpha: Optional[float] = None,
+                    target_step: Optional[float] = None,
+                    repetitions: int = 7) -> IterationParts:
+  """Times each part of one iteration of `speculative_sample` at these settings.
+
+  Shapes are the decode call's: the caches have
+  `decoding.speculative_cache_length(max_decode_len, gamma)` positions, the
+  logits the target's vocabulary. Random logits stand in for the networks'
+  where only their shapes matter (verification, sampling).
+
+  Args:
+    target_config, target_params: the target network.
+    draft: a draft from `drafts` (a `models.Model` as `.as_draft()`).
+    gamma, batch_size, input_length, max_decode_len: the decode call's shape.
+    temperature, topk, topp, lenience, emulate_alpha: its settings.
+    target_step: seconds of a one-token target step, if already measured
+      (it does not depend on gamma).
+    repetitions: timed runs per part (median).
+  """
+  vocab_size = target_config.vocab_size
+  cache_length = decoding.speculative_cache_length(max_decode_len, gamma)
+  sample_args = dict(temperature=temperature, topk=topk, topp=topp)
+  shape = dict(batch_size=batch_size, input_length=input_length, cache_length=cache_length,
+               repetitions=repetitions)
+  rng = jax.random.PRNGKey(0)
+  inputs = random_encoder_inputs(batch_size, input_length, vocab_size)
+  time_steps = functools.partial(step_seconds, repetitions=repetitions)
+  zero = jnp.zeros((), jnp.float32)
+
+  if target_step is None:
+    target_step = network_step_seconds(target_config, target_params, block_size=1, **shape)
+  target_block = network_step_seconds(target_config, target_params, block_size=gamma + 1, **shape)
+
+  draft_cache = jax.jit(draft.init_cache, static_argnums=(1,))(inputs, cache_length)
+  sequences = jnp.full((batch_size, cache_length + 1), 2, jnp.int32)
+  positions = jnp.full((batch_size,), max_decode_len // 2, jnp.int32)
+  if isinstance(draft_cache, dict) and 'written_until' in draft_cache:
+    draft_cache = dict(draft_cache, written_until=positions)  # No catch-up inside.
+  cold = functools.partial(cold_step_seconds, repetitions=repetitions)
+  draft_rollout = cold(
+      functools.partial(_draft_rollout_step, draft=draft, gamma=gamma, sample_args=sample_args),
+      (draft_cache, sequences, positions, rng))
+  draft_catch_up = 0.0
+  if isinstance(draft, drafts.ModelDraft):
+    draft_catch_up = cold(functools.partial(_draft_catch_up_step, draft=draft),
+                          (draft_cache, sequences, positions))
+  target_encode = median_seconds(
+      lambda: _target_encode(target_params, inputs, config=target_config,
+                             cache_length=cache_length), repetitions)
+  draft_encode = median_seconds(lambda: _draft_encode(draft, inputs, cache_length=cache_length),
+                                repetitions)
+
+  keys = jax.random.split(rng, 3)
+  target_logits = jax.random.normal(keys[0], (batch_size, gamma + 1, vocab_size))
+  draft_tokens = jax.random.randint(keys[1], (batch_size, gamma), 2, vocab_size)
+  draft_probs = None
+  if not isinstance(draft, drafts.PromptLookupDraft):
+    draft_probs = sampling.standardize(
+        jax.random.normal(keys[2], (batch_size, gamma, vocab_size)), **sample_args)
+  judge_settings = dict(sample_args=sample_args, lenience=lenience, emulate_alpha=emulate_alpha)
+  judge = time_steps(functools.partial(_judge_step, **judge_settings),
+                     (rng, draft_tokens, draft_probs, target_logits), zero)
+
+  judgement = decoding.judge_block(rng, draft_tokens, draft_probs, target_logits, sample_args,
+                                   lenience=lenience, emulate_alpha=emulate_alpha)
+  state = decoding.SpeculativeLoopState(
+      position=jnp.zeros((batch_size,), jnp.int32),
+      sequences=jnp.zeros((batch_size, max_decode_len + gamma + 2), jnp.int32),
+      cache={}, draft_cache={}, ended=jnp.zeros((batch_size,), bool), rng=rng,
+      log_prob=jnp.zeros((batch_size,), jnp.float32),
+      stats=decoding.SpeculativeStats.zeros(batch_size, gamma))
+  limits = jnp.full((batch_size,), max_decode_len, jnp.int32)
+  emit = time_steps(functools.partial(_emit_step, eos_id=-1),
+                    (draft_tokens, judgement, limits), state)
+
+  baseline_sampling = time_steps(functools.partial(_sampling_step, sample_args=sample_args),
+                                 (rng, target_logits[:, 0]), zero)
+  return IterationParts(gamma=gamma, draft_catch_up=draft_catch_up, draft_rollout=draft_rollout,
+                        target_block=target_block, judge=judge, emit=emit,
+                        target_step=target_step, sampling=baseline_sampling,
+                        target_encode=target_encode, draft_encode=draft_encode)
+
+
+# ------------------------------------------------------------------------------
+# Bytes and bandwidth.
+# ------------------------------------------------------------------------------
+
+
+def decoder_step_bytes(config: network.T5Config, params: PyTree, *, batch_size: int,
+                       block_size: int, input_length: int, cache_length: int) -> int:
+  """Bytes a cached decoder call on `block_size` tokens per row must read.
+
+  Every decoder parameter (in its stored dtype; the token embedding whole
+  when it also computes the logits, else only the block's rows), and each
+  layer's self-attention keys/values over the whole cache and cross-attention
+  keys/values over the input, in the compute dtype. Activations are left
+  out: at decoding sizes they stay in cache.
+  """
+  decoder_params = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
+                       for x in jax.tree_util.tree_leaves(params['decoder']))
+  embedding = params['token_embedder']['embedding']
+  rows = embedding.shape[0] if config.logits_via_embedding else batch_size * block_size
+  embedding_bytes = rows * embedding.shape[1] * jnp.dtype(embedding.dtype).itemsize
+  kv_width = config.num_heads * config.head_dim * jnp.dtype(config.dtype).itemsize
+  cache_bytes = (2 * config.num_decoder_layers * batch_size * kv_width
+                 * (cache_length + input_length))
+  return decoder_params + embedding_bytes + cache_bytes
+
+
+@jax.jit
+def _stream(x):
+  return jnp.sum(x)
+
+
+def memory_bandwidth(num_bytes: int = 512 * 2**20, repetitions: int = 5) -> float:
+  """Bytes per second this machine streams from memory: a reduction over `num_bytes`.
+
+  The array is far larger than any cache, so this is the rate a decoder
+  step's weights can be read at, the floor of its time. (One call of 512 MiB
+  takes ~10 ms on a CPU: its dispatch is negligible.)
+  """
+  x = jnp.ones((num_bytes // 4,), jnp.float32)
+  return num_bytes / median_seconds(lambda: _stream(x), repetitions)
+
+
+def step_floor(step_bytes: int, seconds: float, bandwidth: float) -> Mapping[str, float]:
+  """A step's bytes against the floor: {bytes, floor_ms, measured_ms, achieved GB/s, ratio}."""
+  floor = step_bytes / bandwidth
+  # A step below timing resolution (a tiny model, cold time minus flush <= 0)
+  # has no meaningful rate.
+  achieved = step_bytes / seconds / 1e9 if seconds > 0 else None
+  return dict(bytes=int(step_bytes), floor_ms=1000 * floor, measured_ms=1000 * seconds,
+              achieved_gb_per_s=achieved, bandwidth_gb_per_s=bandwidth / 1e9,
+              over_floor=seconds / floor)
