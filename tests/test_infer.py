@@ -233,6 +233,7 @@ def test_a_longer_run_continues_a_shorter_one(fixture, greedy_runs, tmp_path):
   assert records == reference
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_losing_or_repeating_examples(fixture, greedy_runs,
                                                                 tmp_path):
   output_dir = tmp_path / 'killed'
@@ -285,6 +286,7 @@ print(json.dumps({
 '''
 
 
+@pytest.mark.slow
 def test_sharded_inference_on_a_2x4_mesh_equals_unsharded(fixture, greedy_runs, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(
       [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']))

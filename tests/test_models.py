@@ -85,13 +85,16 @@ def exact_sequence_distribution(model, input_tokens, length, **sample_args):
   return result
 
 
+@pytest.mark.parametrize('batch, calls', [
+    pytest.param(2_048, 2, id='4096_sequences'),
+    pytest.param(12_800, 8, id='102400_sequences', marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     'sample_args',
     [dict(temperature=1.0), dict(temperature=1.0, topk=3), dict(temperature=0.8, topp=0.7)],
     ids=['temperature1', 'topk3', 'topp0.7'])
-def test_sampled_sequences_follow_the_target(sample_args):
-  """>= 100k sequences from a tiny network pair vs the target's exact distribution."""
-  vocab, length, gamma, batch, calls = 6, 3, 3, 12_800, 8
+def test_sampled_sequences_follow_the_target(sample_args, batch, calls):
+  """batch * calls sequences from a tiny network pair vs the target's exact distribution."""
+  vocab, length, gamma = 6, 3, 3
   target = tiny_model(seed=2, vocab_size=vocab, emb_dim=16, scale=2.0)
   draft = tiny_model(seed=3, vocab_size=vocab, emb_dim=16, scale=2.0)
   input_row = np.array([3, 4, 2, EOS, 0], np.int32)

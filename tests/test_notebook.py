@@ -6,11 +6,13 @@ import sys
 
 import nbclient
 import nbformat
+import pytest
 
 NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'notebooks',
                         'speculative_t5x_colab.ipynb')
 
 
+@pytest.mark.slow
 def test_notebook_runs_in_tiny_mode(tmp_path, monkeypatch):
   notebook = nbformat.read(NOTEBOOK, as_version=4)
   code_cells = [cell for cell in notebook.cells if cell.cell_type == 'code']

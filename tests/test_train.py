@@ -257,6 +257,7 @@ def test_bad_arguments_name_the_problem(fixture_task, tmp_path):
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_result(gin_config, reference, tmp_path):
   files, bindings = gin_config
   reference_result, reference_dir = reference
