@@ -19,8 +19,9 @@ function on its own gin files with `call_configured` (e.g. `model_config`, the
 network of a configs/models file).
 """
 
+import contextlib
 import os
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -132,6 +133,24 @@ def checkpoint_owner(path: str) -> Optional[str]:
                                                              os.fspath(directory)):
       owners.append(f'the {model} checkpoint ({macro} = {os.fspath(directory)!r})')
   return ' and '.join(owners) or None
+
+
+@contextlib.contextmanager
+def naming_checkpoint_owners() -> Iterator[None]:
+  """Re-raises a `checkpoints.CorruptCheckpointError` saying whose checkpoint it is.
+
+  For the mains, around the gin call that loads the pair: the message then
+  names the model and its binding (see `checkpoint_owner`).
+  """
+  from speculative_t5x import checkpoints  # pylint: disable=g-import-not-at-top
+
+  try:
+    yield
+  except checkpoints.CorruptCheckpointError as error:
+    owner = checkpoint_owner(error.path)
+    if owner is None:
+      raise
+    raise error.with_owner(owner) from error
 
 
 def run(main: Callable[[Sequence[str]], Any]) -> None:

@@ -85,7 +85,6 @@ import seqio
 import tensorflow as tf
 import tqdm
 
-from speculative_t5x import checkpoints
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
 from speculative_t5x import models
@@ -563,13 +562,8 @@ def main(argv: Sequence[str]) -> None:
   # The gin files configure `speculative_t5x.infer.infer`, which is not this
   # module's function when it runs as `python -m speculative_t5x.infer`.
   from speculative_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
-  try:
+  with gin_utils.naming_checkpoint_owners():
     summary = gin.get_configurable(infer_lib.infer)()
-  except checkpoints.CorruptCheckpointError as error:
-    owner = gin_utils.checkpoint_owner(error.path)
-    if owner is None:
-      raise
-    raise error.with_owner(owner) from error
   print(_format_summary(summary))
 
 
