@@ -12,6 +12,11 @@ memory floor (bytes read / bandwidth measured in the same run).
   python scripts/memory_bound_cpu.py --alpha 0.75 --gammas 1 2 3 4 5 7 \
     --output_dir /tmp/memory_bound_cpu
 
+Runs with the project's XLA flags (`xla_flags.set_decode_flags`); set
+XLA_FLAGS yourself to compare others. With 16 examples a pass decodes ~200
+iterations: emulated acceptance still varies, so tokens per call (and the
+prediction that assumes Eq. 1's) can differ by a few percent.
+
 Needs jax, flax and numpy only (matplotlib for the figures).
 """
 
@@ -20,6 +25,7 @@ import argparse
 from speculative_t5x import benchmark
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import xla_flags
 
 
 def main():
@@ -29,7 +35,7 @@ def main():
   parser.add_argument('--alpha', type=float, default=0.75)
   parser.add_argument('--gammas', type=int, nargs='+', default=[1, 2, 3, 4, 5, 7])
   parser.add_argument('--temperatures', type=float, nargs='+', default=[0.0])
-  parser.add_argument('--num_examples', type=int, default=4)
+  parser.add_argument('--num_examples', type=int, default=16)
   parser.add_argument('--input_length', type=int, default=32)
   parser.add_argument('--max_decode_len', type=int, default=32)
   parser.add_argument('--repetitions', type=int, default=5)
@@ -53,4 +59,5 @@ def main():
 
 
 if __name__ == '__main__':
+  xla_flags.set_decode_flags()
   main()

@@ -16,8 +16,9 @@ import os
 import tempfile
 
 from speculative_t5x import benchmark
-from speculative_t5x import demo
+from speculative_t5x import gin_utils
 from speculative_t5x import models
+from speculative_t5x import xla_flags
 
 
 def main():
@@ -35,7 +36,7 @@ def main():
   # Untied logits: with random weights and logits through the shared
   # embedding, every network's argmax repeats the previous token, so any two
   # would agree everywhere; a separate random logits layer makes them disagree.
-  untied = lambda name: dataclasses.replace(demo.model_config(name, args.vocab_size),
+  untied = lambda name: dataclasses.replace(gin_utils.model_config(name, args.vocab_size),
                                             logits_via_embedding=False)
   target = models.random_model(untied(args.target), seed=0)
   draft = models.random_model(untied(args.draft), seed=1)
@@ -58,4 +59,5 @@ def main():
 
 
 if __name__ == '__main__':
+  xla_flags.set_decode_flags()
   main()

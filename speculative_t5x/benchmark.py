@@ -90,18 +90,13 @@ def tsv_inputs(path: str, vocabulary_path: str, *, prefix: str,
   Returns:
     (inputs int32 [N, input_length], targets: list of N reference strings).
   """
-  import sentencepiece  # Only this reader needs it.
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+  from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
-  sources, targets = [], []
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      if num_examples is not None and len(sources) == num_examples:
-        break
-      source, target = line.rstrip('\n').split('\t')
-      sources.append(processor.encode(prefix + source) + [EOS_ID])
-      targets.append(target)
-  return pad_rows(sources, input_length), targets
+  pairs = tasks_core.read_tsv(path, num_examples)
+  sources = [processor.encode(prefix + source) + [EOS_ID] for source, _ in pairs]
+  return pad_rows(sources, input_length), [target for _, target in pairs]
 
 
 def task_inputs(task, split: str, *, num_examples: Optional[int] = None,
@@ -144,15 +139,11 @@ def tsv_target_tokens(path: str, vocabulary_path: str,
   The corpus for the n-gram drafts (`run_benchmark(ngram_corpus=...)`).
   """
   import sentencepiece  # pylint: disable=g-import-not-at-top
+  from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
-  rows = []
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      if num_examples is not None and len(rows) == num_examples:
-        break
-      rows.append(np.asarray(processor.encode(line.rstrip('\n').split('\t')[1]) + [EOS_ID]))
-  return rows
+  return [np.asarray(processor.encode(target) + [EOS_ID])
+          for _, target in tasks_core.read_tsv(path, num_examples)]
 
 
 def trim_padding(inputs: np.ndarray, multiple: int = 1) -> np.ndarray:
@@ -401,14 +392,13 @@ def corpus_bleu(vocabulary_path: Optional[str], outputs: np.ndarray,
   """sacrebleu corpus BLEU (T5's settings) of decodes against references."""
   if vocabulary_path is None or references is None:
     return None
-  import sacrebleu  # Only when there are references to score.
-  import sentencepiece
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+  from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
   texts = [processor.decode([int(t) for t in row[:n] if t != EOS_ID])
            for row, n in zip(outputs, output_lengths(outputs))]
-  return float(sacrebleu.corpus_bleu(texts, [list(references)], smooth_method='exp',
-                                     tokenize='intl').score)
+  return float(tasks_core.bleu(list(references), texts)['bleu'])
 
 
 # ------------------------------------------------------------------------------
@@ -893,7 +883,7 @@ def write_report(records: Sequence[Dict[str, Any]], output_dir: str) -> None:
 
 def benchmark_pair(*, target: models.Model, draft, output_dir: str,
                    task=None, split: str = 'test', tsv_path: Optional[str] = None, vocabulary_path: Optional[str] = None,
-                   prefix: str = 'translate English to German: ',
+                   prefix: Optional[str] = None,
                    num_examples: Optional[int] = None, ngram_tsv_path: Optional[str] = None,
                    ngram_examples: int = 20_000, random_input_length: int = 64,
                    **settings) -> List[Dict[str, Any]]:
@@ -909,7 +899,8 @@ def benchmark_pair(*, target: models.Model, draft, output_dir: str,
       only with `emulate_alpha`, which then decodes random inputs.
     vocabulary_path: the pair's SentencePiece model, a local file (tokenizes
       the TSV; BLEU).
-    prefix: prepended to every source, as the task does.
+    prefix: prepended to every source, as the task does (None: T5's EnDe
+      prefix, `tasks_core.EN_DE_PREFIX`).
     num_examples: read at most this many examples.
     ngram_tsv_path: a TSV whose targets fit the unigram/bigram drafts of
       Table 3 (the task's train split); None skips them.
@@ -924,8 +915,11 @@ def benchmark_pair(*, target: models.Model, draft, output_dir: str,
     if vocabulary_path is None:
       raise ValueError('tsv_path needs vocabulary_path, the pair\'s SentencePiece model, to '
                        'tokenize it (VOCABULARY in configs/runs/benchmark.gin).')
-    inputs, references = tsv_inputs(tsv_path, vocabulary_path, prefix=prefix,
-                                    num_examples=num_examples)
+    from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
+
+    inputs, references = tsv_inputs(
+        tsv_path, vocabulary_path, prefix=tasks_core.EN_DE_PREFIX if prefix is None else prefix,
+        num_examples=num_examples)
   elif settings.get('emulate_alpha') is not None:
     inputs, references = random_inputs(num_examples or settings.get('num_walltime_examples', 64),
                                        random_input_length, target.vocab_size)
@@ -951,7 +945,10 @@ def main(argv: Sequence[str]) -> None:
   import gin  # pylint: disable=g-import-not-at-top
   from speculative_t5x import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
 
-  gin.get_configurable(benchmark_lib.benchmark_pair)()
+  from speculative_t5x import gin_utils  # pylint: disable=g-import-not-at-top
+
+  with gin_utils.naming_checkpoint_owners():
+    gin.get_configurable(benchmark_lib.benchmark_pair)()
 
 
 if __name__ == '__main__':

@@ -28,6 +28,7 @@ from absl import flags
 import gin
 
 from speculative_t5x import network
+from speculative_t5x import xla_flags
 
 # The checkout holding this package, if it carries the gin files (a source
 # checkout or an editable install).
@@ -163,6 +164,7 @@ def run(main: Callable[[Sequence[str]], Any]) -> None:
                             'the working directory and before the repository root.')
 
   def parse_then_main(argv: Sequence[str]) -> None:
+    xla_flags.set_decode_flags()  # Before gin builds any model (and JAX a backend).
     parse_gin_flags(flags.FLAGS.gin_search_paths, flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
     main(argv)
 
