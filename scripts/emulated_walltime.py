@@ -19,7 +19,6 @@ import jax.numpy as jnp
 from speculative_t5x import benchmark
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import xla_flags
 
 
 def device_random_model(size: str, seed: int) -> models.Model:
@@ -63,5 +62,4 @@ def main():
 
 
 if __name__ == '__main__':
-  xla_flags.set_decode_flags()
   main()

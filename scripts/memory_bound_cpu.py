@@ -12,8 +12,8 @@ memory floor (bytes read / bandwidth measured in the same run).
   python scripts/memory_bound_cpu.py --alpha 0.75 --gammas 1 2 3 4 5 7 \
     --output_dir /tmp/memory_bound_cpu
 
-Runs with the project's XLA flags (`xla_flags.set_decode_flags`); set
-XLA_FLAGS yourself to compare others. With 16 examples a pass decodes ~200
+Runs with the XLA flags the mains choose for this target's size
+(`xla_flags.set_decode_flags`); set XLA_FLAGS yourself to compare others. With 16 examples a pass decodes ~200
 iterations: emulated acceptance still varies, so tokens per call (and the
 prediction that assumes Eq. 1's) can differ by a few percent.
 
@@ -43,8 +43,10 @@ def main():
   args = parser.parse_args()
 
   vocab_size = 32128
-  target = models.random_model(
-      network.t5_1_1_config(args.target, dtype='float32', vocab_size=vocab_size), seed=0)
+  target_config = network.t5_1_1_config(args.target, dtype='float32', vocab_size=vocab_size)
+  added = xla_flags.set_decode_flags(network.decoder_weight_bytes(target_config))
+  print(f"XLA flags added for this target: {' '.join(added) or 'none'}", flush=True)
+  target = models.random_model(target_config, seed=0)
   draft = models.random_model(
       network.t5_1_1_config(args.draft, dtype='float32', vocab_size=vocab_size), seed=1)
   inputs, _ = benchmark.random_inputs(args.num_examples, args.input_length, vocab_size)
@@ -59,5 +61,4 @@ def main():
 
 
 if __name__ == '__main__':
-  xla_flags.set_decode_flags()
   main()

@@ -18,7 +18,6 @@ import tempfile
 from speculative_t5x import benchmark
 from speculative_t5x import gin_utils
 from speculative_t5x import models
-from speculative_t5x import xla_flags
 
 
 def main():
@@ -59,5 +58,4 @@ def main():
 
 
 if __name__ == '__main__':
-  xla_flags.set_decode_flags()
   main()

@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import network
-from speculative_t5x import xla_flags
 
 
 def _median_seconds(fn, runs):
@@ -106,5 +105,4 @@ def main():
 
 
 if __name__ == '__main__':
-  xla_flags.set_decode_flags()
   main()

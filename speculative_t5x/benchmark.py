@@ -756,8 +756,9 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   lines = ['', "## Where an iteration's time goes (batch 1, ms)", '',
            'Each part timed alone in a compiled loop at the decode call\'s shapes; the '
            'catch-up counted at the rate the run needed it, the encoders at their share per '
-           'iteration; unexplained = measured - parts. The draft is timed with flushed caches, '
-           'as it runs after the target in the loop.',
+           'iteration; unexplained = measured - parts. When target and draft exceed the '
+           'last-level cache together, the draft is timed with flushed caches, as it runs '
+           'after the target in the loop.',
            '', '| T | gamma | catch-up | draft rollout | target block | verify | bookkeeping '
            '| encode | parts | measured | unexplained | baseline ms/token: parts / measured '
            '| predicted from parts | measured speedup |', '|' + '---|' * 14]

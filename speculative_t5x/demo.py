@@ -188,8 +188,5 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  from speculative_t5x import xla_flags  # pylint: disable=g-import-not-at-top
-
-  xla_flags.set_decode_flags()
   _define_flags()
   app.run(main)

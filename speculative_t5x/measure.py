@@ -10,6 +10,8 @@ is never inside a step. The parts of one speculative iteration
       only after an iteration that accepted all gamma tokens;
   draft_rollout: the gamma draft steps with their sampling (`propose` for
       drafts without a network);
+  (both with flushed caches when target and draft together exceed the
+  last-level cache, as in the loop, where the draft runs after the target;)
   target_block: the target's one call on gamma + 1 tokens;
   judge: `decoding.judge_block`, standardizing p and verifying;
   emit: `decoding.emit_block`, the writes, positions and statistics;
@@ -38,6 +40,7 @@ from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import xla_flags
 
 PyTree = Any
 Array = jax.Array
@@ -75,19 +78,6 @@ def step_seconds(step: Callable, operands: PyTree, carry: PyTree, *, steps: int 
   return median_seconds(run, repetitions) / steps
 
 
-def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
-  """The CPU's last-level cache size (Linux sysfs), or `default` where unknown."""
-  for index in (3, 2):
-    try:
-      with open(f'/sys/devices/system/cpu/cpu0/cache/index{index}/size') as f:
-        text = f.read().strip()
-    except OSError:
-      continue
-    scale = {'K': 2**10, 'M': 2**20, 'G': 2**30}.get(text[-1], 1)
-    return int(text.rstrip('KMG')) * scale
-  return default
-
-
 def cold_step_seconds(step: Callable, operands: PyTree, *, steps: int = 16,
                       repetitions: int = 7) -> float:
   """`step_seconds` with the CPU caches flushed before every call of `step`.
@@ -103,7 +93,7 @@ def cold_step_seconds(step: Callable, operands: PyTree, *, steps: int = 16,
   if jax.default_backend() != 'cpu':
     return step_seconds(step, operands, jnp.zeros((), jnp.float32), steps=steps,
                         repetitions=repetitions)
-  flush = jnp.ones((2 * last_level_cache_bytes() // 4,), jnp.float32)
+  flush = jnp.ones((2 * xla_flags.last_level_cache_bytes() // 4,), jnp.float32)
 
   def flush_then_step(operands_and_flush, i, checksum, step=step):
     operands, flush = operands_and_flush
@@ -191,7 +181,9 @@ class IterationParts:
     target_encode: per decode call, the target's encoder and cache set-up.
     draft_encode: per decode call, the draft's `init_cache`.
 
-  The draft's parts are timed with cold caches (`cold_step_seconds`).
+    draft_timed_cold: whether the draft's parts were timed with flushed
+      caches (`cold_step_seconds`): when target and draft together exceed the
+      last-level cache, as they then do in the loop.
   """
 
   gamma: int
@@ -204,6 +196,7 @@ class IterationParts:
   sampling: float
   target_encode: float
   draft_encode: float
+  draft_timed_cold: bool = False
 
   def iteration_seconds(self, catch_up_rate: float) -> float:
     """Expected seconds per iteration when a catch-up runs at `catch_up_rate`."""
@@ -241,7 +234,7 @@ class IterationParts:
 
   def as_ms(self) -> Dict[str, float]:
     return {field.name: 1000.0 * getattr(self, field.name)
-            for field in dataclasses.fields(self) if field.name != 'gamma'}
+            for field in dataclasses.fields(self) if field.type is float}
 
 
 def _draft_rollout_step(operands, i, checksum, *, draft, gamma, sample_args):
@@ -339,14 +332,22 @@ def iteration_parts(target_config: network.T5Config, target_params: PyTree, draf
   positions = jnp.full((batch_size,), max_decode_len // 2, jnp.int32)
   if isinstance(draft_cache, dict) and 'written_until' in draft_cache:
     draft_cache = dict(draft_cache, written_until=positions)  # No catch-up inside.
-  cold = functools.partial(cold_step_seconds, repetitions=repetitions)
-  draft_rollout = cold(
+  # The draft runs after the target in the loop: its weights are evicted when
+  # the two do not fit the last-level cache together.
+  draft_cold = isinstance(draft, drafts.ModelDraft) and (
+      network.decoder_weight_bytes(target_config) + network.decoder_weight_bytes(draft.config)
+      > xla_flags.last_level_cache_bytes())
+  if draft_cold:
+    time_draft = functools.partial(cold_step_seconds, repetitions=repetitions)
+  else:
+    time_draft = lambda step, operands: time_steps(step, operands, zero)
+  draft_rollout = time_draft(
       functools.partial(_draft_rollout_step, draft=draft, gamma=gamma, sample_args=sample_args),
       (draft_cache, sequences, positions, rng))
   draft_catch_up = 0.0
   if isinstance(draft, drafts.ModelDraft):
-    draft_catch_up = cold(functools.partial(_draft_catch_up_step, draft=draft),
-                          (draft_cache, sequences, positions))
+    draft_catch_up = time_draft(functools.partial(_draft_catch_up_step, draft=draft),
+                                (draft_cache, sequences, positions))
   target_encode = median_seconds(
       lambda: _target_encode(target_params, inputs, config=target_config,
                              cache_length=cache_length), repetitions)
@@ -381,7 +382,8 @@ def iteration_parts(target_config: network.T5Config, target_params: PyTree, draf
   return IterationParts(gamma=gamma, draft_catch_up=draft_catch_up, draft_rollout=draft_rollout,
                         target_block=target_block, judge=judge, emit=emit,
                         target_step=target_step, sampling=baseline_sampling,
-                        target_encode=target_encode, draft_encode=draft_encode)
+                        target_encode=target_encode, draft_encode=draft_encode,
+                        draft_timed_cold=draft_cold)
 
 
 # ------------------------------------------------------------------------------

@@ -863,6 +863,23 @@ def abstract_params(config: T5Config) -> Tuple[dict, dict]:
   return variables['params'], variables['params_axes']
 
 
+def decoder_weight_bytes(config: T5Config, bytes_per_parameter: int = 4) -> int:
+  """Bytes of parameters one cached decoder step reads (float32 storage by default).
+
+  Every decoder layer's attention, cross-attention and MLP kernels, the layer
+  norms and position table, and the logits kernel (or, with
+  `logits_via_embedding`, the whole token embedding). Computed from the
+  config alone, so it can be known before JAX starts (`xla_flags`).
+  """
+  attention = 4 * config.emb_dim * config.num_heads * config.head_dim
+  mlp = (len(config.mlp_activations) + 1) * config.emb_dim * config.mlp_dim
+  layer = 2 * attention + mlp + 3 * config.emb_dim
+  logits = config.vocab_size * config.emb_dim
+  parameters = (config.num_decoder_layers * layer + config.emb_dim + logits
+                + config.num_heads * NUM_BUCKETS)
+  return parameters * bytes_per_parameter
+
+
 def random_params(config: T5Config, seed: int = 0) -> Tuple[dict, dict]:
   """Random parameters drawn on the host, with no XLA compilation.
 

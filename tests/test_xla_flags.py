@@ -1,31 +1,62 @@
-"""The mains' XLA flags: set before JAX starts, never over the user's own."""
+"""The mains' XLA flags: by the target's size, set before JAX starts, never over the user's."""
 
+import gin
+import jax
+import pytest
+
+from speculative_t5x import gin_utils
+from speculative_t5x import network
 from speculative_t5x import xla_flags
 from testing_utils import python_output
 
+SET_FLAGS = ('from speculative_t5x import xla_flags\n'
+             'added = xla_flags.set_decode_flags({bytes})\n')
 
-def test_sets_the_flag_in_a_fresh_process():
+
+def test_a_memory_bound_target_gets_the_flag_in_a_fresh_process():
+  big = 3 * xla_flags.MEMORY_BOUND_FACTOR * xla_flags.last_level_cache_bytes()
   printed = python_output(
-      'import os; os.environ.pop("XLA_FLAGS", None)\n'
-      'from speculative_t5x import xla_flags\n'
-      'added = xla_flags.set_decode_flags()\n'
-      'import jax; jax.numpy.zeros(1).block_until_ready()\n'
-      'print(added == list(xla_flags.DECODE_FLAGS), os.environ["XLA_FLAGS"])')
-  assert printed == 'True ' + ' '.join(xla_flags.DECODE_FLAGS)
+      'import os; os.environ.pop("XLA_FLAGS", None)\n' + SET_FLAGS.format(bytes=big)
+      + 'import jax; jax.numpy.zeros(1).block_until_ready()\n'
+      'print(added == list(xla_flags.MEMORY_BOUND_FLAGS), os.environ["XLA_FLAGS"])')
+  assert printed == 'True ' + ' '.join(xla_flags.MEMORY_BOUND_FLAGS)
+
+
+def test_a_cache_resident_target_gets_none():
+  printed = python_output('import os; os.environ.pop("XLA_FLAGS", None)\n'
+                          + SET_FLAGS.format(bytes=2**20)
+                          + 'print(added, "XLA_FLAGS" in os.environ)')
+  assert printed == '[] False'
 
 
 def test_keeps_the_users_own_value_of_the_flag():
   printed = python_output(
       'import os; os.environ["XLA_FLAGS"] = "--xla_cpu_experimental_ynn_fusion_type= --foo=1"\n'
-      'from speculative_t5x import xla_flags\n'
-      'print(xla_flags.set_decode_flags(), os.environ["XLA_FLAGS"])')
+      + SET_FLAGS.format(bytes=2**40) + 'print(added, os.environ["XLA_FLAGS"])')
   assert printed == '[] --xla_cpu_experimental_ynn_fusion_type= --foo=1'
 
 
 def test_does_nothing_once_a_backend_has_started():
   printed = python_output(
       'import os; os.environ.pop("XLA_FLAGS", None)\n'
-      'import jax; jax.numpy.zeros(1).block_until_ready()\n'
-      'from speculative_t5x import xla_flags\n'
-      'print(xla_flags.set_decode_flags(), "XLA_FLAGS" in os.environ)')
+      'import jax; jax.numpy.zeros(1).block_until_ready()\n' + SET_FLAGS.format(bytes=2**40)
+      + 'print(added, "XLA_FLAGS" in os.environ)')
   assert printed == '[] False'
+
+
+@pytest.mark.parametrize('size', ['tiny', 'small', 'base'])
+def test_decoder_weight_bytes_counts_the_decoder_and_the_logits(size):
+  config = network.t5_1_1_config(size)
+  shapes, _ = network.abstract_params(config)
+  leaves = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree))
+  assert network.decoder_weight_bytes(config) == 4 * leaves(shapes['decoder'])
+
+
+def test_the_mains_read_the_target_config_from_gin():
+  gin_utils.parse_gin_flags([], ['configs/models/small.gin', 'configs/pairs/pair.gin'],
+                            ['DROPOUT_RATE = 0.0', "CHECKPOINT_PATH = '/unused'"])
+  config = gin_utils.bound_target_config()
+  assert network.decoder_weight_bytes(config) == network.decoder_weight_bytes(
+      network.t5_1_1_config('small'))
+  gin.clear_config()
+  assert gin_utils.bound_target_config() is None  # Nothing bound: no flags decided.
