@@ -777,7 +777,8 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   if costs and costs.get('floors'):
     lines += ['', '## One-token steps against the memory floor', '',
               f"Bandwidth measured in this run: {costs['bandwidth_gb_per_s']:.1f} GB/s "
-              '(a reduction over 512 MiB).', '',
+              '(a reduction over 512 MiB); floor = bytes / bandwidth. Below 1x the floor, a '
+              "model's weights were served from cache, not DRAM.", '',
               '| model | MB read per step | floor ms | measured ms | GB/s achieved | x floor |',
               '|---|---|---|---|---|---|']
     for name in ('target', 'draft'):
