@@ -118,6 +118,18 @@ def _sort_by_log_prob(values: Array, log_prob: Array, batch_size: int, num_decod
   return jax.tree_util.tree_map(sort, values), sorted_log_prob
 
 
+def check_positive_int(name: str, value) -> int:
+  """Returns `value` as an int; ValueError unless it is an integer >= 1 (bools are not).
+
+  The one check of gamma, lengths and counts at every API edge, so that
+  `gamma=True` or `max_decode_len=2.5` is an error, never 1 or 2.
+  """
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f'{name} must be an integer >= 1; got {value!r} '
+                     f'({type(value).__name__}). Pass a whole number, e.g. {name}=4.')
+  return int(value)
+
+
 def _validate_common(inputs, num_decodes, max_decode_steps, topk, topp):
   if inputs.ndim != 2:
     raise ValueError(f'inputs must be [batch, max_decode_len]; got shape {inputs.shape}.')
@@ -537,8 +549,7 @@ def speculative_sample(
     per-row stats in the same order.
   """
   _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
-  if not isinstance(gamma, (int, np.integer)) or gamma < 1:
-    raise ValueError(f'gamma must be an integer >= 1; got {gamma!r}.')
+  check_positive_int('gamma', gamma)
   if not isinstance(inputs, jax.core.Tracer) and np.any(np.asarray(inputs) != 0):
     raise ValueError(
         'speculative_sample decodes from BOS only: `inputs` must be all zeros '

@@ -158,11 +158,34 @@ def _generate(
   return GenerateOutput(tokens=decodes[:, -1], scores=scores[:, -1], stats=stats)
 
 
+def check_input_tokens(input_tokens, vocab_size: int) -> np.ndarray:
+  """Host-side check of encoder inputs: an integer [batch, length] array of ids < V.
+
+  Out-of-vocabulary ids would otherwise decode silently to padding (the
+  embedding gather fills NaN inside the compiled call).
+  """
+  input_tokens = np.asarray(input_tokens)
+  if input_tokens.ndim != 2 or not np.issubdtype(input_tokens.dtype, np.integer):
+    raise ValueError(
+        f'input_tokens must be an integer array [batch, length]; got dtype '
+        f'{input_tokens.dtype} and shape {input_tokens.shape}.'
+    )
+  if input_tokens.size and (input_tokens.min() < 0 or input_tokens.max() >= vocab_size):
+    raise ValueError(
+        f'input_tokens must lie in [0, {vocab_size}) (the target vocabulary); '
+        f'got min {input_tokens.min()}, max {input_tokens.max()}. Tokenize with the '
+        "pair's vocabulary."
+    )
+  return input_tokens
+
+
 @dataclasses.dataclass(frozen=True)
 class Decoder:
   """A validated decoding configuration: `decoder(input_tokens, rng) -> GenerateOutput`.
 
-  Calling it runs the compiled decode call and nothing else on the host.
+  Calling it checks the input ids on the host (`check_input_tokens`), then runs
+  the compiled decode call. `compile(...)` gives the call alone, for loops
+  that time or stream batches already checked.
   """
 
   target: Model
@@ -170,8 +193,10 @@ class Decoder:
   static_args: Mapping[str, Any]
 
   def __call__(self, input_tokens: Array, rng: Array) -> GenerateOutput:
-    """input_tokens: int32 [B, Lin]; rng: a PRNG key."""
-    return _generate(self.target.params, self.draft, input_tokens, rng, **self.static_args)
+    """input_tokens: int [B, Lin] ids of the target's vocabulary; rng: a PRNG key."""
+    input_tokens = check_input_tokens(input_tokens, self.target.vocab_size)
+    return _generate(self.target.params, self.draft, jnp.asarray(input_tokens, jnp.int32), rng,
+                     **self.static_args)
 
   def compile(self, input_tokens: Array, rng: Array) -> 'CompiledDecoder':
     """Compiles ahead of time for the shapes of these arguments."""
@@ -214,14 +239,17 @@ def make_decoder(
   benchmarks and inference loops time only decoding. Arguments as `generate`,
   plus `emulate_alpha` (timing only, see `decoding.speculative_sample`).
   """
+  if np.ndim(temperature) != 0:
+    raise ValueError(
+        f'make_decoder and generate take one temperature for the batch (a number); got an '
+        f'array of shape {np.shape(temperature)}. For per-row temperatures call '
+        'decoding.temperature_sample or decoding.speculative_sample, which take float [B].')
   sampling.validate_sampling_args(temperature=temperature, topk=topk, topp=topp)
-  if max_decode_len < 1:
-    raise ValueError(f'max_decode_len must be >= 1; got {max_decode_len}.')
+  decoding.check_positive_int('max_decode_len', max_decode_len)
   if draft is not None:
     draft = _as_draft(draft)
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
-    if not isinstance(gamma, (int, np.integer)) or gamma < 1:
-      raise ValueError(f'gamma must be an integer >= 1; got {gamma!r}.')
+    decoding.check_positive_int('gamma', gamma)
     speculative_sampling.validate_lenience(lenience)
   else:
     gamma, lenience, emulate_alpha = 0, 1.0, None  # Unused by the baseline.
@@ -273,22 +301,11 @@ def generate(
   Returns:
     A `GenerateOutput`.
   """
-  input_tokens = np.asarray(input_tokens)
-  if input_tokens.ndim != 2 or not np.issubdtype(input_tokens.dtype, np.integer):
-    raise ValueError(
-        f'input_tokens must be an integer array [batch, length]; got dtype '
-        f'{input_tokens.dtype} and shape {input_tokens.shape}.'
-    )
-  if input_tokens.size and (input_tokens.min() < 0 or input_tokens.max() >= target.vocab_size):
-    raise ValueError(
-        f'input_tokens must lie in [0, {target.vocab_size}) (the target vocabulary); '
-        f'got min {input_tokens.min()}, max {input_tokens.max()}.'
-    )
   decode = make_decoder(
       target, draft, gamma=gamma, temperature=temperature, topk=topk, topp=topp,
       max_decode_len=max_decode_len, lenience=lenience, eos_id=eos_id,
   )
-  return decode(jnp.asarray(input_tokens, jnp.int32), jax.random.PRNGKey(0) if rng is None else rng)
+  return decode(input_tokens, jax.random.PRNGKey(0) if rng is None else rng)
 
 
 def load_model(config: network.T5Config, checkpoint_path: str, dtype=None) -> Model:

@@ -75,6 +75,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import checkpoints
+from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import models
 from speculative_t5x import network
@@ -436,8 +437,7 @@ def compare_with_huggingface(
   input_tokens = _check_input_tokens(input_tokens, target.vocab_size)
   for name, value in (('max_decode_len', max_decode_len), ('gamma', gamma),
                       ('repetitions', repetitions)):
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f'{name} must be an integer >= 1; got {value!r}.')
+    decoding.check_positive_int(name, value)
   cpu_cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
   torch_threads = cpu_cores if num_threads is None else num_threads
   if not isinstance(torch_threads, (int, np.integer)) or torch_threads < 1:

@@ -379,8 +379,7 @@ def _speculative_model_class() -> type:
                  gamma: int,
                  lenience: float = 1.0):
       check_networks(module, draft_module)
-      if not isinstance(gamma, (int, np.integer)) or isinstance(gamma, bool) or gamma < 1:
-        raise ValueError(f'gamma must be an integer >= 1; got {gamma!r}.')
+      decoding.check_positive_int('gamma', gamma)
       speculative_sampling.validate_lenience(lenience)
       decode_fn_args = inspect.signature(decode_fn).parameters
       if not {'score_block', 'draft', 'draft_cache', 'gamma'} <= decode_fn_args.keys():

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import models
 from speculative_t5x import network
@@ -139,3 +140,32 @@ class TestBadInput:
   def test_token_ids_outside_the_vocabulary(self):
     with pytest.raises(ValueError, match='input_tokens must lie in'):
       models.generate(TARGET, None, np.full((1, 3), 99, np.int32))
+
+
+class TestArgumentsAtTheApiEdge:
+  """Values that used to be silently rounded, clipped or decoded to padding."""
+
+  TARGET = tiny_model(seed=11, vocab_size=16)
+  INPUTS = np.array([[3, 4, 1]], np.int32)
+
+  @pytest.mark.parametrize('name, value', [('gamma', True), ('gamma', 2.0), ('gamma', 0),
+                                           ('max_decode_len', 2.5), ('max_decode_len', False)])
+  def test_non_integers_and_bools_are_errors(self, name, value):
+    with pytest.raises(ValueError, match=f'{name} must be an integer >= 1; got {value!r}'):
+      models.make_decoder(self.TARGET, self.TARGET, **{name: value})
+
+  def test_ids_outside_the_vocabulary_through_make_decoder(self):
+    decode = models.make_decoder(self.TARGET, self.TARGET, gamma=2, max_decode_len=4)
+    with pytest.raises(ValueError, match=r'must lie in \[0, 16\).*max 16'):
+      decode(np.array([[3, 16, 1]], np.int32), jax.random.PRNGKey(0))
+    assert decode(self.INPUTS, jax.random.PRNGKey(0)).tokens.shape == (1, 4)
+
+  def test_a_per_row_temperature_array_is_a_named_error(self):
+    with pytest.raises(ValueError, match='one temperature for the batch.*shape \\(2,\\)'):
+      models.generate(self.TARGET, self.TARGET, np.repeat(self.INPUTS, 2, axis=0),
+                      temperature=np.array([0.5, 1.0]))
+
+  def test_the_speculative_decode_function_rejects_a_bool_gamma(self):
+    with pytest.raises(ValueError, match='gamma must be an integer'):
+      decoding.speculative_sample(jnp.zeros((1, 4), jnp.int32), {}, None, 1,
+                                  draft=None, draft_cache={}, gamma=True)
