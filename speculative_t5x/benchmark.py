@@ -7,12 +7,18 @@ For a target/draft pair and a set of encoder inputs, measured in one run:
     temperature; the same for unigram/bigram drafts fitted on a corpus.
   * c (draft time per token / target step time) and the verify cost v(gamma)
     (a (gamma+1)-token target call / a one-token call), from compiled steps
-    timed inside a loop, warmed up, median of repetitions.
+    timed inside a loop, warmed up, median of repetitions, per temperature.
   * walltime (Table 2): ms/token of the baseline and of speculative decoding
     at batch 1, for a gamma sweep, repeated, median and range; predicted
     speedup (Table 4) = E[tokens per call] / (gamma c + v(gamma)) from the
     measured alpha, c and v (Theorem 3.8 with the verify cost measured rather
     than assumed free).
+  * where each iteration's time goes (`measure`): every part of the loop body
+    timed alone at the decode call's shapes, their sum against the measured
+    iteration (the rest reported as unexplained), a prediction from the
+    parts, and each one-token step against its memory floor (bytes read /
+    bandwidth measured in the same run). Baseline and speculative passes
+    alternate, so their ratio holds on a noisy machine.
   * what the paper left out: speedup vs batch size, memory vs gamma (XLA's
     analysis of the compiled decode call, and the device's peak where it
     reports one), acceptance by draft position and by token, the histogram of
