@@ -508,7 +508,7 @@ def speculative_sample(
     cache_offset: int = 0,
     max_decode_steps: Optional[Union[int, Array]] = None,
     *,
-    draft: Any,
+    draft: drafts.Draft,
     draft_cache: PyTree,
     gamma: int,
     lenience: float = 1.0,

@@ -2,18 +2,13 @@
 
 A draft is a `flax.struct.dataclass`: its arrays (network parameters, n-gram
 tables) are pytree leaves, traced as arguments of the jitted decode call, and
-its configuration is static. Every draft implements
+its configuration is static. Every draft implements the `Draft` protocol
+below: `vocab_size`, `init_cache` and `propose`.
 
-  vocab_size: int
-  init_cache(encoder_input_tokens [B, Lin], cache_length) -> cache
-      Per-row state; every leaf has the batch as its leading axis, so that
-      the decode function can expand it for `num_decodes`.
-  propose(cache, sequences [BN, Ls], positions [BN], rng, *, gamma,
-          temperature, topk, topp) -> (tokens [BN, gamma], probs, cache)
-      `sequences[b, positions[b]]` is row b's last emitted token (index 0 is
-      BOS; see `decoding`). `probs` float32 [BN, gamma, V] are the standardized
-      distributions the tokens were sampled from, or None when the draft is
-      deterministic (its q is one-hot at the proposed token).
+`ModelDraft` is the traced view of a `models.Model` (`Model.as_draft()`): the
+`Model` is the host-side object a user loads, checkpoints and shards (target
+or draft), not a pytree, while the decode loop needs a pytree with the
+network's config static; the two hold the same two fields for that reason.
 
 The speculative loop keeps a draft's state consistent by construction: it only
 ever moves a row's position forward over tokens the draft has seen, so a draft
@@ -22,7 +17,7 @@ draft token, when all gamma were accepted); `ModelDraft` feeds it in one
 single-token step, only in iterations where some row needs it.
 """
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional, Protocol, Tuple
 
 import flax
 import jax
@@ -35,6 +30,35 @@ from speculative_t5x import sampling
 
 PyTree = Any
 Array = jax.Array
+
+
+class Draft(Protocol):
+  """What `decoding.speculative_sample` asks of a draft.
+
+  Attributes:
+    vocab_size: V, which must equal the target's.
+  """
+
+  vocab_size: int
+
+  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
+    """Per-row state for encoder inputs int32 [B, Lin] and `cache_length` positions.
+
+    Every leaf has the batch as its leading axis, so that the decode function
+    can expand it for `num_decodes`.
+    """
+
+  def propose(self, cache: PyTree, sequences: Array, positions: Array, rng: Array, *,
+              gamma: int, temperature, topk: int,
+              topp) -> Tuple[Array, Optional[Array], PyTree]:
+    """Proposes gamma tokens per row: (tokens int32 [BN, gamma], probs, new cache).
+
+    `sequences` int32 [BN, Ls]: `sequences[b, positions[b]]` is row b's last
+    emitted token (index 0 is BOS; see `decoding`), `positions` int32 [BN].
+    `probs` float32 [BN, gamma, V] are the standardized distributions the
+    tokens were sampled from (at these sampling settings), or None when the
+    draft is deterministic (its q is one-hot at the proposed token).
+    """
 
 
 def check_shared_vocabulary(draft_vocab_size: int, target_vocab_size: int) -> None:

@@ -33,7 +33,9 @@ from speculative_t5x import speculative_sampling
 
 PyTree = Any
 Array = jax.Array
-Draft = Union['Model', drafts.ModelDraft, drafts.NgramDraft, drafts.PromptLookupDraft]
+# What `generate` and `make_decoder` take as a draft: a `Model` (used through
+# `Model.as_draft()`) or any `drafts.Draft`.
+Draft = Union['Model', drafts.Draft]
 
 EOS_ID = 1  # T5's SentencePiece vocabularies: PAD = BOS = 0, EOS = 1.
 

@@ -553,6 +553,7 @@ def train(model_dir: str,
     bar = tqdm.tqdm(total=num_steps, initial=start_step, disable=not progress,
                     desc=os.path.basename(os.path.normpath(model_dir)), dynamic_ncols=True)
     pending, tokens, interval_start = [], 0, time.perf_counter()
+    in_flight = None  # The previous step's sums, set after the first step.
     batch = next(batches)
     for step in range(start_step + 1, num_steps + 1):
       state, sums = train_step(state, batch, key)

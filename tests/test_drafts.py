@@ -118,3 +118,13 @@ class TestModelDraft:
       sequences[0, position + 1:position + 1 + len(emitted)] = emitted
       position += len(emitted)
     assert catch_ups == 4  # After iterations 0, 3, 6 and 9.
+
+
+@pytest.mark.parametrize('draft', [
+    testing_utils.tiny_model(seed=1, vocab_size=8).as_draft(),
+    drafts.NgramDraft.fit([[2, 3, 1]], vocab_size=8),
+    drafts.PromptLookupDraft(vocab_size=8)])
+def test_every_draft_has_the_protocol_members(draft):
+  for name in ('vocab_size', 'init_cache', 'propose'):
+    assert hasattr(draft, name), name
+  assert draft.vocab_size == 8
