@@ -194,7 +194,8 @@ def verify(rng: jax.Array,
            target_probs: jax.Array,
            lenience: Union[float, jax.Array] = 1.0,
            return_beta: bool = False,
-           one_hot_target: bool = False):
+           one_hot_target: bool = False,
+           verification: str = 'token'):
   """Accepts a prefix of each row's draft and draws the token that follows it.
 
   Batched and jittable; no sort, O(B·γ·V) work, float32 arithmetic whatever
@@ -216,6 +217,17 @@ def verify(rng: jax.Array,
     one_hot_target: static; every target distribution is one-hot (greedy
       decoding), so the next token is drawn by argmax, without random
       numbers (`sampling.sample(..., one_hot=True)`).
+    verification: static; 'token' (Algorithm 1 of Leviathan et al.: accept
+      x_i with probability min(1, p_i(x_i)/q_i(x_i)), stop at the first
+      rejection) or 'block' (Algorithm 2 of Sun et al., "Block Verification
+      Accelerates Speculative Decoding", ICLR 2025): with the running weight
+      w_0 = 1, w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)), prefix i < γ is
+      accepted with probability h_i = r_i / (r_i + 1 - w_i), where
+      r_i = Σ_x max(0, w_i p_{i+1}(x) - q_{i+1}(x)), and prefix γ with
+      h_γ = w_γ; the emitted prefix is the longest accepted one, τ (not the
+      first rejection), followed by a sample of norm(max(0, w_τ p_{τ+1} -
+      q_{τ+1})) for τ < γ or of p_{γ+1}. Same output distribution, never
+      fewer tokens in expectation. Needs lenience 1.
 
   Returns:
     num_accepted: int32 [B] in [0, γ].
@@ -251,9 +263,18 @@ def verify(rng: jax.Array,
         f"{target_probs.shape[-1]}] (the target's vocabulary); got "
         f"{draft_probs.shape}.")
 
-  num_accepted, next_token = jax.vmap(
-      lambda key, tokens, q, p: _verify_row(key, tokens, q, p, lenience, one_hot_target))(
-          _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs)
+  if verification == 'token':
+    verify_row = lambda key, tokens, q, p: _verify_row(key, tokens, q, p, lenience,
+                                                       one_hot_target)
+  elif verification == 'block':
+    if isinstance(lenience, jax.core.Tracer) or float(lenience) != 1.0:
+      raise ValueError(f"verification='block' is exact only: it needs lenience 1, got "
+                       f"{lenience!r}. Use verification='token' for lenient acceptance.")
+    verify_row = lambda key, tokens, q, p: _block_verify_row(key, tokens, q, p, one_hot_target)
+  else:
+    raise ValueError(f"verification must be 'token' or 'block'; got {verification!r}.")
+  num_accepted, next_token = jax.vmap(verify_row)(
+      _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs)
   if not return_beta:
     return num_accepted, next_token
 
@@ -266,6 +287,44 @@ def verify(rng: jax.Array,
     beta = lenient_acceptance_rate(target_probs,
                                    draft_probs.astype(jnp.float32), lenience)
   return num_accepted, next_token, beta
+
+
+def _block_verify_row(key: jax.Array, draft_tokens: jax.Array,
+                      draft_probs: Optional[jax.Array], target_probs: jax.Array,
+                      one_hot_target: bool) -> Tuple[jax.Array, jax.Array]:
+  """`block_verify` for one row: draft_tokens [γ], draft_probs [γ, V] or None,
+  target_probs [γ+1, V]."""
+  gamma, vocab_size = draft_tokens.shape[0], target_probs.shape[-1]
+  accept_key, next_key = jax.random.split(key)
+  p = target_probs.astype(jnp.float32)
+  q = (jax.nn.one_hot(draft_tokens, vocab_size, dtype=jnp.float32) if draft_probs is None
+       else draft_probs.astype(jnp.float32))
+  at_drafted = lambda probs: jnp.take_along_axis(probs, draft_tokens[:, None], axis=-1)[:, 0]
+  target_at, draft_at = at_drafted(p[:gamma]), at_drafted(q)
+  # p_i(x_i) / q_i(x_i); q_i(x_i) > 0 for a token drawn from q (inf otherwise).
+  ratio = jnp.where(draft_at > 0, target_at / jnp.where(draft_at > 0, draft_at, 1),
+                    jnp.where(target_at > 0, jnp.inf, 0.0))
+  # w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)), w_0 = 1: [γ + 1].
+  weights = [jnp.ones((), jnp.float32)]
+  for i in range(gamma):
+    weights.append(jnp.minimum(jnp.where(weights[-1] > 0, weights[-1] * ratio[i], 0.0), 1.0))
+  weights = jnp.stack(weights)
+  # Excess mass of w_i p_{i+1} over q_{i+1}, the next position's residual.
+  excess = jnp.maximum(weights[1:gamma, None] * p[1:gamma] - q[1:gamma], 0)  # [γ-1, V]
+  excess_mass = jnp.sum(excess, axis=-1)
+  denominator = excess_mass + 1 - weights[1:gamma]
+  stop_here = jnp.where(denominator > 0, excess_mass / jnp.where(denominator > 0, denominator, 1),
+                        0.0)
+  h = jnp.concatenate([stop_here, weights[gamma:]])  # [γ]: h_1..h_γ, h_γ = w_γ.
+  accepted = jax.random.uniform(accept_key, (gamma,)) < h
+  # τ: the longest accepted prefix, not the first rejection.
+  num_accepted = jnp.max(jnp.where(accepted, jnp.arange(1, gamma + 1), 0))
+  target_next = p[num_accepted]
+  draft_next = q[jnp.minimum(num_accepted, gamma - 1)]
+  residual = _normalize_or_target(
+      jnp.maximum(weights[num_accepted] * target_next - draft_next, 0), target_next)
+  next_probs = jnp.where(num_accepted < gamma, residual, target_next)
+  return num_accepted, sampling.sample(next_key, next_probs, one_hot=one_hot_target)
 
 
 def emulated_verify(rng: jax.Array, draft_tokens: jax.Array,
