@@ -25,6 +25,7 @@ import argparse
 from speculative_t5x import benchmark
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import reports
 from speculative_t5x import xla_flags
 
 
@@ -57,7 +58,7 @@ def main():
       num_walltime_examples=args.num_examples, repetitions=args.repetitions,
       max_decode_len=args.max_decode_len, emulate_alpha=args.alpha, output_dir=args.output_dir,
       progress=lambda line: print(line, flush=True))
-  print(benchmark.markdown_report(records))
+  print(reports.markdown_report(records))
 
 
 if __name__ == '__main__':

@@ -31,13 +31,12 @@ Everything here imports jax/flax/numpy only (sentencepiece or seqio only for
 the input readers that need them), so the walltime benchmark runs on GPU/TPU
 machines without TensorFlow. `python -m speculative_t5x.benchmark
 --gin_file=configs/runs/benchmark.gin ...` runs `run_benchmark` from gin;
-`scripts/` wraps it.
+`scripts/` wraps it. The records become benchmark.json, benchmark.md and
+figures in `reports`.
 """
 
 import dataclasses
 import functools
-import json
-import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -50,6 +49,7 @@ from speculative_t5x import drafts
 from speculative_t5x import measure
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import reports
 from speculative_t5x import sampling
 from speculative_t5x import speculative_sampling
 from speculative_t5x import theory
@@ -178,26 +178,40 @@ def random_inputs(num_examples: int, input_length: int, vocab_size: int, seed: i
 
 
 def output_lengths(tokens: np.ndarray, eos_id: int = EOS_ID) -> np.ndarray:
-  """int [N]: emitted tokens per row of decodes [N, L] (up to and incl. EOS)."""
+  """int [N]: emitted tokens per row of decodes [N, L] (up to and incl. EOS; L if none)."""
   tokens = np.asarray(tokens)
   is_eos = tokens == eos_id
   return np.where(is_eos.any(axis=1), np.argmax(is_eos, axis=1) + 1, tokens.shape[1])
 
 
-@functools.partial(jax.jit, static_argnames=('config',))
-def _teacher_forced_logits(params, input_tokens, output_tokens, *, config):
-  decoder_inputs = jnp.pad(output_tokens[:, :-1], ((0, 0), (1, 0)))
+def shift_right(output_tokens: np.ndarray) -> np.ndarray:
+  """int [N, L]: the decoder inputs of outputs [N, L], BOS (0) then all but the last."""
+  return np.pad(np.asarray(output_tokens)[:, :-1], ((0, 0), (1, 0)))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def teacher_forced_logits(config: network.T5Config, params, input_tokens,
+                          decoder_input_tokens) -> jax.Array:
+  """float32 [N, L, V]: next-token logits at every decoder position, all valid.
+
+  Args:
+    config: the network's configuration.
+    params: its parameters.
+    input_tokens: int [N, Lin] encoder inputs.
+    decoder_input_tokens: int [N, L], e.g. `shift_right(outputs)`.
+  """
   return network.Transformer(config).apply(
-      {'params': params}, input_tokens, decoder_inputs, jnp.ones_like(output_tokens),
-      enable_dropout=False)
+      {'params': params}, input_tokens, decoder_input_tokens,
+      jnp.ones_like(decoder_input_tokens), enable_dropout=False)
 
 
 def draft_logits(draft, input_tokens: np.ndarray, output_tokens: np.ndarray) -> jax.Array:
   """float32 [N, L, V]: the draft's next-token logits along target outputs."""
   if isinstance(draft, models.Model):
-    return _teacher_forced_logits(draft.params, input_tokens, output_tokens, config=draft.config)
+    return teacher_forced_logits(draft.config, draft.params, input_tokens,
+                                 shift_right(output_tokens))
   if isinstance(draft, drafts.NgramDraft):
-    previous = np.pad(output_tokens[:, :-1], ((0, 0), (1, 0)))
+    previous = shift_right(output_tokens)
     logits = draft.log_probs(jnp.asarray(previous.reshape(-1)))
     return logits.reshape(previous.shape + (draft.vocab_size,))
   raise ValueError(
@@ -265,7 +279,8 @@ def measure_alpha(target: models.Model, candidates: Mapping[str, Any], inputs: n
     start += batch_size
     key, step_key = jax.random.split(key)
     outputs = np.asarray(decode(jnp.asarray(batch), step_key).tokens)
-    target_logits = _teacher_forced_logits(target.params, batch, outputs, config=target.config)
+    target_logits = teacher_forced_logits(target.config, target.params, batch,
+                                          shift_right(outputs))
     valid = np.arange(outputs.shape[1])[None] < output_lengths(outputs)[:, None]
     for name, draft in candidates.items():
       beta = np.asarray(_beta(target_logits, draft_logits(draft, batch, outputs), **sample_args))
@@ -303,8 +318,8 @@ class DecodeRun:
     seconds: per repetition, the wall time of decoding every batch.
     tokens: tokens emitted per pass (EOS included).
     outputs: int32 [N, L] decodes of the first pass.
-    stats: speculative statistics summed over the first pass's batches (None
-      for the baseline): dict of numpy arrays.
+    stats: the first pass's speculative statistics, its batches' joined
+      (`_join_stats`; None for the baseline).
     memory: XLA's memory analysis of the compiled call, in bytes
       (argument_bytes, temp_bytes, output_bytes; empty if unavailable).
   """
@@ -312,7 +327,7 @@ class DecodeRun:
   seconds: List[float]
   tokens: int
   outputs: np.ndarray
-  stats: Optional[Dict[str, np.ndarray]]
+  stats: Optional[decoding.SpeculativeStats]
   memory: Dict[str, int]
 
   @property
@@ -320,17 +335,18 @@ class DecodeRun:
     return [1000.0 * s / self.tokens for s in self.seconds]
 
 
-def _sum_stats(stats: Sequence[decoding.SpeculativeStats]) -> Dict[str, np.ndarray]:
-  """Sums speculative statistics over batches; per-row fields also over rows."""
+def _join_stats(stats: Sequence[decoding.SpeculativeStats]) -> decoding.SpeculativeStats:
+  """The statistics of batches as those of one batch of all their rows (numpy arrays).
+
+  Per-row fields ([B, ...] each) are concatenated to [sum B, ...]; aggregate
+  fields are summed, so the properties (`mean_beta`, `tokens_per_target_call`)
+  hold over all batches.
+  """
   per_row = ('iterations', 'accepted', 'emitted')
-  aggregate = ('target_calls', 'accepted_histogram', 'position_reached', 'position_accepted',
-               'beta_sum', 'beta_count')
-  totals = {}
-  for batch_stats in stats:
-    for field in per_row + aggregate:
-      value = np.asarray(getattr(batch_stats, field))
-      totals[field] = totals.get(field, 0) + (value.sum() if field in per_row else value)
-  return totals
+  return decoding.SpeculativeStats(**{
+      field.name: (np.concatenate if field.name in per_row else functools.partial(np.sum, axis=0))(
+          [np.asarray(getattr(batch_stats, field.name)) for batch_stats in stats])
+      for field in dataclasses.fields(decoding.SpeculativeStats)})
 
 
 def time_decodings(decoders: Sequence[models.Decoder], inputs: np.ndarray, *,
@@ -364,7 +380,7 @@ def time_decodings(decoders: Sequence[models.Decoder], inputs: np.ndarray, *,
   runs = []
   for decode, call, times, results in zip(decoders, compiled, seconds, first_pass):
     outputs = np.concatenate([np.asarray(r.tokens) for r in results])
-    stats = None if results[0].stats is None else _sum_stats([r.stats for r in results])
+    stats = None if results[0].stats is None else _join_stats([r.stats for r in results])
     tokens = int(output_lengths(outputs, decode.static_args['eos_id']).sum())
     runs.append(DecodeRun(seconds=times, tokens=tokens, outputs=outputs, stats=stats,
                           memory=_memory_bytes(call)))
@@ -561,14 +577,12 @@ def run_benchmark(
   for temperature in temperatures:
     for gamma in gammas:
       records.append(measure_walltime(temperature, gamma, 1, alphas.get(temperature)))
-    sweep_gamma = batch_size_gamma or max(
-        (r for r in records if r['kind'] == 'walltime' and r['temperature'] == temperature),
-        key=lambda r: r['speedup']['median'])['gamma']
+    sweep_gamma = batch_size_gamma or reports.best_gamma(records, temperature)
     for batch_size in sorted(set(batch_sizes) - {1}):
       records.append(measure_walltime(temperature, sweep_gamma, batch_size,
                                       alphas.get(temperature)))
   if output_dir is not None:
-    write_report(records, output_dir)
+    reports.write_report(records, output_dir)
   return records
 
 
@@ -594,16 +608,16 @@ def _measure_walltime(target, draft, inputs, temperature, gamma, batch_size, alp
       batch_size=batch_size,
       num_examples=int(len(inputs)),
       alpha=alpha,
-      alpha_loop=float(stats['beta_sum'] / max(stats['beta_count'], 1)),
+      alpha_loop=float(stats.mean_beta),
       c=part.c,
       verify_cost=part.verify_cost,
       ms_per_token_baseline=_summary(baseline.ms_per_token),
       ms_per_token_speculative=_summary(speculative.ms_per_token),
       speedup=_summary(speedups),
-      tokens_per_call=float(stats['emitted'] / max(stats['iterations'], 1)),
-      accepted_histogram=stats['accepted_histogram'].tolist(),
-      acceptance_by_position=(stats['position_accepted'] /
-                              np.maximum(stats['position_reached'], 1)).tolist(),
+      tokens_per_call=float(stats.tokens_per_target_call),
+      accepted_histogram=stats.accepted_histogram.tolist(),
+      acceptance_by_position=(stats.position_accepted /
+                              np.maximum(stats.position_reached, 1)).tolist(),
       memory=speculative.memory,
       device_peak_bytes=device_peak_bytes(),
   )
@@ -630,7 +644,7 @@ def _measure_walltime(target, draft, inputs, temperature, gamma, batch_size, alp
         bleu_baseline=corpus_bleu(vocabulary_path, baseline.outputs, references),
         bleu_speculative=corpus_bleu(vocabulary_path, speculative.outputs, references),
     )
-  progress(_one_line(record))
+  progress(reports.walltime_line(record))
   return record
 
 
@@ -645,9 +659,9 @@ def iteration_breakdown(part: measure.IterationParts, baseline: DecodeRun,
   the same way.
   """
   stats = speculative.stats
-  iterations = max(int(stats['target_calls']), 1)
+  iterations = max(int(stats.target_calls), 1)
   num_calls = len(speculative.outputs)  # Batch 1: one decode call per row.
-  catch_up_rate = float(stats['accepted_histogram'][-1]) / iterations
+  catch_up_rate = float(stats.accepted_histogram[-1]) / iterations
   ms = part.as_ms()
   breakdown = dict(
       draft_catch_up=ms['draft_catch_up'] * catch_up_rate,
@@ -671,217 +685,6 @@ def iteration_breakdown(part: measure.IterationParts, baseline: DecodeRun,
       baseline_measured=baseline_measured,
       baseline_unexplained=baseline_measured - baseline_parts,
   )
-
-
-def _one_line(record: Dict[str, Any]) -> str:
-  predicted = record.get('predicted_speedup')
-  return (f"  T={record['temperature']} gamma={record['gamma']} batch={record['batch_size']}: "
-          f"{record['ms_per_token_baseline']['median']:.2f} -> "
-          f"{record['ms_per_token_speculative']['median']:.2f} ms/token, speedup "
-          f"{record['speedup']['median']:.2f}x"
-          + (f' (predicted {predicted:.2f}x' if predicted is not None else '')
-          + (f", from the parts {record['predicted_speedup_parts']:.2f}x"
-             if 'predicted_speedup_parts' in record else '')
-          + (')' if predicted is not None else '')
-          + f", {record['tokens_per_call']:.2f} tokens/call")
-
-
-# ------------------------------------------------------------------------------
-# Reports.
-# ------------------------------------------------------------------------------
-
-
-def _fmt(value, digits=2):
-  return '-' if value is None else f'{value:.{digits}f}'
-
-
-def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
-  """Markdown tables: walltime and prediction (Tables 2 and 4), alpha (Table 3),
-  batch size, memory, acceptance by position."""
-  lines = []
-  walltime = [r for r in records if r['kind'] == 'walltime']
-  if any(r['emulated'] for r in records):
-    lines += ['**EMULATION**: acceptances drawn i.i.d. at the given alpha on random weights; '
-              'timings only, no text.', '']
-  lines += ['## Walltime at batch 1 (Tables 2 and 4)', '',
-            '| pair | task | T | gamma | alpha | alpha (loop) | c | v(gamma) | tokens/call '
-            '| ms/token base | ms/token spec | speedup (range) | predicted | predicted, v=1 '
-            '| BLEU base / spec |',
-            '|' + '---|' * 15]
-  for r in walltime:
-    if r['batch_size'] != 1:
-      continue
-    bleu = (f"{_fmt(r.get('bleu_baseline'), 1)} / {_fmt(r.get('bleu_speculative'), 1)}"
-            if r.get('bleu_baseline') is not None else '-')
-    lines.append(
-        f"| {r['pair']} | {r['task']} | {r['temperature']} | {r['gamma']} | {_fmt(r['alpha'])} "
-        f"| {_fmt(r['alpha_loop'])} | {_fmt(r['c'], 3)} | {_fmt(r['verify_cost'])} "
-        f"| {_fmt(r['tokens_per_call'])} | {_fmt(r['ms_per_token_baseline']['median'])} "
-        f"| {_fmt(r['ms_per_token_speculative']['median'])} "
-        f"| {_fmt(r['speedup']['median'])}x ({_fmt(r['speedup']['min'])}-"
-        f"{_fmt(r['speedup']['max'])}) | {_fmt(r.get('predicted_speedup'))}x "
-        f"| {_fmt(r.get('predicted_speedup_free_verify'))}x | {bleu} |")
-  lines += _breakdown_lines(records)
-  alpha = [r for r in records if r['kind'] == 'alpha']
-  if alpha:
-    lines += ['', '## alpha (Table 3)', '', '| draft | T | alpha | stderr | tokens |',
-              '|---|---|---|---|---|']
-    lines += [f"| {r['draft']} | {r['temperature']} | {_fmt(r['alpha'], 3)} "
-              f"| {_fmt(r['alpha_stderr'], 3)} | {r['num_tokens']} |" for r in alpha]
-  batched = [r for r in walltime if r['batch_size'] != 1]
-  if batched:
-    lines += ['', '## Speedup vs batch size', '',
-              '| T | gamma | batch | ms/token base | ms/token spec | speedup |',
-              '|---|---|---|---|---|---|']
-    for r in sorted(walltime, key=lambda r: (r['temperature'], r['batch_size'])):
-      if r['gamma'] == batched[0]['gamma']:
-        lines.append(f"| {r['temperature']} | {r['gamma']} | {r['batch_size']} "
-                     f"| {_fmt(r['ms_per_token_baseline']['median'])} "
-                     f"| {_fmt(r['ms_per_token_speculative']['median'])} "
-                     f"| {_fmt(r['speedup']['median'])}x |")
-  lines += ['', '## Memory and acceptance by position (batch 1)', '',
-            '| T | gamma | XLA temp MiB | XLA args MiB | acceptance by draft position |',
-            '|---|---|---|---|---|']
-  for r in walltime:
-    if r['batch_size'] == 1:
-      mem = r['memory']
-      lines.append(f"| {r['temperature']} | {r['gamma']} "
-                   f"| {_fmt(mem.get('temp_bytes', 0) / 2**20, 1)} "
-                   f"| {_fmt(mem.get('argument_bytes', 0) / 2**20, 1)} "
-                   f"| {' '.join(f'{a:.2f}' for a in r['acceptance_by_position'])} |")
-  return '\n'.join(lines) + '\n'
-
-
-_BREAKDOWN_PARTS = ('draft_catch_up', 'draft_rollout', 'target_block', 'judge', 'emit',
-                    'encode', 'unexplained')
-
-
-def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
-  """Markdown: where an iteration's time goes, and each step against its memory floor."""
-  rows = [r for r in records if r['kind'] == 'walltime' and 'breakdown' in r]
-  lines = ['', "## Where an iteration's time goes (batch 1, ms)", '',
-           'Each part timed alone in a compiled loop at the decode call\'s shapes; the '
-           'catch-up counted at the rate the run needed it, the encoders at their share per '
-           'iteration; unexplained = measured - parts. When target and draft exceed the '
-           'last-level cache together, the draft is timed with flushed caches, as it runs '
-           'after the target in the loop.',
-           '', '| T | gamma | catch-up | draft rollout | target block | verify | bookkeeping '
-           '| encode | parts | measured | unexplained | baseline ms/token: parts / measured '
-           '| predicted from parts | measured speedup |', '|' + '---|' * 14]
-  for r in rows:
-    b = r['breakdown']
-    lines.append(
-        f"| {r['temperature']} | {r['gamma']} | {_fmt(b['draft_catch_up'], 3)} "
-        f"| {_fmt(b['draft_rollout'], 3)} | {_fmt(b['target_block'], 3)} | {_fmt(b['judge'], 3)} "
-        f"| {_fmt(b['emit'], 3)} | {_fmt(b['encode'], 3)} | {_fmt(b['parts_sum'], 3)} "
-        f"| {_fmt(b['measured'], 3)} "
-        f"| {_fmt(b['unexplained'], 3)} ({100 * b['unexplained'] / max(b['measured'], 1e-9):.0f}%) "
-        f"| {_fmt(b['baseline_parts'], 3)} / {_fmt(b['baseline_measured'], 3)} "
-        f"| {_fmt(r.get('predicted_speedup_parts'))}x "
-        f"| {_fmt(r['speedup']['median'])}x |")
-  costs = next((r for r in records if r['kind'] == 'costs'), None)
-  if costs and costs.get('floors'):
-    lines += ['', '## One-token steps against the memory floor', '',
-              f"Bandwidth measured in this run: {costs['bandwidth_gb_per_s']:.1f} GB/s "
-              '(a reduction over 512 MiB); floor = bytes / bandwidth. Below 1x the floor, a '
-              "model's weights were served from cache, not DRAM.", '',
-              '| model | MB read per step | floor ms | measured ms | GB/s achieved | x floor |',
-              '|---|---|---|---|---|---|']
-    for name in ('target', 'draft'):
-      floor = costs['floors'].get(name)
-      if floor:
-        lines.append(f"| {name} | {floor['bytes'] / 1e6:.1f} | {_fmt(floor['floor_ms'], 3)} "
-                     f"| {_fmt(floor['measured_ms'], 3)} | {_fmt(floor['achieved_gb_per_s'], 1)} "
-                     f"| {_fmt(floor['over_floor'])} |")
-    if 'draft_bytes_over_target_bytes' in costs['floors']:
-      lines.append('')
-      lines.append(f"Draft / target bytes per step: "
-                   f"{costs['floors']['draft_bytes_over_target_bytes']:.3f}.")
-  return lines
-
-
-def plot_breakdown(records: Sequence[Dict[str, Any]], path: str) -> None:
-  """A stacked bar per (temperature, gamma): the parts of an iteration and the rest."""
-  from matplotlib import pyplot as plt
-
-  rows = [r for r in records if r['kind'] == 'walltime' and 'breakdown' in r]
-  fig, ax = plt.subplots(figsize=(max(4, 0.8 * len(rows) + 2), 3.5))
-  labels = [f"T={r['temperature']}\ng={r['gamma']}" for r in rows]
-  bottom = np.zeros(len(rows))
-  for part in _BREAKDOWN_PARTS:
-    heights = np.array([max(r['breakdown'][part], 0.0) for r in rows])
-    ax.bar(labels, heights, bottom=bottom, label=part.replace('_', ' '))
-    bottom += heights
-  if rows:
-    ax.plot(labels, [r['breakdown']['baseline_measured'] for r in rows], 'k_', markersize=20,
-            label='baseline ms/token')
-  ax.set_ylabel('ms per iteration')
-  ax.legend(fontsize=6)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
-def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]:
-  """Saves speedup-vs-gamma (measured and predicted) and speedup-vs-batch figures."""
-  import matplotlib  # Figures only when asked for.
-
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt
-
-  walltime = [r for r in records if r['kind'] == 'walltime']
-  paths = []
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  for temperature in sorted({r['temperature'] for r in walltime}):
-    rows = sorted((r for r in walltime if r['temperature'] == temperature and
-                   r['batch_size'] == 1), key=lambda r: r['gamma'])
-    gammas = [r['gamma'] for r in rows]
-    ax.errorbar(gammas, [r['speedup']['median'] for r in rows],
-                yerr=[[r['speedup']['median'] - r['speedup']['min'] for r in rows],
-                      [r['speedup']['max'] - r['speedup']['median'] for r in rows]],
-                marker='o', capsize=3, label=f'measured, T={temperature}')
-    if rows and rows[0].get('predicted_speedup') is not None:
-      ax.plot(gammas, [r['predicted_speedup'] for r in rows], '--', marker='x',
-              label=f'predicted, T={temperature}')
-  ax.axhline(1.0, color='gray', linewidth=0.8)
-  ax.set_xlabel('gamma')
-  ax.set_ylabel('speedup over baseline')
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  paths.append(os.path.join(output_dir, 'speedup_vs_gamma.png'))
-  fig.savefig(paths[-1], dpi=120)
-  plt.close(fig)
-  if any('breakdown' in r for r in walltime):
-    paths.append(os.path.join(output_dir, 'iteration_breakdown.png'))
-    plot_breakdown(records, paths[-1])
-  batched = [r for r in walltime if r['batch_size'] != 1]
-  if batched:
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for temperature in sorted({r['temperature'] for r in walltime}):
-      rows = sorted((r for r in walltime if r['temperature'] == temperature and
-                     r['gamma'] == batched[0]['gamma']), key=lambda r: r['batch_size'])
-      ax.plot([r['batch_size'] for r in rows], [r['speedup']['median'] for r in rows],
-              marker='o', label=f'T={temperature}, gamma={batched[0]["gamma"]}')
-    ax.set_xscale('log', base=2)
-    ax.axhline(1.0, color='gray', linewidth=0.8)
-    ax.set_xlabel('batch size')
-    ax.set_ylabel('speedup over baseline')
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(os.path.join(output_dir, 'speedup_vs_batch.png'))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-  return paths
-
-
-def write_report(records: Sequence[Dict[str, Any]], output_dir: str) -> None:
-  """benchmark.json (one record per configuration), benchmark.md, figures."""
-  os.makedirs(output_dir, exist_ok=True)
-  with open(os.path.join(output_dir, 'benchmark.json'), 'w') as f:
-    json.dump(list(records), f, indent=1, default=float)
-  with open(os.path.join(output_dir, 'benchmark.md'), 'w') as f:
-    f.write(markdown_report(records))
-  plot_report(records, output_dir)
 
 
 # ------------------------------------------------------------------------------

@@ -39,12 +39,12 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-import numpy as np
 
 from speculative_t5x import benchmark
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import reports
 from speculative_t5x import tasks_core
 
 MAX_DECODE_LEN = 48  # Output length of the timed decodes: the training targets' length.
@@ -176,8 +176,7 @@ def main(argv) -> None:
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None
   if args.peer_examples:
-    greedy_gamma = max((r for r in records if r['kind'] == 'walltime' and r['batch_size'] == 1
-                        and r['temperature'] == 0.0), key=lambda r: r['speedup']['median'])['gamma']
+    greedy_gamma = reports.best_gamma(records, temperature=0.0)
     _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
     peers_markdown = compare_with_huggingface(target, draft,
                                               benchmark.trim_padding(inputs[:args.peer_examples]),

@@ -93,7 +93,7 @@ def test_emulated_tokens_per_call_follow_eq_1():
   decode = benchmark.models.make_decoder(TARGET, DRAFT, gamma=gamma, temperature=1.0,
                                          max_decode_len=60, eos_id=-1, emulate_alpha=alpha)
   run = benchmark.time_decoding(decode, inputs, batch_size=16, repetitions=1)
-  histogram = run.stats['accepted_histogram']
+  histogram = run.stats.accepted_histogram
   iterations = histogram.sum()
   mean_tokens = (histogram * (np.arange(gamma + 1) + 1)).sum() / iterations
   expected = theory.expected_tokens(alpha, gamma)
