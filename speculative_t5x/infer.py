@@ -85,6 +85,7 @@ import seqio
 import tensorflow as tf
 import tqdm
 
+from speculative_t5x import benchmark
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
 from speculative_t5x import models
@@ -336,11 +337,10 @@ def _batch_records(batch: _Batch, output: models.GenerateOutput, task: seqio.Tas
   """One record per real row of a decoded batch (`output` on the host)."""
   vocabulary = task.output_features['targets'].vocabulary
   stats = output.stats
+  lengths = benchmark.output_lengths(output.tokens, eos_id)
   records = []
   for row, example in enumerate(batch.examples):
-    tokens = output.tokens[row]
-    eos_at = np.flatnonzero(tokens == eos_id)
-    length = int(eos_at[0]) + 1 if eos_at.size else tokens.size
+    tokens, length = output.tokens[row], int(lengths[row])
     prediction = vocabulary.decode(tokens[:length].tolist())
     targets = _text(example, 'targets', vocabulary)
     record = {
@@ -353,7 +353,7 @@ def _batch_records(batch: _Batch, output: models.GenerateOutput, task: seqio.Tas
         'iterations': length if stats is None else int(stats.iterations[row]),
         'accepted': 0 if stats is None else int(stats.accepted[row]),
         'emitted': length if stats is None else int(stats.emitted[row]),
-        'truncated': not eos_at.size,
+        'truncated': bool(tokens[length - 1] != eos_id),
     }
     if stats is not None:
       record.update(batch_beta_sum=float(stats.beta_sum), batch_beta_count=int(stats.beta_count))

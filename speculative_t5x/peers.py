@@ -74,11 +74,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x import benchmark
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import models
-from speculative_t5x import network
 
 OURS_BASELINE = 'ours baseline'
 OURS_SPECULATIVE = 'ours speculative'
@@ -238,16 +238,7 @@ def emitted_tokens(decode: np.ndarray, eos_id: int = models.EOS_ID) -> np.ndarra
       a real token).
     eos_id: end-of-sequence id.
   """
-  ends = np.flatnonzero(decode == eos_id)
-  return decode[:ends[0] + 1] if ends.size else decode
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _our_logits(config: network.T5Config, params, input_tokens, decoder_input_tokens):
-  """Teacher-forced float32 logits [B, L, V]; every decoder position is valid."""
-  return network.Transformer(config).apply(
-      {'params': params}, input_tokens, decoder_input_tokens,
-      jnp.ones_like(decoder_input_tokens), enable_dropout=False)
+  return decode[:benchmark.output_lengths(decode[None], eos_id)[0]]
 
 
 def _hf_logits(torch, hf_model, input_tokens: np.ndarray, decoder_input_tokens: np.ndarray
@@ -261,10 +252,7 @@ def _hf_logits(torch, hf_model, input_tokens: np.ndarray, decoder_input_tokens: 
 
 def _shift_right(tokens: np.ndarray, length: int) -> np.ndarray:
   """Decoder inputs [1, length]: BOS (0), then `tokens`, cut or 0-padded."""
-  decoder_inputs = np.zeros((1, length), np.int32)
-  shifted = np.asarray(tokens[:length - 1])
-  decoder_inputs[0, 1:1 + len(shifted)] = shifted
-  return decoder_inputs
+  return benchmark.shift_right(benchmark.pad_rows([tokens[:length]], length))
 
 
 def _divergence(system: str, example: int, ours: np.ndarray, theirs: np.ndarray,
@@ -359,7 +347,8 @@ def _export(model: models.Model, directory: str, transformers):
 def _logits_error(torch, model: models.Model, hf_model, input_row: np.ndarray,
                   decoder_inputs: np.ndarray, role: str) -> float:
   """Max |our - HF| teacher-forced logits; raises if beyond LOGITS_TOLERANCE."""
-  ours = np.asarray(_our_logits(model.config, model.params, input_row, decoder_inputs))
+  ours = np.asarray(benchmark.teacher_forced_logits(model.config, model.params, input_row,
+                                                    decoder_inputs))
   theirs = _hf_logits(torch, hf_model, input_row, decoder_inputs)
   error = float(np.abs(ours - theirs).max())
   if error > LOGITS_TOLERANCE * max(1.0, float(np.abs(ours).max())):
@@ -502,7 +491,8 @@ def compare_with_huggingface(
             row = input_tokens[example:example + 1]
             divergences.append(_divergence(
                 system, example, reference[example], tokens,
-                functools.partial(_our_logits, target.config, target.params, row),
+                functools.partial(benchmark.teacher_forced_logits, target.config,
+                                  target.params, row),
                 functools.partial(_hf_logits, torch, hf_target, row), max_decode_len))
     finally:
       hook.remove()

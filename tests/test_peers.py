@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from speculative_t5x import benchmark
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import peers
@@ -141,7 +142,7 @@ def test_divergence_is_located_and_near_ties_recognized(tmp_path):
   row = INPUTS[:1]
   analyze = functools.partial(
       peers._divergence, peers.HF_ASSISTED, 0, greedy,
-      our_logits=functools.partial(peers._our_logits, tied.config, tied.params, row),
+      our_logits=functools.partial(benchmark.teacher_forced_logits, tied.config, tied.params, row),
       hf_logits=functools.partial(peers._hf_logits, torch, hf_tied, row),
       max_decode_len=MAX_DECODE_LEN)
 
@@ -154,8 +155,8 @@ def test_divergence_is_located_and_near_ties_recognized(tmp_path):
   assert tie.near_tie
 
   decoder_inputs = peers._shift_right(greedy[:position], MAX_DECODE_LEN)
-  worst = int(np.argmin(np.asarray(peers._our_logits(tied.config, tied.params, row,
-                                                     decoder_inputs))[0, position]))
+  worst = int(np.argmin(np.asarray(benchmark.teacher_forced_logits(
+      tied.config, tied.params, row, decoder_inputs))[0, position]))
   theirs[position] = worst
   clear = analyze(theirs)
   assert clear.their_token == worst and clear.our_gap > 1.0 and not clear.near_tie
