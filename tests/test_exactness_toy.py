@@ -4,7 +4,9 @@ A toy autoregressive target and a different toy draft, both conditioned on the
 whole prefix, over a 5-token vocabulary and sequences of 4 tokens: every one of
 the 625 sequences has an exact target probability, so 200,000 speculative
 samples per configuration are compared with it by a chi-square test, for every
-sampling mode and γ ∈ {1, 3, 7}. Run with `pytest -s` to see the p-values.
+sampling mode, γ ∈ {1, 3, 7} and both verification rules (token: Algorithm 1;
+block: Sun et al.'s block verification). Run with `pytest -s` to see the
+p-values.
 """
 
 import functools
@@ -66,9 +68,10 @@ def _next_state(state, token):
   return (state * VOCAB_SIZE + token + 1) % NUM_STATES
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "deterministic_draft"))
+@functools.partial(jax.jit,
+                   static_argnames=("gamma", "deterministic_draft", "verification"))
 def speculative_sequences(rng, target_table, draft_table, gamma,
-                          deterministic_draft):
+                          deterministic_draft, verification="token"):
   """Samples NUM_SEQUENCES sequences [N, LENGTH] by speculative sampling.
 
   Args:
@@ -81,6 +84,7 @@ def speculative_sequences(rng, target_table, draft_table, gamma,
     draft_table: float32 [NUM_STATES, V], the same for the draft.
     gamma: draft tokens per iteration.
     deterministic_draft: pass draft_probs=None to verify (q one-hot).
+    verification: 'token' or 'block' (`speculative_sampling.verify`).
   """
   rows = jnp.arange(NUM_SEQUENCES)
 
@@ -102,7 +106,7 @@ def speculative_sequences(rng, target_table, draft_table, gamma,
     num_accepted, next_token = speculative_sampling.verify(
         verify_rng, drafts,
         None if deterministic_draft else draft_probs.transpose(1, 0, 2),
-        target_probs)
+        target_probs, verification=verification)
 
     # Emitted this iteration: drafts[:n] then next_token; [N, γ+1].
     emitted = jnp.concatenate([drafts, drafts[:, :1]], axis=1)
@@ -145,36 +149,38 @@ def sequence_index(tokens):
                               (VOCAB_SIZE,) * LENGTH)
 
 
-def sample_mode(mode, gamma, seed=0):
-  """Speculative samples [N, LENGTH] for one sampling mode and γ."""
+def sample_mode(mode, gamma, seed=0, verification="token"):
+  """Speculative samples [N, LENGTH] for one sampling mode, γ and verification rule."""
   target_args, draft_args, deterministic_draft = MODES[mode]
   rng = jax.random.key(1000 * seed + 10 * gamma + list(MODES).index(mode))
   tokens, length = speculative_sequences(
       rng, sampling.standardize(TARGET_LOGITS, **target_args),
       sampling.standardize(DRAFT_LOGITS, **draft_args), gamma,
-      deterministic_draft)
+      deterministic_draft, verification)
   assert np.all(np.asarray(length) >= LENGTH)
   return np.asarray(tokens)
 
 
-def run_configuration(mode, gamma, seed=0):
+def run_configuration(mode, gamma, seed=0, verification="token"):
   """Returns (statistic, dof, p-value) of speculative vs exact for one case."""
-  tokens = sample_mode(mode, gamma, seed)
+  tokens = sample_mode(mode, gamma, seed, verification)
   counts = np.bincount(sequence_index(tokens), minlength=VOCAB_SIZE**LENGTH)
   return chi_square_test(counts, exact_sequence_probabilities(MODES[mode][0]))
 
 
+@pytest.mark.parametrize("verification", ["token", "block"])
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "argmax"])
-def test_joint_distribution_matches_target(mode, gamma):
-  statistic, dof, p_value = run_configuration(mode, gamma)
-  print(f"\n[exactness] mode={mode} gamma={gamma} chi2={statistic:.1f} "
-        f"dof={dof} p={p_value:.4f}")
+def test_joint_distribution_matches_target(mode, gamma, verification):
+  statistic, dof, p_value = run_configuration(mode, gamma, verification=verification)
+  print(f"\n[exactness] mode={mode} gamma={gamma} verification={verification} "
+        f"chi2={statistic:.1f} dof={dof} p={p_value:.4f}")
   assert p_value > P_VALUE_FLOOR
 
 
+@pytest.mark.parametrize("verification", ["token", "block"])
 @pytest.mark.parametrize("gamma", GAMMAS)
-def test_argmax_emits_the_greedy_sequence(gamma):
+def test_argmax_emits_the_greedy_sequence(gamma, verification):
   greedy = []
   state = jnp.zeros((), jnp.int32)
   for _ in range(LENGTH):
@@ -182,4 +188,5 @@ def test_argmax_emits_the_greedy_sequence(gamma):
     greedy.append(int(token))
     state = _next_state(state, token)
   np.testing.assert_array_equal(
-      sample_mode("argmax", gamma), np.broadcast_to(greedy, (NUM_SEQUENCES, LENGTH)))
+      sample_mode("argmax", gamma, verification=verification),
+      np.broadcast_to(greedy, (NUM_SEQUENCES, LENGTH)))
