@@ -18,7 +18,7 @@ compiled call, for loops that time or stream many batches.
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 import flax
 import jax
@@ -90,6 +90,69 @@ def _as_draft(draft: Draft):
   return draft.as_draft() if isinstance(draft, Model) else draft
 
 
+def speculative_decode(
+    target_config: network.T5Config,
+    target_params: PyTree,
+    draft: Any,
+    input_tokens: Array,
+    max_decode_len: int,
+    *,
+    gamma: int,
+    decode_fn: Callable[..., Tuple[Array, Array, decoding.SpeculativeStats]] = (
+        decoding.speculative_sample),
+    best_only: bool = True,
+    **decode_args,
+) -> Tuple[Array, Array, decoding.SpeculativeStats]:
+  """One speculative decode call on this project's network: the set-up `generate` and T5X share.
+
+  Builds the target's block cache and the draft's, both with room for the
+  output plus one block (`decoding.speculative_cache_length`), the target's
+  block scorer, and calls `decode_fn` from an all-zeros decoder prompt.
+
+  Args:
+    target_config: the target network's config.
+    target_params: its parameters (without a draft subtree).
+    draft: a `drafts.Draft` (e.g. `drafts.ModelDraft`) over the target's
+      vocabulary (the callers check it: `drafts.check_shared_vocabulary`).
+    input_tokens: int32 [B, Lin] encoder inputs, 0-padded.
+    max_decode_len: the output length L.
+    gamma: draft tokens per iteration (it sizes the caches).
+    decode_fn: a decode function with `decoding.speculative_sample`'s
+      signature.
+    best_only: keep only the most likely decode of each row (the last, as
+      T5X's decode functions sort ascending), with its per-row statistics.
+    **decode_args: the rest of `decode_fn`'s keyword arguments (`eos_id`,
+      `decode_rng`, `temperature`, `num_decodes`, `lenience`, ...).
+
+  Returns:
+    `(decodes, scores, stats)`: int32 [B, L], float32 [B] and per-row stats
+    fields [B] with `best_only`; otherwise [B, num_decodes, L],
+    [B, num_decodes] and [B, num_decodes] (ascending log probability).
+    Aggregate stats fields are for the whole batch either way.
+  """
+  cache_length = decoding.speculative_cache_length(max_decode_len, gamma)
+  cache = network.init_decoder_cache(target_config, target_params, input_tokens, cache_length)
+
+  def score_block(block_tokens, start_positions, cache):
+    return network.apply_decode_block(target_config, target_params, cache, block_tokens,
+                                      start_positions)
+
+  decodes, scores, stats = decode_fn(
+      inputs=jnp.zeros((input_tokens.shape[0], max_decode_len), jnp.int32),
+      cache=cache,
+      score_block=score_block,
+      draft=draft,
+      draft_cache=draft.init_cache(input_tokens, cache_length),
+      gamma=gamma,
+      **decode_args)
+  if best_only:
+    best = lambda x: x[:, -1]
+    decodes, scores = best(decodes), best(scores)
+    stats = stats.replace(iterations=best(stats.iterations), accepted=best(stats.accepted),
+                          emitted=best(stats.emitted))
+  return decodes, scores, stats
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -131,33 +194,10 @@ def _generate(
     )
     return GenerateOutput(tokens=decodes[:, -1], scores=scores[:, -1], stats=None)
 
-  cache_length = decoding.speculative_cache_length(max_decode_len, gamma)
-  cache = network.init_decoder_cache(target_config, target_params, input_tokens, cache_length)
-
-  def score_block(block_tokens, start_positions, cache):
-    return network.apply_decode_block(
-        target_config, target_params, cache, block_tokens, start_positions
-    )
-
-  decodes, scores, stats = decoding.speculative_sample(
-      decoder_prompt,
-      cache,
-      score_block,
-      eos_id,
-      **sample_args,
-      draft=draft,
-      draft_cache=draft.init_cache(input_tokens, cache_length),
-      gamma=gamma,
-      lenience=lenience,
-      emulate_alpha=emulate_alpha,
-  )
-  best_per_row = lambda x: x[:, -1]
-  stats = stats.replace(
-      iterations=best_per_row(stats.iterations),
-      accepted=best_per_row(stats.accepted),
-      emitted=best_per_row(stats.emitted),
-  )
-  return GenerateOutput(tokens=decodes[:, -1], scores=scores[:, -1], stats=stats)
+  decodes, scores, stats = speculative_decode(
+      target_config, target_params, draft, input_tokens, max_decode_len, gamma=gamma,
+      eos_id=eos_id, **sample_args, lenience=lenience, emulate_alpha=emulate_alpha)
+  return GenerateOutput(tokens=decodes, scores=scores, stats=stats)
 
 
 def check_input_tokens(input_tokens, vocab_size: int) -> np.ndarray:
