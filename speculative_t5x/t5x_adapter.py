@@ -52,6 +52,7 @@ import numpy as np
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import speculative_sampling
 
@@ -131,6 +132,102 @@ def init_network_variables(module: network.Transformer, rng: Array,
 # ------------------------------------------------------------------------------
 # Restoring: graft a draft checkpoint into the restored state.
 # ------------------------------------------------------------------------------
+def _leaf_shape(leaf: Any) -> Optional[Tuple[int, ...]]:
+  """A checkpoint leaf's shape, or None where the leaf does not say.
+
+  Arrays have `.shape`; T5X's legacy msgpack holds a tensorstore spec dict
+  (`{'driver', 'kvstore', 'metadata': {'shape'}}`) for each large array.
+  Orbax's metadata entries hold no global shape (their `write_shape` is one
+  shard's), so orbax checkpoints are compared by path only.
+  """
+  if isinstance(leaf, Mapping):
+    shape = leaf.get('metadata', {}).get('shape')
+  else:
+    shape = getattr(leaf, 'shape', None)
+  return None if shape is None else tuple(int(dim) for dim in shape)
+
+
+def _flat_shapes(tree: Mapping[str, Any]) -> Dict[Tuple[str, ...], Optional[Tuple[int, ...]]]:
+  """{path: shape or None} over a parameter tree, tensorstore spec dicts as leaves."""
+  flat = {}
+  for name, subtree in tree.items():
+    if isinstance(subtree, Mapping) and 'driver' not in subtree:
+      flat.update({(name, *path): shape for path, shape in _flat_shapes(subtree).items()})
+    else:
+      flat[(name,)] = _leaf_shape(subtree)
+  return flat
+
+
+def _describe_network(shapes: Mapping[Tuple[str, ...], Optional[Tuple[int, ...]]]) -> str:
+  """'emb_dim 512, 8 encoder / 8 decoder layers, mlp_dim 1024 (T5 1.1 small)' from a tree's shapes."""
+  embedding = shapes.get(('token_embedder', 'embedding'))
+  mlp = shapes.get(('encoder', 'layers_0', 'mlp', 'wi_0', 'kernel'))
+  layers = {stack: len({path[1] for path in shapes if path[0] == stack
+                        and path[1].startswith('layers_')}) for stack in ('encoder', 'decoder')}
+  fields = {'num_encoder_layers': layers['encoder'], 'num_decoder_layers': layers['decoder']}
+  if embedding is not None:
+    fields['emb_dim'] = embedding[1]
+  if mlp is not None:
+    fields['mlp_dim'] = mlp[1]
+  sizes = [size for size, size_fields in network.T5_1_1_SIZES.items()
+           if all(size_fields[name] == value for name, value in fields.items())]
+  description = ', '.join(f'{name} {value}' for name, value in sorted(fields.items()))
+  return description + (f" (T5 1.1 '{sizes[0]}')" if len(sizes) == 1 else '')
+
+
+def check_checkpoint_matches(found_tree: Mapping[str, Any], expected_tree: Mapping[str, Any],
+                             *, role: str) -> None:
+  """Raises ValueError, naming the gin setting to change, unless the trees match.
+
+  Args:
+    found_tree: the parameters read from a checkpoint (arrays, tensorstore
+      spec dicts or orbax metadata as leaves; leaves without a shape are
+      compared by path only).
+    expected_tree: the configured network's parameters (leaves with `.shape`).
+    role: 'target' (TARGET_SIZE, CHECKPOINT_PATH) or 'draft' (DRAFT_SIZE,
+      DRAFT_CHECKPOINT_PATH).
+  """
+  found = _flat_shapes(found_tree)
+  expected = _flat_shapes(expected_tree)
+  missing = sorted(expected.keys() - found.keys())
+  unexpected = sorted(found.keys() - expected.keys())
+  mis_shaped = sorted(path for path in expected.keys() & found.keys()
+                      if found[path] is not None and found[path] != expected[path])
+  if not (missing or unexpected or mis_shaped):
+    return
+  size_macro, path_macro = {'target': ('TARGET_SIZE', 'CHECKPOINT_PATH'),
+                            'draft': ('DRAFT_SIZE', 'DRAFT_CHECKPOINT_PATH')}[role]
+  counts = f'({len(missing)} missing, {len(unexpected)} unexpected, {len(mis_shaped)} mis-shaped)'
+  embedding = ('token_embedder', 'embedding')
+  found_vocab, expected_vocab = (shape[0] if shape else None
+                                 for shape in (found.get(embedding), expected.get(embedding)))
+  if found_vocab is not None and expected_vocab is not None and found_vocab != expected_vocab:
+    fix = ('Speculative decoding needs a draft trained on the target\'s vocabulary: use such a '
+           'draft checkpoint.' if role == 'draft' else
+           'Set vocab_size of both networks to the checkpoint\'s: '
+           f'--gin.target/speculative_network.t5_1_1_config.vocab_size={found_vocab} and the same '
+           'for draft/ (the draft must share the vocabulary).')
+    raise ValueError(
+        f'The {role} checkpoint ({path_macro}) has a vocabulary of {found_vocab} entries '
+        f'(token_embedder/embedding {found[embedding]}) but the configured {role} network\'s has '
+        f'{expected_vocab} {counts}. {fix}')
+  if mis_shaped:
+    path = mis_shaped[0]
+    problem = (f'{"/".join(path)} has shape {found[path]}, but the {role} network '
+               f'needs {expected[path]}')
+  elif missing:
+    problem = f'{"/".join(missing[0])} is missing'
+  else:
+    problem = f'{"/".join(unexpected[0])} is not a parameter of the {role} network'
+  raise ValueError(
+      f'The {role} checkpoint ({path_macro}) does not match the configured {role} network: '
+      f'{problem} {counts}. The checkpoint has {_describe_network(found)}; the network is '
+      f'configured with {_describe_network(expected)}. Set {size_macro} to the checkpoint\'s '
+      f'T5 1.1 size (--gin.{size_macro}="\'small\'"; one of {", ".join(network.T5_1_1_SIZES)}), '
+      f'or give a custom size field by field (--gin.{role}/speculative_network.t5_1_1_config.'
+      '<field>=..., fields of network.T5Config).')
+
+
 def graft_draft_params(state_dict: Mapping[str, Any], draft_params: PyTree,
                        target_state_dict: Mapping[str, Any]) -> Dict[str, Any]:
   """`state_dict` with `draft_params` at `state_dict['target']['draft']`.
@@ -151,28 +248,10 @@ def graft_draft_params(state_dict: Mapping[str, Any], draft_params: PyTree,
   if expected is None:
     raise ValueError(
         f"The model being restored has no '{DRAFT_KEY}' parameters: grafting a draft checkpoint "
-        'needs MODEL = @t5x_adapter.SpeculativeEncoderDecoderModel() (configs/t5x/*.gin).')
-  expected_shapes = {path: tuple(leaf.shape)
-                     for path, leaf in traverse_util.flatten_dict(expected).items()}
-  found_shapes = {path: tuple(np.shape(leaf))
-                  for path, leaf in traverse_util.flatten_dict(draft_params).items()}
-  if found_shapes != expected_shapes:
-    missing = sorted(expected_shapes.keys() - found_shapes.keys())
-    unexpected = sorted(found_shapes.keys() - expected_shapes.keys())
-    mis_shaped = sorted(path for path in expected_shapes.keys() & found_shapes.keys()
-                        if expected_shapes[path] != found_shapes[path])
-    if mis_shaped:
-      path = mis_shaped[0]
-      problem = (f'{"/".join(path)} has shape {found_shapes[path]}, but the draft network '
-                 f'needs {expected_shapes[path]}')
-    elif missing:
-      problem = f'{"/".join(missing[0])} is missing'
-    else:
-      problem = f'{"/".join(unexpected[0])} is not a parameter of the draft network'
-    raise ValueError(
-        f'The draft checkpoint does not match the configured draft network: {problem} '
-        f'({len(missing)} missing, {len(unexpected)} unexpected, {len(mis_shaped)} mis-shaped). '
-        'Check DRAFT_SIZE (or the draft network config) against DRAFT_CHECKPOINT_PATH.')
+        'needs MODEL = @t5x_adapter.SpeculativeEncoderDecoderModel() (configs/t5x/*.gin). If '
+        'a pair file is given, a gin file after it (one including T5X\'s t5_1_1/base.gin) '
+        'rebinds MODEL: give the pair file last.')
+  check_checkpoint_matches(draft_params, expected, role='draft')
   return {**state_dict, 'target': {**state_dict['target'], DRAFT_KEY: draft_params}}
 
 
@@ -190,7 +269,10 @@ def graft_draft_checkpoint(draft_checkpoint_path: str,
   target checkpoint (`checkpoints.load_params`: a T5X checkpoint, legacy or
   orbax, a model directory meaning its latest step; also this project's
   orbax checkpoints and Hugging Face directories) and grafts its parameters
-  under `target/draft` (`graft_draft_params`). When T5X resumes from a
+  under `target/draft` (`graft_draft_params`). Both checkpoints are first
+  checked against the configured networks, so that a size mismatch names
+  TARGET_SIZE or DRAFT_SIZE (`check_checkpoint_matches`) rather than
+  surfacing as T5X's key-mismatch error. When T5X resumes from a
   checkpoint that already holds a draft (`is_resuming=True`), that draft is
   kept.
 
@@ -210,6 +292,9 @@ def graft_draft_checkpoint(draft_checkpoint_path: str,
   def graft(state_dict, target_state_dict, *, is_resuming=False):
     if is_resuming and DRAFT_KEY in state_dict.get('target', {}):
       return state_dict
+    check_checkpoint_matches(strip_draft_params(state_dict['target']),
+                             strip_draft_params(target_state_dict.get('target', {})),
+                             role='target')
     logging.info('Grafting the draft checkpoint %s under target/%s.', draft_checkpoint_path,
                  DRAFT_KEY)
     draft_params = checkpoints.load_params(draft_checkpoint_path, dtype=dtype)
@@ -251,9 +336,9 @@ def speculative_predict_batch(
 ) -> Tuple[Array, Dict[str, Array]]:
   """Decodes a T5X batch speculatively: the computation of `predict_batch_with_aux`.
 
-  Encodes the inputs with both networks, builds both block caches with room
-  for the output plus one block (`decoding.speculative_cache_length`), and
-  calls `decode_fn` with the target's block scorer and a `drafts.ModelDraft`.
+  Splits the draft's parameters off, then runs `models.speculative_decode`
+  (both caches, the target's block scorer, `decode_fn`) with a
+  `drafts.ModelDraft`.
 
   Args:
     module: the target network.
@@ -299,31 +384,13 @@ def speculative_predict_batch(
   decoder_params.setdefault('eos_id', eos_id)
   speculative_sampling.validate_lenience(decoder_params['lenience'])
   target_params, draft_params = split_draft_params(params)
-  encoder_input_tokens = batch['encoder_input_tokens']
-  decoder_input_tokens = batch['decoder_input_tokens']
-  cache_length = decoding.speculative_cache_length(decoder_input_tokens.shape[1],
-                                                   decoder_params['gamma'])
-  cache = network.init_decoder_cache(module.config, target_params, encoder_input_tokens,
-                                     cache_length)
   draft = drafts.ModelDraft(params=draft_params, config=draft_module.config)
-
-  def score_block(block_tokens, start_positions, cache):
-    return network.apply_decode_block(module.config, target_params, cache, block_tokens,
-                                      start_positions)
-
-  decodes, scores, stats = decode_fn(
-      inputs=jnp.zeros(decoder_input_tokens.shape, jnp.int32),
-      cache=cache,
-      score_block=score_block,
-      num_decodes=num_decodes,
-      draft=draft,
-      draft_cache=draft.init_cache(encoder_input_tokens, cache_length),
-      **decoder_params)
+  decodes, scores, stats = models.speculative_decode(
+      module.config, target_params, draft, batch['encoder_input_tokens'],
+      batch['decoder_input_tokens'].shape[1], decode_fn=decode_fn, num_decodes=num_decodes,
+      best_only=not return_all_decodes, **decoder_params)
   aux = {'scores': scores, 'iterations': stats.iterations, 'accepted': stats.accepted,
          'emitted': stats.emitted}
-  if not return_all_decodes:
-    decodes = decodes[:, -1]
-    aux = {name: value[:, -1] for name, value in aux.items()}
   batch_size = decodes.shape[0]
   aux['batch_target_calls'] = jnp.full((batch_size,), stats.target_calls)
   aux['batch_mean_beta'] = jnp.full((batch_size,), stats.mean_beta)

@@ -9,6 +9,7 @@ partitioning and prediction code, compared with T5X's stock
 `EncoderDecoderModel` on T5X's own network, and the gin files of configs/t5x.
 """
 
+import dataclasses
 import functools
 import os
 import sys
@@ -126,13 +127,47 @@ def test_graft_draft_checkpoint_into_a_legacy_t5x_state(tmp_path):
                                        r'draft network needs \(32,\) \(0 missing, 9 unexpected, '
                                        r'27 mis-shaped\).*DRAFT_SIZE'):
     graft(state_dict, _target_state_dict(TARGET.config))
-  with pytest.raises(ValueError, match="has no 'draft' parameters"):
+  # A target checkpoint of another size (T5X's restore would report only a key
+  # mismatch) names TARGET_SIZE, before the draft is read.
+  other_target = network.abstract_params(tiny_model(seed=0, layers=2).config)[0]
+  with pytest.raises(ValueError, match=r'target checkpoint \(CHECKPOINT_PATH\) does not match.*'
+                                       r'decoder/layers_1/encoder_decoder_attention/key/kernel is missing '
+                                       r'\(23 missing.*'
+                                       r'num_encoder_layers 1.*num_encoder_layers 2.*TARGET_SIZE'):
+    graft(state_dict, {**target_state_dict, 'target': {**other_target, 'draft': draft_params}})
+  # A draft of another vocabulary says so, rather than blaming DRAFT_SIZE.
+  other_vocab = network.abstract_params(dataclasses.replace(draft_config, vocab_size=48))[0]
+  with pytest.raises(ValueError, match=r"draft checkpoint \(DRAFT_CHECKPOINT_PATH\) has a vocabulary "
+                                       r"of 32 entries .* network's has 48 .*trained on the target's "
+                                       'vocabulary'):
+    graft(state_dict, {**target_state_dict, 'target': {**TARGET.params, 'draft': other_vocab}})
+  with pytest.raises(ValueError, match="has no 'draft' parameters.*give the pair file last"):
     graft(state_dict, {'target': network.abstract_params(TARGET.config)[0]})
   with pytest.raises(FileNotFoundError, match='absent'):
     t5x_adapter.graft_draft_checkpoint(os.fspath(tmp_path / 'absent'))(
         state_dict, target_state_dict)
   with pytest.raises(ValueError, match='set DRAFT_CHECKPOINT_PATH'):
     t5x_adapter.graft_draft_checkpoint(None)
+
+
+def test_checkpoint_mismatch_names_both_sizes_and_the_fix():
+  small, base = (network.abstract_params(network.t5_1_1_config(size))[0]
+                 for size in ('small', 'base'))
+  with pytest.raises(ValueError) as error:
+    t5x_adapter.check_checkpoint_matches(small, base, role='target')
+  message = str(error.value)
+  assert "The checkpoint has emb_dim 512, mlp_dim 1024, num_decoder_layers 8, " \
+         "num_encoder_layers 8 (T5 1.1 'small')" in message
+  assert "configured with emb_dim 768, mlp_dim 2048, num_decoder_layers 12, " \
+         "num_encoder_layers 12 (T5 1.1 'base')" in message
+  assert '--gin.TARGET_SIZE=' in message
+  assert '--gin.target/speculative_network.t5_1_1_config.<field>=' in message
+  with pytest.raises(ValueError, match=r'DRAFT_CHECKPOINT_PATH.*--gin\.DRAFT_SIZE=.*'
+                                       r'--gin\.draft/speculative_network'):
+    t5x_adapter.check_checkpoint_matches(small, base, role='draft')
+  # Leaves without a shape (orbax metadata) are compared by path only.
+  t5x_adapter.check_checkpoint_matches(jax.tree.map(lambda _: object(), small), small,
+                                       role='draft')
 
 
 # ------------------------------------------------------------------------------
@@ -388,35 +423,64 @@ def test_t5x_restore_grafts_the_draft(t5x_env, tmp_path, target_format, draft_fo
   assert_trees_equal(state.params['draft'], DRAFT.params)
   assert_trees_equal(t5x_adapter.strip_draft_params(state.params), TARGET.params)
 
+  # A target network of another depth than the checkpoint's: the error names
+  # TARGET_SIZE (T5X's own would be a raw key mismatch).
+  wider = network.Transformer(tiny_model(seed=0, layers=2).config)
+  wider_model = t5x_adapter.SpeculativeEncoderDecoderModel(
+      wider, t5x_env['vocabulary'], t5x_env['vocabulary'], optimizer_def=None,
+      draft_module=MODULE, gamma=GAMMA)
+  wider_initializer = t5x_utils.TrainStateInitializer(
+      optimizer_def=None, init_fn=wider_model.get_initial_variables,
+      input_shapes=t5x_env['shapes'], input_types=t5x_env['types'], partitioner=partitioner)
+  with pytest.raises(ValueError, match=r'target checkpoint \(CHECKPOINT_PATH\).*'
+                                       r'num_encoder_layers 1.*num_encoder_layers 2.*Set TARGET_SIZE'):
+    t5x_utils.create_checkpoint_manager_and_restore(
+        wider_initializer, partitioner, restore_config, target_path, None, use_orbax=True)
 
+
+USER_GIN = """
+seqio.SentencePieceVocabulary.sentencepiece_model_file = '/user/spm.model'
+seqio.SentencePieceVocabulary.extra_ids = 100
+"""
+
+
+@pytest.mark.parametrize('user_first', [True, False])
 @pytest.mark.parametrize('pair, draft_size, gamma', [
     ('speculative_xxl_small.gin', 'small', 7), ('speculative_xxl_base.gin', 'base', 7),
     ('speculative_xxl_large.gin', 'large', 7)])
-def test_t5x_gin_files_build_the_speculative_model(t5x_env, pair, draft_size, gamma):
+def test_t5x_gin_files_build_the_speculative_model(t5x_env, tmp_path, pair, draft_size, gamma,
+                                                    user_first):
+  """T5X's model file, then a user's file and the pair file in either order: both hold."""
   import gin  # pylint: disable=g-import-not-at-top
   import t5x  # pylint: disable=g-import-not-at-top
   t5x_root = os.path.dirname(os.path.dirname(os.path.abspath(t5x.__file__)))
+  user_file = tmp_path / 'user.gin'
+  user_file.write_text('import seqio\n' + USER_GIN)
+  pair_file = f'configs/t5x/{pair}'
+  files = ['t5x/examples/t5/t5_1_1/base.gin',
+           *([os.fspath(user_file), pair_file] if user_first else [pair_file, os.fspath(user_file)])]
   gin.clear_config()
   try:
     for path in (REPO_ROOT, t5x_root):
       gin.add_config_file_search_path(path)
     gin.parse_config_files_and_bindings(
-        [f'configs/t5x/{pair}'], ["DRAFT_CHECKPOINT_PATH = '/ckpt/draft'"], finalize_config=False)
+        files, ["DRAFT_CHECKPOINT_PATH = '/ckpt/draft'"], finalize_config=False)
     model = gin.query_parameter('%MODEL').scoped_configurable_fn()
     graft_fns = [reference.scoped_configurable_fn() for reference in gin.query_parameter(
         'utils.RestoreCheckpointConfig.state_transformation_fns')]
   finally:
     gin.clear_config()
   assert type(model).__name__ == 'SpeculativeEncoderDecoderModel'
+  # base.gin's DROPOUT_RATE is gin.REQUIRED: the pair's networks do not use it.
   assert model.module.config == network.t5_1_1_config('xxl', dtype='bfloat16', dropout_rate=0.0)
   assert model.draft_module.config == network.t5_1_1_config(draft_size, dtype='bfloat16',
                                                           dropout_rate=0.0)
   assert (model.gamma, model.lenience) == (gamma, 1.0)
   assert model.decode_fn.__wrapped__ is decoding.speculative_sample
-  # T5X's T5 1.1 vocabulary (base.gin), shared by input and output.
+  # The user's vocabulary, not base.gin's default, whichever file came first.
   assert model.output_vocabulary == model.input_vocabulary
-  assert model.output_vocabulary.sentencepiece_model_file.endswith(
-      'cc_all.32000.100extra/sentencepiece.model')
+  assert model.output_vocabulary.sentencepiece_model_file == '/user/spm.model'
+  assert model.output_vocabulary.extra_ids == 100
   assert len(graft_fns) == 1 and callable(graft_fns[0])
 
 
