@@ -396,6 +396,7 @@ def judge_block(
     *,
     lenience: float = 1.0,
     emulate_alpha: Optional[float] = None,
+    verification: str = 'token',
 ) -> Judgement:
   """Standardizes the target's block logits and verifies the draft tokens.
 
@@ -407,13 +408,14 @@ def judge_block(
     sample_args: `temperature`, `topk`, `topp` (as `sampling.standardize`).
     lenience: see `speculative_sampling.verify`.
     emulate_alpha: see `speculative_sample`.
+    verification: 'token' or 'block' (see `speculative_sampling.verify`).
   """
   target_probs = sampling.standardize(target_logits, **sample_args)
   one_hot_target = sampling.is_greedy(sample_args['temperature'])
   if emulate_alpha is None:
     num_accepted, next_token, beta = speculative_sampling.verify(
         rng, draft_tokens, draft_probs, target_probs, lenience, return_beta=True,
-        one_hot_target=one_hot_target,
+        one_hot_target=one_hot_target, verification=verification,
     )
   else:
     num_accepted, next_token, beta = speculative_sampling.emulated_verify(
@@ -513,6 +515,7 @@ def speculative_sample(
     gamma: int,
     lenience: float = 1.0,
     emulate_alpha: Optional[float] = None,
+    verification: str = 'token',
 ) -> Tuple[Array, Array, SpeculativeStats]:
   """Speculative sampling (Algorithm 1) in one compiled while_loop.
 
@@ -538,6 +541,9 @@ def speculative_sample(
     gamma: draft tokens proposed per iteration, >= 1.
     lenience: in (0, 1]; below 1 trades exactness for acceptance
       (Appendix A.5, see `speculative_sampling.verify`).
+    verification: 'token' (Algorithm 1) or 'block' (Sun et al.'s block
+      verification: the same output distribution, never fewer tokens per
+      call in expectation; lenience 1 only). See `speculative_sampling.verify`.
     emulate_alpha: timing only. When set, acceptances are drawn i.i.d. with
       this probability instead of by `verify` (see
       `speculative_sampling.emulated_verify`): the output is not the target's
@@ -582,7 +588,7 @@ def speculative_sample(
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
     judgement = judge_block(
         verify_rng, draft_tokens, draft_probs, target_logits, sample_args,
-        lenience=lenience, emulate_alpha=emulate_alpha,
+        lenience=lenience, emulate_alpha=emulate_alpha, verification=verification,
     )
     return emit_block(
         state.replace(rng=rng, cache=cache, draft_cache=draft_cache), draft_tokens, judgement,

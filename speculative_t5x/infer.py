@@ -419,6 +419,7 @@ def infer(*,
           topk: int = 0,
           topp: float = 0.0,
           lenience: float = 1.0,
+          verification: str = 'token',
           seed: int = 0,
           num_partitions: int = 1,
           logical_axis_rules: Optional[partitioning.LogicalRules] = None,
@@ -442,6 +443,7 @@ def infer(*,
     topk: keep the k most likely tokens (0: off).
     topp: nucleus mass (0: off).
     lenience: 1 is exact (see `speculative_sampling.verify`).
+    verification: 'token' or 'block' (see `speculative_sampling.verify`).
     seed: batch k decodes with fold_in(PRNGKey(seed), k * batch_size).
     num_partitions: devices per model replica (model parallelism); all
       devices are used, the rest split the batch.
@@ -464,7 +466,8 @@ def infer(*,
   task = _get_task(task)
   check_vocabularies(task, target, draft)
   decoding_args = dict(gamma=gamma if draft is not None else None, temperature=temperature,
-                       topk=topk, topp=topp, lenience=lenience if draft is not None else None)
+                       topk=topk, topp=topp, lenience=lenience if draft is not None else None,
+                       verification=verification if draft is not None else None)
   settings = dict(task=task.name, split=split, feature_lengths=dict(feature_lengths),
                   truncate_inputs=truncate_inputs, batch_size=batch_size, seed=seed,
                   decoding=decoding_args, target=_describe(target), draft=_describe(draft))

@@ -157,7 +157,7 @@ def speculative_decode(
     jax.jit,
     static_argnames=(
         'target_config', 'gamma', 'max_decode_len', 'temperature', 'topk', 'topp', 'lenience',
-        'eos_id', 'emulate_alpha',
+        'eos_id', 'emulate_alpha', 'verification',
     ),
 )
 def _generate(
@@ -175,6 +175,7 @@ def _generate(
     lenience: float,
     eos_id: int,
     emulate_alpha: Optional[float],
+    verification: str,
 ):
   """The whole decode call, compiled once per static configuration."""
   batch_size = input_tokens.shape[0]
@@ -196,7 +197,8 @@ def _generate(
 
   decodes, scores, stats = speculative_decode(
       target_config, target_params, draft, input_tokens, max_decode_len, gamma=gamma,
-      eos_id=eos_id, **sample_args, lenience=lenience, emulate_alpha=emulate_alpha)
+      eos_id=eos_id, **sample_args, lenience=lenience, emulate_alpha=emulate_alpha,
+      verification=verification)
   return GenerateOutput(tokens=decodes, scores=scores, stats=stats)
 
 
@@ -274,6 +276,7 @@ def make_decoder(
     lenience: float = 1.0,
     eos_id: int = EOS_ID,
     emulate_alpha: Optional[float] = None,
+    verification: str = 'token',
 ) -> Decoder:
   """Validates a decoding configuration once; returns `(input_tokens, rng) -> GenerateOutput`.
 
@@ -293,8 +296,9 @@ def make_decoder(
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     decoding.check_positive_int('gamma', gamma)
     speculative_sampling.validate_lenience(lenience)
-  else:
-    gamma, lenience, emulate_alpha = 0, 1.0, None  # Unused by the baseline.
+    speculative_sampling.validate_verification(verification, lenience)
+  else:  # Unused by the baseline.
+    gamma, lenience, emulate_alpha, verification = 0, 1.0, None, 'token'
   static_args = dict(
       target_config=target.config,
       gamma=int(gamma),
@@ -305,6 +309,7 @@ def make_decoder(
       lenience=float(lenience),
       eos_id=int(eos_id),
       emulate_alpha=None if emulate_alpha is None else float(emulate_alpha),
+      verification=verification,
   )
 
   return Decoder(target, draft, static_args)
@@ -323,6 +328,7 @@ def generate(
     rng: Optional[Array] = None,
     lenience: float = 1.0,
     eos_id: int = EOS_ID,
+    verification: str = 'token',
 ) -> GenerateOutput:
   """Decodes `input_tokens` with the target, speculatively when a draft is given.
 
@@ -339,6 +345,9 @@ def generate(
     rng: PRNG key (default `PRNGKey(0)`).
     lenience: 1 is exact; below 1 see `speculative_sampling.verify`.
     eos_id: end-of-sequence id.
+    verification: 'token' (the paper's Algorithm 1) or 'block' (Sun et al.'s
+      block verification: the same outputs' distribution, never fewer tokens
+      per target call in expectation); see `speculative_sampling.verify`.
 
   Returns:
     A `GenerateOutput`.
@@ -346,6 +355,7 @@ def generate(
   decode = make_decoder(
       target, draft, gamma=gamma, temperature=temperature, topk=topk, topp=topp,
       max_decode_len=max_decode_len, lenience=lenience, eos_id=eos_id,
+      verification=verification,
   )
   return decode(input_tokens, jax.random.PRNGKey(0) if rng is None else rng)
 

@@ -55,6 +55,19 @@ def validate_lenience(lenience) -> None:
         f"sampling), got {lenience!r}.")
 
 
+VERIFICATIONS = ('token', 'block')
+
+
+def validate_verification(verification: str, lenience=1.0) -> None:
+  """Raises ValueError unless `verification` is a known rule that fits `lenience`."""
+  if verification not in VERIFICATIONS:
+    raise ValueError(f"verification must be 'token' or 'block'; got {verification!r}.")
+  if verification == 'block' and (isinstance(lenience, jax.core.Tracer)
+                                  or float(lenience) != 1.0):
+    raise ValueError(f"verification='block' is exact only: it needs lenience 1, got "
+                     f"{lenience!r}. Use verification='token' for lenient acceptance.")
+
+
 def acceptance_probability(target_prob: jax.Array,
                            draft_prob: jax.Array,
                            lenience: Union[float, jax.Array] = 1.0
@@ -263,16 +276,12 @@ def verify(rng: jax.Array,
         f"{target_probs.shape[-1]}] (the target's vocabulary); got "
         f"{draft_probs.shape}.")
 
+  validate_verification(verification, lenience)
   if verification == 'token':
     verify_row = lambda key, tokens, q, p: _verify_row(key, tokens, q, p, lenience,
                                                        one_hot_target)
-  elif verification == 'block':
-    if isinstance(lenience, jax.core.Tracer) or float(lenience) != 1.0:
-      raise ValueError(f"verification='block' is exact only: it needs lenience 1, got "
-                       f"{lenience!r}. Use verification='token' for lenient acceptance.")
-    verify_row = lambda key, tokens, q, p: _block_verify_row(key, tokens, q, p, one_hot_target)
   else:
-    raise ValueError(f"verification must be 'token' or 'block'; got {verification!r}.")
+    verify_row = lambda key, tokens, q, p: _block_verify_row(key, tokens, q, p, one_hot_target)
   num_accepted, next_token = jax.vmap(verify_row)(
       _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs)
   if not return_beta:

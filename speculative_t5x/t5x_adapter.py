@@ -327,6 +327,7 @@ def speculative_predict_batch(
     eos_id: int,
     gamma: int,
     lenience: float = 1.0,
+    verification: str = 'token',
     decode_fn: Callable[..., Tuple[Array, Array, decoding.SpeculativeStats]] = (
         decoding.speculative_sample),
     rng: Optional[Array] = None,
@@ -351,11 +352,13 @@ def speculative_predict_batch(
     eos_id: end-of-sequence id.
     gamma: draft tokens per iteration.
     lenience: 1 is exact; below 1 see `speculative_sampling.verify`.
+    verification: 'token' or 'block' (see `speculative_sampling.verify`).
     decode_fn: a speculative decode function with the signature of
       `decoding.speculative_sample` (sampling settings bound in gin).
     rng: PRNG key for sampling, passed as `decode_rng`.
     decoder_params: more keyword arguments of `decode_fn` (e.g.
-      `temperature`, `max_decode_steps`); 'gamma' and 'lenience' here override
+      `temperature`, `max_decode_steps`); 'gamma', 'lenience' and
+      'verification' here override
       the arguments of the same names.
     num_decodes: samples per input.
     return_all_decodes: return every sample, not only the most likely one.
@@ -375,7 +378,8 @@ def speculative_predict_batch(
         batch's judged draft positions (alpha measured on the fly).
   """
   check_networks(module, draft_module)
-  decoder_params = {'gamma': gamma, 'lenience': lenience, **(decoder_params or {})}
+  decoder_params = {'gamma': gamma, 'lenience': lenience, 'verification': verification,
+                    **(decoder_params or {})}
   if rng is not None:
     if decoder_params.get('decode_rng') is not None:
       raise ValueError("Pass the sampling key either as `rng` or as decoder_params['decode_rng'], "
@@ -383,6 +387,8 @@ def speculative_predict_batch(
     decoder_params['decode_rng'] = rng
   decoder_params.setdefault('eos_id', eos_id)
   speculative_sampling.validate_lenience(decoder_params['lenience'])
+  speculative_sampling.validate_verification(decoder_params['verification'],
+                                             decoder_params['lenience'])
   target_params, draft_params = split_draft_params(params)
   draft = drafts.ModelDraft(params=draft_params, config=draft_module.config)
   decodes, scores, stats = models.speculative_decode(
@@ -428,6 +434,8 @@ def _speculative_model_class() -> type:
       gamma: draft tokens per iteration (static: it sizes the caches).
       lenience: 1 is exact speculative sampling; below 1 trades exactness for
         acceptance (Appendix A.5 of Leviathan et al.).
+      verification: 'token' or 'block' (Sun et al.'s block verification; see
+        `speculative_sampling.verify`).
     """
 
     def __init__(self,
@@ -444,10 +452,12 @@ def _speculative_model_class() -> type:
                  *,
                  draft_module: network.Transformer,
                  gamma: int,
-                 lenience: float = 1.0):
+                 lenience: float = 1.0,
+                 verification: str = 'token'):
       check_networks(module, draft_module)
       decoding.check_positive_int('gamma', gamma)
       speculative_sampling.validate_lenience(lenience)
+      speculative_sampling.validate_verification(verification, lenience)
       decode_fn_args = inspect.signature(decode_fn).parameters
       if not {'score_block', 'draft', 'draft_cache', 'gamma'} <= decode_fn_args.keys():
         raise ValueError(
@@ -459,6 +469,7 @@ def _speculative_model_class() -> type:
       self.draft_module = draft_module
       self.gamma = int(gamma)
       self.lenience = lenience
+      self.verification = verification
       super().__init__(
           module=module,
           input_vocabulary=input_vocabulary,
@@ -515,6 +526,7 @@ def _speculative_model_class() -> type:
           eos_id=self.output_vocabulary.eos_id or 1,
           gamma=self.gamma,
           lenience=self.lenience,
+          verification=self.verification,
           decode_fn=self._decode_fn,
           rng=rng,
           decoder_params=decoder_params,

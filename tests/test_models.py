@@ -23,10 +23,13 @@ DRAFT = tiny_model(seed=1, scale=3.0)
 
 class TestGreedyEquality:
 
-  @pytest.mark.parametrize('draft_kind, batch, gamma', [
-      ('model', 1, 1), ('model', 3, 4), ('model', 8, 8), ('target', 2, 3), ('wrong', 5, 2),
-      ('bigram', 4, 5), ('lookup', 6, 3)])
-  def test_speculative_equals_baseline(self, draft_kind, batch, gamma):
+  @pytest.mark.parametrize('draft_kind, batch, gamma, verification', [
+      ('model', 1, 1, 'token'), ('model', 3, 4, 'token'), ('model', 8, 8, 'token'),
+      ('target', 2, 3, 'token'), ('wrong', 5, 2, 'token'), ('bigram', 4, 5, 'token'),
+      ('lookup', 6, 3, 'token'), ('model', 3, 4, 'block'), ('model', 8, 7, 'block'),
+      ('target', 2, 3, 'block'), ('wrong', 5, 2, 'block'), ('bigram', 4, 5, 'block'),
+      ('lookup', 6, 3, 'block')])
+  def test_speculative_equals_baseline(self, draft_kind, batch, gamma, verification):
     inputs = padded_inputs(batch, batch, 9, TARGET.vocab_size)
     kwargs = dict(temperature=0.0, max_decode_len=12)
     baseline = models.generate(TARGET, None, inputs, **kwargs)
@@ -41,7 +44,8 @@ class TestGreedyEquality:
       draft = drafts.NgramDraft.fit(list(inputs), TARGET.vocab_size)
     else:
       draft = drafts.PromptLookupDraft(vocab_size=TARGET.vocab_size)
-    out = models.generate(TARGET, draft, inputs, gamma=gamma, **kwargs)
+    out = models.generate(TARGET, draft, inputs, gamma=gamma, verification=verification,
+                          **kwargs)
     np.testing.assert_array_equal(out.tokens, baseline.tokens)
     emitted, iterations = np.asarray(out.stats.emitted), np.asarray(out.stats.iterations)
     if draft_kind == 'target':
@@ -89,11 +93,12 @@ def exact_sequence_distribution(model, input_tokens, length, **sample_args):
 @pytest.mark.parametrize('batch, calls', [
     pytest.param(2_048, 2, id='4096_sequences'),
     pytest.param(12_800, 8, id='102400_sequences', marks=pytest.mark.slow)])
+@pytest.mark.parametrize('verification', ['token', 'block'])
 @pytest.mark.parametrize(
     'sample_args',
     [dict(temperature=1.0), dict(temperature=1.0, topk=3), dict(temperature=0.8, topp=0.7)],
     ids=['temperature1', 'topk3', 'topp0.7'])
-def test_sampled_sequences_follow_the_target(sample_args, batch, calls):
+def test_sampled_sequences_follow_the_target(sample_args, batch, calls, verification):
   """batch * calls sequences from a tiny network pair vs the target's exact distribution."""
   vocab, length, gamma = 6, 3, 3
   target = tiny_model(seed=2, vocab_size=vocab, emb_dim=16, scale=2.0)
@@ -103,11 +108,13 @@ def test_sampled_sequences_follow_the_target(sample_args, batch, calls):
   samples = []
   for call in range(calls):
     out = models.generate(target, draft, inputs, gamma=gamma, max_decode_len=length,
-                          rng=jax.random.PRNGKey(call), **sample_args)
+                          rng=jax.random.PRNGKey(call), verification=verification,
+                          **sample_args)
     samples += outputs_as_tuples(out.tokens)
   exact = exact_sequence_distribution(target, input_row, length, **sample_args)
   p_value = sequence_chi_square_p_value(samples, exact)
-  print(f'\nchi-square p-value, tiny networks, model draft, gamma={gamma}, {sample_args}: '
+  print(f'\nchi-square p-value, tiny networks, model draft, gamma={gamma}, {verification}, '
+        f'{sample_args}: '
         f'{p_value:.4f} over {len(samples)} sequences, alpha={float(out.stats.mean_beta):.3f}')
   assert p_value > 1e-3
 
@@ -164,6 +171,12 @@ class TestArgumentsAtTheApiEdge:
     with pytest.raises(ValueError, match='one temperature for the batch.*shape \\(2,\\)'):
       models.generate(self.TARGET, self.TARGET, np.repeat(self.INPUTS, 2, axis=0),
                       temperature=np.array([0.5, 1.0]))
+
+  def test_block_verification_with_lenience_is_a_named_error(self):
+    with pytest.raises(ValueError, match="verification='block' is exact only"):
+      models.make_decoder(self.TARGET, self.TARGET, lenience=0.9, verification='block')
+    with pytest.raises(ValueError, match="verification must be 'token' or 'block'"):
+      models.make_decoder(self.TARGET, self.TARGET, verification='tree')
 
   def test_the_speculative_decode_function_rejects_a_bool_gamma(self):
     with pytest.raises(ValueError, match='gamma must be an integer'):

@@ -262,7 +262,8 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
   rng = jax.random.PRNGKey(7)
   best, aux, decode_rng, inputs, block_logits, forward_logits = run(_with_draft(DRAFT.params), rng)
   assert sorted(recorded) == ['cache', 'decode_rng', 'draft', 'draft_cache', 'eos_id', 'gamma',
-                              'inputs', 'lenience', 'num_decodes', 'score_block', 'temperature']
+                              'inputs', 'lenience', 'num_decodes', 'score_block', 'temperature',
+                              'verification']
   assert (recorded['gamma'], recorded['lenience'], recorded['eos_id']) == (5, 0.5, EOS)
   assert (recorded['temperature'], recorded['num_decodes']) == (0.7, num_decodes)
   np.testing.assert_array_equal(decode_rng, rng)
