@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-all
+.PHONY: demo test test-all lint
 
 demo: $(INSTALLED)
 	$(PYTHON) -m speculative_t5x.demo
@@ -13,6 +13,11 @@ test: $(INSTALLED)
 
 test-all: $(INSTALLED)
 	$(PYTHON) -m pytest tests
+
+# The formatter and linter (ruff.toml); `ruff format .` rewrites in place.
+lint: $(INSTALLED)
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m ruff check .
 
 $(INSTALLED): setup.py
 	python3 -m venv $(VENV)

@@ -27,8 +27,10 @@ def device_random_model(size: str, seed: int) -> models.Model:
   shapes, _ = network.abstract_params(config)
   leaves, treedef = jax.tree_util.tree_flatten(shapes)
   keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-  draw = jax.jit(lambda key, shape: jax.random.normal(key, shape, jnp.bfloat16)
-                 * jnp.bfloat16(shape[0] ** -0.5), static_argnums=1)
+  draw = jax.jit(
+    lambda key, shape: jax.random.normal(key, shape, jnp.bfloat16) * jnp.bfloat16(shape[0] ** -0.5),
+    static_argnums=1,
+  )
   params = [draw(key, leaf.shape) for key, leaf in zip(keys, leaves)]
   return models.Model(config, jax.tree_util.tree_unflatten(treedef, params))
 
@@ -52,12 +54,21 @@ def main():
   draft = device_random_model(args.draft, seed=1)
   inputs, _ = benchmark.random_inputs(args.num_examples, args.input_length, target.vocab_size)
   records = benchmark.run_benchmark(
-      target, draft, inputs, pair_name=f'T5 1.1 {args.target} / {args.draft} (random weights)',
-      task_name=f'random inputs, emulated alpha {args.alpha}', temperatures=(0.0,),
-      gammas=args.gammas, batch_sizes=args.batch_sizes, num_walltime_examples=args.num_examples,
-      repetitions=args.repetitions, max_decode_len=args.max_decode_len,
-      emulate_alpha=args.alpha, output_dir=args.output_dir,
-      progress=lambda line: print(line, flush=True))
+    target,
+    draft,
+    inputs,
+    pair_name=f'T5 1.1 {args.target} / {args.draft} (random weights)',
+    task_name=f'random inputs, emulated alpha {args.alpha}',
+    temperatures=(0.0,),
+    gammas=args.gammas,
+    batch_sizes=args.batch_sizes,
+    num_walltime_examples=args.num_examples,
+    repetitions=args.repetitions,
+    max_decode_len=args.max_decode_len,
+    emulate_alpha=args.alpha,
+    output_dir=args.output_dir,
+    progress=lambda line: print(line, flush=True),
+  )
   print(json.dumps([r for r in records if r['kind'] == 'costs'], default=float))
 
 

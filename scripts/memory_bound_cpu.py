@@ -46,18 +46,27 @@ def main():
   vocab_size = 32128
   target_config = network.t5_1_1_config(args.target, dtype='float32', vocab_size=vocab_size)
   added = xla_flags.set_decode_flags(network.decoder_weight_bytes(target_config))
-  print(f"XLA flags added for this target: {' '.join(added) or 'none'}", flush=True)
+  print(f'XLA flags added for this target: {" ".join(added) or "none"}', flush=True)
   target = models.random_model(target_config, seed=0)
   draft = models.random_model(
-      network.t5_1_1_config(args.draft, dtype='float32', vocab_size=vocab_size), seed=1)
+    network.t5_1_1_config(args.draft, dtype='float32', vocab_size=vocab_size), seed=1
+  )
   inputs, _ = benchmark.random_inputs(args.num_examples, args.input_length, vocab_size)
   records = benchmark.run_benchmark(
-      target, draft, inputs, pair_name=f'T5 1.1 {args.target} / {args.draft} (random, float32)',
-      task_name=f'random inputs, emulated alpha {args.alpha}',
-      temperatures=tuple(args.temperatures), gammas=args.gammas,
-      num_walltime_examples=args.num_examples, repetitions=args.repetitions,
-      max_decode_len=args.max_decode_len, emulate_alpha=args.alpha, output_dir=args.output_dir,
-      progress=lambda line: print(line, flush=True))
+    target,
+    draft,
+    inputs,
+    pair_name=f'T5 1.1 {args.target} / {args.draft} (random, float32)',
+    task_name=f'random inputs, emulated alpha {args.alpha}',
+    temperatures=tuple(args.temperatures),
+    gammas=args.gammas,
+    num_walltime_examples=args.num_examples,
+    repetitions=args.repetitions,
+    max_decode_len=args.max_decode_len,
+    emulate_alpha=args.alpha,
+    output_dir=args.output_dir,
+    progress=lambda line: print(line, flush=True),
+  )
   print(reports.markdown_report(records))
 
 

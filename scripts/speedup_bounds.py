@@ -35,25 +35,38 @@ def main():
   # Untied logits: with random weights and logits through the shared
   # embedding, every network's argmax repeats the previous token, so any two
   # would agree everywhere; a separate random logits layer makes them disagree.
-  untied = lambda name: dataclasses.replace(gin_utils.model_config(name, args.vocab_size),
-                                            logits_via_embedding=False)
+  untied = lambda name: dataclasses.replace(
+    gin_utils.model_config(name, args.vocab_size), logits_via_embedding=False
+  )
   target = models.random_model(untied(args.target), seed=0)
   draft = models.random_model(untied(args.draft), seed=1)
   inputs, _ = benchmark.random_inputs(args.num_examples, 24, args.vocab_size)
   output_dir = args.output_dir or tempfile.mkdtemp(prefix='speedup_bounds_')
-  print('draft | gamma | alpha | c | v(gamma) | tokens/call | speculative/baseline time '
-        'per token | Theorem 3.8 predicts')
+  print(
+    'draft | gamma | alpha | c | v(gamma) | tokens/call | speculative/baseline time '
+    'per token | Theorem 3.8 predicts'
+  )
   for name, candidate in (('= target', target), ('random', draft)):
     records = benchmark.run_benchmark(
-        target, candidate, inputs, temperatures=(0.0,), gammas=args.gammas,
-        num_walltime_examples=args.num_examples, repetitions=args.repetitions,
-        max_decode_len=args.max_decode_len, alpha_tokens=2000,
-        output_dir=os.path.join(output_dir, name.replace('= ', '')), progress=lambda _: None)
+      target,
+      candidate,
+      inputs,
+      temperatures=(0.0,),
+      gammas=args.gammas,
+      num_walltime_examples=args.num_examples,
+      repetitions=args.repetitions,
+      max_decode_len=args.max_decode_len,
+      alpha_tokens=2000,
+      output_dir=os.path.join(output_dir, name.replace('= ', '')),
+      progress=lambda _: None,
+    )
     for r in records:
       if r['kind'] == 'walltime':
-        print(f"{name} | {r['gamma']} | {r['alpha']:.3f} | {r['c']:.3f} | "
-              f"{r['verify_cost']:.2f} | {r['tokens_per_call']:.2f} | "
-              f"{1 / r['speedup']['median']:.3f} | {1 / r['predicted_speedup']:.3f}")
+        print(
+          f'{name} | {r["gamma"]} | {r["alpha"]:.3f} | {r["c"]:.3f} | '
+          f'{r["verify_cost"]:.2f} | {r["tokens_per_call"]:.2f} | '
+          f'{1 / r["speedup"]["median"]:.3f} | {1 / r["predicted_speedup"]:.3f}'
+        )
   print(f'Reports: {output_dir}')
 
 

@@ -25,11 +25,12 @@ ALPHAS = np.linspace(0.0, 0.99, 199)
 def table1() -> str:
   """Table 1: speed and operations factors for (alpha, gamma), c = c_hat = 0."""
   rows = [(0.6, 2), (0.7, 3), (0.8, 2), (0.8, 5), (0.9, 2), (0.9, 10)]
-  lines = ['| alpha | gamma | walltime improvement | operations factor |',
-           '|---|---|---|---|']
+  lines = ['| alpha | gamma | walltime improvement | operations factor |', '|---|---|---|---|']
   for alpha, gamma in rows:
-    lines.append(f'| {alpha} | {gamma} | {theory.walltime_improvement(alpha, gamma, 0.0):.2f}x '
-                 f'| {theory.operations_factor(alpha, gamma, 0.0):.2f}x |')
+    lines.append(
+      f'| {alpha} | {gamma} | {theory.walltime_improvement(alpha, gamma, 0.0):.2f}x '
+      f'| {theory.operations_factor(alpha, gamma, 0.0):.2f}x |'
+    )
   return '\n'.join(lines) + '\n'
 
 

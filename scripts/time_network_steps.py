@@ -46,7 +46,8 @@ def time_size(size, *, batch, input_length, max_decode_length, gamma, dtype, run
   inputs = jnp.asarray(rng.integers(2, config.vocab_size, (batch, input_length)), jnp.int32)
   cache_length = max_decode_length + gamma + 1
   cache = jax.jit(network.init_decoder_cache, static_argnums=(0, 3))(
-      config, params, inputs, cache_length)
+    config, params, inputs, cache_length
+  )
   decode_block = functools.partial(network.apply_decode_block, config)
   step = jax.jit(decode_block, donate_argnums=1)
 
@@ -69,16 +70,19 @@ def time_size(size, *, batch, input_length, max_decode_length, gamma, dtype, run
     for _ in range(3):  # Compile and warm up.
       call(step)
       call(loop)
-    results[k] = (_median_seconds(lambda: call(step), runs),
-                  _median_seconds(lambda: call(loop), runs) / loop_steps)
+    results[k] = (
+      _median_seconds(lambda: call(step), runs),
+      _median_seconds(lambda: call(loop), runs) / loop_steps,
+    )
     cache = state['cache']
   return config, params, results
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--sizes', nargs='+', default=['tiny', 'small'],
-                      choices=sorted(network.T5_1_1_SIZES))
+  parser.add_argument(
+    '--sizes', nargs='+', default=['tiny', 'small'], choices=sorted(network.T5_1_1_SIZES)
+  )
   parser.add_argument('--batch', type=int, default=1)
   parser.add_argument('--input_length', type=int, default=64)
   parser.add_argument('--max_decode_length', type=int, default=64)
@@ -87,21 +91,32 @@ def main():
   parser.add_argument('--runs', type=int, default=30)
   parser.add_argument('--loop_steps', type=int, default=10)
   args = parser.parse_args()
-  print(f'jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}, '
-        f'input length {args.input_length}, cache length '
-        f'{args.max_decode_length + args.gamma + 1}, {args.dtype}, median of {args.runs}')
-  print(f'{"size":>6} {"params":>8} {"k":>3} {"call ms":>8} {"loop ms":>8} '
-        f'{"call v":>7} {"loop v":>7}')
+  print(
+    f'jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}, '
+    f'input length {args.input_length}, cache length '
+    f'{args.max_decode_length + args.gamma + 1}, {args.dtype}, median of {args.runs}'
+  )
+  print(
+    f'{"size":>6} {"params":>8} {"k":>3} {"call ms":>8} {"loop ms":>8} {"call v":>7} {"loop v":>7}'
+  )
   for size in args.sizes:
     _, params, results = time_size(
-        size, batch=args.batch, input_length=args.input_length,
-        max_decode_length=args.max_decode_length, gamma=args.gamma, dtype=args.dtype,
-        runs=args.runs, loop_steps=args.loop_steps)
+      size,
+      batch=args.batch,
+      input_length=args.input_length,
+      max_decode_length=args.max_decode_length,
+      gamma=args.gamma,
+      dtype=args.dtype,
+      runs=args.runs,
+      loop_steps=args.loop_steps,
+    )
     count = sum(x.size for x in jax.tree.leaves(params))
     single_call, single_loop = results[1]
     for k, (call_s, loop_s) in results.items():
-      print(f'{size:>6} {count / 1e6:>7.1f}M {k:>3} {call_s * 1e3:>8.3f} {loop_s * 1e3:>8.3f} '
-            f'{call_s / single_call:>7.2f} {loop_s / single_loop:>7.2f}')
+      print(
+        f'{size:>6} {count / 1e6:>7.1f}M {k:>3} {call_s * 1e3:>8.3f} {loop_s * 1e3:>8.3f} '
+        f'{call_s / single_call:>7.2f} {loop_s / single_loop:>7.2f}'
+      )
 
 
 if __name__ == '__main__':

@@ -73,15 +73,21 @@ def pad_rows(rows: Sequence[Sequence[int]], length: Optional[int] = None) -> np.
   for i, row in enumerate(rows):
     if len(row) > length:
       raise ValueError(
-          f'Input {i} has {len(row)} tokens, more than the input length {length}; '
-          'raise the input length (feature length "inputs").'
+        f'Input {i} has {len(row)} tokens, more than the input length {length}; '
+        'raise the input length (feature length "inputs").'
       )
     out[i, : len(row)] = row
   return out
 
 
-def tsv_inputs(path: str, vocabulary_path: str, *, prefix: str,
-               input_length: Optional[int] = None, num_examples: Optional[int] = None):
+def tsv_inputs(
+  path: str,
+  vocabulary_path: str,
+  *,
+  prefix: str,
+  input_length: Optional[int] = None,
+  num_examples: Optional[int] = None,
+):
   """Reads `source<TAB>target` lines and tokenizes with a SentencePiece model.
 
   Needs only sentencepiece (no TensorFlow), for accelerator machines.
@@ -105,8 +111,9 @@ def tsv_inputs(path: str, vocabulary_path: str, *, prefix: str,
   return pad_rows(sources, input_length), [target for _, target in pairs]
 
 
-def task_inputs(task, split: str, *, num_examples: Optional[int] = None,
-                input_length: Optional[int] = None):
+def task_inputs(
+  task, split: str, *, num_examples: Optional[int] = None, input_length: Optional[int] = None
+):
   """Encoder inputs and reference texts of a seqio task's split, in order.
 
   Args:
@@ -131,15 +138,17 @@ def task_inputs(task, split: str, *, num_examples: Optional[int] = None,
   for example in dataset.as_numpy_iterator():
     rows.append(example['inputs'])
     text = example.get('targets_pretokenized')
-    references.append(vocabulary.decode(example['targets'].tolist()) if text is None
-                      else text.decode('utf-8'))
+    references.append(
+      vocabulary.decode(example['targets'].tolist()) if text is None else text.decode('utf-8')
+    )
   if not rows:
     raise ValueError(f'{task.name}:{split} has no examples.')
   return pad_rows(rows, input_length), references
 
 
-def tsv_target_tokens(path: str, vocabulary_path: str,
-                      num_examples: Optional[int] = None) -> List[np.ndarray]:
+def tsv_target_tokens(
+  path: str, vocabulary_path: str, num_examples: Optional[int] = None
+) -> List[np.ndarray]:
   """The target column of a `source<TAB>target` file as EOS-terminated id rows.
 
   The corpus for the n-gram drafts (`run_benchmark(ngram_corpus=...)`).
@@ -148,8 +157,10 @@ def tsv_target_tokens(path: str, vocabulary_path: str,
   from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
-  return [np.asarray(processor.encode(target) + [EOS_ID])
-          for _, target in tasks_core.read_tsv(path, num_examples)]
+  return [
+    np.asarray(processor.encode(target) + [EOS_ID])
+    for _, target in tasks_core.read_tsv(path, num_examples)
+  ]
 
 
 def trim_padding(inputs: np.ndarray, multiple: int = 1) -> np.ndarray:
@@ -161,7 +172,7 @@ def trim_padding(inputs: np.ndarray, multiple: int = 1) -> np.ndarray:
   """
   used = np.flatnonzero(inputs.any(axis=0))
   width = int(used[-1]) + 1 if used.size else 1
-  return inputs[:, :min(-(-width // multiple) * multiple, inputs.shape[1])]
+  return inputs[:, : min(-(-width // multiple) * multiple, inputs.shape[1])]
 
 
 def random_inputs(num_examples: int, input_length: int, vocab_size: int, seed: int = 0):
@@ -190,8 +201,9 @@ def shift_right(output_tokens: np.ndarray) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def teacher_forced_logits(config: network.T5Config, params, input_tokens,
-                          decoder_input_tokens) -> jax.Array:
+def teacher_forced_logits(
+  config: network.T5Config, params, input_tokens, decoder_input_tokens
+) -> jax.Array:
   """float32 [N, L, V]: next-token logits at every decoder position, all valid.
 
   Args:
@@ -201,30 +213,38 @@ def teacher_forced_logits(config: network.T5Config, params, input_tokens,
     decoder_input_tokens: int [N, L], e.g. `shift_right(outputs)`.
   """
   return network.Transformer(config).apply(
-      {'params': params}, input_tokens, decoder_input_tokens,
-      jnp.ones_like(decoder_input_tokens), enable_dropout=False)
+    {'params': params},
+    input_tokens,
+    decoder_input_tokens,
+    jnp.ones_like(decoder_input_tokens),
+    enable_dropout=False,
+  )
 
 
 def draft_logits(draft, input_tokens: np.ndarray, output_tokens: np.ndarray) -> jax.Array:
   """float32 [N, L, V]: the draft's next-token logits along target outputs."""
   if isinstance(draft, models.Model):
-    return teacher_forced_logits(draft.config, draft.params, input_tokens,
-                                 shift_right(output_tokens))
+    return teacher_forced_logits(
+      draft.config, draft.params, input_tokens, shift_right(output_tokens)
+    )
   if isinstance(draft, drafts.NgramDraft):
     previous = shift_right(output_tokens)
     logits = draft.log_probs(jnp.asarray(previous.reshape(-1)))
     return logits.reshape(previous.shape + (draft.vocab_size,))
   raise ValueError(
-      f'alpha by teacher forcing needs a model or n-gram draft; a {type(draft).__name__} '
-      'proposes from the context, so its acceptance comes from the decode loop (alpha_loop).')
+    f'alpha by teacher forcing needs a model or n-gram draft; a {type(draft).__name__} '
+    'proposes from the context, so its acceptance comes from the decode loop (alpha_loop).'
+  )
 
 
 @functools.partial(jax.jit, static_argnames=('temperature', 'topk', 'topp'))
 def _beta(target_logits, draft_logits, *, temperature, topk, topp):
-  standardize = functools.partial(sampling.standardize, temperature=temperature, topk=topk,
-                                  topp=topp)
-  return speculative_sampling.lenient_acceptance_rate(standardize(target_logits),
-                                                     standardize(draft_logits))
+  standardize = functools.partial(
+    sampling.standardize, temperature=temperature, topk=topk, topp=topp
+  )
+  return speculative_sampling.lenient_acceptance_rate(
+    standardize(target_logits), standardize(draft_logits)
+  )
 
 
 @dataclasses.dataclass
@@ -246,10 +266,19 @@ class AlphaResult:
   beta_by_token: Dict[int, tuple]
 
 
-def measure_alpha(target: models.Model, candidates: Mapping[str, Any], inputs: np.ndarray, *,
-                  temperature: float, topk: int = 0, topp: float = 0.0, max_decode_len: int,
-                  min_tokens: int = 10_000, batch_size: int = 64,
-                  seed: int = 0) -> Dict[str, AlphaResult]:
+def measure_alpha(
+  target: models.Model,
+  candidates: Mapping[str, Any],
+  inputs: np.ndarray,
+  *,
+  temperature: float,
+  topk: int = 0,
+  topp: float = 0.0,
+  max_decode_len: int,
+  min_tokens: int = 10_000,
+  batch_size: int = 64,
+  seed: int = 0,
+) -> Dict[str, AlphaResult]:
   """alpha of each draft: beta averaged over the same >= `min_tokens` target samples.
 
   Args:
@@ -266,21 +295,22 @@ def measure_alpha(target: models.Model, candidates: Mapping[str, Any], inputs: n
   Returns:
     name -> `AlphaResult`.
   """
-  decode = models.make_decoder(target, None, temperature=temperature, topk=topk, topp=topp,
-                               max_decode_len=max_decode_len)
+  decode = models.make_decoder(
+    target, None, temperature=temperature, topk=topk, topp=topp, max_decode_len=max_decode_len
+  )
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
   betas = {name: [] for name in candidates}
   sequence_means = {name: [] for name in candidates}
   tokens = []
   num_tokens, start, key = 0, 0, jax.random.PRNGKey(seed)
   while num_tokens < min_tokens:
-    batch = trim_padding(np.take(inputs, np.arange(start, start + batch_size), axis=0,
-                                 mode='wrap'), multiple=16)
+    batch = trim_padding(
+      np.take(inputs, np.arange(start, start + batch_size), axis=0, mode='wrap'), multiple=16
+    )
     start += batch_size
     key, step_key = jax.random.split(key)
     outputs = np.asarray(decode(jnp.asarray(batch), step_key).tokens)
-    target_logits = teacher_forced_logits(target.config, target.params, batch,
-                                          shift_right(outputs))
+    target_logits = teacher_forced_logits(target.config, target.params, batch, shift_right(outputs))
     valid = np.arange(outputs.shape[1])[None] < output_lengths(outputs)[:, None]
     for name, draft in candidates.items():
       beta = np.asarray(_beta(target_logits, draft_logits(draft, batch, outputs), **sample_args))
@@ -297,10 +327,10 @@ def measure_alpha(target: models.Model, candidates: Mapping[str, Any], inputs: n
       selected = all_betas[tokens == token]
       by_token[int(token)] = (int(selected.size), float(selected.mean()))
     results[name] = AlphaResult(
-        alpha=float(all_betas.mean()),
-        stderr=float(np.std(sequence_means[name]) / np.sqrt(len(sequence_means[name]))),
-        num_tokens=int(all_betas.size),
-        beta_by_token=by_token,
+      alpha=float(all_betas.mean()),
+      stderr=float(np.std(sequence_means[name]) / np.sqrt(len(sequence_means[name]))),
+      num_tokens=int(all_betas.size),
+      beta_by_token=by_token,
     )
   return results
 
@@ -343,14 +373,24 @@ def _join_stats(stats: Sequence[decoding.SpeculativeStats]) -> decoding.Speculat
   hold over all batches.
   """
   per_row = ('iterations', 'accepted', 'emitted')
-  return decoding.SpeculativeStats(**{
+  return decoding.SpeculativeStats(
+    **{
       field.name: (np.concatenate if field.name in per_row else functools.partial(np.sum, axis=0))(
-          [np.asarray(getattr(batch_stats, field.name)) for batch_stats in stats])
-      for field in dataclasses.fields(decoding.SpeculativeStats)})
+        [np.asarray(getattr(batch_stats, field.name)) for batch_stats in stats]
+      )
+      for field in dataclasses.fields(decoding.SpeculativeStats)
+    }
+  )
 
 
-def time_decodings(decoders: Sequence[models.Decoder], inputs: np.ndarray, *,
-                   batch_size: int = 1, repetitions: int = 3, seed: int = 0) -> List[DecodeRun]:
+def time_decodings(
+  decoders: Sequence[models.Decoder],
+  inputs: np.ndarray,
+  *,
+  batch_size: int = 1,
+  repetitions: int = 3,
+  seed: int = 0,
+) -> List[DecodeRun]:
   """Decodes all inputs in batches with each decoder, passes interleaved.
 
   Pass r of every decoder runs before pass r + 1 of any (A B A B ...), so a
@@ -361,9 +401,11 @@ def time_decodings(decoders: Sequence[models.Decoder], inputs: np.ndarray, *,
   program's memory analysis.
   """
   if len(inputs) % batch_size:
-    raise ValueError(f'{len(inputs)} inputs do not split into batches of {batch_size}; '
-                     'pass a multiple of the batch size.')
-  batches = [jnp.asarray(inputs[i:i + batch_size]) for i in range(0, len(inputs), batch_size)]
+    raise ValueError(
+      f'{len(inputs)} inputs do not split into batches of {batch_size}; '
+      'pass a multiple of the batch size.'
+    )
+  batches = [jnp.asarray(inputs[i : i + batch_size]) for i in range(0, len(inputs), batch_size)]
   keys = list(jax.random.split(jax.random.PRNGKey(seed), len(batches)))
   compiled = [decode.compile(batches[0], keys[0]) for decode in decoders]
   for call in compiled:
@@ -382,8 +424,11 @@ def time_decodings(decoders: Sequence[models.Decoder], inputs: np.ndarray, *,
     outputs = np.concatenate([np.asarray(r.tokens) for r in results])
     stats = None if results[0].stats is None else _join_stats([r.stats for r in results])
     tokens = int(output_lengths(outputs, decode.static_args['eos_id']).sum())
-    runs.append(DecodeRun(seconds=times, tokens=tokens, outputs=outputs, stats=stats,
-                          memory=_memory_bytes(call)))
+    runs.append(
+      DecodeRun(
+        seconds=times, tokens=tokens, outputs=outputs, stats=stats, memory=_memory_bytes(call)
+      )
+    )
   return runs
 
 
@@ -397,9 +442,9 @@ def _memory_bytes(compiled: models.CompiledDecoder) -> Dict[str, int]:
   if analysis is None:
     return {}
   return {
-      'argument_bytes': int(analysis.argument_size_in_bytes),
-      'temp_bytes': int(analysis.temp_size_in_bytes),
-      'output_bytes': int(analysis.output_size_in_bytes),
+    'argument_bytes': int(analysis.argument_size_in_bytes),
+    'temp_bytes': int(analysis.temp_size_in_bytes),
+    'output_bytes': int(analysis.output_size_in_bytes),
   }
 
 
@@ -409,8 +454,9 @@ def device_peak_bytes() -> Optional[int]:
   return None if not stats else stats.get('peak_bytes_in_use')
 
 
-def corpus_bleu(vocabulary_path: Optional[str], outputs: np.ndarray,
-                references: Optional[Sequence[str]]) -> Optional[float]:
+def corpus_bleu(
+  vocabulary_path: Optional[str], outputs: np.ndarray, references: Optional[Sequence[str]]
+) -> Optional[float]:
   """sacrebleu corpus BLEU (T5's settings) of decodes against references."""
   if vocabulary_path is None or references is None:
     return None
@@ -418,8 +464,10 @@ def corpus_bleu(vocabulary_path: Optional[str], outputs: np.ndarray,
   from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
-  texts = [processor.decode([int(t) for t in row[:n] if t != EOS_ID])
-           for row, n in zip(outputs, output_lengths(outputs))]
+  texts = [
+    processor.decode([int(t) for t in row[:n] if t != EOS_ID])
+    for row, n in zip(outputs, output_lengths(outputs))
+  ]
   return float(tasks_core.bleu(list(references), texts)['bleu'])
 
 
@@ -428,75 +476,108 @@ def corpus_bleu(vocabulary_path: Optional[str], outputs: np.ndarray,
 # ------------------------------------------------------------------------------
 
 
-def measure_parts(target: models.Model, draft, temperatures: Sequence[float],
-                  gammas: Sequence[int], *, input_length: int, max_decode_len: int,
-                  emulate_alpha: Optional[float] = None,
-                  repetitions: int = 7) -> Dict[Any, measure.IterationParts]:
+def measure_parts(
+  target: models.Model,
+  draft,
+  temperatures: Sequence[float],
+  gammas: Sequence[int],
+  *,
+  input_length: int,
+  max_decode_len: int,
+  emulate_alpha: Optional[float] = None,
+  repetitions: int = 7,
+) -> Dict[Any, measure.IterationParts]:
   """`measure.iteration_parts` at batch 1 for every (temperature, gamma)."""
   parts, target_step = {}, None
   for temperature in temperatures:
     for gamma in gammas:
       parts[temperature, gamma] = measure.iteration_parts(
-          target.config, target.params, draft, gamma=gamma, batch_size=1,
-          input_length=input_length, max_decode_len=max_decode_len, temperature=temperature,
-          emulate_alpha=emulate_alpha, target_step=target_step, repetitions=repetitions)
+        target.config,
+        target.params,
+        draft,
+        gamma=gamma,
+        batch_size=1,
+        input_length=input_length,
+        max_decode_len=max_decode_len,
+        temperature=temperature,
+        emulate_alpha=emulate_alpha,
+        target_step=target_step,
+        repetitions=repetitions,
+      )
       target_step = parts[temperature, gamma].target_step
   return parts
 
 
-def costs_record(target: models.Model, draft, parts: Mapping[Any, measure.IterationParts],
-                 input_length: int, max_decode_len: int) -> Dict[str, Any]:
+def costs_record(
+  target: models.Model,
+  draft,
+  parts: Mapping[Any, measure.IterationParts],
+  input_length: int,
+  max_decode_len: int,
+) -> Dict[str, Any]:
   """c, v(gamma), each part's milliseconds, and the steps against the memory floor."""
   bandwidth = measure.memory_bandwidth()
   first = next(iter(parts.values()))
-  shape = dict(batch_size=1, block_size=1, input_length=input_length,
-               cache_length=decoding.speculative_cache_length(max_decode_len, first.gamma))
-  floors = {'target': measure.step_floor(
-      measure.decoder_step_bytes(target.config, target.params, **shape), first.target_step,
-      bandwidth)}
+  shape = dict(
+    batch_size=1,
+    block_size=1,
+    input_length=input_length,
+    cache_length=decoding.speculative_cache_length(max_decode_len, first.gamma),
+  )
+  floors = {
+    'target': measure.step_floor(
+      measure.decoder_step_bytes(target.config, target.params, **shape),
+      first.target_step,
+      bandwidth,
+    )
+  }
   if isinstance(draft, drafts.ModelDraft):
     floors['draft'] = measure.step_floor(
-        measure.decoder_step_bytes(draft.config, draft.params, **shape), first.draft_catch_up,
-        bandwidth)
+      measure.decoder_step_bytes(draft.config, draft.params, **shape),
+      first.draft_catch_up,
+      bandwidth,
+    )
     floors['draft_bytes_over_target_bytes'] = floors['draft']['bytes'] / floors['target']['bytes']
   temperatures = sorted({t for t, _ in parts})
   return dict(
-      target_step_ms=1000 * first.target_step,
-      bandwidth_gb_per_s=bandwidth / 1e9,
-      floors=floors,
-      verify_cost={g: p.verify_cost for (t, g), p in parts.items() if t == temperatures[0]},
-      c={t: {g: p.c for (pt, g), p in parts.items() if pt == t} for t in temperatures},
-      parts_ms={t: {g: p.as_ms() for (pt, g), p in parts.items() if pt == t}
-                for t in temperatures},
+    target_step_ms=1000 * first.target_step,
+    bandwidth_gb_per_s=bandwidth / 1e9,
+    floors=floors,
+    verify_cost={g: p.verify_cost for (t, g), p in parts.items() if t == temperatures[0]},
+    c={t: {g: p.c for (pt, g), p in parts.items() if pt == t} for t in temperatures},
+    parts_ms={t: {g: p.as_ms() for (pt, g), p in parts.items() if pt == t} for t in temperatures},
   )
 
 
 def _summary(values: Sequence[float]) -> Dict[str, float]:
-  return {'median': float(np.median(values)), 'min': float(np.min(values)),
-          'max': float(np.max(values))}
+  return {
+    'median': float(np.median(values)),
+    'min': float(np.min(values)),
+    'max': float(np.max(values)),
+  }
 
 
 def run_benchmark(
-    target: models.Model,
-    draft,
-    inputs: np.ndarray,
-    *,
-    references: Optional[Sequence[str]] = None,
-    vocabulary_path: Optional[str] = None,
-    pair_name: str = 'pair',
-    task_name: str = 'task',
-    temperatures: Sequence[float] = (0.0, 1.0),
-    gammas: Sequence[int] = (1, 3, 5, 7),
-    batch_sizes: Sequence[int] = (1,),
-    batch_size_gamma: Optional[int] = None,
-    num_walltime_examples: int = 64,
-    repetitions: int = 3,
-    max_decode_len: int = 64,
-    alpha_tokens: int = 10_000,
-    ngram_corpus: Optional[Sequence[np.ndarray]] = None,
-    emulate_alpha: Optional[float] = None,
-    output_dir: Optional[str] = None,
-    progress: Callable[[str], None] = print,
+  target: models.Model,
+  draft,
+  inputs: np.ndarray,
+  *,
+  references: Optional[Sequence[str]] = None,
+  vocabulary_path: Optional[str] = None,
+  pair_name: str = 'pair',
+  task_name: str = 'task',
+  temperatures: Sequence[float] = (0.0, 1.0),
+  gammas: Sequence[int] = (1, 3, 5, 7),
+  batch_sizes: Sequence[int] = (1,),
+  batch_size_gamma: Optional[int] = None,
+  num_walltime_examples: int = 64,
+  repetitions: int = 3,
+  max_decode_len: int = 64,
+  alpha_tokens: int = 10_000,
+  ngram_corpus: Optional[Sequence[np.ndarray]] = None,
+  emulate_alpha: Optional[float] = None,
+  output_dir: Optional[str] = None,
+  progress: Callable[[str], None] = print,
 ) -> List[Dict[str, Any]]:
   """Measures everything in the module docstring; returns JSON-ready records.
 
@@ -537,119 +618,187 @@ def run_benchmark(
   records: List[Dict[str, Any]] = []
 
   progress('Measuring the parts of an iteration, bytes and bandwidth ...')
-  parts = measure_parts(target, draft, temperatures,
-                        sorted(set(gammas) | ({batch_size_gamma} if batch_size_gamma else set())),
-                        input_length=walltime_inputs.shape[1], max_decode_len=max_decode_len,
-                        emulate_alpha=emulate_alpha, repetitions=max(5, repetitions))
-  records.append(dict(common, kind='costs', **costs_record(target, draft, parts,
-                                                           walltime_inputs.shape[1],
-                                                           max_decode_len)))
+  parts = measure_parts(
+    target,
+    draft,
+    temperatures,
+    sorted(set(gammas) | ({batch_size_gamma} if batch_size_gamma else set())),
+    input_length=walltime_inputs.shape[1],
+    max_decode_len=max_decode_len,
+    emulate_alpha=emulate_alpha,
+    repetitions=max(5, repetitions),
+  )
+  records.append(
+    dict(
+      common,
+      kind='costs',
+      **costs_record(target, draft, parts, walltime_inputs.shape[1], max_decode_len),
+    )
+  )
 
   # alpha of the draft (and of n-gram drafts) on target samples, per temperature.
   alphas = {temperature: emulate_alpha for temperature in temperatures} if emulated else {}
   candidates = {}
   if not emulated and not isinstance(draft, drafts.PromptLookupDraft):
-    candidates[draft_name] = (models.Model(draft.config, draft.params)
-                              if isinstance(draft, drafts.ModelDraft) else draft)
+    candidates[draft_name] = (
+      models.Model(draft.config, draft.params) if isinstance(draft, drafts.ModelDraft) else draft
+    )
   if not emulated and ngram_corpus is not None:
     for order in (1, 2):
-      candidates[f'{order}-gram'] = drafts.NgramDraft.fit(ngram_corpus, target.vocab_size,
-                                                          order=order)
+      candidates[f'{order}-gram'] = drafts.NgramDraft.fit(
+        ngram_corpus, target.vocab_size, order=order
+      )
   for temperature in temperatures if candidates else ():
     progress(f'alpha of {", ".join(candidates)} at temperature {temperature} ...')
-    results = measure_alpha(target, candidates, inputs, temperature=temperature,
-                            max_decode_len=max_decode_len, min_tokens=alpha_tokens)
+    results = measure_alpha(
+      target,
+      candidates,
+      inputs,
+      temperature=temperature,
+      max_decode_len=max_decode_len,
+      min_tokens=alpha_tokens,
+    )
     for name, result in results.items():
       worst = sorted((v[1], k, v[0]) for k, v in result.beta_by_token.items() if v[0] >= 20)[:10]
-      records.append(dict(common, kind='alpha', draft=name, temperature=temperature,
-                          alpha=result.alpha, alpha_stderr=result.stderr,
-                          num_tokens=result.num_tokens,
-                          worst_tokens=[dict(token=k, count=n, beta=b) for b, k, n in worst]))
+      records.append(
+        dict(
+          common,
+          kind='alpha',
+          draft=name,
+          temperature=temperature,
+          alpha=result.alpha,
+          alpha_stderr=result.stderr,
+          num_tokens=result.num_tokens,
+          worst_tokens=[dict(token=k, count=n, beta=b) for b, k, n in worst],
+        )
+      )
       if name == draft_name:
         alphas[temperature] = result.alpha
 
   eos_id = -1 if emulated else EOS_ID  # Emulated rows run to full length.
   measure_walltime = functools.partial(
-      _measure_walltime, target, draft, walltime_inputs, common=common, parts=parts,
-      repetitions=repetitions, vocabulary_path=vocabulary_path, references=walltime_refs,
-      emulate_alpha=emulate_alpha, max_decode_len=max_decode_len, eos_id=eos_id,
-      progress=progress)
+    _measure_walltime,
+    target,
+    draft,
+    walltime_inputs,
+    common=common,
+    parts=parts,
+    repetitions=repetitions,
+    vocabulary_path=vocabulary_path,
+    references=walltime_refs,
+    emulate_alpha=emulate_alpha,
+    max_decode_len=max_decode_len,
+    eos_id=eos_id,
+    progress=progress,
+  )
   for temperature in temperatures:
     for gamma in gammas:
       records.append(measure_walltime(temperature, gamma, 1, alphas.get(temperature)))
     sweep_gamma = batch_size_gamma or reports.best_gamma(records, temperature)
     for batch_size in sorted(set(batch_sizes) - {1}):
-      records.append(measure_walltime(temperature, sweep_gamma, batch_size,
-                                      alphas.get(temperature)))
+      records.append(
+        measure_walltime(temperature, sweep_gamma, batch_size, alphas.get(temperature))
+      )
   if output_dir is not None:
     reports.write_report(records, output_dir)
   return records
 
 
-def _measure_walltime(target, draft, inputs, temperature, gamma, batch_size, alpha, *, common,
-                      parts: Mapping[Any, measure.IterationParts], repetitions, vocabulary_path,
-                      references, emulate_alpha, max_decode_len, eos_id, progress):
+def _measure_walltime(
+  target,
+  draft,
+  inputs,
+  temperature,
+  gamma,
+  batch_size,
+  alpha,
+  *,
+  common,
+  parts: Mapping[Any, measure.IterationParts],
+  repetitions,
+  vocabulary_path,
+  references,
+  emulate_alpha,
+  max_decode_len,
+  eos_id,
+  progress,
+):
   """Times the baseline and speculative decoding, passes interleaved; returns the record."""
   settings = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
-  progress(f'baseline and speculative, temperature {temperature}, gamma {gamma}, '
-           f'batch {batch_size} ...')
+  progress(
+    f'baseline and speculative, temperature {temperature}, gamma {gamma}, batch {batch_size} ...'
+  )
   baseline, speculative = time_decodings(
-      [models.make_decoder(target, None, **settings),
-       models.make_decoder(target, draft, gamma=gamma, emulate_alpha=emulate_alpha, **settings)],
-      inputs, batch_size=batch_size, repetitions=repetitions)
+    [
+      models.make_decoder(target, None, **settings),
+      models.make_decoder(target, draft, gamma=gamma, emulate_alpha=emulate_alpha, **settings),
+    ],
+    inputs,
+    batch_size=batch_size,
+    repetitions=repetitions,
+  )
   stats = speculative.stats
   speedups = [b / s for b, s in zip(baseline.ms_per_token, speculative.ms_per_token)]
   part = parts[temperature, gamma]
   record = dict(
-      common,
-      kind='walltime',
-      temperature=temperature,
-      gamma=gamma,
-      batch_size=batch_size,
-      num_examples=int(len(inputs)),
-      alpha=alpha,
-      alpha_loop=float(stats.mean_beta),
-      c=part.c,
-      verify_cost=part.verify_cost,
-      ms_per_token_baseline=_summary(baseline.ms_per_token),
-      ms_per_token_speculative=_summary(speculative.ms_per_token),
-      speedup=_summary(speedups),
-      tokens_per_call=float(stats.tokens_per_target_call),
-      accepted_histogram=stats.accepted_histogram.tolist(),
-      acceptance_by_position=(stats.position_accepted /
-                              np.maximum(stats.position_reached, 1)).tolist(),
-      memory=speculative.memory,
-      device_peak_bytes=device_peak_bytes(),
+    common,
+    kind='walltime',
+    temperature=temperature,
+    gamma=gamma,
+    batch_size=batch_size,
+    num_examples=int(len(inputs)),
+    alpha=alpha,
+    alpha_loop=float(stats.mean_beta),
+    c=part.c,
+    verify_cost=part.verify_cost,
+    ms_per_token_baseline=_summary(baseline.ms_per_token),
+    ms_per_token_speculative=_summary(speculative.ms_per_token),
+    speedup=_summary(speedups),
+    tokens_per_call=float(stats.tokens_per_target_call),
+    accepted_histogram=stats.accepted_histogram.tolist(),
+    acceptance_by_position=(
+      stats.position_accepted / np.maximum(stats.position_reached, 1)
+    ).tolist(),
+    memory=speculative.memory,
+    device_peak_bytes=device_peak_bytes(),
   )
   if batch_size == 1:
     record['breakdown'] = iteration_breakdown(part, baseline, speculative)
   if alpha is not None:
     # Emulated rows run to the full length: their last call is cut (Eq. 1 overstates).
-    tokens_per_call = (max_decode_len / theory.expected_iterations(alpha, gamma, max_decode_len)
-                       if emulate_alpha is not None else float(theory.expected_tokens(alpha, gamma)))
-    catch_up_rate = 1 - (1 - alpha ** gamma) ** batch_size
+    tokens_per_call = (
+      max_decode_len / theory.expected_iterations(alpha, gamma, max_decode_len)
+      if emulate_alpha is not None
+      else float(theory.expected_tokens(alpha, gamma))
+    )
+    catch_up_rate = 1 - (1 - alpha**gamma) ** batch_size
     record.update(
-        predicted_tokens_per_call=tokens_per_call,
-        predicted_speedup=float(theory.walltime_improvement(
-            alpha, gamma, part.c, verify_cost=part.verify_cost)),
-        predicted_speedup_free_verify=float(theory.walltime_improvement(alpha, gamma, part.c)),
+      predicted_tokens_per_call=tokens_per_call,
+      predicted_speedup=float(
+        theory.walltime_improvement(alpha, gamma, part.c, verify_cost=part.verify_cost)
+      ),
+      predicted_speedup_free_verify=float(theory.walltime_improvement(alpha, gamma, part.c)),
     )
     if batch_size == 1:
-      call = part.call_seconds(tokens=speculative.tokens / len(inputs),
-                               tokens_per_call=tokens_per_call, catch_up_rate=catch_up_rate)
+      call = part.call_seconds(
+        tokens=speculative.tokens / len(inputs),
+        tokens_per_call=tokens_per_call,
+        catch_up_rate=catch_up_rate,
+      )
       record['predicted_speedup_parts'] = call['baseline'] / call['speculative']
   if emulate_alpha is None:
     record.update(
-        identical_outputs=float(np.mean(np.all(baseline.outputs == speculative.outputs, axis=1))),
-        bleu_baseline=corpus_bleu(vocabulary_path, baseline.outputs, references),
-        bleu_speculative=corpus_bleu(vocabulary_path, speculative.outputs, references),
+      identical_outputs=float(np.mean(np.all(baseline.outputs == speculative.outputs, axis=1))),
+      bleu_baseline=corpus_bleu(vocabulary_path, baseline.outputs, references),
+      bleu_speculative=corpus_bleu(vocabulary_path, speculative.outputs, references),
     )
   progress(reports.walltime_line(record))
   return record
 
 
-def iteration_breakdown(part: measure.IterationParts, baseline: DecodeRun,
-                        speculative: DecodeRun) -> Dict[str, float]:
+def iteration_breakdown(
+  part: measure.IterationParts, baseline: DecodeRun, speculative: DecodeRun
+) -> Dict[str, float]:
   """Milliseconds of one iteration: each part, their sum, the measured time, the rest.
 
   Batch 1. The measured iteration is a pass's median time over its target
@@ -664,26 +813,27 @@ def iteration_breakdown(part: measure.IterationParts, baseline: DecodeRun,
   catch_up_rate = float(stats.accepted_histogram[-1]) / iterations
   ms = part.as_ms()
   breakdown = dict(
-      draft_catch_up=ms['draft_catch_up'] * catch_up_rate,
-      draft_rollout=ms['draft_rollout'],
-      target_block=ms['target_block'],
-      judge=ms['judge'],
-      emit=ms['emit'],
-      encode=(ms['target_encode'] + ms['draft_encode']) * num_calls / iterations,
+    draft_catch_up=ms['draft_catch_up'] * catch_up_rate,
+    draft_rollout=ms['draft_rollout'],
+    target_block=ms['target_block'],
+    judge=ms['judge'],
+    emit=ms['emit'],
+    encode=(ms['target_encode'] + ms['draft_encode']) * num_calls / iterations,
   )
   measured = 1000 * float(np.median(speculative.seconds)) / iterations
-  baseline_parts = (ms['target_step'] + ms['sampling']
-                    + ms['target_encode'] * num_calls / baseline.tokens)
+  baseline_parts = (
+    ms['target_step'] + ms['sampling'] + ms['target_encode'] * num_calls / baseline.tokens
+  )
   baseline_measured = float(np.median(baseline.ms_per_token))
   return dict(
-      breakdown,
-      parts_sum=sum(breakdown.values()),
-      measured=measured,
-      unexplained=measured - sum(breakdown.values()),
-      catch_up_rate=catch_up_rate,
-      baseline_parts=baseline_parts,
-      baseline_measured=baseline_measured,
-      baseline_unexplained=baseline_measured - baseline_parts,
+    breakdown,
+    parts_sum=sum(breakdown.values()),
+    measured=measured,
+    unexplained=measured - sum(breakdown.values()),
+    catch_up_rate=catch_up_rate,
+    baseline_parts=baseline_parts,
+    baseline_measured=baseline_measured,
+    baseline_unexplained=baseline_measured - baseline_parts,
   )
 
 
@@ -692,12 +842,22 @@ def iteration_breakdown(part: measure.IterationParts, baseline: DecodeRun,
 # ------------------------------------------------------------------------------
 
 
-def benchmark_pair(*, target: models.Model, draft, output_dir: str,
-                   task=None, split: str = 'test', tsv_path: Optional[str] = None, vocabulary_path: Optional[str] = None,
-                   prefix: Optional[str] = None,
-                   num_examples: Optional[int] = None, ngram_tsv_path: Optional[str] = None,
-                   ngram_examples: int = 20_000, random_input_length: int = 64,
-                   **settings) -> List[Dict[str, Any]]:
+def benchmark_pair(
+  *,
+  target: models.Model,
+  draft,
+  output_dir: str,
+  task=None,
+  split: str = 'test',
+  tsv_path: Optional[str] = None,
+  vocabulary_path: Optional[str] = None,
+  prefix: Optional[str] = None,
+  num_examples: Optional[int] = None,
+  ngram_tsv_path: Optional[str] = None,
+  ngram_examples: int = 20_000,
+  random_input_length: int = 64,
+  **settings,
+) -> List[Dict[str, Any]]:
   """`run_benchmark` on a task split, a TSV file, or random inputs (emulation).
 
   Args:
@@ -724,25 +884,45 @@ def benchmark_pair(*, target: models.Model, draft, output_dir: str,
     inputs, references = task_inputs(task, split, num_examples=num_examples)
   elif tsv_path is not None:
     if vocabulary_path is None:
-      raise ValueError('tsv_path needs vocabulary_path, the pair\'s SentencePiece model, to '
-                       'tokenize it (VOCABULARY in configs/runs/benchmark.gin).')
+      raise ValueError(
+        "tsv_path needs vocabulary_path, the pair's SentencePiece model, to "
+        'tokenize it (VOCABULARY in configs/runs/benchmark.gin).'
+      )
     from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
 
     inputs, references = tsv_inputs(
-        tsv_path, vocabulary_path, prefix=tasks_core.EN_DE_PREFIX if prefix is None else prefix,
-        num_examples=num_examples)
+      tsv_path,
+      vocabulary_path,
+      prefix=tasks_core.EN_DE_PREFIX if prefix is None else prefix,
+      num_examples=num_examples,
+    )
   elif settings.get('emulate_alpha') is not None:
-    inputs, references = random_inputs(num_examples or settings.get('num_walltime_examples', 64),
-                                       random_input_length, target.vocab_size)
+    inputs, references = random_inputs(
+      num_examples or settings.get('num_walltime_examples', 64),
+      random_input_length,
+      target.vocab_size,
+    )
   else:
-    raise ValueError('Nothing to decode: include a task file (TASK), set TSV_PATH to '
-                     'source<TAB>target lines, or set EMULATE_ALPHA to time random inputs '
-                     'with emulated acceptance.')
-  ngram_corpus = (None if ngram_tsv_path is None else
-                  tsv_target_tokens(ngram_tsv_path, vocabulary_path, ngram_examples))
-  return run_benchmark(target, draft, inputs, references=references,
-                       vocabulary_path=vocabulary_path, ngram_corpus=ngram_corpus,
-                       output_dir=output_dir, **settings)
+    raise ValueError(
+      'Nothing to decode: include a task file (TASK), set TSV_PATH to '
+      'source<TAB>target lines, or set EMULATE_ALPHA to time random inputs '
+      'with emulated acceptance.'
+    )
+  ngram_corpus = (
+    None
+    if ngram_tsv_path is None
+    else tsv_target_tokens(ngram_tsv_path, vocabulary_path, ngram_examples)
+  )
+  return run_benchmark(
+    target,
+    draft,
+    inputs,
+    references=references,
+    vocabulary_path=vocabulary_path,
+    ngram_corpus=ngram_corpus,
+    output_dir=output_dir,
+    **settings,
+  )
 
 
 def main(argv: Sequence[str]) -> None:

@@ -50,6 +50,7 @@ from flax import serialization
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
+
 # Importing ml_dtypes registers numpy's 'bfloat16', which safetensors needs to
 # read BF16 tensors through its numpy API.
 import ml_dtypes  # noqa: F401  pylint: disable=unused-import
@@ -96,9 +97,11 @@ class CorruptCheckpointError(ValueError):
   def __init__(self, path: PathLike, expected: str, cause: str, owner: Optional[str] = None):
     self.path, self.expected, self.cause, self.owner = os.fspath(path), expected, cause, owner
     whose = f'{owner[0].upper()}{owner[1:]} is damaged: ' if owner else ''
-    super().__init__(f'{whose}{self.path} cannot be read as {expected} ({cause}). The file is '
-                     'truncated or overwritten (an interrupted save or copy?): save or copy '
-                     'the checkpoint again.')
+    super().__init__(
+      f'{whose}{self.path} cannot be read as {expected} ({cause}). The file is '
+      'truncated or overwritten (an interrupted save or copy?): save or copy '
+      'the checkpoint again.'
+    )
 
   def with_owner(self, owner: str) -> 'CorruptCheckpointError':
     """The same error, its message saying whose checkpoint the file belongs to."""
@@ -124,18 +127,22 @@ _T5X_ORBAX_FORMAT = 'the orbax metadata of a T5X checkpoint (JSON)'
 # Validation against the configured network.
 # ------------------------------------------------------------------------------
 def _describe(config: network.T5Config) -> str:
-  return (f'vocab_size={config.vocab_size}, emb_dim={config.emb_dim}, '
-          f'num_heads={config.num_heads}, head_dim={config.head_dim}, '
-          f'mlp_dim={config.mlp_dim}, num_encoder_layers={config.num_encoder_layers}, '
-          f'num_decoder_layers={config.num_decoder_layers}, '
-          f'mlp_activations={config.mlp_activations}, '
-          f'logits_via_embedding={config.logits_via_embedding}')
+  return (
+    f'vocab_size={config.vocab_size}, emb_dim={config.emb_dim}, '
+    f'num_heads={config.num_heads}, head_dim={config.head_dim}, '
+    f'mlp_dim={config.mlp_dim}, num_encoder_layers={config.num_encoder_layers}, '
+    f'num_decoder_layers={config.num_decoder_layers}, '
+    f'mlp_activations={config.mlp_activations}, '
+    f'logits_via_embedding={config.logits_via_embedding}'
+  )
 
 
 @functools.lru_cache(maxsize=16)
 def _expected_shapes(config: network.T5Config) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
-  return {path: leaf.shape for path, leaf in
-          traverse_util.flatten_dict(network.abstract_params(config)[0]).items()}
+  return {
+    path: leaf.shape
+    for path, leaf in traverse_util.flatten_dict(network.abstract_params(config)[0]).items()
+  }
 
 
 def _check_shapes(tree: Any, config: network.T5Config, source: str) -> None:
@@ -148,8 +155,10 @@ def _check_shapes(tree: Any, config: network.T5Config, source: str) -> None:
     source: what `tree` came from, for the message.
   """
   expected = _expected_shapes(config)
-  found = {path: tuple(leaf) if isinstance(leaf, tuple) else tuple(leaf.shape)
-           for path, leaf in traverse_util.flatten_dict(tree).items()}
+  found = {
+    path: tuple(leaf) if isinstance(leaf, tuple) else tuple(leaf.shape)
+    for path, leaf in traverse_util.flatten_dict(tree).items()
+  }
   problems = []
   for path, want in expected.items():
     name = '/'.join(path)
@@ -158,13 +167,16 @@ def _check_shapes(tree: Any, config: network.T5Config, source: str) -> None:
     elif found[path] != want:
       problems.append(f'parameter {name} has shape {found[path]}, but the config implies {want}')
   for path in sorted(found.keys() - expected.keys()):
-    problems.append(f'parameter {"/".join(path)} (shape {found[path]}) is not part of the '
-                    'configured network')
+    problems.append(
+      f'parameter {"/".join(path)} (shape {found[path]}) is not part of the configured network'
+    )
   if problems:
     more = f' (and {len(problems) - 1} more problems)' if len(problems) > 1 else ''
-    raise ValueError(f'{source} does not match the configured network: {problems[0]}{more}. '
-                     f'The config has {_describe(config)}; pass the config of the size '
-                     'the checkpoint was trained with (e.g. network.t5_1_1_config(size)).')
+    raise ValueError(
+      f'{source} does not match the configured network: {problems[0]}{more}. '
+      f'The config has {_describe(config)}; pass the config of the size '
+      'the checkpoint was trained with (e.g. network.t5_1_1_config(size)).'
+    )
 
 
 def check_params(params: Params, config: network.T5Config) -> None:
@@ -190,8 +202,9 @@ def _cast(params: Params, dtype: Optional[Any]) -> Params:
 def _numpy_restore_args(metadata_tree: Any, dtype: Optional[Any]) -> Any:
   """orbax RestoreArgs that read every array of a tree to host numpy, cast to dtype."""
   dtype = None if dtype is None else jnp.dtype(dtype)
-  return jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype),
-                      metadata_tree)
+  return jax.tree.map(
+    lambda _: ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype), metadata_tree
+  )
 
 
 def _absolute(path: epath.Path) -> epath.Path:
@@ -206,9 +219,10 @@ def _directory(path: PathLike) -> epath.Path:
     return path.parent
   if path.is_file():
     raise FileNotFoundError(
-        f'No checkpoint at {path}: {path.name} is a file, not a checkpoint directory. Pass '
-        f'the directory that holds the checkpoint (perhaps {path.parent}); only T5X\'s '
-        f'checkpoint_<step>/{T5X_CHECKPOINT_FILE} file may stand for its directory.')
+      f'No checkpoint at {path}: {path.name} is a file, not a checkpoint directory. Pass '
+      f"the directory that holds the checkpoint (perhaps {path.parent}); only T5X's "
+      f'checkpoint_<step>/{T5X_CHECKPOINT_FILE} file may stand for its directory.'
+    )
   if not path.is_dir():
     raise FileNotFoundError(f'No checkpoint at {path}: the directory does not exist.')
   return path
@@ -235,16 +249,23 @@ def save_params(directory: PathLike, params: Params, step: int = 0) -> None:
     step: the step to write; must not exist yet.
   """
   directory = _absolute(epath.Path(directory))
-  with ocp.CheckpointManager(directory, item_names=ITEM_NAMES,
-                             options=ocp.CheckpointManagerOptions()) as manager:
+  with ocp.CheckpointManager(
+    directory, item_names=ITEM_NAMES, options=ocp.CheckpointManagerOptions()
+  ) as manager:
     if step in manager.all_steps():
-      raise ValueError(f'{directory} already has a checkpoint for step {step}; '
-                       'choose another step or directory.')
+      raise ValueError(
+        f'{directory} already has a checkpoint for step {step}; choose another step or directory.'
+      )
     manager.save(step, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardSave(params)}))
 
 
-def restore_params(directory: PathLike, step: Optional[int] = None, dtype: Optional[Any] = None,
-                   *, config: Optional[network.T5Config] = None) -> Params:
+def restore_params(
+  directory: PathLike,
+  step: Optional[int] = None,
+  dtype: Optional[Any] = None,
+  *,
+  config: Optional[network.T5Config] = None,
+) -> Params:
   """Reads the `params` item of a checkpoint in the trainer's layout.
 
   Works on what `save_params` writes and on the trainer's checkpoints (which
@@ -265,30 +286,40 @@ def restore_params(directory: PathLike, step: Optional[int] = None, dtype: Optio
   # Handlers for both items, though only `params` is read: orbax warns about
   # items it has no handler for.
   handlers = {name: ocp.PyTreeCheckpointHandler() for name in ITEM_NAMES}
-  options = ocp.CheckpointManagerOptions(read_only=True, create=False,
-                                         save_interval_steps=0)
+  options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
   with ocp.CheckpointManager(directory, item_handlers=handlers, options=options) as manager:
     steps = manager.all_steps()
     if not steps:
       raise FileNotFoundError(
-          f'No orbax checkpoint in {directory}: expected step directories <step>/{PARAMS_ITEM}/ '
-          f'as save_params and the trainer write them; found {_listing(directory)}.')
+        f'No orbax checkpoint in {directory}: expected step directories <step>/{PARAMS_ITEM}/ '
+        f'as save_params and the trainer write them; found {_listing(directory)}.'
+      )
     step = max(steps) if step is None else step
     if step not in steps:
-      raise ValueError(f'{directory} has no checkpoint for step {step}; it has steps '
-                       f'{sorted(steps)}.')
-    with _parsing(directory / str(step) / PARAMS_ITEM / ORBAX_METADATA_FILE, _ORBAX_FORMAT,
-                  _JSON_ERRORS):
+      raise ValueError(
+        f'{directory} has no checkpoint for step {step}; it has steps {sorted(steps)}.'
+      )
+    with _parsing(
+      directory / str(step) / PARAMS_ITEM / ORBAX_METADATA_FILE, _ORBAX_FORMAT, _JSON_ERRORS
+    ):
       metadata = manager.item_metadata(step).get(PARAMS_ITEM)
     if metadata is None:
-      raise FileNotFoundError(f'The checkpoint of step {step} in {directory} has no '
-                              f'{PARAMS_ITEM!r} item.')
+      raise FileNotFoundError(
+        f'The checkpoint of step {step} in {directory} has no {PARAMS_ITEM!r} item.'
+      )
     metadata = metadata.tree
     if config is not None:
       _check_shapes(metadata, config, f'The checkpoint {directory} (step {step})')
-    restored = manager.restore(step, args=ocp.args.Composite(**{
-        PARAMS_ITEM: ocp.args.PyTreeRestore(
-            metadata, restore_args=_numpy_restore_args(metadata, dtype))}))
+    restored = manager.restore(
+      step,
+      args=ocp.args.Composite(
+        **{
+          PARAMS_ITEM: ocp.args.PyTreeRestore(
+            metadata, restore_args=_numpy_restore_args(metadata, dtype)
+          )
+        }
+      ),
+    )
   return restored[PARAMS_ITEM]
 
 
@@ -311,8 +342,11 @@ def _t5x_latest_step_dir(path: epath.Path) -> Optional[epath.Path]:
   """`path` if it is a step directory, else its `checkpoint_<step>` of largest step."""
   if _is_t5x_step_dir(path):
     return path
-  steps = {int(match.group(1)): child for child in path.iterdir()
-           if (match := _T5X_STEP_DIR.fullmatch(child.name)) and child.is_dir()}
+  steps = {
+    int(match.group(1)): child
+    for child in path.iterdir()
+    if (match := _T5X_STEP_DIR.fullmatch(child.name)) and child.is_dir()
+  }
   return steps[max(steps)] if steps else None
 
 
@@ -332,8 +366,10 @@ def _absolute_ts_spec(spec: Dict[str, Any], step_dir: str) -> Dict[str, Any]:
   """
   spec = copy.deepcopy(spec)
   if spec.get('dtype') == 'uint16' or spec['metadata'].get('dtype') == '<u2':
-    raise ValueError('This T5X checkpoint stores bfloat16 as uint16 (checkpoint version 2); '
-                     'T5X does not read it either. Re-save it with a current T5X.')
+    raise ValueError(
+      'This T5X checkpoint stores bfloat16 as uint16 (checkpoint version 2); '
+      'T5X does not read it either. Re-save it with a current T5X.'
+    )
   for key in ('chunks', 'compressor'):
     spec['metadata'].pop(key, None)
   kvstore = spec['kvstore']
@@ -343,15 +379,19 @@ def _absolute_ts_spec(spec: Dict[str, Any], step_dir: str) -> Dict[str, Any]:
     raise ValueError(f'Unsupported tensorstore location in a T5X checkpoint: {kvstore}.')
   gcs = re.fullmatch(r'gs://([^/]+)/(.*)', step_dir, re.DOTALL)
   if gcs:
-    spec['kvstore'] = {'driver': 'gcs', 'bucket': gcs.group(1),
-                       'path': posixpath.join(gcs.group(2), relative)}
+    spec['kvstore'] = {
+      'driver': 'gcs',
+      'bucket': gcs.group(1),
+      'path': posixpath.join(gcs.group(2), relative),
+    }
   else:
     spec['kvstore'] = {'driver': 'file', 'path': os.path.join(step_dir, relative)}
   return spec
 
 
-def _t5x_target_leaves(tree: Any, prefix: Tuple[str, ...] = ()
-                       ) -> Iterator[Tuple[Tuple[str, ...], Any]]:
+def _t5x_target_leaves(
+  tree: Any, prefix: Tuple[str, ...] = ()
+) -> Iterator[Tuple[Tuple[str, ...], Any]]:
   """(path, inline numpy array or tensorstore spec dict) for each stored parameter."""
   if isinstance(tree, dict) and not _TS_SPEC_KEYS <= tree.keys():
     for key, value in tree.items():
@@ -360,23 +400,30 @@ def _t5x_target_leaves(tree: Any, prefix: Tuple[str, ...] = ()
     yield prefix, tree
 
 
-def _load_t5x_legacy(step_dir: epath.Path, config: Optional[network.T5Config],
-                     dtype: Optional[Any]) -> Params:
+def _load_t5x_legacy(
+  step_dir: epath.Path, config: Optional[network.T5Config], dtype: Optional[Any]
+) -> Params:
   checkpoint_file = step_dir / T5X_CHECKPOINT_FILE
   raw = checkpoint_file.read_bytes()
   if raw.startswith(b'model_checkpoint_path'):
-    raise ValueError(f'{checkpoint_file} is a TensorFlow (Mesh TensorFlow) checkpoint index, not '
-                     'a T5X checkpoint; convert it with t5x/scripts/convert_tf_checkpoint.py.')
+    raise ValueError(
+      f'{checkpoint_file} is a TensorFlow (Mesh TensorFlow) checkpoint index, not '
+      'a T5X checkpoint; convert it with t5x/scripts/convert_tf_checkpoint.py.'
+    )
   # msgpack's errors for truncated or foreign bytes are all ValueErrors.
   with _parsing(checkpoint_file, 'a T5X legacy checkpoint (msgpack)', (ValueError,)):
     contents = serialization.msgpack_restore(raw)
   if not isinstance(contents, dict) or 'optimizer' not in contents:
     keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
-    raise ValueError(f'{checkpoint_file} is not a T5X checkpoint: expected a msgpack with keys '
-                     f"'version' and 'optimizer', found {keys}.")
+    raise ValueError(
+      f'{checkpoint_file} is not a T5X checkpoint: expected a msgpack with keys '
+      f"'version' and 'optimizer', found {keys}."
+    )
   if contents.get('version', 0) < 2:
-    raise ValueError(f'{checkpoint_file} has T5X checkpoint version {contents.get("version", 0)}; '
-                     'versions before 2 are not supported (T5X does not read them either).')
+    raise ValueError(
+      f'{checkpoint_file} has T5X checkpoint version {contents.get("version", 0)}; '
+      'versions before 2 are not supported (T5X does not read them either).'
+    )
   if 'target' not in contents['optimizer']:
     raise ValueError(f"{checkpoint_file} has no 'optimizer/target' parameters.")
   leaves = dict(_t5x_target_leaves(contents['optimizer']['target']))
@@ -388,11 +435,12 @@ def _load_t5x_legacy(step_dir: epath.Path, config: Optional[network.T5Config],
     elif isinstance(leaf, np.ndarray):
       shapes[path] = leaf.shape
     else:
-      raise ValueError(f'{checkpoint_file} stores parameter {"/".join(path)} as '
-                       f'{type(leaf).__name__}, not as an array or a tensorstore spec.')
+      raise ValueError(
+        f'{checkpoint_file} stores parameter {"/".join(path)} as '
+        f'{type(leaf).__name__}, not as an array or a tensorstore spec.'
+      )
   if config is not None:
-    _check_shapes(traverse_util.unflatten_dict(shapes), config,
-                  f'The T5X checkpoint {step_dir}')
+    _check_shapes(traverse_util.unflatten_dict(shapes), config, f'The T5X checkpoint {step_dir}')
   # Open and read all arrays concurrently (many requests in flight on GCS).
   opening = {path: ts.open(spec, open=True, read=True) for path, spec in specs.items()}
   arrays = {path: leaf for path, leaf in leaves.items() if path not in specs}
@@ -403,32 +451,43 @@ def _load_t5x_legacy(step_dir: epath.Path, config: Optional[network.T5Config],
     for path, future in reading.items():
       arrays[path] = future.result()
   except ValueError as error:  # tensorstore's error for a missing or malformed array.
-    raise ValueError(f'Cannot read parameter {"/".join(path)} of the T5X checkpoint {step_dir} '
-                     f'from {specs[path]["kvstore"]["path"]}: {error}') from error
+    raise ValueError(
+      f'Cannot read parameter {"/".join(path)} of the T5X checkpoint {step_dir} '
+      f'from {specs[path]["kvstore"]["path"]}: {error}'
+    ) from error
   return _cast(traverse_util.unflatten_dict(arrays), dtype)
 
 
-def _load_t5x_orbax(item: epath.Path, config: Optional[network.T5Config],
-                    dtype: Optional[Any]) -> Params:
+def _load_t5x_orbax(
+  item: epath.Path, config: Optional[network.T5Config], dtype: Optional[Any]
+) -> Params:
   # The handler, not a Checkpointer: the step-level _CHECKPOINT_METADATA is one
   # directory up, and a Checkpointer on the item warns that it is missing.
   handler = ocp.PyTreeCheckpointHandler()
   with _parsing(item / ORBAX_METADATA_FILE, _T5X_ORBAX_FORMAT, _JSON_ERRORS):
     tree = handler.metadata(item).tree
   if 'target' not in tree:
-    raise ValueError(f"{item} is an orbax checkpoint without T5X's 'target' parameters "
-                     f'(its top-level entries: {sorted(tree)}).')
+    raise ValueError(
+      f"{item} is an orbax checkpoint without T5X's 'target' parameters "
+      f'(its top-level entries: {sorted(tree)}).'
+    )
   target = tree['target']
   if config is not None:
     _check_shapes(target, config, f'The T5X checkpoint {item}')
-  restored = handler.restore(item, args=ocp.args.PyTreeRestore(
-      {'target': target}, restore_args={'target': _numpy_restore_args(target, dtype)},
-      partial_restore=True))
+  restored = handler.restore(
+    item,
+    args=ocp.args.PyTreeRestore(
+      {'target': target},
+      restore_args={'target': _numpy_restore_args(target, dtype)},
+      partial_restore=True,
+    ),
+  )
   return restored['target']
 
 
-def load_t5x_params(path: PathLike, dtype: Optional[Any] = None, *,
-                    config: Optional[network.T5Config] = None) -> Params:
+def load_t5x_params(
+  path: PathLike, dtype: Optional[Any] = None, *, config: Optional[network.T5Config] = None
+) -> Params:
   """Reads the parameters (`target`) of a T5X checkpoint.
 
   Reads both formats T5X writes: legacy (`checkpoint_<step>/checkpoint`
@@ -450,14 +509,16 @@ def load_t5x_params(path: PathLike, dtype: Optional[Any] = None, *,
   step_dir = _t5x_latest_step_dir(path)
   if step_dir is None:
     raise FileNotFoundError(
-        f'No T5X checkpoint at {path}: expected a checkpoint_<step> directory holding a '
-        f'{T5X_CHECKPOINT_FILE!r} msgpack file (legacy) or an orbax {T5X_STATE_ITEM!r} item '
-        f'with {ORBAX_METADATA_FILE}, or a directory of them; found {_listing(path)}.')
+      f'No T5X checkpoint at {path}: expected a checkpoint_<step> directory holding a '
+      f'{T5X_CHECKPOINT_FILE!r} msgpack file (legacy) or an orbax {T5X_STATE_ITEM!r} item '
+      f'with {ORBAX_METADATA_FILE}, or a directory of them; found {_listing(path)}.'
+    )
   if not _is_t5x_step_dir(step_dir):
     raise FileNotFoundError(
-        f'{step_dir} holds neither a {T5X_CHECKPOINT_FILE!r} msgpack file nor an orbax '
-        f'{T5X_STATE_ITEM!r} item; found {_listing(step_dir)}. An interrupted save? Pass an '
-        'earlier checkpoint_<step> directory.')
+      f'{step_dir} holds neither a {T5X_CHECKPOINT_FILE!r} msgpack file nor an orbax '
+      f'{T5X_STATE_ITEM!r} item; found {_listing(step_dir)}. An interrupted save? Pass an '
+      'earlier checkpoint_<step> directory.'
+    )
   item = _t5x_orbax_item(step_dir)
   if item is not None:
     return _load_t5x_orbax(item, config, dtype)
@@ -491,24 +552,40 @@ def _hf_names(config: network.T5Config) -> Iterator[Tuple[Tuple[str, ...], str, 
   mlp = tuple((name, name) for name in wi + ('wo',))  # Same names in both.
   attention = (('query', 'q'), ('key', 'k'), ('value', 'v'), ('out', 'o'))
   stacks = (
-      ('encoder', config.num_encoder_layers, (
-          ('pre_attention_layer_norm', 'attention', 'SelfAttention'),
-          ('pre_mlp_layer_norm', 'mlp', 'DenseReluDense'))),
-      ('decoder', config.num_decoder_layers, (
-          ('pre_self_attention_layer_norm', 'self_attention', 'SelfAttention'),
-          ('pre_cross_attention_layer_norm', 'encoder_decoder_attention', 'EncDecAttention'),
-          ('pre_mlp_layer_norm', 'mlp', 'DenseReluDense'))),
+    (
+      'encoder',
+      config.num_encoder_layers,
+      (
+        ('pre_attention_layer_norm', 'attention', 'SelfAttention'),
+        ('pre_mlp_layer_norm', 'mlp', 'DenseReluDense'),
+      ),
+    ),
+    (
+      'decoder',
+      config.num_decoder_layers,
+      (
+        ('pre_self_attention_layer_norm', 'self_attention', 'SelfAttention'),
+        ('pre_cross_attention_layer_norm', 'encoder_decoder_attention', 'EncDecAttention'),
+        ('pre_mlp_layer_norm', 'mlp', 'DenseReluDense'),
+      ),
+    ),
   )
   for stack, num_layers, sublayers in stacks:
-    yield ((stack, 'relpos_bias', 'rel_embedding'),
-           f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight', True)
+    yield (
+      (stack, 'relpos_bias', 'rel_embedding'),
+      f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight',
+      True,
+    )
     for i in range(num_layers):
       for j, (norm, block, hf_block) in enumerate(sublayers):
         prefix = f'{stack}.block.{i}.layer.{j}'
         yield (stack, f'layers_{i}', norm, 'scale'), f'{prefix}.layer_norm.weight', False
-        for ours, theirs in (mlp if block == 'mlp' else attention):
-          yield ((stack, f'layers_{i}', block, ours, 'kernel'),
-                 f'{prefix}.{hf_block}.{theirs}.weight', True)
+        for ours, theirs in mlp if block == 'mlp' else attention:
+          yield (
+            (stack, f'layers_{i}', block, ours, 'kernel'),
+            f'{prefix}.{hf_block}.{theirs}.weight',
+            True,
+          )
     yield ((stack, f'{stack}_norm', 'scale'), f'{stack}.final_layer_norm.weight', False)
 
 
@@ -516,8 +593,10 @@ def _safetensors():
   try:
     import safetensors.numpy  # pylint: disable=g-import-not-at-top
   except ImportError as error:
-    raise ImportError('Hugging Face checkpoints need the safetensors package: '
-                      'pip install "speculative_t5x[hf]" (or safetensors).') from error
+    raise ImportError(
+      'Hugging Face checkpoints need the safetensors package: '
+      'pip install "speculative_t5x[hf]" (or safetensors).'
+    ) from error
   return safetensors
 
 
@@ -528,8 +607,9 @@ def _read_json(path: str, what: str) -> Dict[str, Any]:
   with open(path, 'rb') as f, _parsing(path, f'{what} (JSON)', _JSON_ERRORS):
     contents = json.loads(f.read())
   if not isinstance(contents, dict):
-    raise CorruptCheckpointError(path, f'{what} (a JSON object)',
-                                 f'it holds a JSON {type(contents).__name__}')
+    raise CorruptCheckpointError(
+      path, f'{what} (a JSON object)', f'it holds a JSON {type(contents).__name__}'
+    )
   return contents
 
 
@@ -555,53 +635,72 @@ def _hf_tensor_files(model_dir: str) -> Dict[str, str]:
         raise FileNotFoundError(f'{index} lists {path}, which does not exist.')
     return files
   found = sorted(os.listdir(model_dir))
-  hint = (' Only safetensors weights are read; convert PyTorch .bin weights by loading '
-          'the model with transformers and calling save_pretrained().'
-          if any(name.endswith('.bin') for name in found) else '')
-  raise FileNotFoundError(f'No {HF_WEIGHTS_FILE} or {HF_WEIGHTS_INDEX_FILE} in {model_dir} '
-                          f'(found {found}).{hint}')
+  hint = (
+    ' Only safetensors weights are read; convert PyTorch .bin weights by loading '
+    'the model with transformers and calling save_pretrained().'
+    if any(name.endswith('.bin') for name in found)
+    else ''
+  )
+  raise FileNotFoundError(
+    f'No {HF_WEIGHTS_FILE} or {HF_WEIGHTS_INDEX_FILE} in {model_dir} (found {found}).{hint}'
+  )
 
 
 def _t5_config_from_hf(hf: Dict[str, Any], logits_via_embedding: bool) -> network.T5Config:
   """Checks that a transformers config.json describes a model this network computes."""
   if hf.get('model_type') not in ('t5', 'mt5') or not hf.get('is_encoder_decoder', True):
-    raise ValueError(f'Expected a T5 encoder-decoder (model_type "t5" or "mt5"), got '
-                     f'model_type={hf.get("model_type")!r}; UMT5, LongT5 and decoder-only '
-                     'models have other architectures.')
+    raise ValueError(
+      f'Expected a T5 encoder-decoder (model_type "t5" or "mt5"), got '
+      f'model_type={hf.get("model_type")!r}; UMT5, LongT5 and decoder-only '
+      'models have other architectures.'
+    )
   feed_forward = hf.get('feed_forward_proj', 'relu')
   if feed_forward not in _HF_FEED_FORWARD:
-    raise ValueError(f'Unsupported feed_forward_proj {feed_forward!r}: supported are '
-                     f'{sorted(_HF_FEED_FORWARD)} (T5 1.1 / Flan-T5 / mT5, and T5 1.0).')
-  fixed = {'relative_attention_num_buckets': network.NUM_BUCKETS,
-           'relative_attention_max_distance': network.MAX_DISTANCE,
-           'layer_norm_epsilon': 1e-6}
+    raise ValueError(
+      f'Unsupported feed_forward_proj {feed_forward!r}: supported are '
+      f'{sorted(_HF_FEED_FORWARD)} (T5 1.1 / Flan-T5 / mT5, and T5 1.0).'
+    )
+  fixed = {
+    'relative_attention_num_buckets': network.NUM_BUCKETS,
+    'relative_attention_max_distance': network.MAX_DISTANCE,
+    'layer_norm_epsilon': 1e-6,
+  }
   for key, value in fixed.items():
     if hf.get(key, value) != value:
       raise ValueError(f'Unsupported {key}={hf[key]}: this network (like T5X) uses {value}.')
-  missing = [key for key in ('vocab_size', 'd_model', 'num_heads', 'd_kv', 'd_ff', 'num_layers')
-             if key not in hf]
+  missing = [
+    key
+    for key in ('vocab_size', 'd_model', 'num_heads', 'd_kv', 'd_ff', 'num_layers')
+    if key not in hf
+  ]
   if missing:
     raise ValueError(f'config.json lacks {missing}; it is not a transformers T5 config.')
   num_layers = hf['num_layers']
   num_decoder_layers = hf.get('num_decoder_layers')
   return network.T5Config(
-      vocab_size=hf['vocab_size'], emb_dim=hf['d_model'], num_heads=hf['num_heads'],
-      num_encoder_layers=num_layers,
-      num_decoder_layers=num_layers if num_decoder_layers is None else num_decoder_layers,
-      head_dim=hf['d_kv'], mlp_dim=hf['d_ff'], mlp_activations=_HF_FEED_FORWARD[feed_forward],
-      dropout_rate=hf.get('dropout_rate', 0.1), logits_via_embedding=logits_via_embedding)
+    vocab_size=hf['vocab_size'],
+    emb_dim=hf['d_model'],
+    num_heads=hf['num_heads'],
+    num_encoder_layers=num_layers,
+    num_decoder_layers=num_layers if num_decoder_layers is None else num_decoder_layers,
+    head_dim=hf['d_kv'],
+    mlp_dim=hf['d_ff'],
+    mlp_activations=_HF_FEED_FORWARD[feed_forward],
+    dropout_rate=hf.get('dropout_rate', 0.1),
+    logits_via_embedding=logits_via_embedding,
+  )
 
 
 @contextlib.contextmanager
 def _open_huggingface(model_dir: str):
   """Yields (config.json contents, tensor names, read(name) -> float32 array)."""
   model_dir = os.fspath(_directory(model_dir))
-  hf = _read_json(os.path.join(model_dir, HF_CONFIG_FILE),
-                  'the config.json of a transformers T5 model')
+  hf = _read_json(
+    os.path.join(model_dir, HF_CONFIG_FILE), 'the config.json of a transformers T5 model'
+  )
   files = _hf_tensor_files(model_dir)
   with contextlib.ExitStack() as stack:
-    handles = {path: stack.enter_context(_safe_open(path))
-               for path in set(files.values())}
+    handles = {path: stack.enter_context(_safe_open(path)) for path in set(files.values())}
 
     def read(name):
       if name not in files:
@@ -611,8 +710,9 @@ def _open_huggingface(model_dir: str):
     yield hf, set(files), read
 
 
-def _hf_head(hf: Dict[str, Any], names: Set[str], read: Callable[[str], np.ndarray]
-             ) -> Tuple[network.T5Config, np.ndarray, np.ndarray, bool]:
+def _hf_head(
+  hf: Dict[str, Any], names: Set[str], read: Callable[[str], np.ndarray]
+) -> Tuple[network.T5Config, np.ndarray, np.ndarray, bool]:
   """(config, shared embedding, output embedding, whether outputs are scaled)."""
   tie = hf.get('tie_word_embeddings', True)
   scale = bool(hf.get('scale_decoder_outputs', tie))
@@ -664,8 +764,10 @@ def load_huggingface_t5(model_dir: str) -> Tuple[network.T5Config, Params]:
     used = {name for _, name, _ in _hf_names(config)} | {'lm_head.weight', *_HF_TIED_COPIES}
     unused = sorted(names - used)
     if unused:
-      raise ValueError(f'{model_dir} has tensors this T5 architecture does not use: '
-                       f'{unused[:5]}{"..." if len(unused) > 5 else ""}.')
+      raise ValueError(
+        f'{model_dir} has tensors this T5 architecture does not use: '
+        f'{unused[:5]}{"..." if len(unused) > 5 else ""}.'
+      )
     flat = {}
     for path, name, transposed in _hf_names(config):
       value = shared if name == 'shared.weight' else read(name)
@@ -674,14 +776,18 @@ def load_huggingface_t5(model_dir: str) -> Tuple[network.T5Config, Params]:
     # An untied head that transformers scales (never the case for T5 1.1) has
     # the scale folded in.
     flat[('decoder', 'logits_dense', 'kernel')] = (
-        head * np.float32(config.emb_dim**-0.5) if scale else head).T
+      head * np.float32(config.emb_dim**-0.5) if scale else head
+    ).T
   expected = _expected_shapes(config)
   for path, value in flat.items():
     if value.shape != expected[path]:
-      raise ValueError(f'Tensor for {"/".join(path)} has shape {value.shape}, but config.json '
-                       f'implies {expected[path]}.')
+      raise ValueError(
+        f'Tensor for {"/".join(path)} has shape {value.shape}, but config.json '
+        f'implies {expected[path]}.'
+      )
   return config, traverse_util.unflatten_dict(
-      {path: np.ascontiguousarray(value) for path, value in flat.items()})
+    {path: np.ascontiguousarray(value) for path, value in flat.items()}
+  )
 
 
 def save_huggingface_t5(config: network.T5Config, params: Params, output_dir: str) -> None:
@@ -708,8 +814,10 @@ def save_huggingface_t5(config: network.T5Config, params: Params, output_dir: st
   """
   inverse = {activations: name for name, activations in _HF_FEED_FORWARD.items()}
   if config.mlp_activations not in inverse:
-    raise ValueError(f'transformers T5 has no MLP with activations {config.mlp_activations}; '
-                     f'exportable are {sorted(inverse)}.')
+    raise ValueError(
+      f'transformers T5 has no MLP with activations {config.mlp_activations}; '
+      f'exportable are {sorted(inverse)}.'
+    )
   flat = traverse_util.flatten_dict(params)
   tensors = {}
   for path, name, transposed in _hf_names(config):
@@ -717,35 +825,37 @@ def save_huggingface_t5(config: network.T5Config, params: Params, output_dir: st
     tensors[name] = np.ascontiguousarray(value.T if transposed else value)
   if not config.logits_via_embedding:
     tensors['lm_head.weight'] = np.ascontiguousarray(
-        np.asarray(flat[('decoder', 'logits_dense', 'kernel')], np.float32).T)
+      np.asarray(flat[('decoder', 'logits_dense', 'kernel')], np.float32).T
+    )
   hf = {
-      'architectures': ['T5ForConditionalGeneration'],
-      'model_type': 't5',
-      'is_encoder_decoder': True,
-      'vocab_size': config.vocab_size,
-      'd_model': config.emb_dim,
-      'd_kv': config.head_dim,
-      'd_ff': config.mlp_dim,
-      'num_heads': config.num_heads,
-      'num_layers': config.num_encoder_layers,
-      'num_decoder_layers': config.num_decoder_layers,
-      'feed_forward_proj': inverse[config.mlp_activations],
-      'relative_attention_num_buckets': network.NUM_BUCKETS,
-      'relative_attention_max_distance': network.MAX_DISTANCE,
-      'layer_norm_epsilon': 1e-6,
-      'dropout_rate': config.dropout_rate,
-      'pad_token_id': 0,
-      'eos_token_id': 1,
-      'decoder_start_token_id': 0,
-      'tie_word_embeddings': config.logits_via_embedding,
-      'scale_decoder_outputs': config.logits_via_embedding,
-      'dtype': 'float32',
+    'architectures': ['T5ForConditionalGeneration'],
+    'model_type': 't5',
+    'is_encoder_decoder': True,
+    'vocab_size': config.vocab_size,
+    'd_model': config.emb_dim,
+    'd_kv': config.head_dim,
+    'd_ff': config.mlp_dim,
+    'num_heads': config.num_heads,
+    'num_layers': config.num_encoder_layers,
+    'num_decoder_layers': config.num_decoder_layers,
+    'feed_forward_proj': inverse[config.mlp_activations],
+    'relative_attention_num_buckets': network.NUM_BUCKETS,
+    'relative_attention_max_distance': network.MAX_DISTANCE,
+    'layer_norm_epsilon': 1e-6,
+    'dropout_rate': config.dropout_rate,
+    'pad_token_id': 0,
+    'eos_token_id': 1,
+    'decoder_start_token_id': 0,
+    'tie_word_embeddings': config.logits_via_embedding,
+    'scale_decoder_outputs': config.logits_via_embedding,
+    'dtype': 'float32',
   }
   os.makedirs(output_dir, exist_ok=True)
   with open(os.path.join(output_dir, HF_CONFIG_FILE), 'w') as f:
     json.dump(hf, f, indent=2, sort_keys=True)
-  _safetensors().numpy.save_file(tensors, os.path.join(output_dir, HF_WEIGHTS_FILE),
-                              metadata={'format': 'pt'})
+  _safetensors().numpy.save_file(
+    tensors, os.path.join(output_dir, HF_WEIGHTS_FILE), metadata={'format': 'pt'}
+  )
 
 
 # ------------------------------------------------------------------------------
@@ -772,14 +882,16 @@ def checkpoint_format(path: PathLike) -> str:
   if step_dir is not None and _is_t5x_step_dir(step_dir):
     return T5X_LEGACY if _t5x_orbax_item(step_dir) is None else T5X_ORBAX
   raise FileNotFoundError(
-      f'No checkpoint at {path}. Looked for a Hugging Face directory ({HF_CONFIG_FILE} + '
-      f'{HF_WEIGHTS_FILE}), orbax steps (<step>/{PARAMS_ITEM}/, written by save_params or the '
-      f'trainer), and T5X checkpoints (checkpoint_<step>/{T5X_CHECKPOINT_FILE} or '
-      f'checkpoint_<step>/{T5X_STATE_ITEM}/{ORBAX_METADATA_FILE}); found {_listing(path)}.')
+    f'No checkpoint at {path}. Looked for a Hugging Face directory ({HF_CONFIG_FILE} + '
+    f'{HF_WEIGHTS_FILE}), orbax steps (<step>/{PARAMS_ITEM}/, written by save_params or the '
+    f'trainer), and T5X checkpoints (checkpoint_<step>/{T5X_CHECKPOINT_FILE} or '
+    f'checkpoint_<step>/{T5X_STATE_ITEM}/{ORBAX_METADATA_FILE}); found {_listing(path)}.'
+  )
 
 
-def load_params(path: PathLike, config: Optional[network.T5Config] = None,
-                dtype: Optional[Any] = None) -> Params:
+def load_params(
+  path: PathLike, config: Optional[network.T5Config] = None, dtype: Optional[Any] = None
+) -> Params:
   """Reads the parameters of any checkpoint this module knows (`checkpoint_format`).
 
   Args:
@@ -817,13 +929,16 @@ def load_params(path: PathLike, config: Optional[network.T5Config] = None,
 _COMPUTE_FIELDS = ('dtype', 'dropout_rate', 'float32_attention_logits')
 
 
-def _check_same_architecture(config: network.T5Config, stored: network.T5Config,
-                             path: epath.Path) -> None:
+def _check_same_architecture(
+  config: network.T5Config, stored: network.T5Config, path: epath.Path
+) -> None:
   for field in dataclasses.fields(network.T5Config):
     if field.name in _COMPUTE_FIELDS:
       continue
     given, recorded = getattr(config, field.name), getattr(stored, field.name)
     if given != recorded:
-      raise ValueError(f'The config has {field.name}={given!r}, but the checkpoint at {path} '
-                       f'has {field.name}={recorded!r}; use checkpoints.huggingface_config(path) '
-                       '(with dataclasses.replace for the compute dtype).')
+      raise ValueError(
+        f'The config has {field.name}={given!r}, but the checkpoint at {path} '
+        f'has {field.name}={recorded!r}; use checkpoints.huggingface_config(path) '
+        '(with dataclasses.replace for the compute dtype).'
+      )

@@ -92,8 +92,8 @@ def expand_cache(cache: PyTree, num_decodes: int, cache_offset: int = 0) -> PyTr
   if num_decodes == 1:
     return cache
   return cache_map(
-      functools.partial(flat_batch_expand, num_decodes=num_decodes, offset=cache_offset),
-      cache,
+    functools.partial(flat_batch_expand, num_decodes=num_decodes, offset=cache_offset),
+    cache,
   )
 
 
@@ -125,8 +125,10 @@ def check_positive_int(name: str, value) -> int:
   `gamma=True` or `max_decode_len=2.5` is an error, never 1 or 2.
   """
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f'{name} must be an integer >= 1; got {value!r} '
-                     f'({type(value).__name__}). Pass a whole number, e.g. {name}=4.')
+    raise ValueError(
+      f'{name} must be an integer >= 1; got {value!r} '
+      f'({type(value).__name__}). Pass a whole number, e.g. {name}=4.'
+    )
   return int(value)
 
 
@@ -181,17 +183,17 @@ class SamplingLoopState:
 
 
 def temperature_sample(
-    inputs: Array,
-    cache: PyTree,
-    tokens_to_logits: TokensToLogits,
-    eos_id: int,
-    decode_rng: Optional[Array] = None,
-    num_decodes: int = 1,
-    temperature: Union[float, Array] = 1.0,
-    topk: int = 1,
-    topp: float = 0.0,
-    cache_offset: int = 0,
-    max_decode_steps: Optional[Union[int, Array]] = None,
+  inputs: Array,
+  cache: PyTree,
+  tokens_to_logits: TokensToLogits,
+  eos_id: int,
+  decode_rng: Optional[Array] = None,
+  num_decodes: int = 1,
+  temperature: Union[float, Array] = 1.0,
+  topk: int = 1,
+  topp: float = 0.0,
+  cache_offset: int = 0,
+  max_decode_steps: Optional[Union[int, Array]] = None,
 ) -> Tuple[Array, Array]:
   """Samples one token per target call, as T5X's `temperature_sample`.
 
@@ -231,15 +233,15 @@ def temperature_sample(
     index = state.cur_index
     cur_token = lax.dynamic_slice_in_dim(state.sequences, index, 1, axis=1)
     logits, new_cache = tokens_to_logits(
-        DecodingState(
-            cur_index=jnp.full((flat_size,), index, jnp.int32),
-            sequences=state.sequences[:, :max_decode_len],
-            cur_token=cur_token,
-            cache=state.cache,
-        )
+      DecodingState(
+        cur_index=jnp.full((flat_size,), index, jnp.int32),
+        sequences=state.sequences[:, :max_decode_len],
+        cur_token=cur_token,
+        cache=state.cache,
+      )
     )
     sampled, probs = sampling.sample_logits(
-        sample_rng, logits, temperature=temperature, topk=topk, topp=topp
+      sample_rng, logits, temperature=temperature, topk=topk, topp=topp
     )
     forced = lax.dynamic_index_in_dim(state.sequences, index + 1, axis=1, keepdims=False)
     in_prompt = forced != 0
@@ -249,28 +251,28 @@ def temperature_sample(
     token_prob = jnp.take_along_axis(probs, sampled[:, None], axis=-1)[:, 0]
     log_prob = state.log_prob + jnp.where(generated, jnp.log(token_prob), 0.0)
     sequences = lax.dynamic_update_slice_in_dim(
-        state.sequences, next_token[:, None], index + 1, axis=1
+      state.sequences, next_token[:, None], index + 1, axis=1
     )
     ended = state.ended | (generated & (next_token == eos_id)) | (index + 1 >= limits)
     return SamplingLoopState(
-        cur_index=index + 1,
-        sequences=sequences,
-        cache=new_cache,
-        ended=ended,
-        rng=rng,
-        log_prob=log_prob,
+      cur_index=index + 1,
+      sequences=sequences,
+      cache=new_cache,
+      ended=ended,
+      rng=rng,
+      log_prob=log_prob,
     )
 
   # One spare slot past the end keeps the forced-token read in bounds.
   sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, 1)))
   sequences = sequences.at[:, 0].set(0)
   init_state = SamplingLoopState(
-      cur_index=jnp.zeros((), jnp.int32),
-      sequences=sequences,
-      cache=cache,
-      ended=limits <= 0,
-      rng=decode_rng,
-      log_prob=jnp.zeros((flat_size,), jnp.float32),
+    cur_index=jnp.zeros((), jnp.int32),
+    sequences=sequences,
+    cache=cache,
+    ended=limits <= 0,
+    rng=decode_rng,
+    log_prob=jnp.zeros((flat_size,), jnp.float32),
   )
   final_state = lax.while_loop(cond_fn, body_fn, init_state)
   decodes = final_state.sequences[:, 1 : max_decode_len + 1]
@@ -320,15 +322,15 @@ class SpeculativeStats:
     """Statistics before the first iteration, per-row fields [flat_size]."""
     zeros_rows = jnp.zeros((flat_size,), jnp.int32)
     return cls(
-        target_calls=jnp.zeros((), jnp.int32),
-        iterations=zeros_rows,
-        accepted=zeros_rows,
-        emitted=zeros_rows,
-        accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
-        position_reached=jnp.zeros((gamma,), jnp.int32),
-        position_accepted=jnp.zeros((gamma,), jnp.int32),
-        beta_sum=jnp.zeros((), jnp.float32),
-        beta_count=jnp.zeros((), jnp.int32),
+      target_calls=jnp.zeros((), jnp.int32),
+      iterations=zeros_rows,
+      accepted=zeros_rows,
+      emitted=zeros_rows,
+      accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
+      position_reached=jnp.zeros((gamma,), jnp.int32),
+      position_accepted=jnp.zeros((gamma,), jnp.int32),
+      beta_sum=jnp.zeros((), jnp.float32),
+      beta_count=jnp.zeros((), jnp.int32),
     )
 
   @property
@@ -388,15 +390,15 @@ class Judgement:
 
 
 def judge_block(
-    rng: Array,
-    draft_tokens: Array,
-    draft_probs: Optional[Array],
-    target_logits: Array,
-    sample_args: Mapping[str, Any],
-    *,
-    lenience: float = 1.0,
-    emulate_alpha: Optional[float] = None,
-    verification: str = 'token',
+  rng: Array,
+  draft_tokens: Array,
+  draft_probs: Optional[Array],
+  target_logits: Array,
+  sample_args: Mapping[str, Any],
+  *,
+  lenience: float = 1.0,
+  emulate_alpha: Optional[float] = None,
+  verification: str = 'token',
 ) -> Judgement:
   """Standardizes the target's block logits and verifies the draft tokens.
 
@@ -414,23 +416,29 @@ def judge_block(
   one_hot_target = sampling.is_greedy(sample_args['temperature'])
   if emulate_alpha is None:
     num_accepted, next_token, beta = speculative_sampling.verify(
-        rng, draft_tokens, draft_probs, target_probs, lenience, return_beta=True,
-        one_hot_target=one_hot_target, verification=verification,
+      rng,
+      draft_tokens,
+      draft_probs,
+      target_probs,
+      lenience,
+      return_beta=True,
+      one_hot_target=one_hot_target,
+      verification=verification,
     )
   else:
     num_accepted, next_token, beta = speculative_sampling.emulated_verify(
-        rng, draft_tokens, target_probs, emulate_alpha, one_hot_target=one_hot_target
+      rng, draft_tokens, target_probs, emulate_alpha, one_hot_target=one_hot_target
     )
   return Judgement(num_accepted, next_token, beta, target_probs)
 
 
 def emit_block(
-    state: 'SpeculativeLoopState',
-    draft_tokens: Array,
-    judgement: Judgement,
-    *,
-    limits: Array,
-    eos_id: int,
+  state: 'SpeculativeLoopState',
+  draft_tokens: Array,
+  judgement: Judgement,
+  *,
+  limits: Array,
+  eos_id: int,
 ) -> 'SpeculativeLoopState':
   """Writes each row's accepted tokens and next token; moves positions; counts.
 
@@ -452,7 +460,7 @@ def emit_block(
   # The emitted block: accepted draft tokens, then the residual/bonus token.
   padded_draft = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
   emitted = jnp.where(
-      block_offsets[None] < num_accepted[:, None], padded_draft, judgement.next_token[:, None]
+    block_offsets[None] < num_accepted[:, None], padded_draft, judgement.next_token[:, None]
   )
   # Cut at each row's end: past the accepted prefix, the length, an EOS.
   slot = position[:, None] + 1 + block_offsets[None]
@@ -463,7 +471,7 @@ def emit_block(
   num_kept = jnp.sum(keep, axis=1).astype(jnp.int32)
   written = jnp.where(keep, emitted, 0)
   sequences = jax.vmap(lambda row, values, start: lax.dynamic_update_slice(row, values, (start,)))(
-      state.sequences, written, position + 1
+    state.sequences, written, position + 1
   )
   new_position = position + num_kept
   ended = state.ended | jnp.any(is_eos & keep, axis=1) | (new_position >= limits)
@@ -475,20 +483,20 @@ def emit_block(
   judged = (block_offsets[None, :gamma] <= num_accepted[:, None]) & active[:, None]
   stats = state.stats
   stats = SpeculativeStats(
-      target_calls=stats.target_calls + 1,
-      iterations=stats.iterations + active,
-      accepted=stats.accepted + jnp.where(active, num_accepted, 0),
-      emitted=stats.emitted + num_kept,
-      accepted_histogram=stats.accepted_histogram
-      + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active[:, None], axis=0),
-      position_reached=stats.position_reached + jnp.sum(judged, axis=0),
-      position_accepted=stats.position_accepted
-      + jnp.sum((block_offsets[None, :gamma] < num_accepted[:, None]) & active[:, None], axis=0),
-      beta_sum=stats.beta_sum + jnp.sum(jnp.where(judged, judgement.beta, 0.0)),
-      beta_count=stats.beta_count + jnp.sum(judged),
+    target_calls=stats.target_calls + 1,
+    iterations=stats.iterations + active,
+    accepted=stats.accepted + jnp.where(active, num_accepted, 0),
+    emitted=stats.emitted + num_kept,
+    accepted_histogram=stats.accepted_histogram
+    + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active[:, None], axis=0),
+    position_reached=stats.position_reached + jnp.sum(judged, axis=0),
+    position_accepted=stats.position_accepted
+    + jnp.sum((block_offsets[None, :gamma] < num_accepted[:, None]) & active[:, None], axis=0),
+    beta_sum=stats.beta_sum + jnp.sum(jnp.where(judged, judgement.beta, 0.0)),
+    beta_count=stats.beta_count + jnp.sum(judged),
   )
   return state.replace(
-      position=new_position, sequences=sequences, ended=ended, log_prob=log_prob, stats=stats
+    position=new_position, sequences=sequences, ended=ended, log_prob=log_prob, stats=stats
   )
 
 
@@ -498,24 +506,24 @@ def speculative_cache_length(max_decode_len: int, gamma: int) -> int:
 
 
 def speculative_sample(
-    inputs: Array,
-    cache: PyTree,
-    score_block: ScoreBlock,
-    eos_id: int,
-    decode_rng: Optional[Array] = None,
-    num_decodes: int = 1,
-    temperature: Union[float, Array] = 1.0,
-    topk: int = 1,
-    topp: float = 0.0,
-    cache_offset: int = 0,
-    max_decode_steps: Optional[Union[int, Array]] = None,
-    *,
-    draft: drafts.Draft,
-    draft_cache: PyTree,
-    gamma: int,
-    lenience: float = 1.0,
-    emulate_alpha: Optional[float] = None,
-    verification: str = 'token',
+  inputs: Array,
+  cache: PyTree,
+  score_block: ScoreBlock,
+  eos_id: int,
+  decode_rng: Optional[Array] = None,
+  num_decodes: int = 1,
+  temperature: Union[float, Array] = 1.0,
+  topk: int = 1,
+  topp: float = 0.0,
+  cache_offset: int = 0,
+  max_decode_steps: Optional[Union[int, Array]] = None,
+  *,
+  draft: drafts.Draft,
+  draft_cache: PyTree,
+  gamma: int,
+  lenience: float = 1.0,
+  emulate_alpha: Optional[float] = None,
+  verification: str = 'token',
 ) -> Tuple[Array, Array, SpeculativeStats]:
   """Speculative sampling (Algorithm 1) in one compiled while_loop.
 
@@ -558,8 +566,8 @@ def speculative_sample(
   check_positive_int('gamma', gamma)
   if not isinstance(inputs, jax.core.Tracer) and np.any(np.asarray(inputs) != 0):
     raise ValueError(
-        'speculative_sample decodes from BOS only: `inputs` must be all zeros '
-        '(decoder prompts are not supported; use temperature_sample for them).'
+      'speculative_sample decodes from BOS only: `inputs` must be all zeros '
+      '(decoder prompts are not supported; use temperature_sample for them).'
     )
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   batch_size, max_decode_len = inputs.shape
@@ -577,42 +585,50 @@ def speculative_sample(
   def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
     rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
     draft_tokens, draft_probs, draft_cache = draft.propose(
-        state.draft_cache, state.sequences, state.position, propose_rng, gamma=gamma,
-        **sample_args
+      state.draft_cache, state.sequences, state.position, propose_rng, gamma=gamma, **sample_args
     )
     block = jnp.concatenate(
-        [jnp.take_along_axis(state.sequences, state.position[:, None], axis=1), draft_tokens],
-        axis=1,
+      [jnp.take_along_axis(state.sequences, state.position[:, None], axis=1), draft_tokens],
+      axis=1,
     )
     target_logits, cache = score_block(block, state.position, state.cache)
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
     judgement = judge_block(
-        verify_rng, draft_tokens, draft_probs, target_logits, sample_args,
-        lenience=lenience, emulate_alpha=emulate_alpha, verification=verification,
+      verify_rng,
+      draft_tokens,
+      draft_probs,
+      target_logits,
+      sample_args,
+      lenience=lenience,
+      emulate_alpha=emulate_alpha,
+      verification=verification,
     )
     return emit_block(
-        state.replace(rng=rng, cache=cache, draft_cache=draft_cache), draft_tokens, judgement,
-        limits=limits, eos_id=eos_id,
+      state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
+      draft_tokens,
+      judgement,
+      limits=limits,
+      eos_id=eos_id,
     )
 
   init_state = SpeculativeLoopState(
-      position=jnp.zeros((flat_size,), jnp.int32),
-      sequences=jnp.zeros((flat_size, max_decode_len + gamma + 2), jnp.int32),
-      cache=cache,
-      draft_cache=draft_cache,
-      ended=limits <= 0,
-      rng=decode_rng,
-      log_prob=jnp.zeros((flat_size,), jnp.float32),
-      stats=SpeculativeStats.zeros(flat_size, gamma),
+    position=jnp.zeros((flat_size,), jnp.int32),
+    sequences=jnp.zeros((flat_size, max_decode_len + gamma + 2), jnp.int32),
+    cache=cache,
+    draft_cache=draft_cache,
+    ended=limits <= 0,
+    rng=decode_rng,
+    log_prob=jnp.zeros((flat_size,), jnp.float32),
+    stats=SpeculativeStats.zeros(flat_size, gamma),
   )
   final_state = lax.while_loop(cond_fn, body_fn, init_state)
   stats = final_state.stats
   decodes = final_state.sequences[:, 1 : max_decode_len + 1]
   (decodes, iterations, accepted, emitted), log_prob = _sort_by_log_prob(
-      (decodes, stats.iterations, stats.accepted, stats.emitted),
-      final_state.log_prob,
-      batch_size,
-      num_decodes,
+    (decodes, stats.iterations, stats.accepted, stats.emitted),
+    final_state.log_prob,
+    batch_size,
+    num_decodes,
   )
   stats = stats.replace(iterations=iterations, accepted=accepted, emitted=emitted)
   return decodes, log_prob, stats

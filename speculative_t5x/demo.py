@@ -61,8 +61,9 @@ def _define_flags() -> None:
   flags.DEFINE_list('batch_sizes', ['1', '8'], 'The batch-size sweep.')
   flags.DEFINE_integer('repetitions', 3, 'Timed passes per configuration.')
   flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per alpha.')
-  flags.DEFINE_integer('peer_examples', 8,
-                       'Test examples of the Hugging Face comparison (0: skip it).')
+  flags.DEFINE_integer(
+    'peer_examples', 8, 'Test examples of the Hugging Face comparison (0: skip it).'
+  )
 
 
 def _step(message: str) -> None:
@@ -79,13 +80,15 @@ def prepare_data(workdir: str, vocab_size: int):
   if not os.path.exists(vocabulary + '.model'):
     _step(f'Training a {vocab_size}-piece SentencePiece vocabulary')
     train_pairs = tasks_core.read_tsv(os.path.join(corpus_dir, 'train.tsv'))
-    tasks_core.train_sentencepiece_model((text for pair in train_pairs for text in pair),
-                                         vocabulary, vocab_size)
+    tasks_core.train_sentencepiece_model(
+      (text for pair in train_pairs for text in pair), vocabulary, vocab_size
+    )
   return corpus_dir, vocabulary + '.model'
 
 
-def trained_model(workdir: str, name: str, steps: int, corpus_dir: str, vocabulary: str,
-                  vocab_size: int) -> models.Model:
+def trained_model(
+  workdir: str, name: str, steps: int, corpus_dir: str, vocabulary: str, vocab_size: int
+) -> models.Model:
   """Trains configs/models/<name>.gin on the corpus (or resumes/finds it).
 
   The training run is `python -m speculative_t5x.train` with the model file,
@@ -103,11 +106,18 @@ def trained_model(workdir: str, name: str, steps: int, corpus_dir: str, vocabula
     num_params = sum(x.size for x in jax.tree_util.tree_leaves(network.abstract_params(config)[0]))
     _step(f'Training {name} ({num_params / 1e6:.1f}M parameters, {steps} steps)')
     gin_utils.call_configured(
-        train.train,
-        [f'configs/models/{name}.gin', 'configs/tasks/gettext_ende.gin', 'configs/runs/train.gin'],
-        [f'MODEL_DIR = {model_dir!r}', f'TRAIN_STEPS = {steps}', f'CORPUS_DIR = {corpus_dir!r}',
-         f'VOCABULARY = {vocabulary!r}', f'VOCAB_SIZE = {vocab_size}', 'EVAL_PERIOD = None',
-         'train.train.keep_checkpoints = 1'])
+      train.train,
+      [f'configs/models/{name}.gin', 'configs/tasks/gettext_ende.gin', 'configs/runs/train.gin'],
+      [
+        f'MODEL_DIR = {model_dir!r}',
+        f'TRAIN_STEPS = {steps}',
+        f'CORPUS_DIR = {corpus_dir!r}',
+        f'VOCABULARY = {vocabulary!r}',
+        f'VOCAB_SIZE = {vocab_size}',
+        'EVAL_PERIOD = None',
+        'train.train.keep_checkpoints = 1',
+      ],
+    )
   return models.Model(config, checkpoints.restore_params(model_dir, step=steps))
 
 
@@ -115,8 +125,14 @@ def compare_with_huggingface(target, draft, inputs, gamma, workdir, report_dir) 
   """`peers.compare_with_huggingface`, written to report_dir/peers.{json,md}."""
   from speculative_t5x import peers  # PyTorch and transformers only here.
 
-  result = peers.compare_with_huggingface(target, draft, inputs, max_decode_len=MAX_DECODE_LEN,
-                                          gamma=gamma, workdir=os.path.join(workdir, 'hf'))
+  result = peers.compare_with_huggingface(
+    target,
+    draft,
+    inputs,
+    max_decode_len=MAX_DECODE_LEN,
+    gamma=gamma,
+    workdir=os.path.join(workdir, 'hf'),
+  )
   markdown = peers.format_markdown(result)
   os.makedirs(report_dir, exist_ok=True)
   with open(os.path.join(report_dir, 'peers.json'), 'w') as f:
@@ -128,16 +144,38 @@ def compare_with_huggingface(target, draft, inputs, gamma, workdir, report_dir) 
 
 def print_table(records) -> None:
   """The Table-2-style summary: one row per temperature and gamma, at batch 1."""
-  header = ('T', 'gamma', 'alpha', 'c', 'v', 'tok/call', 'base ms/tok', 'spec ms/tok', 'speedup',
-            'predicted', 'BLEU base', 'BLEU spec')
+  header = (
+    'T',
+    'gamma',
+    'alpha',
+    'c',
+    'v',
+    'tok/call',
+    'base ms/tok',
+    'spec ms/tok',
+    'speedup',
+    'predicted',
+    'BLEU base',
+    'BLEU spec',
+  )
   print(' '.join(f'{h:>11s}' for h in header))
   for r in records:
     if r['kind'] != 'walltime' or r['batch_size'] != 1:
       continue
-    row = (r['temperature'], r['gamma'], r['alpha'], r['c'], r['verify_cost'],
-           r['tokens_per_call'], r['ms_per_token_baseline']['median'],
-           r['ms_per_token_speculative']['median'], r['speedup']['median'],
-           r.get('predicted_speedup'), r.get('bleu_baseline'), r.get('bleu_speculative'))
+    row = (
+      r['temperature'],
+      r['gamma'],
+      r['alpha'],
+      r['c'],
+      r['verify_cost'],
+      r['tokens_per_call'],
+      r['ms_per_token_baseline']['median'],
+      r['ms_per_token_speculative']['median'],
+      r['speedup']['median'],
+      r.get('predicted_speedup'),
+      r.get('bleu_baseline'),
+      r.get('bleu_speculative'),
+    )
     print(' '.join(f'{v:>11.3f}' if isinstance(v, float) else f'{str(v):>11s}' for v in row))
 
 
@@ -154,33 +192,53 @@ def main(argv) -> None:
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
 
   corpus_dir, vocabulary = prepare_data(workdir, args.vocab_size)
-  target = trained_model(workdir, 'gettext_target', args.target_steps, corpus_dir, vocabulary,
-                         args.vocab_size)
-  draft = trained_model(workdir, 'gettext_draft', args.draft_steps, corpus_dir, vocabulary,
-                        args.vocab_size)
+  target = trained_model(
+    workdir, 'gettext_target', args.target_steps, corpus_dir, vocabulary, args.vocab_size
+  )
+  draft = trained_model(
+    workdir, 'gettext_draft', args.draft_steps, corpus_dir, vocabulary, args.vocab_size
+  )
 
   _step('Benchmarking on the test split')
   progress = lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True)
   inputs, references = benchmark.tsv_inputs(
-      os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=tasks_core.EN_DE_PREFIX)
-  ngram_corpus = benchmark.tsv_target_tokens(os.path.join(corpus_dir, 'train.tsv'), vocabulary,
-                                             20_000)
+    os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=tasks_core.EN_DE_PREFIX
+  )
+  ngram_corpus = benchmark.tsv_target_tokens(
+    os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
+  )
   records = benchmark.run_benchmark(
-      target, draft, inputs, references=references, vocabulary_path=vocabulary,
-      pair_name='gettext target (6.0M) / draft (1.3M)', task_name='gettext EnDe test',
-      temperatures=(0.0, 1.0), gammas=[int(g) for g in args.gammas],
-      batch_sizes=[int(b) for b in args.batch_sizes], num_walltime_examples=args.num_examples,
-      repetitions=args.repetitions, max_decode_len=MAX_DECODE_LEN,
-      alpha_tokens=args.alpha_tokens, ngram_corpus=ngram_corpus,
-      output_dir=os.path.join(workdir, 'report'), progress=progress)
+    target,
+    draft,
+    inputs,
+    references=references,
+    vocabulary_path=vocabulary,
+    pair_name='gettext target (6.0M) / draft (1.3M)',
+    task_name='gettext EnDe test',
+    temperatures=(0.0, 1.0),
+    gammas=[int(g) for g in args.gammas],
+    batch_sizes=[int(b) for b in args.batch_sizes],
+    num_walltime_examples=args.num_examples,
+    repetitions=args.repetitions,
+    max_decode_len=MAX_DECODE_LEN,
+    alpha_tokens=args.alpha_tokens,
+    ngram_corpus=ngram_corpus,
+    output_dir=os.path.join(workdir, 'report'),
+    progress=progress,
+  )
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None
   if args.peer_examples:
     greedy_gamma = reports.best_gamma(records, temperature=0.0)
     _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
-    peers_markdown = compare_with_huggingface(target, draft,
-                                              benchmark.trim_padding(inputs[:args.peer_examples]),
-                                              greedy_gamma, workdir, report_dir)
+    peers_markdown = compare_with_huggingface(
+      target,
+      draft,
+      benchmark.trim_padding(inputs[: args.peer_examples]),
+      greedy_gamma,
+      workdir,
+      report_dir,
+    )
   _step(f'Report ({report_dir}/benchmark.md, .json, peers.md, figures)')
   print_table(records)
   if peers_markdown:

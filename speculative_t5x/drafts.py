@@ -48,9 +48,18 @@ class Draft(Protocol):
     can expand it for `num_decodes`.
     """
 
-  def propose(self, cache: PyTree, sequences: Array, positions: Array, rng: Array, *,
-              gamma: int, temperature, topk: int,
-              topp) -> Tuple[Array, Optional[Array], PyTree]:
+  def propose(
+    self,
+    cache: PyTree,
+    sequences: Array,
+    positions: Array,
+    rng: Array,
+    *,
+    gamma: int,
+    temperature,
+    topk: int,
+    topp,
+  ) -> Tuple[Array, Optional[Array], PyTree]:
     """Proposes gamma tokens per row: (tokens int32 [BN, gamma], probs, new cache).
 
     `sequences` int32 [BN, Ls]: `sequences[b, positions[b]]` is row b's last
@@ -65,8 +74,8 @@ def check_shared_vocabulary(draft_vocab_size: int, target_vocab_size: int) -> No
   """Raises ValueError unless draft and target have the same vocabulary size."""
   if draft_vocab_size != target_vocab_size:
     raise ValueError(
-        f'The draft has vocabulary size {draft_vocab_size} but the target has '
-        f'{target_vocab_size}: speculative decoding needs one shared vocabulary.'
+      f'The draft has vocabulary size {draft_vocab_size} but the target has '
+      f'{target_vocab_size}: speculative decoding needs one shared vocabulary.'
     )
 
 
@@ -99,9 +108,10 @@ class ModelDraft:
     < written_until[b] (entries at later positions are stale or unwritten).
     """
     return {
-        'decoder': network.init_decoder_cache(
-            self.config, self.params, encoder_input_tokens, cache_length),
-        'written_until': jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32),
+      'decoder': network.init_decoder_cache(
+        self.config, self.params, encoder_input_tokens, cache_length
+      ),
+      'written_until': jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32),
     }
 
   def decode_step(self, decoder_cache, tokens, positions):
@@ -110,7 +120,8 @@ class ModelDraft:
     tokens: int32 [BN], the decoder inputs at positions int32 [BN].
     """
     logits, decoder_cache = network.apply_decode_block(
-        self.config, self.params, decoder_cache, tokens[:, None], positions)
+      self.config, self.params, decoder_cache, tokens[:, None], positions
+    )
     return logits[:, 0], decoder_cache
 
   def catch_up(self, cache, sequences, positions):
@@ -132,7 +143,10 @@ class ModelDraft:
       return self.decode_step(decoder_cache, tokens, start)[1]
 
     decoder_cache = lax.cond(jnp.any(missing), feed_missing, lambda c: c, cache['decoder'])
-    return {'decoder': decoder_cache, 'written_until': jnp.maximum(cache['written_until'], positions)}
+    return {
+      'decoder': decoder_cache,
+      'written_until': jnp.maximum(cache['written_until'], positions),
+    }
 
   def rollout(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
     """gamma single-token steps from each row's last token: (tokens, probs, cache).
@@ -150,15 +164,17 @@ class ModelDraft:
       return (next_token, position + 1, decoder_cache), (next_token, probs)
 
     (_, _, decoder_cache), (tokens, probs) = lax.scan(
-        step, (last_token, positions, cache['decoder']), jax.random.split(rng, gamma))
+      step, (last_token, positions, cache['decoder']), jax.random.split(rng, gamma)
+    )
     cache = {'decoder': decoder_cache, 'written_until': positions + gamma}
     return tokens.T, jnp.swapaxes(probs, 0, 1), cache
 
   def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
     """Rolls the draft out gamma tokens from each row's position (see `catch_up`)."""
     cache = self.catch_up(cache, sequences, positions)
-    return self.rollout(cache, sequences, positions, rng, gamma=gamma, temperature=temperature,
-                        topk=topk, topp=topp)
+    return self.rollout(
+      cache, sequences, positions, rng, gamma=gamma, temperature=temperature, topk=topk, topp=topp
+    )
 
 
 # ------------------------------------------------------------------------------
@@ -199,12 +215,12 @@ class NgramDraft:
 
   @classmethod
   def fit(
-      cls,
-      token_sequences: Iterable[np.ndarray],
-      vocab_size: int,
-      order: int = 2,
-      add_k: float = 0.1,
-      max_continuations: int = 64,
+    cls,
+    token_sequences: Iterable[np.ndarray],
+    vocab_size: int,
+    order: int = 2,
+    add_k: float = 0.1,
+    max_continuations: int = 64,
   ) -> 'NgramDraft':
     """Counts n-grams over target-side token sequences.
 
@@ -227,8 +243,8 @@ class NgramDraft:
       tokens = tokens[tokens != 0]
       if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
         raise ValueError(
-            f'Token ids must lie in [0, {vocab_size}); got min {tokens.min()}, '
-            f'max {tokens.max()}. Is vocab_size the target vocabulary size?'
+          f'Token ids must lie in [0, {vocab_size}); got min {tokens.min()}, '
+          f'max {tokens.max()}. Is vocab_size the target vocabulary size?'
         )
       contexts = np.zeros_like(tokens) if order == 1 else np.concatenate([[0], tokens[:-1]])
       pairs.append(contexts * vocab_size + tokens)
@@ -250,12 +266,12 @@ class NgramDraft:
       next_ids[contexts[kept], rank[kept]] = tokens[kept]
       next_counts[contexts[kept], rank[kept]] = counts[kept]
     return cls(
-        next_ids=jnp.asarray(next_ids),
-        next_counts=jnp.asarray(next_counts),
-        context_totals=jnp.asarray(next_counts.sum(axis=1)),
-        add_k=float(add_k),
-        order=order,
-        vocab_size=vocab_size,
+      next_ids=jnp.asarray(next_ids),
+      next_counts=jnp.asarray(next_counts),
+      context_totals=jnp.asarray(next_counts.sum(axis=1)),
+      add_k=float(add_k),
+      order=order,
+      vocab_size=vocab_size,
     )
 
   def log_probs(self, previous_tokens: Array) -> Array:
@@ -276,7 +292,7 @@ class NgramDraft:
 
     def step(previous_token, step_rng):
       token, probs = sampling.sample_logits(
-          step_rng, self.log_probs(previous_token), temperature, topk, topp
+        step_rng, self.log_probs(previous_token), temperature, topk, topp
       )
       return token, (token, probs)
 
@@ -322,7 +338,7 @@ class PromptLookupDraft:
     index = jnp.arange(context.shape[1])[None]
     seq_index = index - input_len
     known = jnp.where(
-        seq_index < 0, context != 0, (seq_index >= 1) & (seq_index <= positions[:, None])
+      seq_index < 0, context != 0, (seq_index >= 1) & (seq_index <= positions[:, None])
     )
     # A candidate j proposes context[j:]; it must start at or before the row's
     # position, so that at least its first token is known.
@@ -348,4 +364,3 @@ class PromptLookupDraft:
     tokens = jnp.take_along_axis(context, jnp.minimum(copy_index, context.shape[1] - 1), axis=1)
     tokens = jnp.where(has_match[:, None] & copy_known & (copy_index < context.shape[1]), tokens, 0)
     return tokens.astype(jnp.int32), None, cache
-

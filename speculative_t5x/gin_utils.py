@@ -43,7 +43,7 @@ def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
   rewritten = []
   for arg in argv:
     if arg.startswith('--gin.'):
-      name, separator, value = arg[len('--gin.'):].partition('=')
+      name, separator, value = arg[len('--gin.') :].partition('=')
       if not separator or not name:
         raise ValueError(f'A gin flag must look like --gin.NAME=VALUE, got {arg!r}.')
       arg = f'--gin_bindings={name} = {value}'
@@ -56,8 +56,9 @@ def default_search_paths() -> List[str]:
   return [_REPOSITORY_ROOT] if os.path.isdir(os.path.join(_REPOSITORY_ROOT, 'configs')) else []
 
 
-def parse_gin_flags(gin_search_paths: Sequence[str], gin_files: Sequence[str],
-                    gin_bindings: Sequence[str]) -> None:
+def parse_gin_flags(
+  gin_search_paths: Sequence[str], gin_files: Sequence[str], gin_bindings: Sequence[str]
+) -> None:
   """Parses gin files, then bindings, resolving relative paths on the search paths.
 
   Args:
@@ -71,8 +72,9 @@ def parse_gin_flags(gin_search_paths: Sequence[str], gin_files: Sequence[str],
   gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings))
 
 
-def call_configured(fn: Callable[..., Any], gin_files: Sequence[str],
-                    gin_bindings: Sequence[str] = ()) -> Any:
+def call_configured(
+  fn: Callable[..., Any], gin_files: Sequence[str], gin_bindings: Sequence[str] = ()
+) -> Any:
   """`fn()` with the arguments that the gin files and bindings bind, in a fresh configuration.
 
   gin's configuration is global: it is cleared before the files are parsed
@@ -100,8 +102,11 @@ def model_config(name: str, vocab_size: int) -> network.T5Config:
 
   Clears gin's configuration (see `call_configured`).
   """
-  return call_configured(network.T5Config, [f'configs/models/{name}.gin'],
-                         [f'VOCAB_SIZE = {vocab_size}', 'DROPOUT_RATE = 0.0'])
+  return call_configured(
+    network.T5Config,
+    [f'configs/models/{name}.gin'],
+    [f'VOCAB_SIZE = {vocab_size}', 'DROPOUT_RATE = 0.0'],
+  )
 
 
 # The macros of configs/pairs/pair.gin that hold the checkpoint paths, by model.
@@ -130,8 +135,7 @@ def checkpoint_owner(path: str) -> Optional[str]:
       directory = gin.query_parameter(f'%{macro}')
     except ValueError:  # Not bound.
       continue
-    if isinstance(directory, (str, os.PathLike)) and _within(os.fspath(path),
-                                                             os.fspath(directory)):
+    if isinstance(directory, (str, os.PathLike)) and _within(os.fspath(path), os.fspath(directory)):
       owners.append(f'the {model} checkpoint ({macro} = {os.fspath(directory)!r})')
   return ' and '.join(owners) or None
 
@@ -169,11 +173,15 @@ def bound_target_config() -> Optional[network.T5Config]:
 def run(main: Callable[[Sequence[str]], Any]) -> None:
   """Runs `main(argv)` after parsing T5X-style gin flags (see the module docstring)."""
   flags.DEFINE_multi_string('gin_file', [], 'Gin files, parsed in order.')
-  flags.DEFINE_multi_string('gin_bindings', [],
-                            'Gin bindings (also --gin.NAME=VALUE), applied after the files.')
-  flags.DEFINE_multi_string('gin_search_paths', [],
-                            'Directories searched for relative gin files and includes, after '
-                            'the working directory and before the repository root.')
+  flags.DEFINE_multi_string(
+    'gin_bindings', [], 'Gin bindings (also --gin.NAME=VALUE), applied after the files.'
+  )
+  flags.DEFINE_multi_string(
+    'gin_search_paths',
+    [],
+    'Directories searched for relative gin files and includes, after '
+    'the working directory and before the repository root.',
+  )
 
   def parse_then_main(argv: Sequence[str]) -> None:
     parse_gin_flags(flags.FLAGS.gin_search_paths, flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
@@ -183,5 +191,6 @@ def run(main: Callable[[Sequence[str]], Any]) -> None:
       xla_flags.set_decode_flags(network.decoder_weight_bytes(config))
     main(argv)
 
-  app.run(parse_then_main,
-          flags_parser=lambda argv: app.parse_flags_with_usage(rewrite_gin_args(argv)))
+  app.run(
+    parse_then_main, flags_parser=lambda argv: app.parse_flags_with_usage(rewrite_gin_args(argv))
+  )

@@ -105,48 +105,60 @@ def _get_task(task: Union[str, seqio.Task]) -> seqio.Task:
     raise ValueError(f'{task.name!r} is a mixture; infer decodes one task at a time.')
   missing = {'inputs', 'targets'} - set(task.output_features)
   if missing:
-    raise ValueError(f'Task {task.name!r} has no {sorted(missing)} features; infer needs '
-                     "text-to-text tasks with 'inputs' and 'targets'.")
+    raise ValueError(
+      f'Task {task.name!r} has no {sorted(missing)} features; infer needs '
+      "text-to-text tasks with 'inputs' and 'targets'."
+    )
   return task
 
 
-def check_vocabularies(task: seqio.Task, target: models.Model,
-                       draft: Optional[models.Draft]) -> None:
+def check_vocabularies(
+  task: seqio.Task, target: models.Model, draft: Optional[models.Draft]
+) -> None:
   """Raises ValueError unless the task's ids fit the target and the draft shares its vocabulary."""
   for name in ('inputs', 'targets'):
     size = task.output_features[name].vocabulary.vocab_size
     if size > target.vocab_size:
       raise ValueError(
-          f"Task {task.name!r} feature {name!r} has a vocabulary of {size} ids but the target "
-          f'has vocab_size={target.vocab_size}: the checkpoint belongs to another vocabulary '
-          '(check the task file\'s VOCABULARY and the model file\'s VOCAB_SIZE).')
+        f'Task {task.name!r} feature {name!r} has a vocabulary of {size} ids but the target '
+        f'has vocab_size={target.vocab_size}: the checkpoint belongs to another vocabulary '
+        "(check the task file's VOCABULARY and the model file's VOCAB_SIZE)."
+      )
   if draft is not None:
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
 
 
-def _check_arguments(feature_lengths: Mapping[str, int], batch_size: int,
-                     num_partitions: int) -> Mesh:
+def _check_arguments(
+  feature_lengths: Mapping[str, int], batch_size: int, num_partitions: int
+) -> Mesh:
   """Validates the arguments that shape the run; returns its mesh."""
   if set(feature_lengths) != {'inputs', 'targets'}:
-    raise ValueError("feature_lengths must map exactly 'inputs' and 'targets' to lengths "
-                     f'(TASK_FEATURE_LENGTHS), got {dict(feature_lengths)}.')
-  for name, value in dict(feature_lengths, batch_size=batch_size,
-                          num_partitions=num_partitions).items():
+    raise ValueError(
+      "feature_lengths must map exactly 'inputs' and 'targets' to lengths "
+      f'(TASK_FEATURE_LENGTHS), got {dict(feature_lengths)}.'
+    )
+  for name, value in dict(
+    feature_lengths, batch_size=batch_size, num_partitions=num_partitions
+  ).items():
     if not isinstance(value, (int, np.integer)) or value < 1:
       raise ValueError(f'{name} must be a positive integer, got {value!r}.')
   if jax.device_count() % num_partitions:
-    raise ValueError(f'num_partitions={num_partitions} does not divide the '
-                     f'{jax.device_count()} devices.')
+    raise ValueError(
+      f'num_partitions={num_partitions} does not divide the {jax.device_count()} devices.'
+    )
   data_parallel = jax.device_count() // num_partitions
   if batch_size % data_parallel:
-    raise ValueError(f'batch_size={batch_size} must be a multiple of the {data_parallel} '
-                     f'data-parallel replicas ({jax.device_count()} devices / '
-                     f'num_partitions={num_partitions}).')
+    raise ValueError(
+      f'batch_size={batch_size} must be a multiple of the {data_parallel} '
+      f'data-parallel replicas ({jax.device_count()} devices / '
+      f'num_partitions={num_partitions}).'
+    )
   return partitioning.make_mesh(data_parallel, num_partitions)
 
 
-def _count_and_check_inputs(raw: tf.data.Dataset, max_length: int, truncate: bool,
-                            description: str) -> int:
+def _count_and_check_inputs(
+  raw: tf.data.Dataset, max_length: int, truncate: bool, description: str
+) -> int:
   """Number of examples in `raw`; raises for inputs longer than `max_length`.
 
   `raw` is the task's dataset before any trimming, so the lengths are the true
@@ -159,14 +171,16 @@ def _count_and_check_inputs(raw: tf.data.Dataset, max_length: int, truncate: boo
   if too_long.size and not truncate:
     first, longest = too_long[0], too_long[np.argmax(lengths[too_long])]
     raise ValueError(
-        f"{too_long.size} of the {lengths.size} examples of {description} have more input "
-        f"tokens than TASK_FEATURE_LENGTHS['inputs'] = {max_length}: example {first} has "
-        f'{lengths[first]} (EOS included), the longest, example {longest}, has '
-        f"{lengths[longest]}. Raise TASK_FEATURE_LENGTHS['inputs'] to {lengths[longest]}, or "
-        'let seqio truncate them with --gin.infer.infer.truncate_inputs=True.')
+      f'{too_long.size} of the {lengths.size} examples of {description} have more input '
+      f"tokens than TASK_FEATURE_LENGTHS['inputs'] = {max_length}: example {first} has "
+      f'{lengths[first]} (EOS included), the longest, example {longest}, has '
+      f"{lengths[longest]}. Raise TASK_FEATURE_LENGTHS['inputs'] to {lengths[longest]}, or "
+      'let seqio truncate them with --gin.infer.infer.truncate_inputs=True.'
+    )
   if too_long.size:
-    logging.warning('%d inputs of %s are truncated to %d tokens.', too_long.size, description,
-                    max_length)
+    logging.warning(
+      '%d inputs of %s are truncated to %d tokens.', too_long.size, description, max_length
+    )
   return int(lengths.size)
 
 
@@ -174,8 +188,11 @@ def _count_and_check_inputs(raw: tf.data.Dataset, max_length: int, truncate: boo
 # Settings and records on disk.
 # ------------------------------------------------------------------------------
 def _jsonable_config(config: network.T5Config) -> Dict[str, Any]:
-  return dict(dataclasses.asdict(config), dtype=jnp.dtype(config.dtype).name,
-              mlp_activations=list(config.mlp_activations))
+  return dict(
+    dataclasses.asdict(config),
+    dtype=jnp.dtype(config.dtype).name,
+    mlp_activations=list(config.mlp_activations),
+  )
 
 
 def _fingerprint(tree: Any) -> str:
@@ -194,13 +211,20 @@ def _describe(model_or_draft: Any) -> Optional[Dict[str, Any]]:
     return None
   if isinstance(model_or_draft, models.Model):
     model_or_draft = model_or_draft.as_draft()
-  static = {field.name: getattr(model_or_draft, field.name)
-            for field in dataclasses.fields(model_or_draft)
-            if not field.metadata.get('pytree_node', True)}
-  static = {name: _jsonable_config(value) if isinstance(value, network.T5Config) else value
-            for name, value in static.items()}
-  return {'kind': type(model_or_draft).__name__, **static,
-          'fingerprint': _fingerprint(model_or_draft)}
+  static = {
+    field.name: getattr(model_or_draft, field.name)
+    for field in dataclasses.fields(model_or_draft)
+    if not field.metadata.get('pytree_node', True)
+  }
+  static = {
+    name: _jsonable_config(value) if isinstance(value, network.T5Config) else value
+    for name, value in static.items()
+  }
+  return {
+    'kind': type(model_or_draft).__name__,
+    **static,
+    'fingerprint': _fingerprint(model_or_draft),
+  }
 
 
 def _output_paths(output_dir: str, task_name: str, split: str) -> Tuple[str, str, str]:
@@ -214,18 +238,22 @@ def _check_settings(path: str, settings: Dict[str, Any], records_path: str) -> N
   if not os.path.exists(records_path) or not os.path.getsize(records_path):
     return  # Nothing to continue.
   if not os.path.exists(path):
-    raise ValueError(f'{records_path} exists without {path}: it was not written by '
-                     'speculative_t5x.infer. Use another output_dir.')
+    raise ValueError(
+      f'{records_path} exists without {path}: it was not written by '
+      'speculative_t5x.infer. Use another output_dir.'
+    )
   with open(path) as f:
     stored = json.load(f)
   settings = json.loads(json.dumps(settings))  # Tuples become lists, as when read back.
-  differing = sorted(key for key in settings.keys() | stored.keys()
-                     if settings.get(key) != stored.get(key))
+  differing = sorted(
+    key for key in settings.keys() | stored.keys() if settings.get(key) != stored.get(key)
+  )
   if differing:
     raise ValueError(
-        f'{records_path} holds outputs of a run with other settings (differing: {differing}, '
-        f'see {path}); they cannot be continued with these. Use another output_dir, or delete '
-        'its files to start over.')
+      f'{records_path} holds outputs of a run with other settings (differing: {differing}, '
+      f'see {path}); they cannot be continued with these. Use another output_dir, or delete '
+      'its files to start over.'
+    )
 
 
 def read_records(path: str) -> List[Record]:
@@ -248,11 +276,15 @@ def read_records(path: str) -> List[Record]:
     try:
       record = json.loads(line)
     except json.JSONDecodeError as e:
-      raise ValueError(f'Line {number + 1} of {path} is not JSON ({e}); the file is damaged. '
-                       'Delete it to start over.') from e
+      raise ValueError(
+        f'Line {number + 1} of {path} is not JSON ({e}); the file is damaged. '
+        'Delete it to start over.'
+      ) from e
     if record.get('index') != number:
-      raise ValueError(f'Line {number + 1} of {path} holds example {record.get("index")}, '
-                       f'expected {number}; the file is damaged. Delete it to start over.')
+      raise ValueError(
+        f'Line {number + 1} of {path} holds example {record.get("index")}, '
+        f'expected {number}; the file is damaged. Delete it to start over.'
+      )
     records.append(record)
   return records
 
@@ -260,13 +292,20 @@ def read_records(path: str) -> List[Record]:
 # ------------------------------------------------------------------------------
 # Data.
 # ------------------------------------------------------------------------------
-def _datasets(task: seqio.Task, split: str, feature_lengths: Mapping[str, int],
-              num_examples: Optional[int]) -> Tuple[tf.data.Dataset, tf.data.Dataset]:
+def _datasets(
+  task: seqio.Task, split: str, feature_lengths: Mapping[str, int], num_examples: Optional[int]
+) -> Tuple[tf.data.Dataset, tf.data.Dataset]:
   """(untrimmed examples, model features), both in the split's order."""
   raw = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
-  features = seqio.get_dataset(task, dict(feature_lengths),
-                               seqio.EncDecFeatureConverter(pack=False), dataset_split=split,
-                               shuffle=False, num_epochs=1, verbose=False)
+  features = seqio.get_dataset(
+    task,
+    dict(feature_lengths),
+    seqio.EncDecFeatureConverter(pack=False),
+    dataset_split=split,
+    shuffle=False,
+    num_epochs=1,
+    verbose=False,
+  )
   if num_examples is not None:
     raw, features = raw.take(num_examples), features.take(num_examples)
   return raw, features
@@ -288,8 +327,9 @@ class _Batch:
   examples: List[Dict[str, Any]]
 
 
-def _batches(raw: tf.data.Dataset, features: tf.data.Dataset, start: int,
-             batch_size: int) -> Iterator[_Batch]:
+def _batches(
+  raw: tf.data.Dataset, features: tf.data.Dataset, start: int, batch_size: int
+) -> Iterator[_Batch]:
   pairs = tf.data.Dataset.zip((raw, features)).skip(start).prefetch(tf.data.AUTOTUNE)
   examples, rows = [], []
   for example, feature in pairs.as_numpy_iterator():
@@ -314,8 +354,9 @@ def _text(example: Mapping[str, Any], key: str, vocabulary: seqio.Vocabulary) ->
 # ------------------------------------------------------------------------------
 # Placement on the mesh.
 # ------------------------------------------------------------------------------
-def place_on_mesh(model_or_draft: Any, mesh: Mesh,
-                  rules: Optional[partitioning.LogicalRules] = None) -> Any:
+def place_on_mesh(
+  model_or_draft: Any, mesh: Mesh, rules: Optional[partitioning.LogicalRules] = None
+) -> Any:
   """A `models.Model` or draft with its arrays on `mesh`.
 
   Networks (`Model`, `drafts.ModelDraft`) are sharded by their parameters'
@@ -324,16 +365,18 @@ def place_on_mesh(model_or_draft: Any, mesh: Mesh,
   if isinstance(model_or_draft, (models.Model, drafts.ModelDraft)):
     _, params_axes = network.abstract_params(model_or_draft.config)
     shardings = partitioning.params_shardings(model_or_draft.params, params_axes, mesh, rules)
-    return dataclasses.replace(model_or_draft,
-                               params=jax.device_put(model_or_draft.params, shardings))
+    return dataclasses.replace(
+      model_or_draft, params=jax.device_put(model_or_draft.params, shardings)
+    )
   return jax.device_put(model_or_draft, NamedSharding(mesh, PartitionSpec()))
 
 
 # ------------------------------------------------------------------------------
 # Records and the summary.
 # ------------------------------------------------------------------------------
-def _batch_records(batch: _Batch, output: models.GenerateOutput, task: seqio.Task,
-                   eos_id: int) -> List[Record]:
+def _batch_records(
+  batch: _Batch, output: models.GenerateOutput, task: seqio.Task, eos_id: int
+) -> List[Record]:
   """One record per real row of a decoded batch (`output` on the host)."""
   vocabulary = task.output_features['targets'].vocabulary
   stats = output.stats
@@ -344,24 +387,24 @@ def _batch_records(batch: _Batch, output: models.GenerateOutput, task: seqio.Tas
     prediction = vocabulary.decode(tokens[:length].tolist())
     targets = _text(example, 'targets', vocabulary)
     record = {
-        'index': batch.start + row,
-        'inputs': _text(example, 'inputs', task.output_features['inputs'].vocabulary),
-        'targets': targets,
-        'prediction': prediction,
-        'score': float(output.scores[row]),
-        # The baseline makes one target call per token and accepts no draft tokens.
-        'iterations': length if stats is None else int(stats.iterations[row]),
-        'accepted': 0 if stats is None else int(stats.accepted[row]),
-        'emitted': length if stats is None else int(stats.emitted[row]),
-        'truncated': bool(tokens[length - 1] != eos_id),
+      'index': batch.start + row,
+      'inputs': _text(example, 'inputs', task.output_features['inputs'].vocabulary),
+      'targets': targets,
+      'prediction': prediction,
+      'score': float(output.scores[row]),
+      # The baseline makes one target call per token and accepts no draft tokens.
+      'iterations': length if stats is None else int(stats.iterations[row]),
+      'accepted': 0 if stats is None else int(stats.accepted[row]),
+      'emitted': length if stats is None else int(stats.emitted[row]),
+      'truncated': bool(tokens[length - 1] != eos_id),
     }
     if stats is not None:
       record.update(batch_beta_sum=float(stats.beta_sum), batch_beta_count=int(stats.beta_count))
     if task.postprocessor is not None:
       record.update(
-          postprocessed_targets=task.postprocess_fn(targets, example=example, is_target=True),
-          postprocessed_prediction=task.postprocess_fn(prediction, example=example,
-                                                       is_target=False))
+        postprocessed_targets=task.postprocess_fn(targets, example=example, is_target=True),
+        postprocessed_prediction=task.postprocess_fn(prediction, example=example, is_target=False),
+      )
     records.append(record)
   return records
 
@@ -379,53 +422,59 @@ def summarize(records: Sequence[Record], task: seqio.Task, batch_size: int) -> D
     {'examples', 'tokens', 'alpha' (None for the baseline),
     'tokens_per_target_call', 'truncated_predictions', 'metrics'}.
   """
-  batch_betas = {record['index'] // batch_size: (record['batch_beta_sum'],
-                                                 record['batch_beta_count'])
-                 for record in records if 'batch_beta_sum' in record}
+  batch_betas = {
+    record['index'] // batch_size: (record['batch_beta_sum'], record['batch_beta_count'])
+    for record in records
+    if 'batch_beta_sum' in record
+  }
   beta_sum, beta_count = np.sum(list(batch_betas.values()) or [(0.0, 0)], axis=0)
   tokens = sum(record['emitted'] for record in records)
   targets = [record.get('postprocessed_targets', record['targets']) for record in records]
-  predictions = [record.get('postprocessed_prediction', record['prediction'])
-                 for record in records]
+  predictions = [record.get('postprocessed_prediction', record['prediction']) for record in records]
   if task.score_metric_fns or task.predict_with_aux_metric_fns:
-    logging.warning('Task %s: only its predict_metric_fns are computed (the others need target '
-                    'scores or auxiliary values).', task.name)
+    logging.warning(
+      'Task %s: only its predict_metric_fns are computed (the others need target '
+      'scores or auxiliary values).',
+      task.name,
+    )
   metrics = {}
   for metric_fn in task.predict_metric_fns:
     metrics.update({name: float(value) for name, value in metric_fn(targets, predictions).items()})
   return {
-      'examples': len(records),
-      'tokens': tokens,
-      'alpha': float(beta_sum / beta_count) if batch_betas else None,
-      'tokens_per_target_call': tokens / max(sum(r['iterations'] for r in records), 1),
-      'truncated_predictions': sum(record['truncated'] for record in records),
-      'metrics': metrics,
+    'examples': len(records),
+    'tokens': tokens,
+    'alpha': float(beta_sum / beta_count) if batch_betas else None,
+    'tokens_per_target_call': tokens / max(sum(r['iterations'] for r in records), 1),
+    'truncated_predictions': sum(record['truncated'] for record in records),
+    'metrics': metrics,
   }
 
 
 # ------------------------------------------------------------------------------
 # Inference.
 # ------------------------------------------------------------------------------
-def infer(*,
-          target: models.Model,
-          draft: Optional[models.Draft],
-          task: Union[str, seqio.Task],
-          feature_lengths: Mapping[str, int],
-          output_dir: str,
-          split: str = 'test',
-          batch_size: int = 32,
-          gamma: Optional[int] = None,
-          temperature: float = 0.0,
-          topk: int = 0,
-          topp: float = 0.0,
-          lenience: float = 1.0,
-          verification: str = 'token',
-          seed: int = 0,
-          num_partitions: int = 1,
-          logical_axis_rules: Optional[partitioning.LogicalRules] = None,
-          truncate_inputs: bool = False,
-          num_examples: Optional[int] = None,
-          progress: bool = True) -> Dict[str, Any]:
+def infer(
+  *,
+  target: models.Model,
+  draft: Optional[models.Draft],
+  task: Union[str, seqio.Task],
+  feature_lengths: Mapping[str, int],
+  output_dir: str,
+  split: str = 'test',
+  batch_size: int = 32,
+  gamma: Optional[int] = None,
+  temperature: float = 0.0,
+  topk: int = 0,
+  topp: float = 0.0,
+  lenience: float = 1.0,
+  verification: str = 'token',
+  seed: int = 0,
+  num_partitions: int = 1,
+  logical_axis_rules: Optional[partitioning.LogicalRules] = None,
+  truncate_inputs: bool = False,
+  num_examples: Optional[int] = None,
+  progress: bool = True,
+) -> Dict[str, Any]:
   """Decodes a task split into `output_dir`, resuming a run there; see the module docstring.
 
   Args:
@@ -465,12 +514,25 @@ def infer(*,
     raise ValueError('gamma is required with a draft (the pair file sets GAMMA).')
   task = _get_task(task)
   check_vocabularies(task, target, draft)
-  decoding_args = dict(gamma=gamma if draft is not None else None, temperature=temperature,
-                       topk=topk, topp=topp, lenience=lenience if draft is not None else None,
-                       verification=verification if draft is not None else None)
-  settings = dict(task=task.name, split=split, feature_lengths=dict(feature_lengths),
-                  truncate_inputs=truncate_inputs, batch_size=batch_size, seed=seed,
-                  decoding=decoding_args, target=_describe(target), draft=_describe(draft))
+  decoding_args = dict(
+    gamma=gamma if draft is not None else None,
+    temperature=temperature,
+    topk=topk,
+    topp=topp,
+    lenience=lenience if draft is not None else None,
+    verification=verification if draft is not None else None,
+  )
+  settings = dict(
+    task=task.name,
+    split=split,
+    feature_lengths=dict(feature_lengths),
+    truncate_inputs=truncate_inputs,
+    batch_size=batch_size,
+    seed=seed,
+    decoding=decoding_args,
+    target=_describe(target),
+    draft=_describe(draft),
+  )
   os.makedirs(output_dir, exist_ok=True)
   records_path, summary_path, settings_path = _output_paths(output_dir, task.name, split)
   _check_settings(settings_path, settings, records_path)
@@ -478,14 +540,17 @@ def infer(*,
 
   tasks.hide_gpus_from_tensorflow()
   raw, features = _datasets(task, split, feature_lengths, num_examples)
-  total = _count_and_check_inputs(raw, feature_lengths['inputs'], truncate_inputs,
-                                  f'{task.name}:{split}')
+  total = _count_and_check_inputs(
+    raw, feature_lengths['inputs'], truncate_inputs, f'{task.name}:{split}'
+  )
   eos_id = task.output_features['targets'].vocabulary.eos_id
   decoder = models.make_decoder(
-      place_on_mesh(target, mesh, logical_axis_rules),
-      place_on_mesh(draft, mesh, logical_axis_rules),
-      **{k: v for k, v in decoding_args.items() if v is not None},
-      max_decode_len=feature_lengths['targets'], eos_id=eos_id)
+    place_on_mesh(target, mesh, logical_axis_rules),
+    place_on_mesh(draft, mesh, logical_axis_rules),
+    **{k: v for k, v in decoding_args.items() if v is not None},
+    max_decode_len=feature_lengths['targets'],
+    eos_id=eos_id,
+  )
   replicated = NamedSharding(mesh, PartitionSpec())
   base_key = jax.random.PRNGKey(seed)
   compiled, compile_seconds, decode_start = None, 0.0, None
@@ -504,14 +569,21 @@ def infer(*,
   with open(settings_path, 'w') as f:
     json.dump(settings, f, indent=1)
   decoded, decoded_tokens = 0, 0
-  bar = tqdm.tqdm(total=total, initial=min(done, total), disable=not progress, unit='ex',
-                  desc=f'{task.name}:{split}', dynamic_ncols=True)
+  bar = tqdm.tqdm(
+    total=total,
+    initial=min(done, total),
+    disable=not progress,
+    unit='ex',
+    desc=f'{task.name}:{split}',
+    dynamic_ncols=True,
+  )
   with open(records_path, 'ab') as f:
 
     def write(batch: _Batch, output: models.GenerateOutput) -> None:
       nonlocal decoded, decoded_tokens
-      records = [r for r in _batch_records(batch, jax.device_get(output), task, eos_id)
-                 if r['index'] >= done]
+      records = [
+        r for r in _batch_records(batch, jax.device_get(output), task, eos_id) if r['index'] >= done
+      ]
       f.write(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in records).encode())
       f.flush()
       decoded += len(records)
@@ -530,12 +602,19 @@ def infer(*,
   bar.close()
   decode_seconds = time.perf_counter() - decode_start if decoded else 0.0
 
-  summary = dict(task=task.name, split=split, speculative=draft is not None,
-                 gamma=decoding_args['gamma'], mesh=dict(mesh.shape),
-                 **summarize(read_records(records_path)[:total], task, batch_size),
-                 decoded_examples=decoded, decoded_tokens=decoded_tokens,
-                 compile_seconds=compile_seconds, decode_seconds=decode_seconds,
-                 tokens_per_second=decoded_tokens / decode_seconds if decoded else None)
+  summary = dict(
+    task=task.name,
+    split=split,
+    speculative=draft is not None,
+    gamma=decoding_args['gamma'],
+    mesh=dict(mesh.shape),
+    **summarize(read_records(records_path)[:total], task, batch_size),
+    decoded_examples=decoded,
+    decoded_tokens=decoded_tokens,
+    compile_seconds=compile_seconds,
+    decode_seconds=decode_seconds,
+    tokens_per_second=decoded_tokens / decode_seconds if decoded else None,
+  )
   with open(summary_path, 'w') as f:
     json.dump(summary, f, indent=1)
   logging.info('Summary of %s: %s', records_path, summary)
@@ -543,14 +622,19 @@ def infer(*,
 
 
 def _format_summary(summary: Mapping[str, Any]) -> str:
-  alpha = 'n/a (baseline)' if summary['alpha'] is None else f"{summary['alpha']:.3f}"
-  speed = ('n/a (nothing left to decode)' if summary['tokens_per_second'] is None
-           else f"{summary['tokens_per_second']:.1f}")
+  alpha = 'n/a (baseline)' if summary['alpha'] is None else f'{summary["alpha"]:.3f}'
+  speed = (
+    'n/a (nothing left to decode)'
+    if summary['tokens_per_second'] is None
+    else f'{summary["tokens_per_second"]:.1f}'
+  )
   metrics = ', '.join(f'{name} {value:.2f}' for name, value in summary['metrics'].items())
-  return (f"{summary['task']}:{summary['split']}: {summary['examples']} examples, "
-          f"{summary['tokens']} tokens, {speed} tokens/s, alpha {alpha}, "
-          f"{summary['tokens_per_target_call']:.2f} tokens per target call, "
-          f"{summary['truncated_predictions']} truncated predictions; {metrics}")
+  return (
+    f'{summary["task"]}:{summary["split"]}: {summary["examples"]} examples, '
+    f'{summary["tokens"]} tokens, {speed} tokens/s, alpha {alpha}, '
+    f'{summary["tokens_per_target_call"]:.2f} tokens per target call, '
+    f'{summary["truncated_predictions"]} truncated predictions; {metrics}'
+  )
 
 
 def main(argv: Sequence[str]) -> None:
@@ -565,6 +649,7 @@ def main(argv: Sequence[str]) -> None:
   # The gin files configure `speculative_t5x.infer.infer`, which is not this
   # module's function when it runs as `python -m speculative_t5x.infer`.
   from speculative_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
+
   with gin_utils.naming_checkpoint_owners():
     summary = gin.get_configurable(infer_lib.infer)()
   print(_format_summary(summary))

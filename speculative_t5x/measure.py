@@ -67,8 +67,9 @@ def _run_steps(operands, carry, *, step, steps):
   return lax.fori_loop(0, steps, lambda i, c: step(operands, i, c), carry)
 
 
-def step_seconds(step: Callable, operands: PyTree, carry: PyTree, *, steps: int = 16,
-                 repetitions: int = 7) -> float:
+def step_seconds(
+  step: Callable, operands: PyTree, carry: PyTree, *, steps: int = 16, repetitions: int = 7
+) -> float:
   """Seconds per call of `step(operands, i, carry) -> carry` inside a compiled loop.
 
   The carry must depend on everything the step computes (e.g. a checksum of
@@ -78,8 +79,9 @@ def step_seconds(step: Callable, operands: PyTree, carry: PyTree, *, steps: int 
   return median_seconds(run, repetitions) / steps
 
 
-def cold_step_seconds(step: Callable, operands: PyTree, *, steps: int = 16,
-                      repetitions: int = 7) -> float:
+def cold_step_seconds(
+  step: Callable, operands: PyTree, *, steps: int = 16, repetitions: int = 7
+) -> float:
   """`step_seconds` with the CPU caches flushed before every call of `step`.
 
   In a decode loop each part runs after the others have streamed far more
@@ -91,8 +93,9 @@ def cold_step_seconds(step: Callable, operands: PyTree, *, steps: int = 16,
   this is plain `step_seconds`.
   """
   if jax.default_backend() != 'cpu':
-    return step_seconds(step, operands, jnp.zeros((), jnp.float32), steps=steps,
-                        repetitions=repetitions)
+    return step_seconds(
+      step, operands, jnp.zeros((), jnp.float32), steps=steps, repetitions=repetitions
+    )
   flush = jnp.ones((2 * xla_flags.last_level_cache_bytes() // 4,), jnp.float32)
 
   def flush_then_step(operands_and_flush, i, checksum, step=step):
@@ -100,9 +103,13 @@ def cold_step_seconds(step: Callable, operands: PyTree, *, steps: int = 16,
     checksum = checksum + jnp.sum(_vary(flush, checksum)) * 1e-12
     return step(operands, i, checksum) if step is not None else checksum
 
-  timed = functools.partial(step_seconds, operands=(operands, flush),
-                            carry=jnp.zeros((), jnp.float32), steps=steps,
-                            repetitions=repetitions)
+  timed = functools.partial(
+    step_seconds,
+    operands=(operands, flush),
+    carry=jnp.zeros((), jnp.float32),
+    steps=steps,
+    repetitions=repetitions,
+  )
   return max(timed(flush_then_step) - timed(functools.partial(flush_then_step, step=None)), 0.0)
 
 
@@ -120,8 +127,9 @@ def _vary(x: Array, checksum: Array) -> Array:
   return x + (checksum == jnp.inf).astype(x.dtype)
 
 
-def random_encoder_inputs(batch_size: int, input_length: int, vocab_size: int,
-                          seed: int = 0) -> Array:
+def random_encoder_inputs(
+  batch_size: int, input_length: int, vocab_size: int, seed: int = 0
+) -> Array:
   """int32 [batch_size, input_length] ids in [2, vocab_size), no padding."""
   rng = np.random.default_rng(seed)
   return jnp.asarray(rng.integers(2, vocab_size, (batch_size, input_length)), jnp.int32)
@@ -138,14 +146,22 @@ def _target_block_step(params, i, carry, *, config, block_size):
   tokens = _vary(jnp.full((batch_size, block_size), 2, jnp.int32), checksum[0])
   # The same start each step: the cache (carried, so written in place as in
   # the decode loop) is attended to over its whole length.
-  logits, cache = network.apply_decode_block(config, params, cache, tokens,
-                                             jnp.zeros((batch_size,), jnp.int32))
+  logits, cache = network.apply_decode_block(
+    config, params, cache, tokens, jnp.zeros((batch_size,), jnp.int32)
+  )
   return cache, checksum + jnp.sum(logits, axis=(1, 2)) * 1e-9
 
 
-def network_step_seconds(config: network.T5Config, params: PyTree, *, batch_size: int,
-                         input_length: int, block_size: int, cache_length: int,
-                         repetitions: int = 7) -> float:
+def network_step_seconds(
+  config: network.T5Config,
+  params: PyTree,
+  *,
+  batch_size: int,
+  input_length: int,
+  block_size: int,
+  cache_length: int,
+  repetitions: int = 7,
+) -> float:
   """Seconds of one cached decoder call on `block_size` tokens per row.
 
   The whole cache (`cache_length` positions) is attended to, as in a decode
@@ -153,10 +169,12 @@ def network_step_seconds(config: network.T5Config, params: PyTree, *, batch_size
   """
   inputs = random_encoder_inputs(batch_size, input_length, config.vocab_size)
   cache = jax.jit(network.init_decoder_cache, static_argnums=(0, 3))(
-      config, params, inputs, cache_length)
+    config, params, inputs, cache_length
+  )
   step = functools.partial(_target_block_step, config=config, block_size=block_size)
-  return step_seconds(step, params, (cache, jnp.zeros((batch_size,), jnp.float32)),
-                      repetitions=repetitions)
+  return step_seconds(
+    step, params, (cache, jnp.zeros((batch_size,), jnp.float32)), repetitions=repetitions
+  )
 
 
 # ------------------------------------------------------------------------------
@@ -200,15 +218,21 @@ class IterationParts:
 
   def iteration_seconds(self, catch_up_rate: float) -> float:
     """Expected seconds per iteration when a catch-up runs at `catch_up_rate`."""
-    return (catch_up_rate * self.draft_catch_up + self.draft_rollout + self.target_block
-            + self.judge + self.emit)
+    return (
+      catch_up_rate * self.draft_catch_up
+      + self.draft_rollout
+      + self.target_block
+      + self.judge
+      + self.emit
+    )
 
   @property
   def baseline_step_seconds(self) -> float:
     return self.target_step + self.sampling
 
-  def call_seconds(self, *, tokens: float, tokens_per_call: float,
-                   catch_up_rate: float) -> Dict[str, float]:
+  def call_seconds(
+    self, *, tokens: float, tokens_per_call: float, catch_up_rate: float
+  ) -> Dict[str, float]:
     """Predicted seconds of one decode call of one row: baseline and speculative.
 
     Args:
@@ -218,9 +242,13 @@ class IterationParts:
       catch_up_rate: the fraction of iterations that run the draft's catch-up.
     """
     return dict(
-        baseline=self.target_encode + tokens * self.baseline_step_seconds,
-        speculative=(self.target_encode + self.draft_encode
-                     + tokens / tokens_per_call * self.iteration_seconds(catch_up_rate)))
+      baseline=self.target_encode + tokens * self.baseline_step_seconds,
+      speculative=(
+        self.target_encode
+        + self.draft_encode
+        + tokens / tokens_per_call * self.iteration_seconds(catch_up_rate)
+      ),
+    )
 
   @property
   def c(self) -> float:
@@ -233,8 +261,11 @@ class IterationParts:
     return self.target_block / self.target_step
 
   def as_ms(self) -> Dict[str, float]:
-    return {field.name: 1000.0 * getattr(self, field.name)
-            for field in dataclasses.fields(self) if field.type is float}
+    return {
+      field.name: 1000.0 * getattr(self, field.name)
+      for field in dataclasses.fields(self)
+      if field.type is float
+    }
 
 
 def _draft_rollout_step(operands, i, checksum, *, draft, gamma, sample_args):
@@ -242,27 +273,33 @@ def _draft_rollout_step(operands, i, checksum, *, draft, gamma, sample_args):
   rng = jax.random.fold_in(rng, i)
   sequences = _vary(sequences, checksum)
   if isinstance(draft, drafts.ModelDraft):
-    tokens, probs, _ = draft.rollout(draft_cache, sequences, positions, rng, gamma=gamma,
-                                     **sample_args)
+    tokens, probs, _ = draft.rollout(
+      draft_cache, sequences, positions, rng, gamma=gamma, **sample_args
+    )
   else:
-    tokens, probs, _ = draft.propose(draft_cache, sequences, positions, rng, gamma=gamma,
-                                     **sample_args)
+    tokens, probs, _ = draft.propose(
+      draft_cache, sequences, positions, rng, gamma=gamma, **sample_args
+    )
   return checksum + _checksum(tokens) + (0.0 if probs is None else _checksum(probs) * 1e-9)
 
 
 def _draft_catch_up_step(operands, i, checksum, *, draft):
   draft_cache, sequences, positions = operands
-  logits, _ = draft.decode_step(draft_cache['decoder'], _vary(sequences[:, 0], checksum),
-                                positions)
+  logits, _ = draft.decode_step(draft_cache['decoder'], _vary(sequences[:, 0], checksum), positions)
   return checksum + _checksum(logits) * 1e-9
 
 
 def _judge_step(operands, i, checksum, *, sample_args, lenience, emulate_alpha):
   rng, draft_tokens, draft_probs, target_logits = operands
   judgement = decoding.judge_block(
-      jax.random.fold_in(rng, i), _vary(draft_tokens, checksum), draft_probs,
-      _vary(target_logits, checksum), sample_args, lenience=lenience,
-      emulate_alpha=emulate_alpha)
+    jax.random.fold_in(rng, i),
+    _vary(draft_tokens, checksum),
+    draft_probs,
+    _vary(target_logits, checksum),
+    sample_args,
+    lenience=lenience,
+    emulate_alpha=emulate_alpha,
+  )
   return checksum + _checksum(judgement.num_accepted, judgement.next_token, judgement.beta)
 
 
@@ -270,14 +307,16 @@ def _emit_step(operands, i, state, *, eos_id):
   draft_tokens, judgement, limits = operands
   # Rewind the positions so that every step writes as the decode loop does.
   state = state.replace(position=state.position % 8)
-  return decoding.emit_block(state, _vary(draft_tokens, state.log_prob[0]), judgement,
-                             limits=limits, eos_id=eos_id)
+  return decoding.emit_block(
+    state, _vary(draft_tokens, state.log_prob[0]), judgement, limits=limits, eos_id=eos_id
+  )
 
 
 def _sampling_step(operands, i, checksum, *, sample_args):
   rng, logits = operands
-  token, probs = sampling.sample_logits(jax.random.fold_in(rng, i), _vary(logits, checksum),
-                                        **sample_args)
+  token, probs = sampling.sample_logits(
+    jax.random.fold_in(rng, i), _vary(logits, checksum), **sample_args
+  )
   return checksum + _checksum(token) + _checksum(probs) * 1e-9
 
 
@@ -291,12 +330,23 @@ def _draft_encode(draft, inputs, *, cache_length):
   return draft.init_cache(inputs, cache_length)
 
 
-def iteration_parts(target_config: network.T5Config, target_params: PyTree, draft, *,
-                    gamma: int, batch_size: int, input_length: int, max_decode_len: int,
-                    temperature: float = 0.0, topk: int = 0, topp: float = 0.0,
-                    lenience: float = 1.0, emulate_alpha: Optional[float] = None,
-                    target_step: Optional[float] = None,
-                    repetitions: int = 7) -> IterationParts:
+def iteration_parts(
+  target_config: network.T5Config,
+  target_params: PyTree,
+  draft,
+  *,
+  gamma: int,
+  batch_size: int,
+  input_length: int,
+  max_decode_len: int,
+  temperature: float = 0.0,
+  topk: int = 0,
+  topp: float = 0.0,
+  lenience: float = 1.0,
+  emulate_alpha: Optional[float] = None,
+  target_step: Optional[float] = None,
+  repetitions: int = 7,
+) -> IterationParts:
   """Times each part of one iteration of `speculative_sample` at these settings.
 
   Shapes are the decode call's: the caches have
@@ -316,8 +366,12 @@ def iteration_parts(target_config: network.T5Config, target_params: PyTree, draf
   vocab_size = target_config.vocab_size
   cache_length = decoding.speculative_cache_length(max_decode_len, gamma)
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
-  shape = dict(batch_size=batch_size, input_length=input_length, cache_length=cache_length,
-               repetitions=repetitions)
+  shape = dict(
+    batch_size=batch_size,
+    input_length=input_length,
+    cache_length=cache_length,
+    repetitions=repetitions,
+  )
   rng = jax.random.PRNGKey(0)
   inputs = random_encoder_inputs(batch_size, input_length, vocab_size)
   time_steps = functools.partial(step_seconds, repetitions=repetitions)
@@ -335,24 +389,29 @@ def iteration_parts(target_config: network.T5Config, target_params: PyTree, draf
   # The draft runs after the target in the loop: its weights are evicted when
   # the two do not fit the last-level cache together.
   draft_cold = isinstance(draft, drafts.ModelDraft) and (
-      network.decoder_weight_bytes(target_config) + network.decoder_weight_bytes(draft.config)
-      > xla_flags.last_level_cache_bytes())
+    network.decoder_weight_bytes(target_config) + network.decoder_weight_bytes(draft.config)
+    > xla_flags.last_level_cache_bytes()
+  )
   if draft_cold:
     time_draft = functools.partial(cold_step_seconds, repetitions=repetitions)
   else:
     time_draft = lambda step, operands: time_steps(step, operands, zero)
   draft_rollout = time_draft(
-      functools.partial(_draft_rollout_step, draft=draft, gamma=gamma, sample_args=sample_args),
-      (draft_cache, sequences, positions, rng))
+    functools.partial(_draft_rollout_step, draft=draft, gamma=gamma, sample_args=sample_args),
+    (draft_cache, sequences, positions, rng),
+  )
   draft_catch_up = 0.0
   if isinstance(draft, drafts.ModelDraft):
-    draft_catch_up = time_draft(functools.partial(_draft_catch_up_step, draft=draft),
-                                (draft_cache, sequences, positions))
+    draft_catch_up = time_draft(
+      functools.partial(_draft_catch_up_step, draft=draft), (draft_cache, sequences, positions)
+    )
   target_encode = median_seconds(
-      lambda: _target_encode(target_params, inputs, config=target_config,
-                             cache_length=cache_length), repetitions)
-  draft_encode = median_seconds(lambda: _draft_encode(draft, inputs, cache_length=cache_length),
-                                repetitions)
+    lambda: _target_encode(target_params, inputs, config=target_config, cache_length=cache_length),
+    repetitions,
+  )
+  draft_encode = median_seconds(
+    lambda: _draft_encode(draft, inputs, cache_length=cache_length), repetitions
+  )
 
   keys = jax.random.split(rng, 3)
   target_logits = jax.random.normal(keys[0], (batch_size, gamma + 1, vocab_size))
@@ -360,30 +419,55 @@ def iteration_parts(target_config: network.T5Config, target_params: PyTree, draf
   draft_probs = None
   if not isinstance(draft, drafts.PromptLookupDraft):
     draft_probs = sampling.standardize(
-        jax.random.normal(keys[2], (batch_size, gamma, vocab_size)), **sample_args)
+      jax.random.normal(keys[2], (batch_size, gamma, vocab_size)), **sample_args
+    )
   judge_settings = dict(sample_args=sample_args, lenience=lenience, emulate_alpha=emulate_alpha)
-  judge = time_steps(functools.partial(_judge_step, **judge_settings),
-                     (rng, draft_tokens, draft_probs, target_logits), zero)
+  judge = time_steps(
+    functools.partial(_judge_step, **judge_settings),
+    (rng, draft_tokens, draft_probs, target_logits),
+    zero,
+  )
 
-  judgement = decoding.judge_block(rng, draft_tokens, draft_probs, target_logits, sample_args,
-                                   lenience=lenience, emulate_alpha=emulate_alpha)
+  judgement = decoding.judge_block(
+    rng,
+    draft_tokens,
+    draft_probs,
+    target_logits,
+    sample_args,
+    lenience=lenience,
+    emulate_alpha=emulate_alpha,
+  )
   state = decoding.SpeculativeLoopState(
-      position=jnp.zeros((batch_size,), jnp.int32),
-      sequences=jnp.zeros((batch_size, max_decode_len + gamma + 2), jnp.int32),
-      cache={}, draft_cache={}, ended=jnp.zeros((batch_size,), bool), rng=rng,
-      log_prob=jnp.zeros((batch_size,), jnp.float32),
-      stats=decoding.SpeculativeStats.zeros(batch_size, gamma))
+    position=jnp.zeros((batch_size,), jnp.int32),
+    sequences=jnp.zeros((batch_size, max_decode_len + gamma + 2), jnp.int32),
+    cache={},
+    draft_cache={},
+    ended=jnp.zeros((batch_size,), bool),
+    rng=rng,
+    log_prob=jnp.zeros((batch_size,), jnp.float32),
+    stats=decoding.SpeculativeStats.zeros(batch_size, gamma),
+  )
   limits = jnp.full((batch_size,), max_decode_len, jnp.int32)
-  emit = time_steps(functools.partial(_emit_step, eos_id=-1),
-                    (draft_tokens, judgement, limits), state)
+  emit = time_steps(
+    functools.partial(_emit_step, eos_id=-1), (draft_tokens, judgement, limits), state
+  )
 
-  baseline_sampling = time_steps(functools.partial(_sampling_step, sample_args=sample_args),
-                                 (rng, target_logits[:, 0]), zero)
-  return IterationParts(gamma=gamma, draft_catch_up=draft_catch_up, draft_rollout=draft_rollout,
-                        target_block=target_block, judge=judge, emit=emit,
-                        target_step=target_step, sampling=baseline_sampling,
-                        target_encode=target_encode, draft_encode=draft_encode,
-                        draft_timed_cold=draft_cold)
+  baseline_sampling = time_steps(
+    functools.partial(_sampling_step, sample_args=sample_args), (rng, target_logits[:, 0]), zero
+  )
+  return IterationParts(
+    gamma=gamma,
+    draft_catch_up=draft_catch_up,
+    draft_rollout=draft_rollout,
+    target_block=target_block,
+    judge=judge,
+    emit=emit,
+    target_step=target_step,
+    sampling=baseline_sampling,
+    target_encode=target_encode,
+    draft_encode=draft_encode,
+    draft_timed_cold=draft_cold,
+  )
 
 
 # ------------------------------------------------------------------------------
@@ -391,8 +475,15 @@ def iteration_parts(target_config: network.T5Config, target_params: PyTree, draf
 # ------------------------------------------------------------------------------
 
 
-def decoder_step_bytes(config: network.T5Config, params: PyTree, *, batch_size: int,
-                       block_size: int, input_length: int, cache_length: int) -> int:
+def decoder_step_bytes(
+  config: network.T5Config,
+  params: PyTree,
+  *,
+  batch_size: int,
+  block_size: int,
+  input_length: int,
+  cache_length: int,
+) -> int:
   """Bytes a cached decoder call on `block_size` tokens per row must read.
 
   Every decoder parameter (in its stored dtype; the token embedding whole
@@ -401,14 +492,17 @@ def decoder_step_bytes(config: network.T5Config, params: PyTree, *, batch_size: 
   keys/values over the input, in the compute dtype. Activations are left
   out: at decoding sizes they stay in cache.
   """
-  decoder_params = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
-                       for x in jax.tree_util.tree_leaves(params['decoder']))
+  decoder_params = sum(
+    int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
+    for x in jax.tree_util.tree_leaves(params['decoder'])
+  )
   embedding = params['token_embedder']['embedding']
   rows = embedding.shape[0] if config.logits_via_embedding else batch_size * block_size
   embedding_bytes = rows * embedding.shape[1] * jnp.dtype(embedding.dtype).itemsize
   kv_width = config.num_heads * config.head_dim * jnp.dtype(config.dtype).itemsize
-  cache_bytes = (2 * config.num_decoder_layers * batch_size * kv_width
-                 * (cache_length + input_length))
+  cache_bytes = (
+    2 * config.num_decoder_layers * batch_size * kv_width * (cache_length + input_length)
+  )
   return decoder_params + embedding_bytes + cache_bytes
 
 
@@ -434,6 +528,11 @@ def step_floor(step_bytes: int, seconds: float, bandwidth: float) -> Mapping[str
   # A step below timing resolution (a tiny model, cold time minus flush <= 0)
   # has no meaningful rate.
   achieved = step_bytes / seconds / 1e9 if seconds > 0 else None
-  return dict(bytes=int(step_bytes), floor_ms=1000 * floor, measured_ms=1000 * seconds,
-              achieved_gb_per_s=achieved, bandwidth_gb_per_s=bandwidth / 1e9,
-              over_floor=seconds / floor)
+  return dict(
+    bytes=int(step_bytes),
+    floor_ms=1000 * floor,
+    measured_ms=1000 * seconds,
+    achieved_gb_per_s=achieved,
+    bandwidth_gb_per_s=bandwidth / 1e9,
+    over_floor=seconds / floor,
+  )

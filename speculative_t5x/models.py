@@ -91,17 +91,18 @@ def _as_draft(draft: Draft):
 
 
 def speculative_decode(
-    target_config: network.T5Config,
-    target_params: PyTree,
-    draft: Any,
-    input_tokens: Array,
-    max_decode_len: int,
-    *,
-    gamma: int,
-    decode_fn: Callable[..., Tuple[Array, Array, decoding.SpeculativeStats]] = (
-        decoding.speculative_sample),
-    best_only: bool = True,
-    **decode_args,
+  target_config: network.T5Config,
+  target_params: PyTree,
+  draft: Any,
+  input_tokens: Array,
+  max_decode_len: int,
+  *,
+  gamma: int,
+  decode_fn: Callable[..., Tuple[Array, Array, decoding.SpeculativeStats]] = (
+    decoding.speculative_sample
+  ),
+  best_only: bool = True,
+  **decode_args,
 ) -> Tuple[Array, Array, decoding.SpeculativeStats]:
   """One speculative decode call on this project's network: the set-up `generate` and T5X share.
 
@@ -134,48 +135,59 @@ def speculative_decode(
   cache = network.init_decoder_cache(target_config, target_params, input_tokens, cache_length)
 
   def score_block(block_tokens, start_positions, cache):
-    return network.apply_decode_block(target_config, target_params, cache, block_tokens,
-                                      start_positions)
+    return network.apply_decode_block(
+      target_config, target_params, cache, block_tokens, start_positions
+    )
 
   decodes, scores, stats = decode_fn(
-      inputs=jnp.zeros((input_tokens.shape[0], max_decode_len), jnp.int32),
-      cache=cache,
-      score_block=score_block,
-      draft=draft,
-      draft_cache=draft.init_cache(input_tokens, cache_length),
-      gamma=gamma,
-      **decode_args)
+    inputs=jnp.zeros((input_tokens.shape[0], max_decode_len), jnp.int32),
+    cache=cache,
+    score_block=score_block,
+    draft=draft,
+    draft_cache=draft.init_cache(input_tokens, cache_length),
+    gamma=gamma,
+    **decode_args,
+  )
   if best_only:
     best = lambda x: x[:, -1]
     decodes, scores = best(decodes), best(scores)
-    stats = stats.replace(iterations=best(stats.iterations), accepted=best(stats.accepted),
-                          emitted=best(stats.emitted))
+    stats = stats.replace(
+      iterations=best(stats.iterations), accepted=best(stats.accepted), emitted=best(stats.emitted)
+    )
   return decodes, scores, stats
 
 
 @functools.partial(
-    jax.jit,
-    static_argnames=(
-        'target_config', 'gamma', 'max_decode_len', 'temperature', 'topk', 'topp', 'lenience',
-        'eos_id', 'emulate_alpha', 'verification',
-    ),
+  jax.jit,
+  static_argnames=(
+    'target_config',
+    'gamma',
+    'max_decode_len',
+    'temperature',
+    'topk',
+    'topp',
+    'lenience',
+    'eos_id',
+    'emulate_alpha',
+    'verification',
+  ),
 )
 def _generate(
-    target_params,
-    draft,
-    input_tokens,
-    rng,
-    *,
-    target_config: network.T5Config,
-    gamma: int,
-    max_decode_len: int,
-    temperature: float,
-    topk: int,
-    topp: float,
-    lenience: float,
-    eos_id: int,
-    emulate_alpha: Optional[float],
-    verification: str,
+  target_params,
+  draft,
+  input_tokens,
+  rng,
+  *,
+  target_config: network.T5Config,
+  gamma: int,
+  max_decode_len: int,
+  temperature: float,
+  topk: int,
+  topp: float,
+  lenience: float,
+  eos_id: int,
+  emulate_alpha: Optional[float],
+  verification: str,
 ):
   """The whole decode call, compiled once per static configuration."""
   batch_size = input_tokens.shape[0]
@@ -186,19 +198,28 @@ def _generate(
 
     def tokens_to_logits(state: decoding.DecodingState):
       logits, new_cache = network.apply_decode_block(
-          target_config, target_params, state.cache, state.cur_token, state.cur_index
+        target_config, target_params, state.cache, state.cur_token, state.cur_index
       )
       return logits[:, 0], new_cache
 
     decodes, scores = decoding.temperature_sample(
-        decoder_prompt, cache, tokens_to_logits, eos_id, **sample_args
+      decoder_prompt, cache, tokens_to_logits, eos_id, **sample_args
     )
     return GenerateOutput(tokens=decodes[:, -1], scores=scores[:, -1], stats=None)
 
   decodes, scores, stats = speculative_decode(
-      target_config, target_params, draft, input_tokens, max_decode_len, gamma=gamma,
-      eos_id=eos_id, **sample_args, lenience=lenience, emulate_alpha=emulate_alpha,
-      verification=verification)
+    target_config,
+    target_params,
+    draft,
+    input_tokens,
+    max_decode_len,
+    gamma=gamma,
+    eos_id=eos_id,
+    **sample_args,
+    lenience=lenience,
+    emulate_alpha=emulate_alpha,
+    verification=verification,
+  )
   return GenerateOutput(tokens=decodes, scores=scores, stats=stats)
 
 
@@ -211,14 +232,14 @@ def check_input_tokens(input_tokens, vocab_size: int) -> np.ndarray:
   input_tokens = np.asarray(input_tokens)
   if input_tokens.ndim != 2 or not np.issubdtype(input_tokens.dtype, np.integer):
     raise ValueError(
-        f'input_tokens must be an integer array [batch, length]; got dtype '
-        f'{input_tokens.dtype} and shape {input_tokens.shape}.'
+      f'input_tokens must be an integer array [batch, length]; got dtype '
+      f'{input_tokens.dtype} and shape {input_tokens.shape}.'
     )
   if input_tokens.size and (input_tokens.min() < 0 or input_tokens.max() >= vocab_size):
     raise ValueError(
-        f'input_tokens must lie in [0, {vocab_size}) (the target vocabulary); '
-        f'got min {input_tokens.min()}, max {input_tokens.max()}. Tokenize with the '
-        "pair's vocabulary."
+      f'input_tokens must lie in [0, {vocab_size}) (the target vocabulary); '
+      f'got min {input_tokens.min()}, max {input_tokens.max()}. Tokenize with the '
+      "pair's vocabulary."
     )
   return input_tokens
 
@@ -239,13 +260,15 @@ class Decoder:
   def __call__(self, input_tokens: Array, rng: Array) -> GenerateOutput:
     """input_tokens: int [B, Lin] ids of the target's vocabulary; rng: a PRNG key."""
     input_tokens = check_input_tokens(input_tokens, self.target.vocab_size)
-    return _generate(self.target.params, self.draft, jnp.asarray(input_tokens, jnp.int32), rng,
-                     **self.static_args)
+    return _generate(
+      self.target.params, self.draft, jnp.asarray(input_tokens, jnp.int32), rng, **self.static_args
+    )
 
   def compile(self, input_tokens: Array, rng: Array) -> 'CompiledDecoder':
     """Compiles ahead of time for the shapes of these arguments."""
     compiled = _generate.lower(
-        self.target.params, self.draft, input_tokens, rng, **self.static_args).compile()
+      self.target.params, self.draft, input_tokens, rng, **self.static_args
+    ).compile()
     return CompiledDecoder(self, compiled)
 
 
@@ -265,18 +288,18 @@ class CompiledDecoder:
 
 
 def make_decoder(
-    target: Model,
-    draft: Optional[Draft],
-    *,
-    gamma: int = 4,
-    temperature: float = 0.0,
-    topk: int = 0,
-    topp: float = 0.0,
-    max_decode_len: int = 64,
-    lenience: float = 1.0,
-    eos_id: int = EOS_ID,
-    emulate_alpha: Optional[float] = None,
-    verification: str = 'token',
+  target: Model,
+  draft: Optional[Draft],
+  *,
+  gamma: int = 4,
+  temperature: float = 0.0,
+  topk: int = 0,
+  topp: float = 0.0,
+  max_decode_len: int = 64,
+  lenience: float = 1.0,
+  eos_id: int = EOS_ID,
+  emulate_alpha: Optional[float] = None,
+  verification: str = 'token',
 ) -> Decoder:
   """Validates a decoding configuration once; returns `(input_tokens, rng) -> GenerateOutput`.
 
@@ -286,9 +309,10 @@ def make_decoder(
   """
   if np.ndim(temperature) != 0:
     raise ValueError(
-        f'make_decoder and generate take one temperature for the batch (a number); got an '
-        f'array of shape {np.shape(temperature)}. For per-row temperatures call '
-        'decoding.temperature_sample or decoding.speculative_sample, which take float [B].')
+      f'make_decoder and generate take one temperature for the batch (a number); got an '
+      f'array of shape {np.shape(temperature)}. For per-row temperatures call '
+      'decoding.temperature_sample or decoding.speculative_sample, which take float [B].'
+    )
   sampling.validate_sampling_args(temperature=temperature, topk=topk, topp=topp)
   decoding.check_positive_int('max_decode_len', max_decode_len)
   if draft is not None:
@@ -300,35 +324,35 @@ def make_decoder(
   else:  # Unused by the baseline.
     gamma, lenience, emulate_alpha, verification = 0, 1.0, None, 'token'
   static_args = dict(
-      target_config=target.config,
-      gamma=int(gamma),
-      max_decode_len=int(max_decode_len),
-      temperature=float(temperature),
-      topk=int(topk),
-      topp=float(topp),
-      lenience=float(lenience),
-      eos_id=int(eos_id),
-      emulate_alpha=None if emulate_alpha is None else float(emulate_alpha),
-      verification=verification,
+    target_config=target.config,
+    gamma=int(gamma),
+    max_decode_len=int(max_decode_len),
+    temperature=float(temperature),
+    topk=int(topk),
+    topp=float(topp),
+    lenience=float(lenience),
+    eos_id=int(eos_id),
+    emulate_alpha=None if emulate_alpha is None else float(emulate_alpha),
+    verification=verification,
   )
 
   return Decoder(target, draft, static_args)
 
 
 def generate(
-    target: Model,
-    draft: Optional[Draft],
-    input_tokens,
-    *,
-    gamma: int = 4,
-    temperature: float = 0.0,
-    topk: int = 0,
-    topp: float = 0.0,
-    max_decode_len: int = 64,
-    rng: Optional[Array] = None,
-    lenience: float = 1.0,
-    eos_id: int = EOS_ID,
-    verification: str = 'token',
+  target: Model,
+  draft: Optional[Draft],
+  input_tokens,
+  *,
+  gamma: int = 4,
+  temperature: float = 0.0,
+  topk: int = 0,
+  topp: float = 0.0,
+  max_decode_len: int = 64,
+  rng: Optional[Array] = None,
+  lenience: float = 1.0,
+  eos_id: int = EOS_ID,
+  verification: str = 'token',
 ) -> GenerateOutput:
   """Decodes `input_tokens` with the target, speculatively when a draft is given.
 
@@ -353,9 +377,16 @@ def generate(
     A `GenerateOutput`.
   """
   decode = make_decoder(
-      target, draft, gamma=gamma, temperature=temperature, topk=topk, topp=topp,
-      max_decode_len=max_decode_len, lenience=lenience, eos_id=eos_id,
-      verification=verification,
+    target,
+    draft,
+    gamma=gamma,
+    temperature=temperature,
+    topk=topk,
+    topp=topp,
+    max_decode_len=max_decode_len,
+    lenience=lenience,
+    eos_id=eos_id,
+    verification=verification,
   )
   return decode(input_tokens, jax.random.PRNGKey(0) if rng is None else rng)
 

@@ -95,8 +95,15 @@ class T5Config:
   def __post_init__(self):
     # gin binds sequences as lists; a tuple keeps the config hashable.
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
-    for name in ('vocab_size', 'emb_dim', 'num_heads', 'num_encoder_layers',
-                 'num_decoder_layers', 'head_dim', 'mlp_dim'):
+    for name in (
+      'vocab_size',
+      'emb_dim',
+      'num_heads',
+      'num_encoder_layers',
+      'num_decoder_layers',
+      'head_dim',
+      'mlp_dim',
+    ):
       value = getattr(self, name)
       if not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f'T5Config.{name} must be a positive integer, got {value!r}.')
@@ -113,17 +120,23 @@ class T5Config:
 # ones for tests and CPU experiments (a draft and a target):
 # (emb_dim, num_heads, encoder and decoder layers, head_dim, mlp_dim).
 T5_1_1_SIZES = {
-    size: dict(emb_dim=emb, num_heads=heads, num_encoder_layers=layers,
-               num_decoder_layers=layers, head_dim=head_dim, mlp_dim=mlp)
-    for size, (emb, heads, layers, head_dim, mlp) in {
-        'tiny': (128, 4, 2, 32, 256),
-        'mini': (256, 4, 4, 64, 512),
-        'small': (512, 6, 8, 64, 1024),
-        'base': (768, 12, 12, 64, 2048),
-        'large': (1024, 16, 24, 64, 2816),
-        'xl': (2048, 32, 24, 64, 5120),
-        'xxl': (4096, 64, 24, 64, 10240),
-    }.items()
+  size: dict(
+    emb_dim=emb,
+    num_heads=heads,
+    num_encoder_layers=layers,
+    num_decoder_layers=layers,
+    head_dim=head_dim,
+    mlp_dim=mlp,
+  )
+  for size, (emb, heads, layers, head_dim, mlp) in {
+    'tiny': (128, 4, 2, 32, 256),
+    'mini': (256, 4, 4, 64, 512),
+    'small': (512, 6, 8, 64, 1024),
+    'base': (768, 12, 12, 64, 2048),
+    'large': (1024, 16, 24, 64, 2816),
+    'xl': (2048, 32, 24, 64, 5120),
+    'xxl': (4096, 64, 24, 64, 10240),
+  }.items()
 }
 
 
@@ -135,8 +148,13 @@ def t5_1_1_config(size: str, **overrides) -> T5Config:
   """
   if size not in T5_1_1_SIZES:
     raise ValueError(f'Unknown T5 1.1 size {size!r}; choose one of {sorted(T5_1_1_SIZES)}.')
-  fields = dict(vocab_size=32128, dtype=jnp.bfloat16, mlp_activations=('gelu', 'linear'),
-                logits_via_embedding=False, **T5_1_1_SIZES[size])
+  fields = dict(
+    vocab_size=32128,
+    dtype=jnp.bfloat16,
+    mlp_activations=('gelu', 'linear'),
+    logits_via_embedding=False,
+    **T5_1_1_SIZES[size],
+  )
   fields.update(overrides)
   return T5Config(**fields)
 
@@ -146,17 +164,22 @@ def _activation(name: str) -> Callable[[Array], Array]:
     return lambda x: x
   fn = getattr(nn, name, None) if isinstance(name, str) else None
   if not callable(fn):
-    raise ValueError(f'Unknown MLP activation {name!r}: use "linear" or a flax.linen '
-                     'function name such as "gelu" or "relu".')
+    raise ValueError(
+      f'Unknown MLP activation {name!r}: use "linear" or a flax.linen '
+      'function name such as "gelu" or "relu".'
+    )
   return fn
 
 
 # ------------------------------------------------------------------------------
 # Relative position buckets.
 # ------------------------------------------------------------------------------
-def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool = True,
-                             num_buckets: int = NUM_BUCKETS,
-                             max_distance: int = MAX_DISTANCE) -> np.ndarray:
+def relative_position_bucket(
+  relative_position: np.ndarray,
+  bidirectional: bool = True,
+  num_buckets: int = NUM_BUCKETS,
+  max_distance: int = MAX_DISTANCE,
+) -> np.ndarray:
   """T5's bucket of `relative_position` = memory position - query position.
 
   Half the buckets (per direction if bidirectional) are exact distances; the
@@ -183,8 +206,11 @@ def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool 
   else:
     distance = np.maximum(distance, 0)
   max_exact = num_buckets // 2
-  log_position = (np.log(distance.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
-                  / np.log(max_distance / max_exact) * (num_buckets - max_exact))
+  log_position = (
+    np.log(distance.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+    / np.log(max_distance / max_exact)
+    * (num_buckets - max_exact)
+  )
   large = np.minimum(max_exact + log_position.astype(np.int32), num_buckets - 1)
   return bucket + np.where(distance < max_exact, distance, large)
 
@@ -222,9 +248,13 @@ class DenseGeneral(nn.Module):
     axis = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
     axis = tuple(a % inputs.ndim for a in axis)
     contracted = tuple(inputs.shape[a] for a in axis)
-    kernel = param_with_axes('kernel', self.kernel_init,
-                             (int(np.prod(contracted)), int(np.prod(features))),
-                             jnp.float32, axes=self.kernel_axes)
+    kernel = param_with_axes(
+      'kernel',
+      self.kernel_init,
+      (int(np.prod(contracted)), int(np.prod(features))),
+      jnp.float32,
+      axes=self.kernel_axes,
+    )
     kernel = jnp.asarray(kernel, self.dtype).reshape(contracted + features)
     inputs = jnp.asarray(inputs, self.dtype)
     return lax.dot_general(inputs, kernel, ((axis, tuple(range(len(axis)))), ((), ())))
@@ -241,8 +271,9 @@ class LayerNorm(nn.Module):
     x = jnp.asarray(x, jnp.float32)
     mean_square = jnp.mean(lax.square(x), axis=-1, keepdims=True)
     y = jnp.asarray(x * lax.rsqrt(mean_square + self.epsilon), self.dtype)
-    scale = param_with_axes('scale', nn.initializers.ones, (x.shape[-1],), jnp.float32,
-                            axes=('embed',))
+    scale = param_with_axes(
+      'scale', nn.initializers.ones, (x.shape[-1],), jnp.float32, axes=('embed',)
+    )
     return y * jnp.asarray(scale, self.dtype)
 
 
@@ -254,9 +285,13 @@ class Embed(nn.Module):
   dtype: Any = jnp.float32
 
   def setup(self):
-    self.embedding = param_with_axes('embedding', nn.initializers.normal(stddev=1.0),
-                                     (self.num_embeddings, self.features), jnp.float32,
-                                     axes=('vocab', 'embed'))
+    self.embedding = param_with_axes(
+      'embedding',
+      nn.initializers.normal(stddev=1.0),
+      (self.num_embeddings, self.features),
+      jnp.float32,
+      axes=('vocab', 'embed'),
+    )
 
   def __call__(self, tokens: Array) -> Array:
     """int [...] -> [..., features] in `dtype`.
@@ -278,8 +313,7 @@ class RelativePositionBiases(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, query_positions: Array, key_positions: Array,
-               bidirectional: bool) -> Array:
+  def __call__(self, query_positions: Array, key_positions: Array, bidirectional: bool) -> Array:
     """Attention biases for the given positions.
 
     Args:
@@ -290,20 +324,30 @@ class RelativePositionBiases(nn.Module):
     Returns:
       [B, heads, q, k] biases in `dtype`.
     """
-    table = param_with_axes('rel_embedding',
-                            nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
-                            (self.num_heads, NUM_BUCKETS), jnp.float32,
-                            axes=('heads', 'relpos_buckets'))
+    table = param_with_axes(
+      'rel_embedding',
+      nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
+      (self.num_heads, NUM_BUCKETS),
+      jnp.float32,
+      axes=('heads', 'relpos_buckets'),
+    )
     relative = key_positions[:, None, :] - query_positions[:, :, None]
     relative = jnp.clip(relative, -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
     buckets = jnp.asarray(_bucket_lookup(bidirectional))[relative]  # [B, q, k]
     return jnp.moveaxis(jnp.asarray(table, self.dtype).T[buckets], -1, 1)
 
 
-def dot_product_attention(query: Array, key: Array, value: Array, bias: Array, *,
-                          dtype: Any, float32_logits: bool = False,
-                          dropout_rate: float = 0.0,
-                          dropout_rng: Optional[Array] = None) -> Array:
+def dot_product_attention(
+  query: Array,
+  key: Array,
+  value: Array,
+  bias: Array,
+  *,
+  dtype: Any,
+  float32_logits: bool = False,
+  dropout_rate: float = 0.0,
+  dropout_rng: Optional[Array] = None,
+) -> Array:
   """Unscaled dot-product attention (T5 folds 1/sqrt(head_dim) into the query init).
 
   Args:
@@ -351,16 +395,26 @@ class MultiHeadDotProductAttention(nn.Module):
     cfg = self.config
     kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal')
     depth_scaling = jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
-    projection = functools.partial(DenseGeneral, features=(cfg.num_heads, cfg.head_dim),
-                                   dtype=cfg.dtype, kernel_axes=('embed', 'joined_kv'))
+    projection = functools.partial(
+      DenseGeneral,
+      features=(cfg.num_heads, cfg.head_dim),
+      dtype=cfg.dtype,
+      kernel_axes=('embed', 'joined_kv'),
+    )
     self.query = projection(kernel_init=lambda *args: kernel_init(*args) / depth_scaling)
     self.key = projection(kernel_init=kernel_init)
     self.value = projection(kernel_init=kernel_init)
-    self.out = DenseGeneral(features=cfg.emb_dim, axis=(-2, -1), dtype=cfg.dtype,
-                            kernel_init=kernel_init, kernel_axes=('joined_kv', 'embed'))
+    self.out = DenseGeneral(
+      features=cfg.emb_dim,
+      axis=(-2, -1),
+      dtype=cfg.dtype,
+      kernel_init=kernel_init,
+      kernel_axes=('joined_kv', 'embed'),
+    )
 
-  def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array, *,
-               deterministic: bool) -> Array:
+  def __call__(
+    self, inputs_q: Array, inputs_kv: Array, bias: Array, *, deterministic: bool
+  ) -> Array:
     """Attention without a cache.
 
     Args:
@@ -372,8 +426,9 @@ class MultiHeadDotProductAttention(nn.Module):
     Returns:
       [B, q, emb].
     """
-    return self._attend(self.query(inputs_q), self.key(inputs_kv), self.value(inputs_kv),
-                        bias, deterministic)
+    return self._attend(
+      self.query(inputs_q), self.key(inputs_kv), self.value(inputs_kv), bias, deterministic
+    )
 
   def init_self_cache(self, batch: int, length: int):
     """Creates zero key/value caches [batch, length, heads, head_dim]."""
@@ -398,10 +453,12 @@ class MultiHeadDotProductAttention(nn.Module):
     Returns:
       [B, k, emb].
     """
-    cached_key = _write_block(self.get_variable('cache', 'cached_key'), self.key(inputs),
-                              start_positions)
-    cached_value = _write_block(self.get_variable('cache', 'cached_value'),
-                                self.value(inputs), start_positions)
+    cached_key = _write_block(
+      self.get_variable('cache', 'cached_key'), self.key(inputs), start_positions
+    )
+    cached_value = _write_block(
+      self.get_variable('cache', 'cached_value'), self.value(inputs), start_positions
+    )
     self.put_variable('cache', 'cached_key', cached_key)
     self.put_variable('cache', 'cached_value', cached_value)
     return self._attend(self.query(inputs), cached_key, cached_value, bias, True)
@@ -413,17 +470,29 @@ class MultiHeadDotProductAttention(nn.Module):
 
   def attend_cached(self, inputs_q: Array, bias: Array) -> Array:
     """Attention to the cached keys/values: [B, q, emb] -> [B, q, emb]."""
-    return self._attend(self.query(inputs_q), self.get_variable('cache', 'cached_key'),
-                        self.get_variable('cache', 'cached_value'), bias, True)
+    return self._attend(
+      self.query(inputs_q),
+      self.get_variable('cache', 'cached_key'),
+      self.get_variable('cache', 'cached_value'),
+      bias,
+      True,
+    )
 
   def _attend(self, query, key, value, bias, deterministic):
     cfg = self.config
     dropout_rng = None
     if not deterministic and cfg.dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
-    x = dot_product_attention(query, key, value, bias, dtype=cfg.dtype,
-                              float32_logits=cfg.float32_attention_logits,
-                              dropout_rate=cfg.dropout_rate, dropout_rng=dropout_rng)
+    x = dot_product_attention(
+      query,
+      key,
+      value,
+      bias,
+      dtype=cfg.dtype,
+      float32_logits=cfg.float32_attention_logits,
+      dropout_rate=cfg.dropout_rate,
+      dropout_rng=dropout_rng,
+    )
     return self.out(x)
 
 
@@ -439,13 +508,23 @@ class MlpBlock(nn.Module):
     hidden = None
     for i, name in enumerate(cfg.mlp_activations):
       dense_name = 'wi' if len(cfg.mlp_activations) == 1 else f'wi_{i}'
-      h = DenseGeneral(cfg.mlp_dim, dtype=cfg.dtype, kernel_init=kernel_init,
-                       kernel_axes=('embed', 'mlp'), name=dense_name)(inputs)
+      h = DenseGeneral(
+        cfg.mlp_dim,
+        dtype=cfg.dtype,
+        kernel_init=kernel_init,
+        kernel_axes=('embed', 'mlp'),
+        name=dense_name,
+      )(inputs)
       h = _activation(name)(h)
       hidden = h if hidden is None else hidden * h
     hidden = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic)
-    return DenseGeneral(inputs.shape[-1], dtype=cfg.dtype, kernel_init=kernel_init,
-                        kernel_axes=('mlp', 'embed'), name='wo')(hidden)
+    return DenseGeneral(
+      inputs.shape[-1],
+      dtype=cfg.dtype,
+      kernel_init=kernel_init,
+      kernel_axes=('mlp', 'embed'),
+      name='wo',
+    )(hidden)
 
 
 def _mask_to_bias(mask: Array, bias: Array | float = 0.0) -> Array:
@@ -466,8 +545,7 @@ class EncoderLayer(nn.Module):
     cfg = self.config
     dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     x = LayerNorm(cfg.dtype, name='pre_attention_layer_norm')(inputs)
-    x = MultiHeadDotProductAttention(cfg, name='attention')(
-        x, x, bias, deterministic=deterministic)
+    x = MultiHeadDotProductAttention(cfg, name='attention')(x, x, bias, deterministic=deterministic)
     x = inputs + dropout(x, deterministic)
     y = LayerNorm(cfg.dtype, name='pre_mlp_layer_norm')(x)
     y = MlpBlock(cfg, name='mlp')(y, deterministic)
@@ -481,13 +559,15 @@ class Encoder(nn.Module):
   shared_embedding: nn.Module
 
   @nn.compact
-  def __call__(self, encoder_input_tokens: Array, encoder_mask: Array,
-               deterministic: bool) -> Array:
+  def __call__(
+    self, encoder_input_tokens: Array, encoder_mask: Array, deterministic: bool
+  ) -> Array:
     """int32 [B, L] tokens, bool [B, 1, L, L] mask -> [B, L, emb] in `dtype`."""
     cfg = self.config
     positions = jnp.arange(encoder_input_tokens.shape[1])[None]
     bias = RelativePositionBiases(cfg.num_heads, cfg.dtype, name='relpos_bias')(
-        positions, positions, bidirectional=True)
+      positions, positions, bidirectional=True
+    )
     bias = _mask_to_bias(encoder_mask, bias)
     x = self.shared_embedding(encoder_input_tokens)
     x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic)
@@ -512,8 +592,9 @@ class DecoderLayer(nn.Module):
     self.mlp = MlpBlock(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
-  def __call__(self, inputs: Array, encoded: Array, self_bias: Array, cross_bias: Array,
-               deterministic: bool) -> Array:
+  def __call__(
+    self, inputs: Array, encoded: Array, self_bias: Array, cross_bias: Array, deterministic: bool
+  ) -> Array:
     """Uncached: [B, L, emb] -> [B, L, emb]; biases [B|1, heads|1, L, L|input_length]."""
     x = self.pre_self_attention_layer_norm(inputs)
     x = self.self_attention(x, x, self_bias, deterministic=deterministic)
@@ -529,8 +610,14 @@ class DecoderLayer(nn.Module):
   def cache_length(self) -> int:
     return self.self_attention.cache_length()
 
-  def decode_block(self, inputs: Array, encoded: Optional[Array], self_bias: Array,
-                   cross_bias: Array, start_positions: Array) -> Array:
+  def decode_block(
+    self,
+    inputs: Array,
+    encoded: Optional[Array],
+    self_bias: Array,
+    cross_bias: Array,
+    start_positions: Array,
+  ) -> Array:
     """Cached, deterministic: [B, k, emb] -> [B, k, emb].
 
     `encoded` [B, input_length, emb] is re-projected for cross-attention (T5X's
@@ -564,12 +651,19 @@ class Decoder(nn.Module):
     self.decoder_norm = LayerNorm(cfg.dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
-      self.logits_dense = DenseGeneral(cfg.vocab_size, dtype=jnp.float32,
-                                       kernel_axes=('embed', 'vocab'))
+      self.logits_dense = DenseGeneral(
+        cfg.vocab_size, dtype=jnp.float32, kernel_axes=('embed', 'vocab')
+      )
 
-  def __call__(self, encoded: Array, decoder_input_tokens: Array,
-               decoder_mask: Optional[Array], encoder_decoder_mask: Array,
-               deterministic: bool, decode: bool) -> Array:
+  def __call__(
+    self,
+    encoded: Array,
+    decoder_input_tokens: Array,
+    decoder_mask: Optional[Array],
+    encoder_decoder_mask: Array,
+    deterministic: bool,
+    decode: bool,
+  ) -> Array:
     """Teacher-forced logits, or one T5X-protocol cached step if `decode`.
 
     Args:
@@ -591,8 +685,10 @@ class Decoder(nn.Module):
     y = self.dropout(self.shared_embedding(decoder_input_tokens), deterministic)
     if decode and self.has_variable('cache', 'cache_index'):
       if length != 1:
-        raise ValueError('A decode=True step feeds one token per row: decoder_input_tokens '
-                         f'must be [batch, 1], got {decoder_input_tokens.shape}.')
+        raise ValueError(
+          'A decode=True step feeds one token per row: decoder_input_tokens '
+          f'must be [batch, 1], got {decoder_input_tokens.shape}.'
+        )
       index = self.get_variable('cache', 'cache_index')
       start_positions = jnp.full((batch,), index, jnp.int32)
       y = self._decode_block(y, encoded, cross_bias, start_positions)
@@ -617,17 +713,25 @@ class Decoder(nn.Module):
   def decode_block(self, block_tokens: Array, start_positions: Array) -> Array:
     """See `Transformer.decode_block`."""
     if not self.has_variable('cache', 'encoder_mask'):
-      raise ValueError('decode_block needs the cache made by Transformer.init_decoder_cache '
-                       "(apply it with mutable=['cache'] and pass {'cache': ...} here).")
-    encoder_mask = self.get_variable('cache', 'encoder_mask')
-    if (block_tokens.ndim != 2 or start_positions.shape != block_tokens.shape[:1]
-        or block_tokens.shape[0] != encoder_mask.shape[0]):
       raise ValueError(
-          f'Expected block_tokens [batch, k] and start_positions [batch] with the cache\'s '
-          f'batch {encoder_mask.shape[0]}; got {block_tokens.shape} and {start_positions.shape}.')
+        'decode_block needs the cache made by Transformer.init_decoder_cache '
+        "(apply it with mutable=['cache'] and pass {'cache': ...} here)."
+      )
+    encoder_mask = self.get_variable('cache', 'encoder_mask')
+    if (
+      block_tokens.ndim != 2
+      or start_positions.shape != block_tokens.shape[:1]
+      or block_tokens.shape[0] != encoder_mask.shape[0]
+    ):
+      raise ValueError(
+        f"Expected block_tokens [batch, k] and start_positions [batch] with the cache's "
+        f'batch {encoder_mask.shape[0]}; got {block_tokens.shape} and {start_positions.shape}.'
+      )
     if block_tokens.shape[1] > self.layers[0].cache_length():
-      raise ValueError(f'A block of {block_tokens.shape[1]} tokens does not fit a cache of '
-                       f'length {self.layers[0].cache_length()}.')
+      raise ValueError(
+        f'A block of {block_tokens.shape[1]} tokens does not fit a cache of '
+        f'length {self.layers[0].cache_length()}.'
+      )
     cross_bias = _mask_to_bias(encoder_mask[:, None, None, :]).astype(self.config.dtype)
     y = self.shared_embedding(block_tokens)
     y = self._decode_block(y, None, cross_bias, start_positions.astype(jnp.int32))
@@ -660,9 +764,11 @@ class Decoder(nn.Module):
 # ------------------------------------------------------------------------------
 # Masks.
 # ------------------------------------------------------------------------------
-def make_attention_mask(query_input: Array, key_input: Array,
-                        pairwise_fn: Callable[[Array, Array], Array] = jnp.logical_and
-                        ) -> Array:
+def make_attention_mask(
+  query_input: Array,
+  key_input: Array,
+  pairwise_fn: Callable[[Array, Array], Array] = jnp.logical_and,
+) -> Array:
   """bool [B, 1, q, k] = pairwise_fn(query_input[b, i], key_input[b, j])."""
   return pairwise_fn(query_input[:, None, :, None], key_input[:, None, None, :]).astype(bool)
 
@@ -681,26 +787,39 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg, shared_embedding=self.token_embedder)
     self.decoder = Decoder(cfg, shared_embedding=self.token_embedder)
 
-  def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
-             enable_dropout: bool = True) -> Array:
+  def encode(
+    self,
+    encoder_input_tokens: Array,
+    encoder_segment_ids: Optional[Array] = None,
+    enable_dropout: bool = True,
+  ) -> Array:
     """Encodes int32 [B, L] tokens (0 is padding) to [B, L, emb] in `dtype`.
 
     `encoder_segment_ids` int32 [B, L] restrict attention to equal ids (packing).
     """
     if encoder_input_tokens.ndim != 2:
-      raise ValueError('encoder_input_tokens must be [batch, length], got shape '
-                       f'{encoder_input_tokens.shape}.')
+      raise ValueError(
+        f'encoder_input_tokens must be [batch, length], got shape {encoder_input_tokens.shape}.'
+      )
     valid = encoder_input_tokens > 0
     mask = make_attention_mask(valid, valid)
     if encoder_segment_ids is not None:
       mask &= make_attention_mask(encoder_segment_ids, encoder_segment_ids, jnp.equal)
     return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout)
 
-  def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
-             decoder_target_tokens: Array, encoder_segment_ids: Optional[Array] = None,
-             decoder_segment_ids: Optional[Array] = None,
-             decoder_positions: Optional[Array] = None, enable_dropout: bool = True,
-             decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
+  def decode(
+    self,
+    encoded: Array,
+    encoder_input_tokens: Array,
+    decoder_input_tokens: Array,
+    decoder_target_tokens: Array,
+    encoder_segment_ids: Optional[Array] = None,
+    decoder_segment_ids: Optional[Array] = None,
+    decoder_positions: Optional[Array] = None,
+    enable_dropout: bool = True,
+    decode: bool = False,
+    max_decode_length: Optional[int] = None,
+  ) -> Array:
     """Decoder logits, teacher-forced or (decode=True) one T5X-protocol step.
 
     Args:
@@ -727,7 +846,8 @@ class Transformer(nn.Module):
         raise ValueError('Packing is for training: decode=True takes no encoder_segment_ids.')
       decoder_mask = None
       encoder_decoder_mask = make_attention_mask(
-          jnp.ones_like(decoder_target_tokens, bool), encoder_input_tokens > 0)
+        jnp.ones_like(decoder_target_tokens, bool), encoder_input_tokens > 0
+      )
     else:
       targets_valid = decoder_target_tokens > 0
       decoder_mask = make_attention_mask(targets_valid, targets_valid)
@@ -735,29 +855,54 @@ class Transformer(nn.Module):
       if decoder_segment_ids is not None:
         decoder_mask &= make_attention_mask(decoder_segment_ids, decoder_segment_ids, jnp.equal)
       if encoder_segment_ids is not None:
-        encoder_decoder_mask &= make_attention_mask(decoder_segment_ids, encoder_segment_ids,
-                                                    jnp.equal)
-    return self.decoder(encoded, decoder_input_tokens, decoder_mask, encoder_decoder_mask,
-                        deterministic=not enable_dropout, decode=decode)
+        encoder_decoder_mask &= make_attention_mask(
+          decoder_segment_ids, encoder_segment_ids, jnp.equal
+        )
+    return self.decoder(
+      encoded,
+      decoder_input_tokens,
+      decoder_mask,
+      encoder_decoder_mask,
+      deterministic=not enable_dropout,
+      decode=decode,
+    )
 
-  def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
-               decoder_target_tokens: Array, encoder_segment_ids: Optional[Array] = None,
-               decoder_segment_ids: Optional[Array] = None,
-               encoder_positions: Optional[Array] = None,
-               decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
-               decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
+  def __call__(
+    self,
+    encoder_input_tokens: Array,
+    decoder_input_tokens: Array,
+    decoder_target_tokens: Array,
+    encoder_segment_ids: Optional[Array] = None,
+    decoder_segment_ids: Optional[Array] = None,
+    encoder_positions: Optional[Array] = None,
+    decoder_positions: Optional[Array] = None,
+    *,
+    enable_dropout: bool = True,
+    decode: bool = False,
+    max_decode_length: Optional[int] = None,
+  ) -> Array:
     """Encodes and decodes; float32 logits [B, L, vocab] (see `encode`, `decode`).
 
     `encoder_positions` and `decoder_positions` are unused, as in T5X.
     """
     del encoder_positions
     encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout)
-    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
-                       decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
-                       decoder_positions, enable_dropout, decode, max_decode_length)
+    return self.decode(
+      encoded,
+      encoder_input_tokens,
+      decoder_input_tokens,
+      decoder_target_tokens,
+      encoder_segment_ids,
+      decoder_segment_ids,
+      decoder_positions,
+      enable_dropout,
+      decode,
+      max_decode_length,
+    )
 
-  def init_decoder_cache(self, encoded: Array, encoder_input_tokens: Array,
-                         cache_length: int) -> None:
+  def init_decoder_cache(
+    self, encoded: Array, encoder_input_tokens: Array, cache_length: int
+  ) -> None:
     """Builds the cache for `decode_block` (apply with mutable=['cache']).
 
     Allocates zero self-attention keys/values of `cache_length` positions per
@@ -774,11 +919,16 @@ class Transformer(nn.Module):
     Returns:
       None; `apply` returns `(None, {'cache': cache})`.
     """
-    if (encoded.ndim != 3 or encoder_input_tokens.shape != encoded.shape[:2]
-        or encoded.shape[2] != self.config.emb_dim):
-      raise ValueError(f'Expected encoded [batch, length, {self.config.emb_dim}] and '
-                       'encoder_input_tokens [batch, length]; got '
-                       f'{encoded.shape} and {encoder_input_tokens.shape}.')
+    if (
+      encoded.ndim != 3
+      or encoder_input_tokens.shape != encoded.shape[:2]
+      or encoded.shape[2] != self.config.emb_dim
+    ):
+      raise ValueError(
+        f'Expected encoded [batch, length, {self.config.emb_dim}] and '
+        'encoder_input_tokens [batch, length]; got '
+        f'{encoded.shape} and {encoder_input_tokens.shape}.'
+      )
     if not isinstance(cache_length, (int, np.integer)) or cache_length < 1:
       raise ValueError(f'cache_length must be a positive int, got {cache_length!r}.')
     self.decoder.init_block_cache(encoded, encoder_input_tokens > 0, int(cache_length))
@@ -808,8 +958,9 @@ class Transformer(nn.Module):
 # ------------------------------------------------------------------------------
 # Pure-function entry points for decode loops.
 # ------------------------------------------------------------------------------
-def init_decoder_cache(config: T5Config, params: Any, encoder_input_tokens: Array,
-                       cache_length: int) -> Any:
+def init_decoder_cache(
+  config: T5Config, params: Any, encoder_input_tokens: Array, cache_length: int
+) -> Any:
   """Encodes the inputs and returns the `decode_block` cache (no dropout).
 
   Args:
@@ -822,15 +973,23 @@ def init_decoder_cache(config: T5Config, params: Any, encoder_input_tokens: Arra
     The cache collection (see the module docstring for its layout).
   """
   module = Transformer(config)
-  encoded = module.apply({'params': params}, encoder_input_tokens, enable_dropout=False,
-                         method=Transformer.encode)
-  _, variables = module.apply({'params': params}, encoded, encoder_input_tokens, cache_length,
-                              method=Transformer.init_decoder_cache, mutable=['cache'])
+  encoded = module.apply(
+    {'params': params}, encoder_input_tokens, enable_dropout=False, method=Transformer.encode
+  )
+  _, variables = module.apply(
+    {'params': params},
+    encoded,
+    encoder_input_tokens,
+    cache_length,
+    method=Transformer.init_decoder_cache,
+    mutable=['cache'],
+  )
   return variables['cache']
 
 
-def apply_decode_block(config: T5Config, params: Any, cache: Any, block_tokens: Array,
-                       start_positions: Array) -> Tuple[Array, Any]:
+def apply_decode_block(
+  config: T5Config, params: Any, cache: Any, block_tokens: Array, start_positions: Array
+) -> Tuple[Array, Any]:
   """`Transformer.decode_block` as a function: (logits [B, k, vocab], new cache).
 
   Args:
@@ -841,8 +1000,12 @@ def apply_decode_block(config: T5Config, params: Any, cache: Any, block_tokens: 
     start_positions: int32 [B]; start + k <= cache_length.
   """
   logits, variables = Transformer(config).apply(
-      {'params': params, 'cache': cache}, block_tokens, start_positions,
-      method=Transformer.decode_block, mutable=['cache'])
+    {'params': params, 'cache': cache},
+    block_tokens,
+    start_positions,
+    method=Transformer.decode_block,
+    mutable=['cache'],
+  )
   return logits, variables['cache']
 
 
@@ -858,8 +1021,10 @@ def abstract_params(config: T5Config) -> Tuple[dict, dict]:
   """
   tokens = jnp.ones((1, 1), jnp.int32)
   variables = jax.eval_shape(
-      lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens,
-                                       enable_dropout=False))
+    lambda: Transformer(config).init(
+      jax.random.PRNGKey(0), tokens, tokens, tokens, enable_dropout=False
+    )
+  )
   return variables['params'], variables['params_axes']
 
 
@@ -875,8 +1040,9 @@ def decoder_weight_bytes(config: T5Config, bytes_per_parameter: int = 4) -> int:
   mlp = (len(config.mlp_activations) + 1) * config.emb_dim * config.mlp_dim
   layer = 2 * attention + mlp + 3 * config.emb_dim
   logits = config.vocab_size * config.emb_dim
-  parameters = (config.num_decoder_layers * layer + config.emb_dim + logits
-                + config.num_heads * NUM_BUCKETS)
+  parameters = (
+    config.num_decoder_layers * layer + config.emb_dim + logits + config.num_heads * NUM_BUCKETS
+  )
   return parameters * bytes_per_parameter
 
 

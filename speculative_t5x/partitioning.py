@@ -26,19 +26,19 @@ LogicalRules = Sequence[Tuple[str, Optional[str]]]
 def standard_logical_axis_rules() -> LogicalRules:
   """T5X's rules for 1-D model parallelism (and its replicated axes)."""
   return (
-      ('batch', 'data'),
-      ('vocab', 'model'),
-      ('embed', None),
-      ('mlp', 'model'),
-      ('heads', 'model'),
-      ('kv', None),
-      ('joined_kv', 'model'),
-      ('relpos_buckets', None),
-      ('abspos_buckets', None),
-      ('length', None),
-      ('layers', None),
-      ('stack', None),
-      ('mlp_activations', None),
+    ('batch', 'data'),
+    ('vocab', 'model'),
+    ('embed', None),
+    ('mlp', 'model'),
+    ('heads', 'model'),
+    ('kv', None),
+    ('joined_kv', 'model'),
+    ('relpos_buckets', None),
+    ('abspos_buckets', None),
+    ('length', None),
+    ('layers', None),
+    ('stack', None),
+    ('mlp_activations', None),
   )
 
 
@@ -46,8 +46,10 @@ def make_mesh(data: int, model: int, devices: Optional[Sequence[Any]] = None) ->
   """A ('data', 'model') mesh over `devices` (default: all of `jax.devices()`)."""
   devices = jax.devices() if devices is None else list(devices)
   if data < 1 or model < 1 or data * model != len(devices):
-    raise ValueError(f'A {data} x {model} mesh needs {data * model} devices, got '
-                     f'{len(devices)}; choose data * model == {len(devices)}.')
+    raise ValueError(
+      f'A {data} x {model} mesh needs {data * model} devices, got '
+      f'{len(devices)}; choose data * model == {len(devices)}.'
+    )
   return Mesh(mesh_utils.create_device_mesh((data, model), devices), ('data', 'model'))
 
 
@@ -59,8 +61,11 @@ def _divisible_spec(spec: PartitionSpec, shape: Tuple[int, ...], mesh: Mesh) -> 
     axes = (axes,) if isinstance(axes, str) else axes
     return int(np.prod([mesh.shape[a] for a in axes]))
 
-  return PartitionSpec(*(axes if axes is None or dim % axis_size(axes) == 0 else None
-                         for axes, dim in zip(spec, shape)))
+  return PartitionSpec(
+    *(
+      axes if axes is None or dim % axis_size(axes) == 0 else None for axes, dim in zip(spec, shape)
+    )
+  )
 
 
 def _logical_sharding(logical_axes, shape, mesh, rules) -> NamedSharding:
@@ -68,8 +73,9 @@ def _logical_sharding(logical_axes, shape, mesh, rules) -> NamedSharding:
   return NamedSharding(mesh, _divisible_spec(spec, shape, mesh))
 
 
-def params_shardings(params: Any, params_axes: Any, mesh: Mesh,
-                     rules: Optional[LogicalRules] = None) -> Any:
+def params_shardings(
+  params: Any, params_axes: Any, mesh: Mesh, rules: Optional[LogicalRules] = None
+) -> Any:
   """NamedShardings for a parameter tree from its logical axes.
 
   Args:
@@ -85,11 +91,15 @@ def params_shardings(params: Any, params_axes: Any, mesh: Mesh,
   names = traverse_util.flatten_dict(nn.partitioning.get_axis_names(params_axes))
   flat = traverse_util.flatten_dict(params)
   if set(names) != set(flat):
-    raise ValueError('params_axes does not describe params: differing paths '
-                     f'{sorted(set(names) ^ set(flat))[:5]}.')
+    raise ValueError(
+      f'params_axes does not describe params: differing paths {sorted(set(names) ^ set(flat))[:5]}.'
+    )
   return traverse_util.unflatten_dict(
-      {path: _logical_sharding(tuple(names[path]), leaf.shape, mesh, rules)
-       for path, leaf in flat.items()})
+    {
+      path: _logical_sharding(tuple(names[path]), leaf.shape, mesh, rules)
+      for path, leaf in flat.items()
+    }
+  )
 
 
 def cache_shardings(cache: Any, mesh: Mesh, rules: Optional[LogicalRules] = None) -> Any:
@@ -100,15 +110,22 @@ def cache_shardings(cache: Any, mesh: Mesh, rules: Optional[LogicalRules] = None
   `decode=True` protocol, as arrays or `jax.ShapeDtypeStruct`s.
   """
   rules = standard_logical_axis_rules() if rules is None else rules
-  logical_axes = {'cached_key': network.KV_CACHE_AXES, 'cached_value': network.KV_CACHE_AXES,
-                  'encoder_mask': network.ENCODER_MASK_AXES, 'cache_index': ()}
+  logical_axes = {
+    'cached_key': network.KV_CACHE_AXES,
+    'cached_value': network.KV_CACHE_AXES,
+    'encoder_mask': network.ENCODER_MASK_AXES,
+    'cache_index': (),
+  }
   flat = traverse_util.flatten_dict(cache)
   unknown = sorted({path[-1] for path in flat} - set(logical_axes))
   if unknown:
     raise ValueError(f'Not a network.Transformer decoder cache: unknown leaves {unknown}.')
   return traverse_util.unflatten_dict(
-      {path: _logical_sharding(logical_axes[path[-1]], leaf.shape, mesh, rules)
-       for path, leaf in flat.items()})
+    {
+      path: _logical_sharding(logical_axes[path[-1]], leaf.shape, mesh, rules)
+      for path, leaf in flat.items()
+    }
+  )
 
 
 def batch_sharding(shape: Tuple[int, ...], mesh: Mesh) -> NamedSharding:

@@ -86,8 +86,12 @@ HF_GREEDY = 'hf greedy'
 HF_ASSISTED = 'hf assisted'
 SYSTEMS = (OURS_BASELINE, OURS_SPECULATIVE, HF_GREEDY, HF_ASSISTED)
 # Each system's speedup is over the plain greedy decoding of its own framework.
-_BASELINE_OF = {OURS_BASELINE: OURS_BASELINE, OURS_SPECULATIVE: OURS_BASELINE,
-                HF_GREEDY: HF_GREEDY, HF_ASSISTED: HF_GREEDY}
+_BASELINE_OF = {
+  OURS_BASELINE: OURS_BASELINE,
+  OURS_SPECULATIVE: OURS_BASELINE,
+  HF_GREEDY: HF_GREEDY,
+  HF_ASSISTED: HF_GREEDY,
+}
 
 # Largest |our logits - HF logits| allowed, relative to max(1, max |logit|):
 # float32 round-off of two implementations of the same network stays ~1e-6.
@@ -225,8 +229,10 @@ def _import_torch_and_transformers():
     import torch  # pylint: disable=g-import-not-at-top
     import transformers  # pylint: disable=g-import-not-at-top
   except ImportError as error:
-    raise ImportError('The Hugging Face comparison needs PyTorch and transformers: '
-                      'pip install "speculative_t5x[hf]".') from error
+    raise ImportError(
+      'The Hugging Face comparison needs PyTorch and transformers: '
+      'pip install "speculative_t5x[hf]".'
+    ) from error
   return torch, transformers
 
 
@@ -238,16 +244,19 @@ def emitted_tokens(decode: np.ndarray, eos_id: int = models.EOS_ID) -> np.ndarra
       a real token).
     eos_id: end-of-sequence id.
   """
-  return decode[:benchmark.output_lengths(decode[None], eos_id)[0]]
+  return decode[: benchmark.output_lengths(decode[None], eos_id)[0]]
 
 
-def _hf_logits(torch, hf_model, input_tokens: np.ndarray, decoder_input_tokens: np.ndarray
-               ) -> np.ndarray:
+def _hf_logits(
+  torch, hf_model, input_tokens: np.ndarray, decoder_input_tokens: np.ndarray
+) -> np.ndarray:
   input_ids = torch.from_numpy(np.asarray(input_tokens, np.int64))
   with torch.inference_mode():
-    return hf_model(input_ids=input_ids, attention_mask=input_ids > 0,
-                    decoder_input_ids=torch.from_numpy(np.asarray(decoder_input_tokens, np.int64))
-                    ).logits.numpy()
+    return hf_model(
+      input_ids=input_ids,
+      attention_mask=input_ids > 0,
+      decoder_input_ids=torch.from_numpy(np.asarray(decoder_input_tokens, np.int64)),
+    ).logits.numpy()
 
 
 def _shift_right(tokens: np.ndarray, length: int) -> np.ndarray:
@@ -255,10 +264,15 @@ def _shift_right(tokens: np.ndarray, length: int) -> np.ndarray:
   return benchmark.shift_right(benchmark.pad_rows([tokens[:length]], length))
 
 
-def _divergence(system: str, example: int, ours: np.ndarray, theirs: np.ndarray,
-                our_logits: Callable[[np.ndarray], np.ndarray],
-                hf_logits: Callable[[np.ndarray], np.ndarray], max_decode_len: int
-                ) -> Divergence:
+def _divergence(
+  system: str,
+  example: int,
+  ours: np.ndarray,
+  theirs: np.ndarray,
+  our_logits: Callable[[np.ndarray], np.ndarray],
+  hf_logits: Callable[[np.ndarray], np.ndarray],
+  max_decode_len: int,
+) -> Divergence:
   """Examines the first position at which `theirs` differs from `ours`.
 
   Args:
@@ -274,44 +288,64 @@ def _divergence(system: str, example: int, ours: np.ndarray, theirs: np.ndarray,
   mismatches = np.flatnonzero(ours[:common] != theirs[:common])
   position = int(mismatches[0]) if mismatches.size else common
   if position >= common:
-    raise ValueError(f'{system} output of example {example} does not differ from ours '
-                     'before one of them ends; an output must end at its EOS.')
+    raise ValueError(
+      f'{system} output of example {example} does not differ from ours '
+      'before one of them ends; an output must end at its EOS.'
+    )
   decoder_inputs = _shift_right(ours[:position], max_decode_len)
   ours_at = np.asarray(our_logits(decoder_inputs), np.float32)[0, position]
   theirs_at = np.asarray(hf_logits(decoder_inputs), np.float32)[0, position]
   a, b = int(ours[position]), int(theirs[position])
   our_gap = float(ours_at[a] - ours_at[b])
   return Divergence(
-      system=system, example=example, position=position, our_token=a, their_token=b,
-      our_gap=our_gap, their_gap=float(theirs_at[b] - theirs_at[a]),
-      implementation_difference=float(np.abs(ours_at - theirs_at).max()),
-      near_tie=our_gap <= NEAR_TIE_TOLERANCE * max(1.0, float(np.abs(ours_at).max())))
+    system=system,
+    example=example,
+    position=position,
+    our_token=a,
+    their_token=b,
+    our_gap=our_gap,
+    their_gap=float(theirs_at[b] - theirs_at[a]),
+    implementation_difference=float(np.abs(ours_at - theirs_at).max()),
+    near_tie=our_gap <= NEAR_TIE_TOLERANCE * max(1.0, float(np.abs(ours_at).max())),
+  )
 
 
 def _check_model(model, role: str) -> None:
   if not isinstance(model, models.Model):
-    raise ValueError(f'The {role} must be a models.Model (a network and its parameters) to be '
-                     f'exported to Hugging Face; got {type(model).__name__}.')
+    raise ValueError(
+      f'The {role} must be a models.Model (a network and its parameters) to be '
+      f'exported to Hugging Face; got {type(model).__name__}.'
+    )
   if jnp.dtype(model.config.dtype) != jnp.float32:
     raise ValueError(
-        f'The {role} computes in {jnp.dtype(model.config.dtype)}, but transformers runs T5 in '
-        f'float32 on CPU; compare in float32: models.Model(dataclasses.replace(config, '
-        f'dtype="float32"), params).')
+      f'The {role} computes in {jnp.dtype(model.config.dtype)}, but transformers runs T5 in '
+      f'float32 on CPU; compare in float32: models.Model(dataclasses.replace(config, '
+      f'dtype="float32"), params).'
+    )
 
 
 def _check_input_tokens(input_tokens, vocab_size: int) -> np.ndarray:
   input_tokens = np.asarray(input_tokens)
-  if (input_tokens.ndim != 2 or not input_tokens.size
-      or not np.issubdtype(input_tokens.dtype, np.integer)):
-    raise ValueError('input_tokens must be a non-empty integer array [examples, length] (one '
-                     f'0-padded example per row); got dtype {input_tokens.dtype} and shape '
-                     f'{input_tokens.shape}.')
+  if (
+    input_tokens.ndim != 2
+    or not input_tokens.size
+    or not np.issubdtype(input_tokens.dtype, np.integer)
+  ):
+    raise ValueError(
+      'input_tokens must be a non-empty integer array [examples, length] (one '
+      f'0-padded example per row); got dtype {input_tokens.dtype} and shape '
+      f'{input_tokens.shape}.'
+    )
   if input_tokens.min() < 0 or input_tokens.max() >= vocab_size:
-    raise ValueError(f'input_tokens must lie in [0, {vocab_size}) (the vocabulary); got min '
-                     f'{input_tokens.min()}, max {input_tokens.max()}.')
+    raise ValueError(
+      f'input_tokens must lie in [0, {vocab_size}) (the vocabulary); got min '
+      f'{input_tokens.min()}, max {input_tokens.max()}.'
+    )
   if not (input_tokens > 0).any(axis=1).all():
-    raise ValueError('Every row of input_tokens needs at least one non-padding token; rows '
-                     f'{np.flatnonzero(~(input_tokens > 0).any(axis=1)).tolist()} are all 0.')
+    raise ValueError(
+      'Every row of input_tokens needs at least one non-padding token; rows '
+      f'{np.flatnonzero(~(input_tokens > 0).any(axis=1)).tolist()} are all 0.'
+    )
   return input_tokens.astype(np.int32)
 
 
@@ -338,30 +372,35 @@ def _quiet(transformers):
 def _export(model: models.Model, directory: str, transformers):
   """Saves `model` in Hugging Face format and loads it back with transformers."""
   checkpoints.save_huggingface_t5(model.config, model.params, directory)
-  hf_model = transformers.T5ForConditionalGeneration.from_pretrained(directory,
-                                                                     dtype='float32').eval()
+  hf_model = transformers.T5ForConditionalGeneration.from_pretrained(
+    directory, dtype='float32'
+  ).eval()
   hf_model.config.num_layers = hf_model.config.num_decoder_layers  # See "HF's cache size".
   return hf_model
 
 
-def _logits_error(torch, model: models.Model, hf_model, input_row: np.ndarray,
-                  decoder_inputs: np.ndarray, role: str) -> float:
+def _logits_error(
+  torch, model: models.Model, hf_model, input_row: np.ndarray, decoder_inputs: np.ndarray, role: str
+) -> float:
   """Max |our - HF| teacher-forced logits; raises if beyond LOGITS_TOLERANCE."""
-  ours = np.asarray(benchmark.teacher_forced_logits(model.config, model.params, input_row,
-                                                    decoder_inputs))
+  ours = np.asarray(
+    benchmark.teacher_forced_logits(model.config, model.params, input_row, decoder_inputs)
+  )
   theirs = _hf_logits(torch, hf_model, input_row, decoder_inputs)
   error = float(np.abs(ours - theirs).max())
   if error > LOGITS_TOLERANCE * max(1.0, float(np.abs(ours).max())):
     raise RuntimeError(
-        f'The exported {role} does not reproduce our logits under transformers: max |difference| '
-        f'{error:.3g} (logits up to {np.abs(ours).max():.3g}). The timing comparison would not '
-        'compare the same model; check the export (checkpoints.save_huggingface_t5) against '
-        'this transformers version.')
+      f'The exported {role} does not reproduce our logits under transformers: max |difference| '
+      f'{error:.3g} (logits up to {np.abs(ours).max():.3g}). The timing comparison would not '
+      'compare the same model; check the export (checkpoints.save_huggingface_t5) against '
+      'this transformers version.'
+    )
   return error
 
 
-def _time_passes(runners: Dict[str, Callable], input_tokens: np.ndarray,
-                 outputs: Dict[str, list], repetitions: int) -> Dict[str, list]:
+def _time_passes(
+  runners: Dict[str, Callable], input_tokens: np.ndarray, outputs: Dict[str, list], repetitions: int
+) -> Dict[str, list]:
   """Seconds of each timed pass over all examples, per system.
 
   The systems take turns on each example, so that load from other processes
@@ -375,23 +414,25 @@ def _time_passes(runners: Dict[str, Callable], input_tokens: np.ndarray,
         tokens, _ = run(row)
         seconds[system][repetition] += time.perf_counter() - start
         if not np.array_equal(tokens, outputs[system][example][0]):
-          raise RuntimeError(f'{system} decoded example {example} differently in repetition '
-                             f'{repetition} than in the untimed pass; greedy decoding must be '
-                             'deterministic.')
+          raise RuntimeError(
+            f'{system} decoded example {example} differently in repetition '
+            f'{repetition} than in the untimed pass; greedy decoding must be '
+            'deterministic.'
+          )
   return seconds
 
 
 def compare_with_huggingface(
-    target: models.Model,
-    draft: models.Model,
-    input_tokens,
-    *,
-    max_decode_len: int,
-    gamma: int,
-    workdir: str,
-    repetitions: int = 3,
-    num_threads: Optional[int] = None,
-    eos_id: int = models.EOS_ID,
+  target: models.Model,
+  draft: models.Model,
+  input_tokens,
+  *,
+  max_decode_len: int,
+  gamma: int,
+  workdir: str,
+  repetitions: int = 3,
+  num_threads: Optional[int] = None,
+  eos_id: int = models.EOS_ID,
 ) -> Comparison:
   """Times our greedy and speculative decoding beside transformers' at batch 1.
 
@@ -424,8 +465,11 @@ def compare_with_huggingface(
   _check_model(draft, 'draft')
   drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
   input_tokens = _check_input_tokens(input_tokens, target.vocab_size)
-  for name, value in (('max_decode_len', max_decode_len), ('gamma', gamma),
-                      ('repetitions', repetitions)):
+  for name, value in (
+    ('max_decode_len', max_decode_len),
+    ('gamma', gamma),
+    ('repetitions', repetitions),
+  ):
     decoding.check_positive_int(name, value)
   cpu_cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
   torch_threads = cpu_cores if num_threads is None else num_threads
@@ -438,8 +482,15 @@ def compare_with_huggingface(
     target_calls[0] += 1
 
   def run_ours(row, draft_or_none):
-    out = models.generate(target, draft_or_none, row[None], gamma=gamma, temperature=0.0,
-                          max_decode_len=max_decode_len, eos_id=eos_id)
+    out = models.generate(
+      target,
+      draft_or_none,
+      row[None],
+      gamma=gamma,
+      temperature=0.0,
+      max_decode_len=max_decode_len,
+      eos_id=eos_id,
+    )
     tokens = emitted_tokens(np.asarray(out.tokens)[0], eos_id)
     return tokens, len(tokens) if out.stats is None else int(out.stats.iterations[0])
 
@@ -448,8 +499,12 @@ def compare_with_huggingface(
     input_ids = torch.from_numpy(row[None].astype(np.int64))
     with torch.inference_mode():
       sequences = hf_target.generate(
-          input_ids=input_ids, attention_mask=input_ids > 0, generation_config=greedy_config,
-          assistant_model=assistant, decoder_attention_mask=torch.ones((1, 1), dtype=torch.long))
+        input_ids=input_ids,
+        attention_mask=input_ids > 0,
+        generation_config=greedy_config,
+        assistant_model=assistant,
+        decoder_attention_mask=torch.ones((1, 1), dtype=torch.long),
+      )
     # Drop decoder_start_token_id; at batch 1 nothing follows the EOS.
     return emitted_tokens(sequences[0, 1:].numpy(), eos_id), target_calls[0]
 
@@ -462,13 +517,18 @@ def compare_with_huggingface(
     hf_draft.generation_config.num_assistant_tokens_schedule = 'constant'
     hf_draft.generation_config.assistant_confidence_threshold = 0.0
     greedy_config = transformers.GenerationConfig(
-        do_sample=False, num_beams=1, max_new_tokens=int(max_decode_len), eos_token_id=eos_id,
-        pad_token_id=0, decoder_start_token_id=0)
+      do_sample=False,
+      num_beams=1,
+      max_new_tokens=int(max_decode_len),
+      eos_token_id=eos_id,
+      pad_token_id=0,
+      decoder_start_token_id=0,
+    )
     runners = {
-        OURS_BASELINE: functools.partial(run_ours, draft_or_none=None),
-        OURS_SPECULATIVE: functools.partial(run_ours, draft_or_none=draft),
-        HF_GREEDY: functools.partial(run_hf, assistant=None),
-        HF_ASSISTED: functools.partial(run_hf, assistant=hf_draft),
+      OURS_BASELINE: functools.partial(run_ours, draft_or_none=None),
+      OURS_SPECULATIVE: functools.partial(run_ours, draft_or_none=draft),
+      HF_GREEDY: functools.partial(run_hf, assistant=None),
+      HF_ASSISTED: functools.partial(run_hf, assistant=hf_draft),
     }
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(int(torch_threads))
@@ -479,73 +539,101 @@ def compare_with_huggingface(
       outputs = {system: [run(row) for row in input_tokens] for system, run in runners.items()}
       reference = [tokens for tokens, _ in outputs[OURS_BASELINE]]
       decoder_inputs = _shift_right(reference[0], max_decode_len)
-      target_error = _logits_error(torch, target, hf_target, input_tokens[:1], decoder_inputs,
-                                   'target')
-      draft_error = _logits_error(torch, draft, hf_draft, input_tokens[:1], decoder_inputs,
-                                  'draft')
+      target_error = _logits_error(
+        torch, target, hf_target, input_tokens[:1], decoder_inputs, 'target'
+      )
+      draft_error = _logits_error(torch, draft, hf_draft, input_tokens[:1], decoder_inputs, 'draft')
       seconds = _time_passes(runners, input_tokens, outputs, repetitions)
       divergences = []
       for system in SYSTEMS[1:]:
         for example, (tokens, _) in enumerate(outputs[system]):
           if not np.array_equal(tokens, reference[example]):
-            row = input_tokens[example:example + 1]
-            divergences.append(_divergence(
-                system, example, reference[example], tokens,
-                functools.partial(benchmark.teacher_forced_logits, target.config,
-                                  target.params, row),
-                functools.partial(_hf_logits, torch, hf_target, row), max_decode_len))
+            row = input_tokens[example : example + 1]
+            divergences.append(
+              _divergence(
+                system,
+                example,
+                reference[example],
+                tokens,
+                functools.partial(
+                  benchmark.teacher_forced_logits, target.config, target.params, row
+                ),
+                functools.partial(_hf_logits, torch, hf_target, row),
+                max_decode_len,
+              )
+            )
     finally:
       hook.remove()
       torch.set_num_threads(previous_threads)
 
   num_examples = len(input_tokens)
   systems = tuple(
-      SystemResult(
-          system=system,
-          tokens_per_example=tuple(len(tokens) for tokens, _ in outputs[system]),
-          target_calls_per_example=tuple(calls for _, calls in outputs[system]),
-          seconds_median=statistics.median(seconds[system]),
-          seconds_min=min(seconds[system]),
-          seconds_max=max(seconds[system]),
-          identical_fraction=1.0 - sum(d.system == system for d in divergences) / num_examples)
-      for system in SYSTEMS)
+    SystemResult(
+      system=system,
+      tokens_per_example=tuple(len(tokens) for tokens, _ in outputs[system]),
+      target_calls_per_example=tuple(calls for _, calls in outputs[system]),
+      seconds_median=statistics.median(seconds[system]),
+      seconds_min=min(seconds[system]),
+      seconds_max=max(seconds[system]),
+      identical_fraction=1.0 - sum(d.system == system for d in divergences) / num_examples,
+    )
+    for system in SYSTEMS
+  )
   return Comparison(
-      systems=systems, divergences=tuple(divergences), num_examples=num_examples,
-      input_length=input_tokens.shape[1], max_decode_len=int(max_decode_len), gamma=int(gamma),
-      repetitions=int(repetitions), torch_threads=int(torch_threads), cpu_cores=cpu_cores,
-      xla_flags=os.environ.get('XLA_FLAGS', ''),
-      target_logits_error=target_error, draft_logits_error=draft_error,
-      versions={'jax': jax.__version__, 'torch': torch.__version__,
-                'transformers': transformers.__version__})
+    systems=systems,
+    divergences=tuple(divergences),
+    num_examples=num_examples,
+    input_length=input_tokens.shape[1],
+    max_decode_len=int(max_decode_len),
+    gamma=int(gamma),
+    repetitions=int(repetitions),
+    torch_threads=int(torch_threads),
+    cpu_cores=cpu_cores,
+    xla_flags=os.environ.get('XLA_FLAGS', ''),
+    target_logits_error=target_error,
+    draft_logits_error=draft_error,
+    versions={
+      'jax': jax.__version__,
+      'torch': torch.__version__,
+      'transformers': transformers.__version__,
+    },
+  )
 
 
 def format_markdown(result: Comparison) -> str:
   """The comparison as a Markdown table, its setting, and any divergences."""
   lines = [
-      f'{result.num_examples} examples (input length {result.input_length}), batch 1, greedy, '
-      f'max_decode_len {result.max_decode_len}, gamma {result.gamma}; median of '
-      f'{result.repetitions} timed passes (after an untimed one). JAX {result.versions["jax"]} '
-      f'on {result.cpu_cores} CPU cores (XLA_FLAGS: {result.xla_flags or "none"}); PyTorch '
-      f'{result.versions["torch"]} with {result.torch_threads} intra-op thread(s), '
-      f'transformers {result.versions["transformers"]}. '
-      f'Exported logits match ours within {result.target_logits_error:.1e} (target) and '
-      f'{result.draft_logits_error:.1e} (draft).',
-      '',
-      '| system | tokens | target calls | tokens/call | s per pass (min-max) | ms/token '
-      '| tokens/s | speedup | identical to ours greedy |',
-      '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+    f'{result.num_examples} examples (input length {result.input_length}), batch 1, greedy, '
+    f'max_decode_len {result.max_decode_len}, gamma {result.gamma}; median of '
+    f'{result.repetitions} timed passes (after an untimed one). JAX {result.versions["jax"]} '
+    f'on {result.cpu_cores} CPU cores (XLA_FLAGS: {result.xla_flags or "none"}); PyTorch '
+    f'{result.versions["torch"]} with {result.torch_threads} intra-op thread(s), '
+    f'transformers {result.versions["transformers"]}. '
+    f'Exported logits match ours within {result.target_logits_error:.1e} (target) and '
+    f'{result.draft_logits_error:.1e} (draft).',
+    '',
+    '| system | tokens | target calls | tokens/call | s per pass (min-max) | ms/token '
+    '| tokens/s | speedup | identical to ours greedy |',
+    '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
   ]
   for r in result.systems:
     lines.append(
-        f'| {r.system} | {r.tokens} | {r.target_calls} | {r.tokens_per_target_call:.2f} '
-        f'| {r.seconds_median:.3f} ({r.seconds_min:.3f}-{r.seconds_max:.3f}) '
-        f'| {r.ms_per_token:.2f} | {r.tokens_per_second:.1f} | {result.speedup(r.system):.2f}x '
-        f'| {r.identical_fraction:.0%} |')
+      f'| {r.system} | {r.tokens} | {r.target_calls} | {r.tokens_per_target_call:.2f} '
+      f'| {r.seconds_median:.3f} ({r.seconds_min:.3f}-{r.seconds_max:.3f}) '
+      f'| {r.ms_per_token:.2f} | {r.tokens_per_second:.1f} | {result.speedup(r.system):.2f}x '
+      f'| {r.identical_fraction:.0%} |'
+    )
   if result.divergences:
-    lines += ['', '| system | example | position | ours | theirs | our logit gap | HF logit gap '
-              '| max logit difference | near-tie |', '| --- | ---: | ---: | ---: | ---: | ---: '
-              '| ---: | ---: | --- |']
-    lines += [f'| {d.system} | {d.example} | {d.position} | {d.our_token} | {d.their_token} '
-              f'| {d.our_gap:.2e} | {d.their_gap:.2e} | {d.implementation_difference:.2e} '
-              f'| {"yes" if d.near_tie else "no"} |' for d in result.divergences]
+    lines += [
+      '',
+      '| system | example | position | ours | theirs | our logit gap | HF logit gap '
+      '| max logit difference | near-tie |',
+      '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |',
+    ]
+    lines += [
+      f'| {d.system} | {d.example} | {d.position} | {d.our_token} | {d.their_token} '
+      f'| {d.our_gap:.2e} | {d.their_gap:.2e} | {d.implementation_difference:.2e} '
+      f'| {"yes" if d.near_tie else "no"} |'
+      for d in result.divergences
+    ]
   return '\n'.join(lines) + '\n'

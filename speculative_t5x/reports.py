@@ -23,102 +23,154 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
   lines = []
   walltime = [r for r in records if r['kind'] == 'walltime']
   if any(r['emulated'] for r in records):
-    lines += ['**EMULATION**: acceptances drawn i.i.d. at the given alpha on random weights; '
-              'timings only, no text.', '']
-  lines += ['## Walltime at batch 1 (Tables 2 and 4)', '',
-            '| pair | task | T | gamma | alpha | alpha (loop) | c | v(gamma) | tokens/call '
-            '| ms/token base | ms/token spec | speedup (range) | predicted | predicted, v=1 '
-            '| BLEU base / spec |',
-            '|' + '---|' * 15]
+    lines += [
+      '**EMULATION**: acceptances drawn i.i.d. at the given alpha on random weights; '
+      'timings only, no text.',
+      '',
+    ]
+  lines += [
+    '## Walltime at batch 1 (Tables 2 and 4)',
+    '',
+    '| pair | task | T | gamma | alpha | alpha (loop) | c | v(gamma) | tokens/call '
+    '| ms/token base | ms/token spec | speedup (range) | predicted | predicted, v=1 '
+    '| BLEU base / spec |',
+    '|' + '---|' * 15,
+  ]
   for r in walltime:
     if r['batch_size'] != 1:
       continue
-    bleu = (f"{_fmt(r.get('bleu_baseline'), 1)} / {_fmt(r.get('bleu_speculative'), 1)}"
-            if r.get('bleu_baseline') is not None else '-')
+    bleu = (
+      f'{_fmt(r.get("bleu_baseline"), 1)} / {_fmt(r.get("bleu_speculative"), 1)}'
+      if r.get('bleu_baseline') is not None
+      else '-'
+    )
     lines.append(
-        f"| {r['pair']} | {r['task']} | {r['temperature']} | {r['gamma']} | {_fmt(r['alpha'])} "
-        f"| {_fmt(r['alpha_loop'])} | {_fmt(r['c'], 3)} | {_fmt(r['verify_cost'])} "
-        f"| {_fmt(r['tokens_per_call'])} | {_fmt(r['ms_per_token_baseline']['median'])} "
-        f"| {_fmt(r['ms_per_token_speculative']['median'])} "
-        f"| {_fmt(r['speedup']['median'])}x ({_fmt(r['speedup']['min'])}-"
-        f"{_fmt(r['speedup']['max'])}) | {_fmt(r.get('predicted_speedup'))}x "
-        f"| {_fmt(r.get('predicted_speedup_free_verify'))}x | {bleu} |")
+      f'| {r["pair"]} | {r["task"]} | {r["temperature"]} | {r["gamma"]} | {_fmt(r["alpha"])} '
+      f'| {_fmt(r["alpha_loop"])} | {_fmt(r["c"], 3)} | {_fmt(r["verify_cost"])} '
+      f'| {_fmt(r["tokens_per_call"])} | {_fmt(r["ms_per_token_baseline"]["median"])} '
+      f'| {_fmt(r["ms_per_token_speculative"]["median"])} '
+      f'| {_fmt(r["speedup"]["median"])}x ({_fmt(r["speedup"]["min"])}-'
+      f'{_fmt(r["speedup"]["max"])}) | {_fmt(r.get("predicted_speedup"))}x '
+      f'| {_fmt(r.get("predicted_speedup_free_verify"))}x | {bleu} |'
+    )
   lines += _breakdown_lines(records)
   alpha = [r for r in records if r['kind'] == 'alpha']
   if alpha:
-    lines += ['', '## alpha (Table 3)', '', '| draft | T | alpha | stderr | tokens |',
-              '|---|---|---|---|---|']
-    lines += [f"| {r['draft']} | {r['temperature']} | {_fmt(r['alpha'], 3)} "
-              f"| {_fmt(r['alpha_stderr'], 3)} | {r['num_tokens']} |" for r in alpha]
+    lines += [
+      '',
+      '## alpha (Table 3)',
+      '',
+      '| draft | T | alpha | stderr | tokens |',
+      '|---|---|---|---|---|',
+    ]
+    lines += [
+      f'| {r["draft"]} | {r["temperature"]} | {_fmt(r["alpha"], 3)} '
+      f'| {_fmt(r["alpha_stderr"], 3)} | {r["num_tokens"]} |'
+      for r in alpha
+    ]
   batched = [r for r in walltime if r['batch_size'] != 1]
   if batched:
-    lines += ['', '## Speedup vs batch size', '',
-              '| T | gamma | batch | ms/token base | ms/token spec | speedup |',
-              '|---|---|---|---|---|---|']
+    lines += [
+      '',
+      '## Speedup vs batch size',
+      '',
+      '| T | gamma | batch | ms/token base | ms/token spec | speedup |',
+      '|---|---|---|---|---|---|',
+    ]
     for r in sorted(walltime, key=lambda r: (r['temperature'], r['batch_size'])):
       if r['gamma'] == batched[0]['gamma']:
-        lines.append(f"| {r['temperature']} | {r['gamma']} | {r['batch_size']} "
-                     f"| {_fmt(r['ms_per_token_baseline']['median'])} "
-                     f"| {_fmt(r['ms_per_token_speculative']['median'])} "
-                     f"| {_fmt(r['speedup']['median'])}x |")
-  lines += ['', '## Memory and acceptance by position (batch 1)', '',
-            '| T | gamma | XLA temp MiB | XLA args MiB | acceptance by draft position |',
-            '|---|---|---|---|---|']
+        lines.append(
+          f'| {r["temperature"]} | {r["gamma"]} | {r["batch_size"]} '
+          f'| {_fmt(r["ms_per_token_baseline"]["median"])} '
+          f'| {_fmt(r["ms_per_token_speculative"]["median"])} '
+          f'| {_fmt(r["speedup"]["median"])}x |'
+        )
+  lines += [
+    '',
+    '## Memory and acceptance by position (batch 1)',
+    '',
+    '| T | gamma | XLA temp MiB | XLA args MiB | acceptance by draft position |',
+    '|---|---|---|---|---|',
+  ]
   for r in walltime:
     if r['batch_size'] == 1:
       mem = r['memory']
-      lines.append(f"| {r['temperature']} | {r['gamma']} "
-                   f"| {_fmt(mem.get('temp_bytes', 0) / 2**20, 1)} "
-                   f"| {_fmt(mem.get('argument_bytes', 0) / 2**20, 1)} "
-                   f"| {' '.join(f'{a:.2f}' for a in r['acceptance_by_position'])} |")
+      lines.append(
+        f'| {r["temperature"]} | {r["gamma"]} '
+        f'| {_fmt(mem.get("temp_bytes", 0) / 2**20, 1)} '
+        f'| {_fmt(mem.get("argument_bytes", 0) / 2**20, 1)} '
+        f'| {" ".join(f"{a:.2f}" for a in r["acceptance_by_position"])} |'
+      )
   return '\n'.join(lines) + '\n'
 
 
-_BREAKDOWN_PARTS = ('draft_catch_up', 'draft_rollout', 'target_block', 'judge', 'emit',
-                    'encode', 'unexplained')
+_BREAKDOWN_PARTS = (
+  'draft_catch_up',
+  'draft_rollout',
+  'target_block',
+  'judge',
+  'emit',
+  'encode',
+  'unexplained',
+)
 
 
 def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   """Markdown: where an iteration's time goes, and each step against its memory floor."""
   rows = [r for r in records if r['kind'] == 'walltime' and 'breakdown' in r]
-  lines = ['', "## Where an iteration's time goes (batch 1, ms)", '',
-           'Each part timed alone in a compiled loop at the decode call\'s shapes; the '
-           'catch-up counted at the rate the run needed it, the encoders at their share per '
-           'iteration; unexplained = measured - parts. When target and draft exceed the '
-           'last-level cache together, the draft is timed with flushed caches, as it runs '
-           'after the target in the loop.',
-           '', '| T | gamma | catch-up | draft rollout | target block | verify | bookkeeping '
-           '| encode | parts | measured | unexplained | baseline ms/token: parts / measured '
-           '| predicted from parts | measured speedup |', '|' + '---|' * 14]
+  lines = [
+    '',
+    "## Where an iteration's time goes (batch 1, ms)",
+    '',
+    "Each part timed alone in a compiled loop at the decode call's shapes; the "
+    'catch-up counted at the rate the run needed it, the encoders at their share per '
+    'iteration; unexplained = measured - parts. When target and draft exceed the '
+    'last-level cache together, the draft is timed with flushed caches, as it runs '
+    'after the target in the loop.',
+    '',
+    '| T | gamma | catch-up | draft rollout | target block | verify | bookkeeping '
+    '| encode | parts | measured | unexplained | baseline ms/token: parts / measured '
+    '| predicted from parts | measured speedup |',
+    '|' + '---|' * 14,
+  ]
   for r in rows:
     b = r['breakdown']
     lines.append(
-        f"| {r['temperature']} | {r['gamma']} | {_fmt(b['draft_catch_up'], 3)} "
-        f"| {_fmt(b['draft_rollout'], 3)} | {_fmt(b['target_block'], 3)} | {_fmt(b['judge'], 3)} "
-        f"| {_fmt(b['emit'], 3)} | {_fmt(b['encode'], 3)} | {_fmt(b['parts_sum'], 3)} "
-        f"| {_fmt(b['measured'], 3)} "
-        f"| {_fmt(b['unexplained'], 3)} ({100 * b['unexplained'] / max(b['measured'], 1e-9):.0f}%) "
-        f"| {_fmt(b['baseline_parts'], 3)} / {_fmt(b['baseline_measured'], 3)} "
-        f"| {_fmt(r.get('predicted_speedup_parts'))}x "
-        f"| {_fmt(r['speedup']['median'])}x |")
+      f'| {r["temperature"]} | {r["gamma"]} | {_fmt(b["draft_catch_up"], 3)} '
+      f'| {_fmt(b["draft_rollout"], 3)} | {_fmt(b["target_block"], 3)} | {_fmt(b["judge"], 3)} '
+      f'| {_fmt(b["emit"], 3)} | {_fmt(b["encode"], 3)} | {_fmt(b["parts_sum"], 3)} '
+      f'| {_fmt(b["measured"], 3)} '
+      f'| {_fmt(b["unexplained"], 3)} ({100 * b["unexplained"] / max(b["measured"], 1e-9):.0f}%) '
+      f'| {_fmt(b["baseline_parts"], 3)} / {_fmt(b["baseline_measured"], 3)} '
+      f'| {_fmt(r.get("predicted_speedup_parts"))}x '
+      f'| {_fmt(r["speedup"]["median"])}x |'
+    )
   costs = next((r for r in records if r['kind'] == 'costs'), None)
   if costs and costs.get('floors'):
-    lines += ['', '## One-token steps against the memory floor', '',
-              f"Bandwidth measured in this run: {costs['bandwidth_gb_per_s']:.1f} GB/s "
-              '(a reduction over 512 MiB); floor = bytes / bandwidth. Below 1x the floor, a '
-              "model's weights were served from cache, not DRAM.", '',
-              '| model | MB read per step | floor ms | measured ms | GB/s achieved | x floor |',
-              '|---|---|---|---|---|---|']
+    lines += [
+      '',
+      '## One-token steps against the memory floor',
+      '',
+      f'Bandwidth measured in this run: {costs["bandwidth_gb_per_s"]:.1f} GB/s '
+      '(a reduction over 512 MiB); floor = bytes / bandwidth. Below 1x the floor, a '
+      "model's weights were served from cache, not DRAM.",
+      '',
+      '| model | MB read per step | floor ms | measured ms | GB/s achieved | x floor |',
+      '|---|---|---|---|---|---|',
+    ]
     for name in ('target', 'draft'):
       floor = costs['floors'].get(name)
       if floor:
-        lines.append(f"| {name} | {floor['bytes'] / 1e6:.1f} | {_fmt(floor['floor_ms'], 3)} "
-                     f"| {_fmt(floor['measured_ms'], 3)} | {_fmt(floor['achieved_gb_per_s'], 1)} "
-                     f"| {_fmt(floor['over_floor'])} |")
+        lines.append(
+          f'| {name} | {floor["bytes"] / 1e6:.1f} | {_fmt(floor["floor_ms"], 3)} '
+          f'| {_fmt(floor["measured_ms"], 3)} | {_fmt(floor["achieved_gb_per_s"], 1)} '
+          f'| {_fmt(floor["over_floor"])} |'
+        )
     if 'draft_bytes_over_target_bytes' in costs['floors']:
       lines.append('')
-      lines.append(f"Draft / target bytes per step: "
-                   f"{costs['floors']['draft_bytes_over_target_bytes']:.3f}.")
+      lines.append(
+        f'Draft / target bytes per step: {costs["floors"]["draft_bytes_over_target_bytes"]:.3f}.'
+      )
   return lines
 
 
@@ -128,15 +180,20 @@ def plot_breakdown(records: Sequence[Dict[str, Any]], path: str) -> None:
 
   rows = [r for r in records if r['kind'] == 'walltime' and 'breakdown' in r]
   fig, ax = plt.subplots(figsize=(max(4, 0.8 * len(rows) + 2), 3.5))
-  labels = [f"T={r['temperature']}\ng={r['gamma']}" for r in rows]
+  labels = [f'T={r["temperature"]}\ng={r["gamma"]}' for r in rows]
   bottom = np.zeros(len(rows))
   for part in _BREAKDOWN_PARTS:
     heights = np.array([max(r['breakdown'][part], 0.0) for r in rows])
     ax.bar(labels, heights, bottom=bottom, label=part.replace('_', ' '))
     bottom += heights
   if rows:
-    ax.plot(labels, [r['breakdown']['baseline_measured'] for r in rows], 'k_', markersize=20,
-            label='baseline ms/token')
+    ax.plot(
+      labels,
+      [r['breakdown']['baseline_measured'] for r in rows],
+      'k_',
+      markersize=20,
+      label='baseline ms/token',
+    )
   ax.set_ylabel('ms per iteration')
   ax.legend(fontsize=6)
   fig.tight_layout()
@@ -155,16 +212,30 @@ def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]
   paths = []
   fig, ax = plt.subplots(figsize=(5, 3.5))
   for temperature in sorted({r['temperature'] for r in walltime}):
-    rows = sorted((r for r in walltime if r['temperature'] == temperature and
-                   r['batch_size'] == 1), key=lambda r: r['gamma'])
+    rows = sorted(
+      (r for r in walltime if r['temperature'] == temperature and r['batch_size'] == 1),
+      key=lambda r: r['gamma'],
+    )
     gammas = [r['gamma'] for r in rows]
-    ax.errorbar(gammas, [r['speedup']['median'] for r in rows],
-                yerr=[[r['speedup']['median'] - r['speedup']['min'] for r in rows],
-                      [r['speedup']['max'] - r['speedup']['median'] for r in rows]],
-                marker='o', capsize=3, label=f'measured, T={temperature}')
+    ax.errorbar(
+      gammas,
+      [r['speedup']['median'] for r in rows],
+      yerr=[
+        [r['speedup']['median'] - r['speedup']['min'] for r in rows],
+        [r['speedup']['max'] - r['speedup']['median'] for r in rows],
+      ],
+      marker='o',
+      capsize=3,
+      label=f'measured, T={temperature}',
+    )
     if rows and rows[0].get('predicted_speedup') is not None:
-      ax.plot(gammas, [r['predicted_speedup'] for r in rows], '--', marker='x',
-              label=f'predicted, T={temperature}')
+      ax.plot(
+        gammas,
+        [r['predicted_speedup'] for r in rows],
+        '--',
+        marker='x',
+        label=f'predicted, T={temperature}',
+      )
   paths.append(os.path.join(output_dir, 'speedup_vs_gamma.png'))
   _save_speedup_figure(fig, ax, 'gamma', paths[-1])
   if any('breakdown' in r for r in walltime):
@@ -174,10 +245,20 @@ def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]
   if batched:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for temperature in sorted({r['temperature'] for r in walltime}):
-      rows = sorted((r for r in walltime if r['temperature'] == temperature and
-                     r['gamma'] == batched[0]['gamma']), key=lambda r: r['batch_size'])
-      ax.plot([r['batch_size'] for r in rows], [r['speedup']['median'] for r in rows],
-              marker='o', label=f'T={temperature}, gamma={batched[0]["gamma"]}')
+      rows = sorted(
+        (
+          r
+          for r in walltime
+          if r['temperature'] == temperature and r['gamma'] == batched[0]['gamma']
+        ),
+        key=lambda r: r['batch_size'],
+      )
+      ax.plot(
+        [r['batch_size'] for r in rows],
+        [r['speedup']['median'] for r in rows],
+        marker='o',
+        label=f'T={temperature}, gamma={batched[0]["gamma"]}',
+      )
     ax.set_xscale('log', base=2)
     paths.append(os.path.join(output_dir, 'speedup_vs_batch.png'))
     _save_speedup_figure(fig, ax, 'batch size', paths[-1])
@@ -210,18 +291,29 @@ def write_report(records: Sequence[Dict[str, Any]], output_dir: str) -> None:
 def walltime_line(record: Dict[str, Any]) -> str:
   """One walltime record as a progress line: ms/token, speedup, prediction, tokens/call."""
   predicted = record.get('predicted_speedup')
-  return (f"  T={record['temperature']} gamma={record['gamma']} batch={record['batch_size']}: "
-          f"{record['ms_per_token_baseline']['median']:.2f} -> "
-          f"{record['ms_per_token_speculative']['median']:.2f} ms/token, speedup "
-          f"{record['speedup']['median']:.2f}x"
-          + (f' (predicted {predicted:.2f}x' if predicted is not None else '')
-          + (f", from the parts {record['predicted_speedup_parts']:.2f}x"
-             if 'predicted_speedup_parts' in record else '')
-          + (')' if predicted is not None else '')
-          + f", {record['tokens_per_call']:.2f} tokens/call")
+  return (
+    f'  T={record["temperature"]} gamma={record["gamma"]} batch={record["batch_size"]}: '
+    f'{record["ms_per_token_baseline"]["median"]:.2f} -> '
+    f'{record["ms_per_token_speculative"]["median"]:.2f} ms/token, speedup '
+    f'{record["speedup"]["median"]:.2f}x'
+    + (f' (predicted {predicted:.2f}x' if predicted is not None else '')
+    + (
+      f', from the parts {record["predicted_speedup_parts"]:.2f}x'
+      if 'predicted_speedup_parts' in record
+      else ''
+    )
+    + (')' if predicted is not None else '')
+    + f', {record["tokens_per_call"]:.2f} tokens/call'
+  )
 
 
 def best_gamma(records: Sequence[Dict[str, Any]], temperature: float) -> int:
   """The gamma of the fastest (median speedup) batch-1 walltime record at `temperature`."""
-  return max((r for r in records if r['kind'] == 'walltime' and r['batch_size'] == 1
-              and r['temperature'] == temperature), key=lambda r: r['speedup']['median'])['gamma']
+  return max(
+    (
+      r
+      for r in records
+      if r['kind'] == 'walltime' and r['batch_size'] == 1 and r['temperature'] == temperature
+    ),
+    key=lambda r: r['speedup']['median'],
+  )['gamma']

@@ -38,25 +38,22 @@ def _is_traced(value) -> bool:
 def validate_sampling_args(temperature=1.0, topk=0, topp=0.0) -> None:
   """Raises ValueError for invalid concrete sampling arguments."""
   if not isinstance(topk, (int, np.integer)) or isinstance(topk, bool):
-    raise ValueError(
-        f"topk must be a Python int (it sets a static shape), got {topk!r}.")
+    raise ValueError(f'topk must be a Python int (it sets a static shape), got {topk!r}.')
   if topk < 0:
-    raise ValueError(f"topk must be >= 0 (0 turns top-k off), got {topk}.")
+    raise ValueError(f'topk must be >= 0 (0 turns top-k off), got {topk}.')
   if not _is_traced(topp):
     topp_value = np.asarray(topp)
     if topp_value.ndim != 0 or not 0.0 <= float(topp_value) <= 1.0:
-      raise ValueError(
-          f"topp must be a scalar in [0, 1] (0 turns top-p off), got {topp!r}.")
+      raise ValueError(f'topp must be a scalar in [0, 1] (0 turns top-p off), got {topp!r}.')
     if topk and float(topp_value):
       raise ValueError(
-          f"topk={topk} and topp={float(topp_value)} are both set; use at "
-          "most one of them (set the other to 0).")
+        f'topk={topk} and topp={float(topp_value)} are both set; use at '
+        'most one of them (set the other to 0).'
+      )
   if not _is_traced(temperature):
     temperature_value = np.asarray(temperature, dtype=np.float64)
     if not np.all(np.isfinite(temperature_value) & (temperature_value >= 0)):
-      raise ValueError(
-          "temperature must be finite and >= 0 (0 is argmax), got "
-          f"{temperature!r}.")
+      raise ValueError(f'temperature must be finite and >= 0 (0 is argmax), got {temperature!r}.')
 
 
 def _temperature_per_row(temperature, logits: jax.Array) -> jax.Array:
@@ -64,11 +61,11 @@ def _temperature_per_row(temperature, logits: jax.Array) -> jax.Array:
   temperature = jnp.asarray(temperature, jnp.float32)
   if temperature.ndim == 0:
     return temperature
-  if temperature.ndim != 1 or logits.ndim < 2 or (
-      temperature.shape[0] != logits.shape[0]):
+  if temperature.ndim != 1 or logits.ndim < 2 or (temperature.shape[0] != logits.shape[0]):
     raise ValueError(
-        "temperature must be a scalar or have shape [B] matching the first "
-        f"axis of logits {logits.shape}; got shape {temperature.shape}.")
+      'temperature must be a scalar or have shape [B] matching the first '
+      f'axis of logits {logits.shape}; got shape {temperature.shape}.'
+    )
   return temperature.reshape(temperature.shape + (1,) * (logits.ndim - 1))
 
 
@@ -87,13 +84,11 @@ def argmax(x: jax.Array) -> jax.Array:
 def _resolve_infinities(logits: jax.Array) -> jax.Array:
   """Maps rows to finite-or-(-inf) logits with at least one finite entry."""
   row_max = jnp.max(logits, axis=-1, keepdims=True)
-  logits = jnp.where(row_max == jnp.inf,
-                     jnp.where(logits == jnp.inf, 0.0, -jnp.inf), logits)
+  logits = jnp.where(row_max == jnp.inf, jnp.where(logits == jnp.inf, 0.0, -jnp.inf), logits)
   return jnp.where(row_max == -jnp.inf, 0.0, logits)
 
 
-def _keep_largest(scores: jax.Array, kth_largest: jax.Array,
-                  count) -> jax.Array:
+def _keep_largest(scores: jax.Array, kth_largest: jax.Array, count) -> jax.Array:
   """Marks exactly `count` largest entries of each row, ties to lowest id.
 
   Args:
@@ -107,8 +102,7 @@ def _keep_largest(scores: jax.Array, kth_largest: jax.Array,
   kth_largest = kth_largest[..., None]
   above = scores > kth_largest
   tied = scores == kth_largest
-  free_slots = jnp.asarray(count)[..., None] - jnp.sum(
-      above, axis=-1, keepdims=True)
+  free_slots = jnp.asarray(count)[..., None] - jnp.sum(above, axis=-1, keepdims=True)
   return above | (tied & (jnp.cumsum(tied, axis=-1) <= free_slots))
 
 
@@ -140,8 +134,7 @@ def _topp_mask(scaled_logits: jax.Array, topp) -> jax.Array:
   bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
 
   def mass_at_or_above(threshold_bits):
-    return jnp.sum(jnp.where(bits >= threshold_bits[..., None], probs, 0),
-                   axis=-1)
+    return jnp.sum(jnp.where(bits >= threshold_bits[..., None], probs, 0), axis=-1)
 
   def bisect(_, bounds):  # Invariant: mass(lo) >= topp > mass(hi).
     lo, hi = bounds
@@ -151,9 +144,11 @@ def _topp_mask(scaled_logits: jax.Array, topp) -> jax.Array:
 
   batch_shape = probs.shape[:-1]
   threshold_bits, _ = jax.lax.fori_loop(
-      0, _TOPP_BISECTION_STEPS, bisect,
-      (jnp.zeros(batch_shape, jnp.int32),
-       jnp.full(batch_shape, _ONE_BITS + 1, jnp.int32)))
+    0,
+    _TOPP_BISECTION_STEPS,
+    bisect,
+    (jnp.zeros(batch_shape, jnp.int32), jnp.full(batch_shape, _ONE_BITS + 1, jnp.int32)),
+  )
   threshold = jax.lax.bitcast_convert_type(threshold_bits, jnp.float32)
   above = probs > threshold[..., None]
   mass_above = jnp.sum(jnp.where(above, probs, 0), axis=-1)
@@ -161,19 +156,20 @@ def _topp_mask(scaled_logits: jax.Array, topp) -> jax.Array:
   # The j-th tied token (1-based) has mass_above + (j-1)·t before it. (t = 0
   # only if rounding keeps every token's mass below topp: then keep them all.)
   tied_needed = jnp.where(
-      threshold > 0,
-      jnp.ceil((topp - mass_above) / jnp.where(threshold > 0, threshold, 1)),
-      num_tied)
+    threshold > 0, jnp.ceil((topp - mass_above) / jnp.where(threshold > 0, threshold, 1)), num_tied
+  )
   tied_needed = jnp.clip(tied_needed, 1, num_tied).astype(jnp.int32)
   keep = _keep_largest(probs, threshold, jnp.sum(above, axis=-1) + tied_needed)
   # topp == 0 (possible only when traced) means off.
   return keep | (topp <= 0)
 
 
-def standardize(logits: jax.Array,
-                temperature: Temperature = 1.0,
-                topk: int = 0,
-                topp: Union[float, jax.Array] = 0.0) -> jax.Array:
+def standardize(
+  logits: jax.Array,
+  temperature: Temperature = 1.0,
+  topk: int = 0,
+  topp: Union[float, jax.Array] = 0.0,
+) -> jax.Array:
   """Returns the distribution that sampling with these arguments draws from.
 
   Args:
@@ -210,8 +206,7 @@ def standardize(logits: jax.Array,
     need_softmax = bool(np.any(concrete > 0))
   temperature = _temperature_per_row(temperature, logits)
 
-  greedy = jax.nn.one_hot(argmax(logits), vocab_size,
-                          dtype=jnp.float32) if need_argmax else None
+  greedy = jax.nn.one_hot(argmax(logits), vocab_size, dtype=jnp.float32) if need_argmax else None
   if not need_softmax:
     return greedy
 
@@ -254,17 +249,18 @@ def sample(rng: jax.Array, probs: jax.Array, *, one_hot: bool = False) -> jax.Ar
   probs = jnp.asarray(probs, jnp.float32)
   if one_hot:
     return argmax(probs)
-  log_probs = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)),
-                        -jnp.inf)
+  log_probs = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
   # jax.random.categorical's Gumbel-max, with the fast `argmax`: the same ids.
   return argmax(jax.random.gumbel(rng, log_probs.shape, jnp.float32) + log_probs)
 
 
-def sample_logits(rng: jax.Array,
-                  logits: jax.Array,
-                  temperature: Temperature = 1.0,
-                  topk: int = 0,
-                  topp: Union[float, jax.Array] = 0.0):
+def sample_logits(
+  rng: jax.Array,
+  logits: jax.Array,
+  temperature: Temperature = 1.0,
+  topk: int = 0,
+  topp: Union[float, jax.Array] = 0.0,
+):
   """`standardize`, then `sample`: returns (ids int32 [...], probs float32 [..., V]).
 
   When every temperature is a concrete 0 the distribution is one-hot and the

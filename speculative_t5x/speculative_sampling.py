@@ -51,8 +51,8 @@ def validate_lenience(lenience) -> None:
   value = np.asarray(lenience, dtype=np.float64)
   if value.ndim != 0 or not 0.0 < float(value) <= 1.0:
     raise ValueError(
-        f"lenience must be a scalar in (0, 1] (1 is exact speculative "
-        f"sampling), got {lenience!r}.")
+      f'lenience must be a scalar in (0, 1] (1 is exact speculative sampling), got {lenience!r}.'
+    )
 
 
 VERIFICATIONS = ('token', 'block')
@@ -62,16 +62,16 @@ def validate_verification(verification: str, lenience=1.0) -> None:
   """Raises ValueError unless `verification` is a known rule that fits `lenience`."""
   if verification not in VERIFICATIONS:
     raise ValueError(f"verification must be 'token' or 'block'; got {verification!r}.")
-  if verification == 'block' and (isinstance(lenience, jax.core.Tracer)
-                                  or float(lenience) != 1.0):
-    raise ValueError(f"verification='block' is exact only: it needs lenience 1, got "
-                     f"{lenience!r}. Use verification='token' for lenient acceptance.")
+  if verification == 'block' and (isinstance(lenience, jax.core.Tracer) or float(lenience) != 1.0):
+    raise ValueError(
+      f"verification='block' is exact only: it needs lenience 1, got "
+      f"{lenience!r}. Use verification='token' for lenient acceptance."
+    )
 
 
-def acceptance_probability(target_prob: jax.Array,
-                           draft_prob: jax.Array,
-                           lenience: Union[float, jax.Array] = 1.0
-                          ) -> jax.Array:
+def acceptance_probability(
+  target_prob: jax.Array, draft_prob: jax.Array, lenience: Union[float, jax.Array] = 1.0
+) -> jax.Array:
   """Probability of accepting a drafted token x: min(1, p(x) / (l·q(x))).
 
   Args:
@@ -89,17 +89,15 @@ def acceptance_probability(target_prob: jax.Array,
   return jnp.where(covered, (target_prob > 0).astype(ratio.dtype), ratio)
 
 
-def _normalize_or_target(excess: jax.Array,
-                         target_probs: jax.Array) -> jax.Array:
+def _normalize_or_target(excess: jax.Array, target_probs: jax.Array) -> jax.Array:
   mass = jnp.sum(excess, axis=-1, keepdims=True)
   usable = mass > _RESIDUAL_MASS_FLOOR_IN_EPS * jnp.finfo(excess.dtype).eps
   return jnp.where(usable, excess / jnp.where(usable, mass, 1), target_probs)
 
 
-def residual_distribution(target_probs: jax.Array,
-                          draft_probs: jax.Array,
-                          lenience: Union[float, jax.Array] = 1.0
-                         ) -> jax.Array:
+def residual_distribution(
+  target_probs: jax.Array, draft_probs: jax.Array, lenience: Union[float, jax.Array] = 1.0
+) -> jax.Array:
   """The distribution sampled after a rejection: norm(max(0, p − l·q)).
 
   Args:
@@ -115,10 +113,9 @@ def residual_distribution(target_probs: jax.Array,
   return _normalize_or_target(excess, target_probs)
 
 
-def residual_distribution_for_token(target_probs: jax.Array,
-                                    draft_token: jax.Array,
-                                    lenience: Union[float, jax.Array] = 1.0
-                                   ) -> jax.Array:
+def residual_distribution_for_token(
+  target_probs: jax.Array, draft_token: jax.Array, lenience: Union[float, jax.Array] = 1.0
+) -> jax.Array:
   """`residual_distribution` for a deterministic draft (q one-hot at a token).
 
   Args:
@@ -130,16 +127,14 @@ def residual_distribution_for_token(target_probs: jax.Array,
     float [..., V], equal to `residual_distribution(p, one_hot(token), l)`
     without building the one-hot q.
   """
-  is_draft = (jnp.arange(target_probs.shape[-1]) == draft_token[..., None])
-  excess = jnp.where(is_draft, jnp.maximum(target_probs - lenience, 0),
-                     target_probs)
+  is_draft = jnp.arange(target_probs.shape[-1]) == draft_token[..., None]
+  excess = jnp.where(is_draft, jnp.maximum(target_probs - lenience, 0), target_probs)
   return _normalize_or_target(excess, target_probs)
 
 
-def lenient_acceptance_rate(target_probs: jax.Array,
-                            draft_probs: jax.Array,
-                            lenience: Union[float, jax.Array] = 1.0
-                           ) -> jax.Array:
+def lenient_acceptance_rate(
+  target_probs: jax.Array, draft_probs: jax.Array, lenience: Union[float, jax.Array] = 1.0
+) -> jax.Array:
   """β = Σ_x min(q(x), p(x)/l): the probability that a draft token is accepted.
 
   For l = 1 this is the paper's β = Σ_x min(p, q) = 1 − D_LK(p, q).
@@ -164,51 +159,60 @@ def _row_keys(rng: jax.Array, batch_size: int) -> jax.Array:
   if rng.ndim == key_ndim + 1 and rng.shape[0] == batch_size:
     return rng
   raise ValueError(
-      f"rng must be one PRNG key or a batch of {batch_size} keys (one per "
-      f"row); got an array of shape {rng.shape}.")
+    f'rng must be one PRNG key or a batch of {batch_size} keys (one per '
+    f'row); got an array of shape {rng.shape}.'
+  )
 
 
-def _verify_row(key: jax.Array, draft_tokens: jax.Array,
-                draft_probs: Optional[jax.Array], target_probs: jax.Array,
-                lenience, one_hot_target: bool) -> Tuple[jax.Array, jax.Array]:
+def _verify_row(
+  key: jax.Array,
+  draft_tokens: jax.Array,
+  draft_probs: Optional[jax.Array],
+  target_probs: jax.Array,
+  lenience,
+  one_hot_target: bool,
+) -> Tuple[jax.Array, jax.Array]:
   """`verify` for one row: draft_tokens [γ], draft_probs [γ, V] or None,
   target_probs [γ+1, V]."""
   gamma = draft_tokens.shape[0]
   accept_key, next_key = jax.random.split(key)
 
   def at_drafted(probs):  # [γ, V] -> float32 [γ], the prob of each x_i.
-    return jnp.take_along_axis(probs, draft_tokens[:, None],
-                               axis=-1)[:, 0].astype(jnp.float32)
+    return jnp.take_along_axis(probs, draft_tokens[:, None], axis=-1)[:, 0].astype(jnp.float32)
 
   target_at_drafted = at_drafted(target_probs[:gamma])
-  draft_at_drafted = (jnp.ones((gamma,), jnp.float32) if draft_probs is None
-                      else at_drafted(draft_probs))
+  draft_at_drafted = (
+    jnp.ones((gamma,), jnp.float32) if draft_probs is None else at_drafted(draft_probs)
+  )
   accepted = jax.random.uniform(accept_key, (gamma,)) < acceptance_probability(
-      target_at_drafted, draft_at_drafted, lenience)
+    target_at_drafted, draft_at_drafted, lenience
+  )
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)))
 
   # p at the first rejected position, or p_{γ+1} for the bonus token.
   target_next = target_probs[num_accepted].astype(jnp.float32)
   rejected_at = jnp.minimum(num_accepted, gamma - 1)
   if draft_probs is None:
-    residual = residual_distribution_for_token(
-        target_next, draft_tokens[rejected_at], lenience)
+    residual = residual_distribution_for_token(target_next, draft_tokens[rejected_at], lenience)
   else:
     residual = residual_distribution(
-        target_next, draft_probs[rejected_at].astype(jnp.float32), lenience)
+      target_next, draft_probs[rejected_at].astype(jnp.float32), lenience
+    )
   next_probs = jnp.where(num_accepted < gamma, residual, target_next)
   # A one-hot p makes the residual one-hot at p's token too (or p itself).
   return num_accepted, sampling.sample(next_key, next_probs, one_hot=one_hot_target)
 
 
-def verify(rng: jax.Array,
-           draft_tokens: jax.Array,
-           draft_probs: Optional[jax.Array],
-           target_probs: jax.Array,
-           lenience: Union[float, jax.Array] = 1.0,
-           return_beta: bool = False,
-           one_hot_target: bool = False,
-           verification: str = 'token'):
+def verify(
+  rng: jax.Array,
+  draft_tokens: jax.Array,
+  draft_probs: Optional[jax.Array],
+  target_probs: jax.Array,
+  lenience: Union[float, jax.Array] = 1.0,
+  return_beta: bool = False,
+  one_hot_target: bool = False,
+  verification: str = 'token',
+):
   """Accepts a prefix of each row's draft and draws the token that follows it.
 
   Batched and jittable; no sort, O(B·γ·V) work, float32 arithmetic whatever
@@ -260,59 +264,65 @@ def verify(rng: jax.Array,
   """
   validate_lenience(lenience)
   if draft_tokens.ndim != 2 or draft_tokens.shape[1] < 1:
-    raise ValueError(
-        f"draft_tokens must have shape [B, γ] with γ >= 1; got "
-        f"{draft_tokens.shape}.")
+    raise ValueError(f'draft_tokens must have shape [B, γ] with γ >= 1; got {draft_tokens.shape}.')
   batch_size, gamma = draft_tokens.shape
-  if target_probs.ndim != 3 or target_probs.shape[:2] != (batch_size,
-                                                          gamma + 1):
+  if target_probs.ndim != 3 or target_probs.shape[:2] != (batch_size, gamma + 1):
     raise ValueError(
-        f"target_probs must have shape [B, γ+1, V] = [{batch_size}, "
-        f"{gamma + 1}, V]; got {target_probs.shape}.")
-  if draft_probs is not None and draft_probs.shape != (
-      batch_size, gamma, target_probs.shape[-1]):
+      f'target_probs must have shape [B, γ+1, V] = [{batch_size}, '
+      f'{gamma + 1}, V]; got {target_probs.shape}.'
+    )
+  if draft_probs is not None and draft_probs.shape != (batch_size, gamma, target_probs.shape[-1]):
     raise ValueError(
-        f"draft_probs must have shape [B, γ, V] = [{batch_size}, {gamma}, "
-        f"{target_probs.shape[-1]}] (the target's vocabulary); got "
-        f"{draft_probs.shape}.")
+      f'draft_probs must have shape [B, γ, V] = [{batch_size}, {gamma}, '
+      f"{target_probs.shape[-1]}] (the target's vocabulary); got "
+      f'{draft_probs.shape}.'
+    )
 
   validate_verification(verification, lenience)
   if verification == 'token':
-    verify_row = lambda key, tokens, q, p: _verify_row(key, tokens, q, p, lenience,
-                                                       one_hot_target)
+    verify_row = lambda key, tokens, q, p: _verify_row(key, tokens, q, p, lenience, one_hot_target)
   else:
     verify_row = lambda key, tokens, q, p: _block_verify_row(key, tokens, q, p, one_hot_target)
   num_accepted, next_token = jax.vmap(verify_row)(
-      _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs)
+    _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs
+  )
   if not return_beta:
     return num_accepted, next_token
 
   target_probs = target_probs[:, :gamma].astype(jnp.float32)
   if draft_probs is None:
-    target_at_drafted = jnp.take_along_axis(
-        target_probs, draft_tokens[..., None], axis=-1)[..., 0]
+    target_at_drafted = jnp.take_along_axis(target_probs, draft_tokens[..., None], axis=-1)[..., 0]
     beta = jnp.minimum(target_at_drafted / lenience, 1.0)
   else:
-    beta = lenient_acceptance_rate(target_probs,
-                                   draft_probs.astype(jnp.float32), lenience)
+    beta = lenient_acceptance_rate(target_probs, draft_probs.astype(jnp.float32), lenience)
   return num_accepted, next_token, beta
 
 
-def _block_verify_row(key: jax.Array, draft_tokens: jax.Array,
-                      draft_probs: Optional[jax.Array], target_probs: jax.Array,
-                      one_hot_target: bool) -> Tuple[jax.Array, jax.Array]:
+def _block_verify_row(
+  key: jax.Array,
+  draft_tokens: jax.Array,
+  draft_probs: Optional[jax.Array],
+  target_probs: jax.Array,
+  one_hot_target: bool,
+) -> Tuple[jax.Array, jax.Array]:
   """`block_verify` for one row: draft_tokens [γ], draft_probs [γ, V] or None,
   target_probs [γ+1, V]."""
   gamma, vocab_size = draft_tokens.shape[0], target_probs.shape[-1]
   accept_key, next_key = jax.random.split(key)
   p = target_probs.astype(jnp.float32)
-  q = (jax.nn.one_hot(draft_tokens, vocab_size, dtype=jnp.float32) if draft_probs is None
-       else draft_probs.astype(jnp.float32))
+  q = (
+    jax.nn.one_hot(draft_tokens, vocab_size, dtype=jnp.float32)
+    if draft_probs is None
+    else draft_probs.astype(jnp.float32)
+  )
   at_drafted = lambda probs: jnp.take_along_axis(probs, draft_tokens[:, None], axis=-1)[:, 0]
   target_at, draft_at = at_drafted(p[:gamma]), at_drafted(q)
   # p_i(x_i) / q_i(x_i); q_i(x_i) > 0 for a token drawn from q (inf otherwise).
-  ratio = jnp.where(draft_at > 0, target_at / jnp.where(draft_at > 0, draft_at, 1),
-                    jnp.where(target_at > 0, jnp.inf, 0.0))
+  ratio = jnp.where(
+    draft_at > 0,
+    target_at / jnp.where(draft_at > 0, draft_at, 1),
+    jnp.where(target_at > 0, jnp.inf, 0.0),
+  )
   # w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)), w_0 = 1: [γ + 1].
   weights = [jnp.ones((), jnp.float32)]
   for i in range(gamma):
@@ -322,8 +332,9 @@ def _block_verify_row(key: jax.Array, draft_tokens: jax.Array,
   excess = jnp.maximum(weights[1:gamma, None] * p[1:gamma] - q[1:gamma], 0)  # [γ-1, V]
   excess_mass = jnp.sum(excess, axis=-1)
   denominator = excess_mass + 1 - weights[1:gamma]
-  stop_here = jnp.where(denominator > 0, excess_mass / jnp.where(denominator > 0, denominator, 1),
-                        0.0)
+  stop_here = jnp.where(
+    denominator > 0, excess_mass / jnp.where(denominator > 0, denominator, 1), 0.0
+  )
   h = jnp.concatenate([stop_here, weights[gamma:]])  # [γ]: h_1..h_γ, h_γ = w_γ.
   accepted = jax.random.uniform(accept_key, (gamma,)) < h
   # τ: the longest accepted prefix, not the first rejection.
@@ -331,13 +342,19 @@ def _block_verify_row(key: jax.Array, draft_tokens: jax.Array,
   target_next = p[num_accepted]
   draft_next = q[jnp.minimum(num_accepted, gamma - 1)]
   residual = _normalize_or_target(
-      jnp.maximum(weights[num_accepted] * target_next - draft_next, 0), target_next)
+    jnp.maximum(weights[num_accepted] * target_next - draft_next, 0), target_next
+  )
   next_probs = jnp.where(num_accepted < gamma, residual, target_next)
   return num_accepted, sampling.sample(next_key, next_probs, one_hot=one_hot_target)
 
 
-def emulated_verify(rng: jax.Array, draft_tokens: jax.Array,
-                    target_probs: jax.Array, alpha: float, one_hot_target: bool = False):
+def emulated_verify(
+  rng: jax.Array,
+  draft_tokens: jax.Array,
+  target_probs: jax.Array,
+  alpha: float,
+  one_hot_target: bool = False,
+):
   """Timing only: accepts each draft token i.i.d. with probability `alpha`.
 
   Stands in for `verify` when full-size models with random weights are timed
@@ -358,12 +375,11 @@ def emulated_verify(rng: jax.Array, draft_tokens: jax.Array,
     position, and beta is `alpha` everywhere.
   """
   if not 0.0 <= alpha <= 1.0:
-    raise ValueError(f"emulate_alpha must lie in [0, 1]; got {alpha}.")
+    raise ValueError(f'emulate_alpha must lie in [0, 1]; got {alpha}.')
   accept_rng, sample_rng = jax.random.split(rng)
   accepted = jax.random.uniform(accept_rng, draft_tokens.shape) < alpha
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
-  next_probs = jnp.take_along_axis(
-      target_probs, num_accepted[:, None, None], axis=1)[:, 0]
+  next_probs = jnp.take_along_axis(target_probs, num_accepted[:, None, None], axis=1)[:, 0]
   next_token = sampling.sample(sample_rng, next_probs, one_hot=one_hot_target)
   beta = jnp.full(draft_tokens.shape, alpha, jnp.float32)
   return num_accepted.astype(jnp.int32), next_token, beta

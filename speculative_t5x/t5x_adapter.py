@@ -44,10 +44,8 @@ from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Tuple
 
 from absl import logging
 import flax
-from flax import traverse_util
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
@@ -66,12 +64,13 @@ RestoreStateTransformationFn = Callable[..., PyTree]
 DRAFT_KEY = 'draft'
 
 _T5X_MISSING = (
-    'SpeculativeEncoderDecoderModel subclasses t5x.models.EncoderDecoderModel, '
-    'but t5x cannot be imported ({error!r}). t5x is not on PyPI: install it '
-    'from its source repository, google-research/t5x on GitHub (clone it, then '
-    '`pip install -e ./t5x`). Some of its own dependencies (airio, a recent '
-    'jestimator) also come from their source repositories; see t5x\'s '
-    'setup.py. The rest of speculative_t5x works without t5x.')
+  'SpeculativeEncoderDecoderModel subclasses t5x.models.EncoderDecoderModel, '
+  'but t5x cannot be imported ({error!r}). t5x is not on PyPI: install it '
+  'from its source repository, google-research/t5x on GitHub (clone it, then '
+  '`pip install -e ./t5x`). Some of its own dependencies (airio, a recent '
+  "jestimator) also come from their source repositories; see t5x's "
+  'setup.py. The rest of speculative_t5x works without t5x.'
+)
 
 
 # ------------------------------------------------------------------------------
@@ -81,10 +80,11 @@ def split_draft_params(params: Mapping[str, Any]) -> Tuple[Dict[str, Any], PyTre
   """(target params without the draft, the draft's params) from one tree."""
   if DRAFT_KEY not in params:
     raise ValueError(
-        f"The parameters have no '{DRAFT_KEY}' subtree (top-level keys: {sorted(params)}). "
-        'Restore the draft with the state transformation of graft_draft_checkpoint '
-        '(configs/t5x/speculative.gin adds it), or initialize with '
-        'SpeculativeEncoderDecoderModel.get_initial_variables.')
+      f"The parameters have no '{DRAFT_KEY}' subtree (top-level keys: {sorted(params)}). "
+      'Restore the draft with the state transformation of graft_draft_checkpoint '
+      '(configs/t5x/speculative.gin adds it), or initialize with '
+      'SpeculativeEncoderDecoderModel.get_initial_variables.'
+    )
   return strip_draft_params(params), params[DRAFT_KEY]
 
 
@@ -93,8 +93,9 @@ def strip_draft_params(params: Mapping[str, Any]) -> Dict[str, Any]:
   return {name: subtree for name, subtree in params.items() if name != DRAFT_KEY}
 
 
-def add_draft_variables(variables: Mapping[str, Any],
-                        draft_variables: Mapping[str, Any]) -> Dict[str, Any]:
+def add_draft_variables(
+  variables: Mapping[str, Any], draft_variables: Mapping[str, Any]
+) -> Dict[str, Any]:
   """The target's variables with the draft's `params` and `params_axes` under 'draft'.
 
   Args:
@@ -110,23 +111,28 @@ def add_draft_variables(variables: Mapping[str, Any],
   for collection in ('params', 'params_axes'):
     if collection not in draft_variables or collection not in variables:
       raise ValueError(
-          f"Both networks need '{collection}' (params with logical axis annotations, as "
-          f'network.Transformer makes them); the target has {sorted(variables)} and the draft '
-          f'{sorted(draft_variables)}.')
+        f"Both networks need '{collection}' (params with logical axis annotations, as "
+        f'network.Transformer makes them); the target has {sorted(variables)} and the draft '
+        f'{sorted(draft_variables)}.'
+      )
     if DRAFT_KEY in variables[collection]:
-      raise ValueError(f"The target network's {collection} already has a '{DRAFT_KEY}' entry; "
-                       'it cannot also hold a draft network.')
+      raise ValueError(
+        f"The target network's {collection} already has a '{DRAFT_KEY}' entry; "
+        'it cannot also hold a draft network.'
+      )
     variables[collection][DRAFT_KEY] = flax.core.unfreeze(draft_variables[collection])
   return variables
 
 
-def init_network_variables(module: network.Transformer, rng: Array,
-                           input_shapes: Mapping[str, Tuple[int, ...]]) -> Dict[str, Any]:
+def init_network_variables(
+  module: network.Transformer, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]]
+) -> Dict[str, Any]:
   """`module.init` on ones of T5X's input shapes (`encoder_input_tokens`, `decoder_input_tokens`)."""
   encoder_tokens = jnp.ones(input_shapes['encoder_input_tokens'], jnp.int32)
   decoder_tokens = jnp.ones(input_shapes['decoder_input_tokens'], jnp.int32)
-  return flax.core.unfreeze(module.init(rng, encoder_tokens, decoder_tokens, decoder_tokens,
-                                        enable_dropout=False))
+  return flax.core.unfreeze(
+    module.init(rng, encoder_tokens, decoder_tokens, decoder_tokens, enable_dropout=False)
+  )
 
 
 # ------------------------------------------------------------------------------
@@ -162,21 +168,27 @@ def _describe_network(shapes: Mapping[Tuple[str, ...], Optional[Tuple[int, ...]]
   """'emb_dim 512, 8 encoder / 8 decoder layers, mlp_dim 1024 (T5 1.1 small)' from a tree's shapes."""
   embedding = shapes.get(('token_embedder', 'embedding'))
   mlp = shapes.get(('encoder', 'layers_0', 'mlp', 'wi_0', 'kernel'))
-  layers = {stack: len({path[1] for path in shapes if path[0] == stack
-                        and path[1].startswith('layers_')}) for stack in ('encoder', 'decoder')}
+  layers = {
+    stack: len({path[1] for path in shapes if path[0] == stack and path[1].startswith('layers_')})
+    for stack in ('encoder', 'decoder')
+  }
   fields = {'num_encoder_layers': layers['encoder'], 'num_decoder_layers': layers['decoder']}
   if embedding is not None:
     fields['emb_dim'] = embedding[1]
   if mlp is not None:
     fields['mlp_dim'] = mlp[1]
-  sizes = [size for size, size_fields in network.T5_1_1_SIZES.items()
-           if all(size_fields[name] == value for name, value in fields.items())]
+  sizes = [
+    size
+    for size, size_fields in network.T5_1_1_SIZES.items()
+    if all(size_fields[name] == value for name, value in fields.items())
+  ]
   description = ', '.join(f'{name} {value}' for name, value in sorted(fields.items()))
   return description + (f" (T5 1.1 '{sizes[0]}')" if len(sizes) == 1 else '')
 
 
-def check_checkpoint_matches(found_tree: Mapping[str, Any], expected_tree: Mapping[str, Any],
-                             *, role: str) -> None:
+def check_checkpoint_matches(
+  found_tree: Mapping[str, Any], expected_tree: Mapping[str, Any], *, role: str
+) -> None:
   """Raises ValueError, naming the gin setting to change, unless the trees match.
 
   Args:
@@ -191,45 +203,58 @@ def check_checkpoint_matches(found_tree: Mapping[str, Any], expected_tree: Mappi
   expected = _flat_shapes(expected_tree)
   missing = sorted(expected.keys() - found.keys())
   unexpected = sorted(found.keys() - expected.keys())
-  mis_shaped = sorted(path for path in expected.keys() & found.keys()
-                      if found[path] is not None and found[path] != expected[path])
+  mis_shaped = sorted(
+    path
+    for path in expected.keys() & found.keys()
+    if found[path] is not None and found[path] != expected[path]
+  )
   if not (missing or unexpected or mis_shaped):
     return
-  size_macro, path_macro = {'target': ('TARGET_SIZE', 'CHECKPOINT_PATH'),
-                            'draft': ('DRAFT_SIZE', 'DRAFT_CHECKPOINT_PATH')}[role]
+  size_macro, path_macro = {
+    'target': ('TARGET_SIZE', 'CHECKPOINT_PATH'),
+    'draft': ('DRAFT_SIZE', 'DRAFT_CHECKPOINT_PATH'),
+  }[role]
   counts = f'({len(missing)} missing, {len(unexpected)} unexpected, {len(mis_shaped)} mis-shaped)'
   embedding = ('token_embedder', 'embedding')
-  found_vocab, expected_vocab = (shape[0] if shape else None
-                                 for shape in (found.get(embedding), expected.get(embedding)))
+  found_vocab, expected_vocab = (
+    shape[0] if shape else None for shape in (found.get(embedding), expected.get(embedding))
+  )
   if found_vocab is not None and expected_vocab is not None and found_vocab != expected_vocab:
-    fix = ('Speculative decoding needs a draft trained on the target\'s vocabulary: use such a '
-           'draft checkpoint.' if role == 'draft' else
-           'Set vocab_size of both networks to the checkpoint\'s: '
-           f'--gin.target/speculative_network.t5_1_1_config.vocab_size={found_vocab} and the same '
-           'for draft/ (the draft must share the vocabulary).')
+    fix = (
+      "Speculative decoding needs a draft trained on the target's vocabulary: use such a "
+      'draft checkpoint.'
+      if role == 'draft'
+      else "Set vocab_size of both networks to the checkpoint's: "
+      f'--gin.target/speculative_network.t5_1_1_config.vocab_size={found_vocab} and the same '
+      'for draft/ (the draft must share the vocabulary).'
+    )
     raise ValueError(
-        f'The {role} checkpoint ({path_macro}) has a vocabulary of {found_vocab} entries '
-        f'(token_embedder/embedding {found[embedding]}) but the configured {role} network\'s has '
-        f'{expected_vocab} {counts}. {fix}')
+      f'The {role} checkpoint ({path_macro}) has a vocabulary of {found_vocab} entries '
+      f"(token_embedder/embedding {found[embedding]}) but the configured {role} network's has "
+      f'{expected_vocab} {counts}. {fix}'
+    )
   if mis_shaped:
     path = mis_shaped[0]
-    problem = (f'{"/".join(path)} has shape {found[path]}, but the {role} network '
-               f'needs {expected[path]}')
+    problem = (
+      f'{"/".join(path)} has shape {found[path]}, but the {role} network needs {expected[path]}'
+    )
   elif missing:
     problem = f'{"/".join(missing[0])} is missing'
   else:
     problem = f'{"/".join(unexpected[0])} is not a parameter of the {role} network'
   raise ValueError(
-      f'The {role} checkpoint ({path_macro}) does not match the configured {role} network: '
-      f'{problem} {counts}. The checkpoint has {_describe_network(found)}; the network is '
-      f'configured with {_describe_network(expected)}. Set {size_macro} to the checkpoint\'s '
-      f'T5 1.1 size (--gin.{size_macro}="\'small\'"; one of {", ".join(network.T5_1_1_SIZES)}), '
-      f'or give a custom size field by field (--gin.{role}/speculative_network.t5_1_1_config.'
-      '<field>=..., fields of network.T5Config).')
+    f'The {role} checkpoint ({path_macro}) does not match the configured {role} network: '
+    f'{problem} {counts}. The checkpoint has {_describe_network(found)}; the network is '
+    f"configured with {_describe_network(expected)}. Set {size_macro} to the checkpoint's "
+    f'T5 1.1 size (--gin.{size_macro}="\'small\'"; one of {", ".join(network.T5_1_1_SIZES)}), '
+    f'or give a custom size field by field (--gin.{role}/speculative_network.t5_1_1_config.'
+    '<field>=..., fields of network.T5Config).'
+  )
 
 
-def graft_draft_params(state_dict: Mapping[str, Any], draft_params: PyTree,
-                       target_state_dict: Mapping[str, Any]) -> Dict[str, Any]:
+def graft_draft_params(
+  state_dict: Mapping[str, Any], draft_params: PyTree, target_state_dict: Mapping[str, Any]
+) -> Dict[str, Any]:
   """`state_dict` with `draft_params` at `state_dict['target']['draft']`.
 
   Args:
@@ -247,16 +272,18 @@ def graft_draft_params(state_dict: Mapping[str, Any], draft_params: PyTree,
   expected = target_state_dict.get('target', {}).get(DRAFT_KEY)
   if expected is None:
     raise ValueError(
-        f"The model being restored has no '{DRAFT_KEY}' parameters: grafting a draft checkpoint "
-        'needs MODEL = @t5x_adapter.SpeculativeEncoderDecoderModel() (configs/t5x/*.gin). If '
-        'a pair file is given, a gin file after it (one including T5X\'s t5_1_1/base.gin) '
-        'rebinds MODEL: give the pair file last.')
+      f"The model being restored has no '{DRAFT_KEY}' parameters: grafting a draft checkpoint "
+      'needs MODEL = @t5x_adapter.SpeculativeEncoderDecoderModel() (configs/t5x/*.gin). If '
+      "a pair file is given, a gin file after it (one including T5X's t5_1_1/base.gin) "
+      'rebinds MODEL: give the pair file last.'
+    )
   check_checkpoint_matches(draft_params, expected, role='draft')
   return {**state_dict, 'target': {**state_dict['target'], DRAFT_KEY: draft_params}}
 
 
-def graft_draft_checkpoint(draft_checkpoint_path: str,
-                           dtype: Optional[str] = None) -> RestoreStateTransformationFn:
+def graft_draft_checkpoint(
+  draft_checkpoint_path: str, dtype: Optional[str] = None
+) -> RestoreStateTransformationFn:
   """A `RestoreCheckpointConfig.state_transformation_fns` entry adding a draft.
 
   In gin (configs/t5x/speculative.gin does this):
@@ -286,17 +313,22 @@ def graft_draft_checkpoint(draft_checkpoint_path: str,
     `graft(state_dict, target_state_dict, *, is_resuming=False) -> state_dict`.
   """
   if not draft_checkpoint_path or not isinstance(draft_checkpoint_path, str):
-    raise ValueError('graft_draft_checkpoint needs the draft checkpoint path; set '
-                     f'DRAFT_CHECKPOINT_PATH (got {draft_checkpoint_path!r}).')
+    raise ValueError(
+      'graft_draft_checkpoint needs the draft checkpoint path; set '
+      f'DRAFT_CHECKPOINT_PATH (got {draft_checkpoint_path!r}).'
+    )
 
   def graft(state_dict, target_state_dict, *, is_resuming=False):
     if is_resuming and DRAFT_KEY in state_dict.get('target', {}):
       return state_dict
-    check_checkpoint_matches(strip_draft_params(state_dict['target']),
-                             strip_draft_params(target_state_dict.get('target', {})),
-                             role='target')
-    logging.info('Grafting the draft checkpoint %s under target/%s.', draft_checkpoint_path,
-                 DRAFT_KEY)
+    check_checkpoint_matches(
+      strip_draft_params(state_dict['target']),
+      strip_draft_params(target_state_dict.get('target', {})),
+      role='target',
+    )
+    logging.info(
+      'Grafting the draft checkpoint %s under target/%s.', draft_checkpoint_path, DRAFT_KEY
+    )
     draft_params = checkpoints.load_params(draft_checkpoint_path, dtype=dtype)
     return graft_draft_params(state_dict, draft_params, target_state_dict)
 
@@ -311,29 +343,31 @@ def check_networks(module: Any, draft_module: Any) -> None:
   for name, value in (('module', module), ('draft_module', draft_module)):
     if not isinstance(value, network.Transformer):
       raise ValueError(
-          f'{name} must be a speculative_t5x.network.Transformer (T5X\'s T5 1.1 parameter tree '
-          'plus the block-cached decoding that speculative decoding needs); got '
-          f'{type(value).__module__}.{type(value).__qualname__}. In gin: '
-          f'{name} = @speculative_network.Transformer().')
+        f"{name} must be a speculative_t5x.network.Transformer (T5X's T5 1.1 parameter tree "
+        'plus the block-cached decoding that speculative decoding needs); got '
+        f'{type(value).__module__}.{type(value).__qualname__}. In gin: '
+        f'{name} = @speculative_network.Transformer().'
+      )
   drafts.check_shared_vocabulary(draft_module.config.vocab_size, module.config.vocab_size)
 
 
 def speculative_predict_batch(
-    module: network.Transformer,
-    draft_module: network.Transformer,
-    params: Mapping[str, Any],
-    batch: Mapping[str, Array],
-    *,
-    eos_id: int,
-    gamma: int,
-    lenience: float = 1.0,
-    verification: str = 'token',
-    decode_fn: Callable[..., Tuple[Array, Array, decoding.SpeculativeStats]] = (
-        decoding.speculative_sample),
-    rng: Optional[Array] = None,
-    decoder_params: Optional[Mapping[str, Any]] = None,
-    num_decodes: int = 1,
-    return_all_decodes: bool = False,
+  module: network.Transformer,
+  draft_module: network.Transformer,
+  params: Mapping[str, Any],
+  batch: Mapping[str, Array],
+  *,
+  eos_id: int,
+  gamma: int,
+  lenience: float = 1.0,
+  verification: str = 'token',
+  decode_fn: Callable[..., Tuple[Array, Array, decoding.SpeculativeStats]] = (
+    decoding.speculative_sample
+  ),
+  rng: Optional[Array] = None,
+  decoder_params: Optional[Mapping[str, Any]] = None,
+  num_decodes: int = 1,
+  return_all_decodes: bool = False,
 ) -> Tuple[Array, Dict[str, Array]]:
   """Decodes a T5X batch speculatively: the computation of `predict_batch_with_aux`.
 
@@ -378,25 +412,42 @@ def speculative_predict_batch(
         batch's judged draft positions (alpha measured on the fly).
   """
   check_networks(module, draft_module)
-  decoder_params = {'gamma': gamma, 'lenience': lenience, 'verification': verification,
-                    **(decoder_params or {})}
+  decoder_params = {
+    'gamma': gamma,
+    'lenience': lenience,
+    'verification': verification,
+    **(decoder_params or {}),
+  }
   if rng is not None:
     if decoder_params.get('decode_rng') is not None:
-      raise ValueError("Pass the sampling key either as `rng` or as decoder_params['decode_rng'], "
-                       'not both.')
+      raise ValueError(
+        "Pass the sampling key either as `rng` or as decoder_params['decode_rng'], not both."
+      )
     decoder_params['decode_rng'] = rng
   decoder_params.setdefault('eos_id', eos_id)
   speculative_sampling.validate_lenience(decoder_params['lenience'])
-  speculative_sampling.validate_verification(decoder_params['verification'],
-                                             decoder_params['lenience'])
+  speculative_sampling.validate_verification(
+    decoder_params['verification'], decoder_params['lenience']
+  )
   target_params, draft_params = split_draft_params(params)
   draft = drafts.ModelDraft(params=draft_params, config=draft_module.config)
   decodes, scores, stats = models.speculative_decode(
-      module.config, target_params, draft, batch['encoder_input_tokens'],
-      batch['decoder_input_tokens'].shape[1], decode_fn=decode_fn, num_decodes=num_decodes,
-      best_only=not return_all_decodes, **decoder_params)
-  aux = {'scores': scores, 'iterations': stats.iterations, 'accepted': stats.accepted,
-         'emitted': stats.emitted}
+    module.config,
+    target_params,
+    draft,
+    batch['encoder_input_tokens'],
+    batch['decoder_input_tokens'].shape[1],
+    decode_fn=decode_fn,
+    num_decodes=num_decodes,
+    best_only=not return_all_decodes,
+    **decoder_params,
+  )
+  aux = {
+    'scores': scores,
+    'iterations': stats.iterations,
+    'accepted': stats.accepted,
+    'emitted': stats.emitted,
+  }
   batch_size = decodes.shape[0]
   aux['batch_target_calls'] = jnp.full((batch_size,), stats.target_calls)
   aux['batch_mean_beta'] = jnp.full((batch_size,), stats.mean_beta)
@@ -438,22 +489,24 @@ def _speculative_model_class() -> type:
         `speculative_sampling.verify`).
     """
 
-    def __init__(self,
-                 module: network.Transformer,
-                 input_vocabulary,
-                 output_vocabulary,
-                 optimizer_def,
-                 decode_fn=decoding.speculative_sample,
-                 feature_converter_cls=None,
-                 label_smoothing: float = 0.0,
-                 z_loss: float = 0.0,
-                 loss_normalizing_factor=None,
-                 default_decoder_params=None,
-                 *,
-                 draft_module: network.Transformer,
-                 gamma: int,
-                 lenience: float = 1.0,
-                 verification: str = 'token'):
+    def __init__(
+      self,
+      module: network.Transformer,
+      input_vocabulary,
+      output_vocabulary,
+      optimizer_def,
+      decode_fn=decoding.speculative_sample,
+      feature_converter_cls=None,
+      label_smoothing: float = 0.0,
+      z_loss: float = 0.0,
+      loss_normalizing_factor=None,
+      default_decoder_params=None,
+      *,
+      draft_module: network.Transformer,
+      gamma: int,
+      lenience: float = 1.0,
+      verification: str = 'token',
+    ):
       check_networks(module, draft_module)
       decoding.check_positive_int('gamma', gamma)
       speculative_sampling.validate_lenience(lenience)
@@ -461,26 +514,27 @@ def _speculative_model_class() -> type:
       decode_fn_args = inspect.signature(decode_fn).parameters
       if not {'score_block', 'draft', 'draft_cache', 'gamma'} <= decode_fn_args.keys():
         raise ValueError(
-            f'decode_fn must be a speculative decode function such as '
-            'speculative_t5x.decoding.speculative_sample (taking score_block, draft, draft_cache '
-            f'and gamma); got {getattr(decode_fn, "__name__", decode_fn)!r}. Single-token decode '
-            "functions (t5x.decoding.temperature_sample, beam_search) belong to T5X's "
-            'EncoderDecoderModel.')
+          f'decode_fn must be a speculative decode function such as '
+          'speculative_t5x.decoding.speculative_sample (taking score_block, draft, draft_cache '
+          f'and gamma); got {getattr(decode_fn, "__name__", decode_fn)!r}. Single-token decode '
+          "functions (t5x.decoding.temperature_sample, beam_search) belong to T5X's "
+          'EncoderDecoderModel.'
+        )
       self.draft_module = draft_module
       self.gamma = int(gamma)
       self.lenience = lenience
       self.verification = verification
       super().__init__(
-          module=module,
-          input_vocabulary=input_vocabulary,
-          output_vocabulary=output_vocabulary,
-          optimizer_def=optimizer_def,
-          decode_fn=decode_fn,
-          feature_converter_cls=feature_converter_cls,
-          label_smoothing=label_smoothing,
-          z_loss=z_loss,
-          loss_normalizing_factor=loss_normalizing_factor,
-          default_decoder_params=default_decoder_params,
+        module=module,
+        input_vocabulary=input_vocabulary,
+        output_vocabulary=output_vocabulary,
+        optimizer_def=optimizer_def,
+        decode_fn=decode_fn,
+        feature_converter_cls=feature_converter_cls,
+        label_smoothing=label_smoothing,
+        z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor,
+        default_decoder_params=default_decoder_params,
       )
 
     def get_initial_variables(self, rng, input_shapes, input_types=None):
@@ -488,25 +542,26 @@ def _speculative_model_class() -> type:
       variables = super().get_initial_variables(rng, input_shapes, input_types)
       # A key of its own, so that the draft's initialization is independent of
       # the target's (which keeps T5X's).
-      draft_variables = init_network_variables(self.draft_module, jax.random.fold_in(rng, 1),
-                                               input_shapes)
+      draft_variables = init_network_variables(
+        self.draft_module, jax.random.fold_in(rng, 1), input_shapes
+      )
       return flax.core.freeze(add_draft_variables(variables, draft_variables))
 
-    def _compute_logits(self, params, batch, dropout_rng=None, mutable=False,
-                        other_variables=None):
+    def _compute_logits(self, params, batch, dropout_rng=None, mutable=False, other_variables=None):
       """The target's logits; the draft's parameters are dropped (loss, eval, score)."""
-      return super()._compute_logits(strip_draft_params(params), batch, dropout_rng, mutable,
-                                     other_variables)
+      return super()._compute_logits(
+        strip_draft_params(params), batch, dropout_rng, mutable, other_variables
+      )
 
     def predict_batch_with_aux(
-        self,
-        params,
-        batch: Mapping[str, Array],
-        rng: Optional[Array] = None,
-        decoder_params: Optional[MutableMapping[str, Any]] = None,
-        return_all_decodes: Optional[bool] = None,
-        num_decodes: Optional[int] = None,
-        prompt_with_targets: bool = False,
+      self,
+      params,
+      batch: Mapping[str, Array],
+      rng: Optional[Array] = None,
+      decoder_params: Optional[MutableMapping[str, Any]] = None,
+      return_all_decodes: Optional[bool] = None,
+      num_decodes: Optional[int] = None,
+      prompt_with_targets: bool = False,
     ) -> Tuple[Array, Mapping[str, Array]]:
       """Speculative decoding of a batch (see `speculative_predict_batch`).
 
@@ -514,25 +569,28 @@ def _speculative_model_class() -> type:
       the aux dict. `prompt_with_targets` (decoder prompts) is not supported.
       """
       if prompt_with_targets:
-        raise ValueError('SpeculativeEncoderDecoderModel decodes from BOS: prompt_with_targets '
-                         '(decoder prompts) is not supported.')
+        raise ValueError(
+          'SpeculativeEncoderDecoderModel decodes from BOS: prompt_with_targets '
+          '(decoder prompts) is not supported.'
+        )
       defaults = self._default_decoder_params
       return speculative_predict_batch(
-          self.module,
-          self.draft_module,
-          params,
-          batch,
-          # T5X's fallback for vocabularies without an EOS id.
-          eos_id=self.output_vocabulary.eos_id or 1,
-          gamma=self.gamma,
-          lenience=self.lenience,
-          verification=self.verification,
-          decode_fn=self._decode_fn,
-          rng=rng,
-          decoder_params=decoder_params,
-          num_decodes=defaults.num_decodes if num_decodes is None else num_decodes,
-          return_all_decodes=(defaults.return_all_decodes if return_all_decodes is None
-                              else return_all_decodes),
+        self.module,
+        self.draft_module,
+        params,
+        batch,
+        # T5X's fallback for vocabularies without an EOS id.
+        eos_id=self.output_vocabulary.eos_id or 1,
+        gamma=self.gamma,
+        lenience=self.lenience,
+        verification=self.verification,
+        decode_fn=self._decode_fn,
+        rng=rng,
+        decoder_params=decoder_params,
+        num_decodes=defaults.num_decodes if num_decodes is None else num_decodes,
+        return_all_decodes=(
+          defaults.return_all_decodes if return_all_decodes is None else return_all_decodes
+        ),
       )
 
   SpeculativeEncoderDecoderModel.__qualname__ = SpeculativeEncoderDecoderModel.__name__

@@ -53,13 +53,15 @@ def hide_gpus_from_tensorflow() -> None:
   Left alone, TensorFlow reserves most of every GPU's memory when it starts.
   """
   try:
-    tf.config.set_visible_devices([], "GPU")
+    tf.config.set_visible_devices([], 'GPU')
   except RuntimeError:  # TensorFlow's devices are already initialized.
     pass
 
 
-def get_vocabulary(vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
-                   extra_ids: int = tasks_core.DEFAULT_EXTRA_IDS) -> seqio.Vocabulary:
+def get_vocabulary(
+  vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
+  extra_ids: int = tasks_core.DEFAULT_EXTRA_IDS,
+) -> seqio.Vocabulary:
   """A `seqio.Vocabulary` from a SentencePiece model path, or `vocabulary`.
 
   Args:
@@ -76,16 +78,17 @@ def get_vocabulary(vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
     return vocabulary
   if not isinstance(vocabulary, (str, os.PathLike)):
     raise ValueError(
-        f"vocabulary must be a seqio.Vocabulary or the path of a SentencePiece "
-        f"model, got {vocabulary!r}.")
+      f'vocabulary must be a seqio.Vocabulary or the path of a SentencePiece '
+      f'model, got {vocabulary!r}.'
+    )
   return seqio.SentencePieceVocabulary(os.fspath(vocabulary), extra_ids)
 
 
 def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
   """T5's text-to-text output features: EOS-terminated inputs and targets."""
   return {
-      "inputs": seqio.Feature(vocabulary, add_eos=True, required=False),
-      "targets": seqio.Feature(vocabulary, add_eos=True),
+    'inputs': seqio.Feature(vocabulary, add_eos=True, required=False),
+    'targets': seqio.Feature(vocabulary, add_eos=True),
   }
 
 
@@ -98,24 +101,23 @@ def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
 def _to_text2text(example, prefix: str, source_key: str, target_key: str):
   # Same strings as t5's `translate` ("translate English" + " to German: " +
   # text) and `summarize` ("summarize:" joined with the article by " ").
-  return {"inputs": tf.strings.join([prefix, example[source_key]]),
-          "targets": example[target_key]}
+  return {'inputs': tf.strings.join([prefix, example[source_key]]), 'targets': example[target_key]}
 
 
 @seqio.map_over_dataset
 def _parse_tsv_line(line):
   source, target = tf.io.decode_csv(
-      line, record_defaults=["", ""], field_delim="\t", use_quote_delim=False)
-  return {"source": source, "target": target}
+    line, record_defaults=['', ''], field_delim='\t', use_quote_delim=False
+  )
+  return {'source': source, 'target': target}
 
 
 def _text2text_preprocessors(prefix: str, source_key: str, target_key: str):
   return [
-      functools.partial(_to_text2text, prefix=prefix, source_key=source_key,
-                        target_key=target_key),
-      seqio.preprocessors.tokenize,
-      seqio.CacheDatasetPlaceholder(),
-      seqio.preprocessors.append_eos_after_trim,
+    functools.partial(_to_text2text, prefix=prefix, source_key=source_key, target_key=target_key),
+    seqio.preprocessors.tokenize,
+    seqio.CacheDatasetPlaceholder(),
+    seqio.preprocessors.append_eos_after_trim,
   ]
 
 
@@ -124,10 +126,12 @@ def _register(name: str, **task_kwargs) -> seqio.Task:
   return seqio.TaskRegistry.add(name, **task_kwargs)
 
 
-def register_tasks(vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
-                   *,
-                   extra_ids: int = tasks_core.DEFAULT_EXTRA_IDS,
-                   tfds_data_dir: Optional[str] = None) -> tuple[str, str]:
+def register_tasks(
+  vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
+  *,
+  extra_ids: int = tasks_core.DEFAULT_EXTRA_IDS,
+  tfds_data_dir: Optional[str] = None,
+) -> tuple[str, str]:
   """(Re)registers the TFDS tasks equivalent to T5's WMT EnDe and CNN/DM.
 
   `speculative_t5x:wmt_t2t_ende_v003`: TFDS `wmt_t2t_translate/de-en:1.0.0`,
@@ -147,32 +151,31 @@ def register_tasks(vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
   """
   features = output_features(get_vocabulary(vocabulary, extra_ids))
   _register(
-      tasks_core.WMT_ENDE_TASK,
-      source=seqio.TfdsDataSource(tasks_core.WMT_ENDE_TFDS_NAME,
-                                  tfds_data_dir=tfds_data_dir),
-      preprocessors=_text2text_preprocessors(tasks_core.EN_DE_PREFIX, "en", "de"),
-      output_features=features,
-      metric_fns=[tasks_core.bleu])
+    tasks_core.WMT_ENDE_TASK,
+    source=seqio.TfdsDataSource(tasks_core.WMT_ENDE_TFDS_NAME, tfds_data_dir=tfds_data_dir),
+    preprocessors=_text2text_preprocessors(tasks_core.EN_DE_PREFIX, 'en', 'de'),
+    output_features=features,
+    metric_fns=[tasks_core.bleu],
+  )
   _register(
-      tasks_core.CNN_DAILYMAIL_TASK,
-      source=seqio.TfdsDataSource(tasks_core.CNN_DAILYMAIL_TFDS_NAME,
-                                  tfds_data_dir=tfds_data_dir),
-      preprocessors=_text2text_preprocessors(tasks_core.SUMMARIZE_PREFIX, "article",
-                                             "highlights"),
-      output_features=features,
-      metric_fns=[tasks_core.rouge])
+    tasks_core.CNN_DAILYMAIL_TASK,
+    source=seqio.TfdsDataSource(tasks_core.CNN_DAILYMAIL_TFDS_NAME, tfds_data_dir=tfds_data_dir),
+    preprocessors=_text2text_preprocessors(tasks_core.SUMMARIZE_PREFIX, 'article', 'highlights'),
+    output_features=features,
+    metric_fns=[tasks_core.rouge],
+  )
   return tasks_core.WMT_ENDE_TASK, tasks_core.CNN_DAILYMAIL_TASK
 
 
-def register_tsv_task(name: str,
-                      split_to_filepattern: Mapping[str, Union[str,
-                                                               Sequence[str]]],
-                      vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
-                      *,
-                      extra_ids: int = tasks_core.DEFAULT_EXTRA_IDS,
-                      prefix: str = tasks_core.EN_DE_PREFIX,
-                      metric_fns: Sequence[tasks_core.MetricFn] = (
-                          tasks_core.bleu,)) -> seqio.Task:
+def register_tsv_task(
+  name: str,
+  split_to_filepattern: Mapping[str, Union[str, Sequence[str]]],
+  vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
+  *,
+  extra_ids: int = tasks_core.DEFAULT_EXTRA_IDS,
+  prefix: str = tasks_core.EN_DE_PREFIX,
+  metric_fns: Sequence[tasks_core.MetricFn] = (tasks_core.bleu,),
+) -> seqio.Task:
   """(Re)registers a task over TSV files of `source<TAB>target` lines.
 
   Each line holds exactly two tab-separated fields, UTF-8, no header and no
@@ -192,22 +195,25 @@ def register_tsv_task(name: str,
     The registered task.
   """
   if not split_to_filepattern:
-    raise ValueError("split_to_filepattern is empty; map at least one split "
-                     "(e.g. 'train') to a TSV file pattern.")
+    raise ValueError(
+      "split_to_filepattern is empty; map at least one split (e.g. 'train') to a TSV file pattern."
+    )
   return _register(
-      name,
-      source=seqio.TextLineDataSource(dict(split_to_filepattern)),
-      preprocessors=[_parse_tsv_line,
-                     *_text2text_preprocessors(prefix, "source", "target")],
-      output_features=output_features(get_vocabulary(vocabulary, extra_ids)),
-      metric_fns=list(metric_fns))
+    name,
+    source=seqio.TextLineDataSource(dict(split_to_filepattern)),
+    preprocessors=[_parse_tsv_line, *_text2text_preprocessors(prefix, 'source', 'target')],
+    output_features=output_features(get_vocabulary(vocabulary, extra_ids)),
+    metric_fns=list(metric_fns),
+  )
 
 
-def register_gettext_task(corpus_dir: str,
-                          vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
-                          *,
-                          extra_ids: int = tasks_core.DEFAULT_EXTRA_IDS,
-                          name: str = tasks_core.GETTEXT_ENDE_TASK) -> seqio.Task:
+def register_gettext_task(
+  corpus_dir: str,
+  vocabulary: VocabularyOrPath = tasks_core.DEFAULT_VOCAB_PATH,
+  *,
+  extra_ids: int = tasks_core.DEFAULT_EXTRA_IDS,
+  name: str = tasks_core.GETTEXT_ENDE_TASK,
+) -> seqio.Task:
   """(Re)registers the EnDe task over a `build_gettext_corpus` directory.
 
   Args:
@@ -221,10 +227,13 @@ def register_gettext_task(corpus_dir: str,
     BLEU).
   """
   return register_tsv_task(
-      name, {split: os.path.join(corpus_dir, f"{split}.tsv")
-             for split in tasks_core.SPLITS},
-      vocabulary, extra_ids=extra_ids, prefix=tasks_core.EN_DE_PREFIX,
-      metric_fns=[tasks_core.bleu])
+    name,
+    {split: os.path.join(corpus_dir, f'{split}.tsv') for split in tasks_core.SPLITS},
+    vocabulary,
+    extra_ids=extra_ids,
+    prefix=tasks_core.EN_DE_PREFIX,
+    metric_fns=[tasks_core.bleu],
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -240,21 +249,22 @@ def tsv_texts(filepatterns: Union[str, Sequence[str]]) -> Iterator[str]:
       local.
   """
   patterns = [filepatterns] if isinstance(filepatterns, str) else filepatterns
-  paths = [path for pattern in patterns
-           for path in sorted(tf.io.gfile.glob(pattern))]
+  paths = [path for pattern in patterns for path in sorted(tf.io.gfile.glob(pattern))]
   if not paths:
-    raise ValueError(f"No file matches {filepatterns!r}.")
+    raise ValueError(f'No file matches {filepatterns!r}.')
   for path in paths:
     for pair in tasks_core.read_tsv(path):
       yield from pair
 
 
-def train_sentencepiece(texts: Iterable[str],
-                        model_prefix: str,
-                        vocab_size: int,
-                        *,
-                        extra_ids: int = 0,
-                        **training_options) -> seqio.SentencePieceVocabulary:
+def train_sentencepiece(
+  texts: Iterable[str],
+  model_prefix: str,
+  vocab_size: int,
+  *,
+  extra_ids: int = 0,
+  **training_options,
+) -> seqio.SentencePieceVocabulary:
   """`tasks_core.train_sentencepiece_model`, the model returned as a seqio vocabulary.
 
   Args:
@@ -269,9 +279,11 @@ def train_sentencepiece(texts: Iterable[str],
     `seqio.SentencePieceVocabulary(f"{model_prefix}.model", extra_ids)`.
   """
   if extra_ids < 0:
-    raise ValueError(f"extra_ids must be >= 0, got {extra_ids}.")
+    raise ValueError(f'extra_ids must be >= 0, got {extra_ids}.')
   return seqio.SentencePieceVocabulary(
-      tasks_core.train_sentencepiece_model(texts, model_prefix, vocab_size, **training_options),
-      extra_ids)
+    tasks_core.train_sentencepiece_model(texts, model_prefix, vocab_size, **training_options),
+    extra_ids,
+  )
+
 
 register_tasks()

@@ -35,20 +35,20 @@ import sentencepiece as spm
 # Names and defaults.
 # ---------------------------------------------------------------------------
 
-TASK_NAMESPACE = "speculative_t5x"
-WMT_ENDE_TASK = f"{TASK_NAMESPACE}:wmt_t2t_ende_v003"
-CNN_DAILYMAIL_TASK = f"{TASK_NAMESPACE}:cnn_dailymail_v002"
-GETTEXT_ENDE_TASK = f"{TASK_NAMESPACE}:gettext_ende"
+TASK_NAMESPACE = 'speculative_t5x'
+WMT_ENDE_TASK = f'{TASK_NAMESPACE}:wmt_t2t_ende_v003'
+CNN_DAILYMAIL_TASK = f'{TASK_NAMESPACE}:cnn_dailymail_v002'
+GETTEXT_ENDE_TASK = f'{TASK_NAMESPACE}:gettext_ende'
 
-DEFAULT_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+DEFAULT_VOCAB_PATH = 'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'
 DEFAULT_EXTRA_IDS = 100
 
-WMT_ENDE_TFDS_NAME = "wmt_t2t_translate/de-en:1.0.0"
-CNN_DAILYMAIL_TFDS_NAME = "cnn_dailymail:3.4.0"
-EN_DE_PREFIX = "translate English to German: "
-SUMMARIZE_PREFIX = "summarize: "
+WMT_ENDE_TFDS_NAME = 'wmt_t2t_translate/de-en:1.0.0'
+CNN_DAILYMAIL_TFDS_NAME = 'cnn_dailymail:3.4.0'
+EN_DE_PREFIX = 'translate English to German: '
+SUMMARIZE_PREFIX = 'summarize: '
 
-SPLITS = ("train", "validation", "test")
+SPLITS = ('train', 'validation', 'test')
 MetricFn = Callable[[Sequence[str], Sequence[str]], Mapping[str, float]]
 
 # ---------------------------------------------------------------------------
@@ -60,14 +60,14 @@ MetricFn = Callable[[Sequence[str], Sequence[str]], Mapping[str, float]]
 def _check_metric_inputs(targets: Sequence[str], predictions: Sequence[str]):
   if len(targets) != len(predictions):
     raise ValueError(
-        f"Got {len(targets)} targets but {len(predictions)} predictions; "
-        "pass one prediction per target.")
+      f'Got {len(targets)} targets but {len(predictions)} predictions; '
+      'pass one prediction per target.'
+    )
   if not targets:
-    raise ValueError("Got no targets and no predictions; pass at least one.")
+    raise ValueError('Got no targets and no predictions; pass at least one.')
 
 
-def bleu(targets: Sequence[str],
-         predictions: Sequence[str]) -> dict[str, float]:
+def bleu(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
   """Corpus BLEU on a 0-100 scale, with `t5.evaluation.metrics.bleu`'s settings.
 
   sacrebleu's corpus BLEU over all examples (one reference each) with
@@ -83,20 +83,25 @@ def bleu(targets: Sequence[str],
   """
   _check_metric_inputs(targets, predictions)
   score = sacrebleu.corpus_bleu(
-      list(predictions), [list(targets)],
-      smooth_method="exp", smooth_value=0.0, force=False, lowercase=False,
-      tokenize="intl", use_effective_order=False)
-  return {"bleu": score.score}
+    list(predictions),
+    [list(targets)],
+    smooth_method='exp',
+    smooth_value=0.0,
+    force=False,
+    lowercase=False,
+    tokenize='intl',
+    use_effective_order=False,
+  )
+  return {'bleu': score.score}
 
 
 def _split_sentences_for_rouge_lsum(summary: str) -> str:
   # ROUGE-Lsum scores each newline-separated sentence; T5 marks a sentence end
   # as " . " in its (single-line) targets and predictions.
-  return summary.replace(" . ", " .\n")
+  return summary.replace(' . ', ' .\n')
 
 
-def rouge(targets: Sequence[str],
-          predictions: Sequence[str]) -> dict[str, float]:
+def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
   """ROUGE-1, ROUGE-2 and ROUGE-Lsum F1 (x100), averaged over examples.
 
   Scored like `t5.evaluation.metrics.rouge`: rouge-score's `RougeScorer` with
@@ -114,13 +119,14 @@ def rouge(targets: Sequence[str],
     {"rouge1": ..., "rouge2": ..., "rougeLsum": ...}, each in [0, 100].
   """
   _check_metric_inputs(targets, predictions)
-  keys = ("rouge1", "rouge2", "rougeLsum")
+  keys = ('rouge1', 'rouge2', 'rougeLsum')
   scorer = rouge_scorer.RougeScorer(list(keys))
   totals = collections.Counter()
   for target, prediction in zip(targets, predictions):
     scores = scorer.score(
-        target=_split_sentences_for_rouge_lsum(target),
-        prediction=_split_sentences_for_rouge_lsum(prediction))
+      target=_split_sentences_for_rouge_lsum(target),
+      prediction=_split_sentences_for_rouge_lsum(prediction),
+    )
     for key in keys:
       totals[key] += scores[key].fmeasure
   return {key: 100 * totals[key] / len(targets) for key in keys}
@@ -131,8 +137,7 @@ def rouge(targets: Sequence[str],
 # ---------------------------------------------------------------------------
 
 
-def read_tsv(path: epath.PathLike,
-             num_examples: Optional[int] = None) -> list[tuple[str, str]]:
+def read_tsv(path: epath.PathLike, num_examples: Optional[int] = None) -> list[tuple[str, str]]:
   """The (source, target) pairs of a file of `source<TAB>target` lines.
 
   The format `tasks.register_tsv_task` reads: UTF-8, no header, no quoting,
@@ -146,16 +151,17 @@ def read_tsv(path: epath.PathLike,
     The pairs, in file order.
   """
   pairs = []
-  with epath.Path(path).open("rb") as f:
+  with epath.Path(path).open('rb') as f:
     for line_number, line in enumerate(f, 1):
       if num_examples is not None and len(pairs) == num_examples:
         break
-      fields = line.decode("utf-8").rstrip("\n").split("\t")
+      fields = line.decode('utf-8').rstrip('\n').split('\t')
       if len(fields) != 2:
         raise ValueError(
-            f"Line {line_number} of {path} has {len(fields)} tab-separated "
-            "fields; a TSV task file holds exactly two, source<TAB>target, "
-            "a line.")
+          f'Line {line_number} of {path} has {len(fields)} tab-separated '
+          'fields; a TSV task file holds exactly two, source<TAB>target, '
+          'a line.'
+        )
       pairs.append((fields[0], fields[1]))
   return pairs
 
@@ -165,13 +171,15 @@ def read_tsv(path: epath.PathLike,
 # ---------------------------------------------------------------------------
 
 
-def train_sentencepiece_model(texts: Iterable[str],
-                        model_prefix: str,
-                        vocab_size: int,
-                        *,
-                        model_type: str = "unigram",
-                        character_coverage: float = 0.9995,
-                        num_threads: int = 1) -> str:
+def train_sentencepiece_model(
+  texts: Iterable[str],
+  model_prefix: str,
+  vocab_size: int,
+  *,
+  model_type: str = 'unigram',
+  character_coverage: float = 0.9995,
+  num_threads: int = 1,
+) -> str:
   """Trains a SentencePiece model with T5's special ids; returns the model's path.
 
   Ids: pad=0, eos=1, unk=2, no bos, as in T5's cc_all.32000, so seqio treats
@@ -193,28 +201,31 @@ def train_sentencepiece_model(texts: Iterable[str],
     f"{model_prefix}.model".
   """
   if vocab_size <= 3:
-    raise ValueError(f"vocab_size must exceed the 3 special ids, got "
-                     f"{vocab_size}.")
+    raise ValueError(f'vocab_size must exceed the 3 special ids, got {vocab_size}.')
   directory = os.path.dirname(model_prefix)
   if directory:
     os.makedirs(directory, exist_ok=True)
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_prefix=model_prefix,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-        input_sentence_size=0, shuffle_input_sentence=False,
-        num_threads=num_threads,
-        minloglevel=2)
+      sentence_iterator=iter(texts),
+      model_prefix=model_prefix,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      character_coverage=character_coverage,
+      pad_id=0,
+      eos_id=1,
+      unk_id=2,
+      bos_id=-1,
+      input_sentence_size=0,
+      shuffle_input_sentence=False,
+      num_threads=num_threads,
+      minloglevel=2,
+    )
   except RuntimeError as e:
-    if "Vocabulary size too high" not in str(e):
+    if 'Vocabulary size too high' not in str(e):
       raise
-    raise ValueError(f"The texts are too few for vocab_size={vocab_size}: "
-                     f"{e}") from e
-  return f"{model_prefix}.model"
+    raise ValueError(f'The texts are too few for vocab_size={vocab_size}: {e}') from e
+  return f'{model_prefix}.model'
 
 
 # ---------------------------------------------------------------------------
@@ -222,28 +233,27 @@ def train_sentencepiece_model(texts: Iterable[str],
 # ---------------------------------------------------------------------------
 
 # Entries that carry translator names rather than a translation.
-_TRANSLATOR_CREDIT_IDS = frozenset({"translator-credits", "translator_credits"})
-_TRANSLATOR_CREDIT_CONTEXTS = frozenset(
-    {"NAME OF TRANSLATORS", "EMAIL OF TRANSLATORS"})
+_TRANSLATOR_CREDIT_IDS = frozenset({'translator-credits', 'translator_credits'})
+_TRANSLATOR_CREDIT_CONTEXTS = frozenset({'NAME OF TRANSLATORS', 'EMAIL OF TRANSLATORS'})
 # Unicode categories that are never wanted in a UI string pair: controls
 # (tab, newline, escape, ...), format characters (zero-width, bidi marks) and
 # line/paragraph separators (which some readers treat as line breaks).
-_UNWANTED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+_UNWANTED_CATEGORIES = frozenset({'Cc', 'Cf', 'Zl', 'Zp'})
 
 # printf directives (C, glibc and Python %-formatting): optional `n$` argument
 # index or Python `(name)`; flags (not ' ', so that "50% done" is no
 # directive); width; precision; length; conversion. `%%` is removed first.
 _PRINTF_DIRECTIVE = re.compile(
-    r"%(?:(?P<index>\d+)\$|\((?P<name>\w+)\))?[-+#0'I]*"
-    r"(?P<width>\d+|\*(?:\d+\$)?)?(?:\.(?P<precision>\d+|\*(?:\d+\$)?))?"
-    r"(?P<length>hh|h|ll|l|L|q|j|z|Z|t)?"
-    r"(?P<conversion>[diouxXeEfFgGaAcCsSpnm])")
+  r"%(?:(?P<index>\d+)\$|\((?P<name>\w+)\))?[-+#0'I]*"
+  r'(?P<width>\d+|\*(?:\d+\$)?)?(?:\.(?P<precision>\d+|\*(?:\d+\$)?))?'
+  r'(?P<length>hh|h|ll|l|L|q|j|z|Z|t)?'
+  r'(?P<conversion>[diouxXeEfFgGaAcCsSpnm])'
+)
 # str.format / brace fields; `{{` and `}}` are removed first.
-_BRACE_FIELD = re.compile(r"\{([^{}]*)\}")
+_BRACE_FIELD = re.compile(r'\{([^{}]*)\}')
 # A mnemonic marker: `_` (GTK) or `&` (Qt/KDE) before a letter or digit; `&`
 # not starting an HTML/XML entity.
-_MNEMONIC = {"_": re.compile(r"_(?=[^\W_])"),
-             "&": re.compile(r"&(?![#\w]+;)(?=[^\W_])")}
+_MNEMONIC = {'_': re.compile(r'_(?=[^\W_])'), '&': re.compile(r'&(?![#\w]+;)(?=[^\W_])')}
 
 
 def _read_catalog(path: str) -> polib.MOFile:
@@ -259,7 +269,7 @@ def _read_catalog(path: str) -> polib.MOFile:
   try:
     return polib.mofile(path)
   except (OSError, struct.error, UnicodeDecodeError) as error:
-    raise ValueError(f"{path} cannot be read as a GNU .mo catalog: {error}") from error
+    raise ValueError(f'{path} cannot be read as a GNU .mo catalog: {error}') from error
 
 
 def _plural_form_indices(catalog: polib.MOFile) -> tuple[int, int]:
@@ -269,14 +279,14 @@ def _plural_form_indices(catalog: polib.MOFile) -> tuple[int, int]:
   n = 1; the English plural with the form it picks most often for n = 2..100
   (for German, as for English, forms 0 and 1).
   """
-  expression = "n != 1"  # gettext's default, germanic plural.
-  match = re.search(r"plural=([^;\n]+)", catalog.metadata.get("Plural-Forms", ""))
+  expression = 'n != 1'  # gettext's default, germanic plural.
+  match = re.search(r'plural=([^;\n]+)', catalog.metadata.get('Plural-Forms', ''))
   if match:
     expression = match.group(1)
   try:
     plural_form = gettext.c2py(expression)
   except ValueError:
-    plural_form = gettext.c2py("n != 1")
+    plural_form = gettext.c2py('n != 1')
   plural_counts = collections.Counter(plural_form(n) for n in range(2, 101))
   return plural_form(1), plural_counts.most_common(1)[0][0]
 
@@ -290,14 +300,16 @@ def _catalog_pairs(catalog: polib.MOFile) -> Iterator[tuple[str, str]]:
   """
   singular_form, plural_form = _plural_form_indices(catalog)
   for entry in catalog:
-    if (entry.msgid == "" or entry.msgid.lower() in _TRANSLATOR_CREDIT_IDS or
-        entry.msgctxt in _TRANSLATOR_CREDIT_CONTEXTS):
+    if (
+      entry.msgid == ''
+      or entry.msgid.lower() in _TRANSLATOR_CREDIT_IDS
+      or entry.msgctxt in _TRANSLATOR_CREDIT_CONTEXTS
+    ):
       continue
     if not entry.msgid_plural:
       yield entry.msgid, entry.msgstr
       continue
-    for source, form in ((entry.msgid, singular_form),
-                         (entry.msgid_plural, plural_form)):
+    for source, form in ((entry.msgid, singular_form), (entry.msgid_plural, plural_form)):
       if form in entry.msgstr_plural:
         yield source, entry.msgstr_plural[form]
 
@@ -311,15 +323,13 @@ def _printf_signature(text: str) -> list[tuple[str, str]]:
   """
   signature = []
   next_index = 1
-  for match in _PRINTF_DIRECTIVE.finditer(text.replace("%%", "")):
-    stars = sum(
-        1 for part in (match["width"], match["precision"])
-        if part and part.startswith("*"))
-    conversion = "*" * stars + (match["length"] or "") + match["conversion"]
-    if match["index"]:
-      argument = match["index"]
-    elif match["name"]:
-      argument = match["name"]
+  for match in _PRINTF_DIRECTIVE.finditer(text.replace('%%', '')):
+    stars = sum(1 for part in (match['width'], match['precision']) if part and part.startswith('*'))
+    conversion = '*' * stars + (match['length'] or '') + match['conversion']
+    if match['index']:
+      argument = match['index']
+    elif match['name']:
+      argument = match['name']
     else:
       argument = str(next_index)
       next_index += 1 + stars
@@ -331,8 +341,8 @@ def _brace_signature(text: str) -> list[str]:
   """Sorted field names of `{}`-style fields (auto-numbered fields by order)."""
   fields = []
   auto_index = 0
-  for match in _BRACE_FIELD.finditer(text.replace("{{", "").replace("}}", "")):
-    field = re.split(r"[!:]", match.group(1), maxsplit=1)[0]
+  for match in _BRACE_FIELD.finditer(text.replace('{{', '').replace('}}', '')):
+    field = re.split(r'[!:]', match.group(1), maxsplit=1)[0]
     if not field:
       field = str(auto_index)
       auto_index += 1
@@ -342,8 +352,11 @@ def _brace_signature(text: str) -> list[str]:
 
 def _word_around(text: str, at: int) -> str:
   """The letters and digits around the marker at position `at`, lowercased."""
-  return (re.search(r"[^\W_]*$", text[:at]).group(0) + text[at] +
-          re.match(r"[^\W_]*", text[at + 1:]).group(0)).lower()
+  return (
+    re.search(r'[^\W_]*$', text[:at]).group(0)
+    + text[at]
+    + re.match(r'[^\W_]*', text[at + 1 :]).group(0)
+  ).lower()
 
 
 def _strip_mnemonics(source: str, target: str) -> tuple[str, str]:
@@ -364,48 +377,50 @@ def _strip_mnemonics(source: str, target: str) -> tuple[str, str]:
     if not source_match or not target_match:
       continue
     starts_word = any(
-        match.start() == 0 or not text[match.start() - 1].isalnum()
-        for text, match in ((source, source_match), (target, target_match)))
-    if not starts_word or (_word_around(source, source_match.start()) ==
-                           _word_around(target, target_match.start())):
+      match.start() == 0 or not text[match.start() - 1].isalnum()
+      for text, match in ((source, source_match), (target, target_match))
+    )
+    if not starts_word or (
+      _word_around(source, source_match.start()) == _word_around(target, target_match.start())
+    ):
       continue
-    source = source[:source_match.start()] + source[source_match.end():]
-    target = target[:target_match.start()] + target[target_match.end():]
+    source = source[: source_match.start()] + source[source_match.end() :]
+    target = target[: target_match.start()] + target[target_match.end() :]
   return source, target
 
 
-def _clean_pair(source: str, target: str,
-                max_chars: int) -> tuple[Optional[tuple[str, str]], str]:
+def _clean_pair(source: str, target: str, max_chars: int) -> tuple[Optional[tuple[str, str]], str]:
   """Applies the cleaning rules; returns (pair or None, the rule applied)."""
   source, target = source.strip(), target.strip()
   if not source or not target:
-    return None, "empty"
-  if any(unicodedata.category(ch) in _UNWANTED_CATEGORIES
-         for ch in source + target):
-    return None, "control character"
+    return None, 'empty'
+  if any(unicodedata.category(ch) in _UNWANTED_CATEGORIES for ch in source + target):
+    return None, 'control character'
   source, target = _strip_mnemonics(source, target)
   if len(source) > max_chars or len(target) > max_chars:
-    return None, "too long"
+    return None, 'too long'
   if source == target:
-    return None, "identical"
-  if (_printf_signature(source) != _printf_signature(target) or
-      _brace_signature(source) != _brace_signature(target)):
-    return None, "placeholder mismatch"
-  return (source, target), "kept"
+    return None, 'identical'
+  if _printf_signature(source) != _printf_signature(target) or _brace_signature(
+    source
+  ) != _brace_signature(target):
+    return None, 'placeholder mismatch'
+  return (source, target), 'kept'
 
 
 def _split_of(source: str) -> str:
   """train / validation / test (90/5/5) by a hash of the English string."""
-  bucket = int.from_bytes(
-      hashlib.sha256(source.encode("utf-8")).digest()[:8], "big") % 20
+  bucket = int.from_bytes(hashlib.sha256(source.encode('utf-8')).digest()[:8], 'big') % 20
   return SPLITS[0] if bucket < 18 else SPLITS[1] if bucket == 18 else SPLITS[2]
 
 
-def build_gettext_corpus(output_dir: str,
-                         catalog_dir: str = "/usr/share/locale",
-                         language: str = "de",
-                         *,
-                         max_chars: int = 200) -> dict[str, int]:
+def build_gettext_corpus(
+  output_dir: str,
+  catalog_dir: str = '/usr/share/locale',
+  language: str = 'de',
+  *,
+  max_chars: int = 200,
+) -> dict[str, int]:
   """Builds an English->`language` corpus from gettext .mo catalogs.
 
   Reads `{catalog_dir}/{language}/LC_MESSAGES/*.mo` (on Debian/Ubuntu, the
@@ -449,15 +464,16 @@ def build_gettext_corpus(output_dir: str,
   Raises:
     FileNotFoundError: no .mo file under catalog_dir for language.
   """
-  catalog_glob = os.path.join(catalog_dir, language, "LC_MESSAGES", "*.mo")
+  catalog_glob = os.path.join(catalog_dir, language, 'LC_MESSAGES', '*.mo')
   catalog_paths = sorted(glob.glob(catalog_glob))
   if not catalog_paths:
     raise FileNotFoundError(
-        f"No gettext catalogs match {catalog_glob}. Install translated "
-        f"packages (on Debian/Ubuntu the {language} catalogs ship with the "
-        f"programs, or with language packs: `apt-get install locales "
-        f"language-pack-{language}` on Ubuntu), pass another catalog_dir, or "
-        f"use the TFDS task {WMT_ENDE_TASK!r} instead.")
+      f'No gettext catalogs match {catalog_glob}. Install translated '
+      f'packages (on Debian/Ubuntu the {language} catalogs ship with the '
+      f'programs, or with language packs: `apt-get install locales '
+      f'language-pack-{language}` on Ubuntu), pass another catalog_dir, or '
+      f'use the TFDS task {WMT_ENDE_TASK!r} instead.'
+    )
 
   votes = collections.defaultdict(collections.Counter)
   rule_counts = collections.Counter()
@@ -466,7 +482,7 @@ def build_gettext_corpus(output_dir: str,
     try:
       catalog = _read_catalog(path)
     except ValueError as e:
-      logging.warning("Skipping a catalog that cannot be read: %s", e)
+      logging.warning('Skipping a catalog that cannot be read: %s', e)
       continue
     catalog_pairs = set()
     for source, target in _catalog_pairs(catalog):
@@ -483,12 +499,14 @@ def build_gettext_corpus(output_dir: str,
     by_split[_split_of(source)].append((source, target))
   os.makedirs(output_dir, exist_ok=True)
   for split, pairs in by_split.items():
-    pairs.sort(key=lambda pair: (hashlib.sha256(pair[0].encode()).digest(),
-                                 pair[0]))
-    with open(os.path.join(output_dir, f"{split}.tsv"), "w",
-              encoding="utf-8", newline="\n") as f:
-      f.writelines(f"{source}\t{target}\n" for source, target in pairs)
+    pairs.sort(key=lambda pair: (hashlib.sha256(pair[0].encode()).digest(), pair[0]))
+    with open(os.path.join(output_dir, f'{split}.tsv'), 'w', encoding='utf-8', newline='\n') as f:
+      f.writelines(f'{source}\t{target}\n' for source, target in pairs)
   counts = {split: len(pairs) for split, pairs in by_split.items()}
-  logging.info("Gettext corpus from %d catalogs: %s; per cleaning rule: %s.",
-               len(catalog_paths), counts, dict(rule_counts))
+  logging.info(
+    'Gettext corpus from %d catalogs: %s; per cleaning rule: %s.',
+    len(catalog_paths),
+    counts,
+    dict(rule_counts),
+  )
   return counts

@@ -50,7 +50,7 @@ def expected_tokens(alpha, gamma) -> np.ndarray:
   """
   alpha = np.asarray(alpha, dtype=np.float64)
   calls = np.asarray(gamma, dtype=np.float64) + 1
-  with np.errstate(divide="ignore", invalid="ignore"):
+  with np.errstate(divide='ignore', invalid='ignore'):
     geometric_sum = np.expm1(calls * np.log(alpha)) / (alpha - 1)
   return np.where(alpha == 1, calls, geometric_sum)
 
@@ -70,8 +70,9 @@ def expected_iterations(alpha: float, gamma: int, num_tokens: int) -> float:
     gamma: int >= 1.
     num_tokens: int >= 0.
   """
-  emit = np.array([alpha ** (k - 1) * (1 - alpha) for k in range(1, gamma + 1)]
-                  + [alpha ** gamma], dtype=np.float64)
+  emit = np.array(
+    [alpha ** (k - 1) * (1 - alpha) for k in range(1, gamma + 1)] + [alpha**gamma], dtype=np.float64
+  )
   iterations = np.zeros(num_tokens + 1)
   for n in range(1, num_tokens + 1):
     remaining = np.maximum(n - np.arange(1, gamma + 2), 0)
@@ -94,7 +95,8 @@ def walltime_improvement(alpha, gamma, c, verify_cost=1.0) -> np.ndarray:
     float64 array: expected_tokens(α, γ) / (γ·c + v).
   """
   return expected_tokens(alpha, gamma) / (
-      np.asarray(gamma) * np.asarray(c, dtype=np.float64) + verify_cost)
+    np.asarray(gamma) * np.asarray(c, dtype=np.float64) + verify_cost
+  )
 
 
 def operations_factor(alpha, gamma, c_hat) -> np.ndarray:
@@ -109,12 +111,10 @@ def operations_factor(alpha, gamma, c_hat) -> np.ndarray:
     float64 array: (1 − α)(γĉ + γ + 1) / (1 − α^{γ+1}).
   """
   gamma = np.asarray(gamma)
-  return (gamma * np.asarray(c_hat, dtype=np.float64) + gamma + 1) / (
-      expected_tokens(alpha, gamma))
+  return (gamma * np.asarray(c_hat, dtype=np.float64) + gamma + 1) / (expected_tokens(alpha, gamma))
 
 
-def optimal_gamma(alpha, c, max_gamma: int = 64,
-                  verify_cost=1.0) -> np.ndarray:
+def optimal_gamma(alpha, c, max_gamma: int = 64, verify_cost=1.0) -> np.ndarray:
   """The integer γ in [1, max_gamma] maximizing `walltime_improvement`.
 
   Args:
@@ -128,11 +128,11 @@ def optimal_gamma(alpha, c, max_gamma: int = 64,
     int64 array, the broadcast shape of alpha and c; ties go to the smaller γ.
   """
   if max_gamma < 1:
-    raise ValueError(f"max_gamma must be >= 1, got {max_gamma}.")
+    raise ValueError(f'max_gamma must be >= 1, got {max_gamma}.')
   gammas = np.arange(1, max_gamma + 1)
   improvement = walltime_improvement(
-      np.asarray(alpha)[..., None], gammas, np.asarray(c)[..., None],
-      verify_cost)
+    np.asarray(alpha)[..., None], gammas, np.asarray(c)[..., None], verify_cost
+  )
   return gammas[np.argmax(improvement, axis=-1)]
 
 
@@ -142,5 +142,5 @@ def oracle_expected_tokens(alpha) -> np.ndarray:
   The upper bound on Eq. 1 over all γ (Section 3.5); inf at α = 1.
   """
   alpha = np.asarray(alpha, dtype=np.float64)
-  with np.errstate(divide="ignore"):
+  with np.errstate(divide='ignore'):
     return 1 / (1 - alpha)

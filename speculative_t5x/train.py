@@ -81,8 +81,11 @@ LossNormalizingFactor = Union[None, float, str]
 ITEM_NAMES = ('params', 'opt_state')
 METRICS_FILE = 'metrics.jsonl'
 # T5X's special loss normalizing factors (`t5x.losses.SpecialLossNormalizingFactor`).
-SPECIAL_LOSS_NORMALIZING_FACTORS = ('NUM_REAL_TARGET_TOKENS', 'NUM_TOTAL_TARGET_TOKENS',
-                                    'AVERAGE_PER_SEQUENCE')
+SPECIAL_LOSS_NORMALIZING_FACTORS = (
+  'NUM_REAL_TARGET_TOKENS',
+  'NUM_TOTAL_TARGET_TOKENS',
+  'AVERAGE_PER_SEQUENCE',
+)
 # Summed over tokens by the steps; per-token means are these over 'weight'.
 _METRIC_SUMS = ('loss', 'cross_entropy', 'z_loss', 'correct', 'weight')
 
@@ -90,9 +93,9 @@ _METRIC_SUMS = ('loss', 'cross_entropy', 'z_loss', 'correct', 'weight')
 # ------------------------------------------------------------------------------
 # Loss.
 # ------------------------------------------------------------------------------
-def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array, *,
-                              label_smoothing: float = 0.0,
-                              z_loss: float = 0.0) -> Dict[str, jax.Array]:
+def cross_entropy_with_logits(
+  logits: jax.Array, targets: jax.Array, *, label_smoothing: float = 0.0, z_loss: float = 0.0
+) -> Dict[str, jax.Array]:
   """T5X's per-token loss, without materializing one-hot targets.
 
   With V = vocabulary size, the smoothed target puts 1 - label_smoothing on the
@@ -124,16 +127,22 @@ def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array, *,
     # -sum_v t_v log p_v with t the smoothed target; log p_v = logits_v - log Z.
     other_log_probs = jnp.sum(logits, axis=-1) - vocab_size * log_z + cross_entropy
     loss = confidence * cross_entropy - off_value * other_log_probs
-    entropy = -(confidence * np.log(confidence) +
-                (vocab_size - 1) * off_value * np.log(off_value + 1e-20))
+    entropy = -(
+      confidence * np.log(confidence) + (vocab_size - 1) * off_value * np.log(off_value + 1e-20)
+    )
     loss = loss - entropy
   z_term = z_loss * jnp.square(log_z)
-  return {'loss': loss + z_term, 'cross_entropy': cross_entropy, 'z_loss': z_term,
-          'correct': (jnp.argmax(logits, -1) == targets).astype(jnp.float32)}
+  return {
+    'loss': loss + z_term,
+    'cross_entropy': cross_entropy,
+    'z_loss': z_term,
+    'correct': (jnp.argmax(logits, -1) == targets).astype(jnp.float32),
+  }
 
 
-def loss_weights(batch: Mapping[str, jax.Array],
-                 loss_normalizing_factor: LossNormalizingFactor) -> tuple:
+def loss_weights(
+  batch: Mapping[str, jax.Array], loss_normalizing_factor: LossNormalizingFactor
+) -> tuple:
   """Per-token weights of the objective and the number it is divided by.
 
   As T5X's `get_loss_normalizing_factor_and_weights`: the base weights are
@@ -178,8 +187,10 @@ def _token_weights(batch: Mapping[str, jax.Array]) -> jax.Array:
 def _check_loss_normalizing_factor(value: LossNormalizingFactor) -> LossNormalizingFactor:
   if isinstance(value, str):
     if value.upper() not in SPECIAL_LOSS_NORMALIZING_FACTORS:
-      raise ValueError(f'Unknown loss_normalizing_factor {value!r}: use None, a positive '
-                       f'number or one of {SPECIAL_LOSS_NORMALIZING_FACTORS}.')
+      raise ValueError(
+        f'Unknown loss_normalizing_factor {value!r}: use None, a positive '
+        f'number or one of {SPECIAL_LOSS_NORMALIZING_FACTORS}.'
+      )
     return value.upper()
   if value is not None and not value > 0:
     raise ValueError(f'loss_normalizing_factor must be positive, got {value}.')
@@ -198,13 +209,22 @@ class TrainState:
   opt_state: PyTree
 
 
-def _logits(module: network.Transformer, params: PyTree, batch: Mapping[str, jax.Array],
-            dropout_key: Optional[jax.Array]) -> jax.Array:
+def _logits(
+  module: network.Transformer,
+  params: PyTree,
+  batch: Mapping[str, jax.Array],
+  dropout_key: Optional[jax.Array],
+) -> jax.Array:
   return module.apply(
-      {'params': params}, batch['encoder_input_tokens'], batch['decoder_input_tokens'],
-      batch['decoder_target_tokens'], batch.get('encoder_segment_ids'),
-      batch.get('decoder_segment_ids'), enable_dropout=dropout_key is not None,
-      rngs=None if dropout_key is None else {'dropout': dropout_key})
+    {'params': params},
+    batch['encoder_input_tokens'],
+    batch['decoder_input_tokens'],
+    batch['decoder_target_tokens'],
+    batch.get('encoder_segment_ids'),
+    batch.get('decoder_segment_ids'),
+    enable_dropout=dropout_key is not None,
+    rngs=None if dropout_key is None else {'dropout': dropout_key},
+  )
 
 
 def _metric_sums(per_token: Mapping[str, jax.Array], weights: jax.Array) -> Dict[str, jax.Array]:
@@ -213,9 +233,14 @@ def _metric_sums(per_token: Mapping[str, jax.Array], weights: jax.Array) -> Dict
   return sums
 
 
-def make_train_step(config: network.T5Config, optimizer: optax.GradientTransformation, *,
-                    label_smoothing: float, z_loss: float,
-                    loss_normalizing_factor: LossNormalizingFactor) -> Callable:
+def make_train_step(
+  config: network.T5Config,
+  optimizer: optax.GradientTransformation,
+  *,
+  label_smoothing: float,
+  z_loss: float,
+  loss_normalizing_factor: LossNormalizingFactor,
+) -> Callable:
   """The (unjitted) training step `(state, batch, key) -> (state, metric sums)`.
 
   `batch` holds `seqio.EncDecFeatureConverter`'s features as int32 [B, L]
@@ -232,8 +257,9 @@ def make_train_step(config: network.T5Config, optimizer: optax.GradientTransform
 
     def objective(params):
       logits = _logits(module, params, batch, dropout_key)
-      per_token = cross_entropy_with_logits(logits, batch['decoder_target_tokens'],
-                                            label_smoothing=label_smoothing, z_loss=z_loss)
+      per_token = cross_entropy_with_logits(
+        logits, batch['decoder_target_tokens'], label_smoothing=label_smoothing, z_loss=z_loss
+      )
       weights, normalizer = loss_weights(batch, loss_normalizing_factor)
       total = jnp.sum(per_token['loss'] * weights) / normalizer
       return total, _metric_sums(per_token, _token_weights(batch))
@@ -246,51 +272,71 @@ def make_train_step(config: network.T5Config, optimizer: optax.GradientTransform
   return step
 
 
-def make_eval_step(config: network.T5Config, *, label_smoothing: float,
-                   z_loss: float) -> Callable:
+def make_eval_step(config: network.T5Config, *, label_smoothing: float, z_loss: float) -> Callable:
   """The (unjitted) evaluation step `(params, batch) -> metric sums`, no dropout."""
   module = network.Transformer(config)
 
   def step(params: PyTree, batch: Mapping[str, jax.Array]):
     logits = _logits(module, params, batch, None)
-    per_token = cross_entropy_with_logits(logits, batch['decoder_target_tokens'],
-                                          label_smoothing=label_smoothing, z_loss=z_loss)
+    per_token = cross_entropy_with_logits(
+      logits, batch['decoder_target_tokens'], label_smoothing=label_smoothing, z_loss=z_loss
+    )
     return _metric_sums(per_token, _token_weights(batch))
 
   return step
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_steps(config: network.T5Config, optimizer: Callable[..., optax.GradientTransformation],
-                  learning_rate: optax.ScalarOrSchedule, label_smoothing: float, z_loss: float,
-                  loss_normalizing_factor: LossNormalizingFactor) -> tuple:
+def _jitted_steps(
+  config: network.T5Config,
+  optimizer: Callable[..., optax.GradientTransformation],
+  learning_rate: optax.ScalarOrSchedule,
+  label_smoothing: float,
+  z_loss: float,
+  loss_normalizing_factor: LossNormalizingFactor,
+) -> tuple:
   """(optax transformation, jitted train step, jitted eval step).
 
   Cached, so that training the same configuration again in one process (a
   resumed or continued run in a notebook) reuses the compiled steps.
   """
   tx = optimizer(learning_rate)
-  train_step = make_train_step(config, tx, label_smoothing=label_smoothing, z_loss=z_loss,
-                               loss_normalizing_factor=loss_normalizing_factor)
+  train_step = make_train_step(
+    config,
+    tx,
+    label_smoothing=label_smoothing,
+    z_loss=z_loss,
+    loss_normalizing_factor=loss_normalizing_factor,
+  )
   eval_step = make_eval_step(config, label_smoothing=label_smoothing, z_loss=z_loss)
   return tx, jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
 
 
 def _per_token(sums: Mapping[str, float]) -> Dict[str, float]:
   weight = max(float(sums['weight']), 1.0)
-  return {'loss': float(sums['loss']) / weight,
-          'cross_entropy': float(sums['cross_entropy']) / weight,
-          'z_loss': float(sums['z_loss']) / weight,
-          'accuracy': float(sums['correct']) / weight}
+  return {
+    'loss': float(sums['loss']) / weight,
+    'cross_entropy': float(sums['cross_entropy']) / weight,
+    'z_loss': float(sums['z_loss']) / weight,
+    'accuracy': float(sums['correct']) / weight,
+  }
 
 
 # ------------------------------------------------------------------------------
 # Data.
 # ------------------------------------------------------------------------------
-def get_dataset(task: Union[str, seqio.Task], split: str, feature_lengths: Mapping[str, int],
-                batch_size: int, *, pack: bool = True, shuffle: bool = False,
-                seed: Optional[int] = None, repeat: bool = False,
-                skip_batches: int = 0) -> tf.data.Dataset:
+def get_dataset(
+  task: Union[str, seqio.Task],
+  split: str,
+  feature_lengths: Mapping[str, int],
+  batch_size: int,
+  *,
+  pack: bool = True,
+  shuffle: bool = False,
+  seed: Optional[int] = None,
+  repeat: bool = False,
+  skip_batches: int = 0,
+) -> tf.data.Dataset:
   """Batches of model features from a seqio task.
 
   seqio's pipeline (the split's examples tokenized, EOS-terminated and
@@ -314,9 +360,15 @@ def get_dataset(task: Union[str, seqio.Task], split: str, feature_lengths: Mappi
     [rows, L] 'decoder_*' arrays (segment ids and positions when packed).
   """
   dataset = seqio.get_dataset(
-      task, dict(feature_lengths), seqio.EncDecFeatureConverter(pack=pack),
-      dataset_split=split, shuffle=shuffle, num_epochs=None if repeat else 1, seed=seed,
-      verbose=False)
+    task,
+    dict(feature_lengths),
+    seqio.EncDecFeatureConverter(pack=pack),
+    dataset_split=split,
+    shuffle=shuffle,
+    num_epochs=None if repeat else 1,
+    seed=seed,
+    verbose=False,
+  )
   dataset = dataset.batch(batch_size, drop_remainder=repeat)
   if skip_batches:
     dataset = dataset.skip(skip_batches)
@@ -326,29 +378,37 @@ def get_dataset(task: Union[str, seqio.Task], split: str, feature_lengths: Mappi
 def _padded(batch: Batch, batch_size: int) -> Batch:
   """Pads a final partial batch with all-padding rows (weight 0)."""
   rows = next(iter(batch.values())).shape[0]
-  return {name: np.pad(value, [(0, batch_size - rows)] + [(0, 0)] * (value.ndim - 1))
-          for name, value in batch.items()}
+  return {
+    name: np.pad(value, [(0, batch_size - rows)] + [(0, 0)] * (value.ndim - 1))
+    for name, value in batch.items()
+  }
 
 
 def _real_tokens(batch: Batch) -> int:
-  return int(np.count_nonzero(batch['encoder_input_tokens']) +
-             np.count_nonzero(batch['decoder_target_tokens']))
+  return int(
+    np.count_nonzero(batch['encoder_input_tokens'])
+    + np.count_nonzero(batch['decoder_target_tokens'])
+  )
 
 
 # ------------------------------------------------------------------------------
 # Checkpoints.
 # ------------------------------------------------------------------------------
-def checkpoint_manager(model_dir: str, keep_checkpoints: Optional[int] = None
-                       ) -> ocp.CheckpointManager:
+def checkpoint_manager(
+  model_dir: str, keep_checkpoints: Optional[int] = None
+) -> ocp.CheckpointManager:
   """The orbax manager of `model_dir` (items 'params' and 'opt_state').
 
   Temporary directories of saves cut short are removed on creation.
   `keep_checkpoints` is `max_to_keep` (None keeps all).
   """
   return ocp.CheckpointManager(
-      os.path.abspath(model_dir), item_names=ITEM_NAMES,
-      options=ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints,
-                                           cleanup_tmp_directories=True))
+    os.path.abspath(model_dir),
+    item_names=ITEM_NAMES,
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=keep_checkpoints, cleanup_tmp_directories=True
+    ),
+  )
 
 
 def _host_copy(tree: PyTree) -> PyTree:
@@ -358,13 +418,18 @@ def _host_copy(tree: PyTree) -> PyTree:
 
 
 def _save(manager: ocp.CheckpointManager, state: TrainState) -> None:
-  manager.save(int(state.step), args=ocp.args.Composite(
+  manager.save(
+    int(state.step),
+    args=ocp.args.Composite(
       params=ocp.args.StandardSave(_host_copy(state.params)),
-      opt_state=ocp.args.StandardSave(_host_copy(state.opt_state))))
+      opt_state=ocp.args.StandardSave(_host_copy(state.opt_state)),
+    ),
+  )
 
 
-def _restore(manager: ocp.CheckpointManager, step: int, params: PyTree,
-             opt_state: PyTree) -> TrainState:
+def _restore(
+  manager: ocp.CheckpointManager, step: int, params: PyTree, opt_state: PyTree
+) -> TrainState:
   """Restores `step`, checking its parameters against those of `params`.
 
   Args:
@@ -374,19 +439,26 @@ def _restore(manager: ocp.CheckpointManager, step: int, params: PyTree,
     opt_state: the optimizer state's structure (`jax.ShapeDtypeStruct`s).
   """
   restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
-  shapes = lambda tree: {jax.tree_util.keystr(path): (tuple(leaf.shape), np.dtype(leaf.dtype))
-                         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  shapes = lambda tree: {
+    jax.tree_util.keystr(path): (tuple(leaf.shape), np.dtype(leaf.dtype))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+  }
   saved, expected = shapes(restored.params), shapes(params)
   if saved != expected:
     differing = sorted(set(saved.items()) ^ set(expected.items()), key=str)[:4]
     raise ValueError(
-        f'The checkpoint at step {step} in {manager.directory} holds the parameters of another '
-        f'network (first differences, (path, (shape, dtype))): {differing}. Resume with the '
-        'config it was trained with, or train into a new model_dir.')
-  restored_opt_state = manager.restore(step, args=ocp.args.Composite(
-      opt_state=ocp.args.StandardRestore(opt_state))).opt_state
-  return TrainState(step=jnp.int32(step), params=jax.device_put(restored.params),
-                    opt_state=jax.device_put(restored_opt_state))
+      f'The checkpoint at step {step} in {manager.directory} holds the parameters of another '
+      f'network (first differences, (path, (shape, dtype))): {differing}. Resume with the '
+      'config it was trained with, or train into a new model_dir.'
+    )
+  restored_opt_state = manager.restore(
+    step, args=ocp.args.Composite(opt_state=ocp.args.StandardRestore(opt_state))
+  ).opt_state
+  return TrainState(
+    step=jnp.int32(step),
+    params=jax.device_put(restored.params),
+    opt_state=jax.device_put(restored_opt_state),
+  )
 
 
 # ------------------------------------------------------------------------------
@@ -419,21 +491,25 @@ def _check_positive(**values) -> None:
       raise ValueError(f'{name} must be a positive integer, got {value!r}.')
 
 
-def _check_task(task: Union[str, seqio.Task], config: network.T5Config,
-                feature_lengths: Mapping[str, int]) -> seqio.Task:
+def _check_task(
+  task: Union[str, seqio.Task], config: network.T5Config, feature_lengths: Mapping[str, int]
+) -> seqio.Task:
   task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
   if 'train' not in task.splits:
     raise ValueError(f'Task {task.name!r} has no train split (splits: {task.splits}).')
   if set(feature_lengths) != {'inputs', 'targets'}:
-    raise ValueError("feature_lengths must map exactly 'inputs' and 'targets' to lengths, got "
-                     f'{dict(feature_lengths)}.')
+    raise ValueError(
+      "feature_lengths must map exactly 'inputs' and 'targets' to lengths, got "
+      f'{dict(feature_lengths)}.'
+    )
   _check_positive(**{f'feature_lengths[{k!r}]': v for k, v in feature_lengths.items()})
   for name, feature in task.output_features.items():
     if feature.vocabulary.vocab_size > config.vocab_size:
       raise ValueError(
-          f'Task {task.name!r} feature {name!r} has a vocabulary of '
-          f'{feature.vocabulary.vocab_size} ids but the network has vocab_size='
-          f'{config.vocab_size}; set T5Config.vocab_size >= {feature.vocabulary.vocab_size}.')
+        f'Task {task.name!r} feature {name!r} has a vocabulary of '
+        f'{feature.vocabulary.vocab_size} ids but the network has vocab_size='
+        f'{config.vocab_size}; set T5Config.vocab_size >= {feature.vocabulary.vocab_size}.'
+      )
   return task
 
 
@@ -445,26 +521,28 @@ def _evaluate(eval_step: Callable, params: PyTree, batches: Sequence[Batch]) -> 
   return _per_token(totals)
 
 
-def train(model_dir: str,
-          config: network.T5Config,
-          task: Union[str, seqio.Task],
-          *,
-          feature_lengths: Mapping[str, int],
-          batch_size: int,
-          num_steps: int,
-          learning_rate: optax.ScalarOrSchedule = 0.01,
-          optimizer: Callable[..., optax.GradientTransformation] = optax.adafactor,
-          pack: bool = True,
-          label_smoothing: float = 0.0,
-          z_loss: float = 1e-4,
-          loss_normalizing_factor: LossNormalizingFactor = None,
-          seed: int = 0,
-          checkpoint_every: int = 1000,
-          keep_checkpoints: Optional[int] = 3,
-          eval_every: Optional[int] = 1000,
-          eval_batches: Optional[int] = None,
-          log_every: int = 50,
-          progress: bool = True) -> TrainResult:
+def train(
+  model_dir: str,
+  config: network.T5Config,
+  task: Union[str, seqio.Task],
+  *,
+  feature_lengths: Mapping[str, int],
+  batch_size: int,
+  num_steps: int,
+  learning_rate: optax.ScalarOrSchedule = 0.01,
+  optimizer: Callable[..., optax.GradientTransformation] = optax.adafactor,
+  pack: bool = True,
+  label_smoothing: float = 0.0,
+  z_loss: float = 1e-4,
+  loss_normalizing_factor: LossNormalizingFactor = None,
+  seed: int = 0,
+  checkpoint_every: int = 1000,
+  keep_checkpoints: Optional[int] = 3,
+  eval_every: Optional[int] = 1000,
+  eval_batches: Optional[int] = None,
+  log_every: int = 50,
+  progress: bool = True,
+) -> TrainResult:
   """Trains (or resumes training of) a network on a task; see the module docstring.
 
   Args:
@@ -497,9 +575,15 @@ def train(model_dir: str,
   Returns:
     A `TrainResult`.
   """
-  _check_positive(batch_size=batch_size, num_steps=num_steps, checkpoint_every=checkpoint_every,
-                  keep_checkpoints=keep_checkpoints, eval_every=eval_every,
-                  eval_batches=eval_batches, log_every=log_every)
+  _check_positive(
+    batch_size=batch_size,
+    num_steps=num_steps,
+    checkpoint_every=checkpoint_every,
+    keep_checkpoints=keep_checkpoints,
+    eval_every=eval_every,
+    eval_batches=eval_batches,
+    log_every=log_every,
+  )
   if not 0.0 <= label_smoothing < 1.0:
     raise ValueError(f'label_smoothing must be in [0, 1), got {label_smoothing}.')
   if z_loss < 0:
@@ -507,8 +591,9 @@ def train(model_dir: str,
   loss_normalizing_factor = _check_loss_normalizing_factor(loss_normalizing_factor)
   task = _check_task(task, config, feature_lengths)
   if eval_every is not None and 'validation' not in task.splits:
-    raise ValueError(f'Task {task.name!r} has no validation split to evaluate on; pass '
-                     'eval_every=None.')
+    raise ValueError(
+      f'Task {task.name!r} has no validation split to evaluate on; pass eval_every=None.'
+    )
   tasks.hide_gpus_from_tensorflow()
   step_args = (config, optimizer, learning_rate, label_smoothing, z_loss, loss_normalizing_factor)
   try:
@@ -539,8 +624,17 @@ def train(model_dir: str,
       if eval_batches is not None:
         validation = validation.take(eval_batches)
       eval_sets = [_padded(batch, batch_size) for batch in validation.as_numpy_iterator()]
-    batches = get_dataset(task, 'train', feature_lengths, batch_size, pack=pack, shuffle=True,
-                          seed=seed, repeat=True, skip_batches=start_step).as_numpy_iterator()
+    batches = get_dataset(
+      task,
+      'train',
+      feature_lengths,
+      batch_size,
+      pack=pack,
+      shuffle=True,
+      seed=seed,
+      repeat=True,
+      skip_batches=start_step,
+    ).as_numpy_iterator()
     key = jax.random.PRNGKey(seed)
 
     def log(records: List[Dict[str, float]], split: str, record: Dict[str, float]) -> None:
@@ -550,8 +644,13 @@ def train(model_dir: str,
       with open(metrics_path, 'a') as f:
         f.write(json.dumps({'split': split, **record}) + '\n')
 
-    bar = tqdm.tqdm(total=num_steps, initial=start_step, disable=not progress,
-                    desc=os.path.basename(os.path.normpath(model_dir)), dynamic_ncols=True)
+    bar = tqdm.tqdm(
+      total=num_steps,
+      initial=start_step,
+      disable=not progress,
+      desc=os.path.basename(os.path.normpath(model_dir)),
+      dynamic_ncols=True,
+    )
     pending, tokens, interval_start = [], 0, time.perf_counter()
     in_flight = None  # The previous step's sums, set after the first step.
     batch = next(batches)
@@ -561,8 +660,11 @@ def train(model_dir: str,
         # Throughput is measured from the end of the first step (compilation).
         jax.block_until_ready(sums)
         interval_start = time.perf_counter()
-        logging.info('First step of %s (with compilation) done %.1f s after the start.',
-                     model_dir, interval_start - start_time)
+        logging.info(
+          'First step of %s (with compilation) done %.1f s after the start.',
+          model_dir,
+          interval_start - start_time,
+        )
       else:
         tokens += _real_tokens(batch)
         # One step in flight: the host prepares the next batch while the device
@@ -576,18 +678,25 @@ def train(model_dir: str,
       if step % log_every == 0 or step == num_steps:
         totals = jax.device_get(jax.tree_util.tree_map(lambda *x: sum(x), *pending))
         now = time.perf_counter()
-        record = {'step': step, **_per_token(totals),
-                  'learning_rate': float(learning_rate(step - 1) if callable(learning_rate)
-                                         else learning_rate),
-                  'tokens_per_second': tokens / (now - interval_start)}
-        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f'{record["tokens_per_second"]:.0f}')
+        record = {
+          'step': step,
+          **_per_token(totals),
+          'learning_rate': float(
+            learning_rate(step - 1) if callable(learning_rate) else learning_rate
+          ),
+          'tokens_per_second': tokens / (now - interval_start),
+        }
+        bar.set_postfix(loss=f'{record["loss"]:.3f}', tok_s=f'{record["tokens_per_second"]:.0f}')
         log(train_metrics, 'train', record)
         pending, tokens, interval_start = [], 0, now
       if step % checkpoint_every == 0 or step == num_steps:
         _save(manager, state)
       if eval_sets and (step % eval_every == 0 or step == num_steps):
-        log(eval_metrics, 'validation', {'step': step,
-                                         **_evaluate(eval_step, state.params, eval_sets)})
+        log(
+          eval_metrics,
+          'validation',
+          {'step': step, **_evaluate(eval_step, state.params, eval_sets)},
+        )
     bar.close()
     return TrainResult(state.params, num_steps, train_metrics, eval_metrics)
   finally:
@@ -610,6 +719,7 @@ def main(argv: Sequence[str]) -> None:
   # The gin files configure `speculative_t5x.train.train`, which is not this
   # module's function when it runs as `python -m speculative_t5x.train`.
   from speculative_t5x import train as train_lib  # pylint: disable=g-import-not-at-top
+
   gin.get_configurable(train_lib.train)()
 
 

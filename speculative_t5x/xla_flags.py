@@ -26,7 +26,7 @@ main job's pair). Accelerator backends ignore the flag.
 
 import logging
 import os
-from typing import List, Sequence
+from typing import List
 
 MEMORY_BOUND_FLAGS = ('--xla_cpu_experimental_ynn_fusion_type=-individual_dot',)
 # A target decoder reading more than this many times the last-level cache per
@@ -60,12 +60,16 @@ def set_decode_flags(target_decoder_bytes: int) -> List[str]:
     return []
   try:
     from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+
     started = xla_bridge.backends_are_initialized()
   except (ImportError, AttributeError):  # A JAX without the probe: assume not started.
     started = False
   if started:
-    logging.warning('A JAX backend has already started; XLA flags %s are not applied. Call '
-                    'xla_flags.set_decode_flags() before the first JAX computation.', added)
+    logging.warning(
+      'A JAX backend has already started; XLA flags %s are not applied. Call '
+      'xla_flags.set_decode_flags() before the first JAX computation.',
+      added,
+    )
     return []
   os.environ['XLA_FLAGS'] = ' '.join([current] + added).strip()
   return added

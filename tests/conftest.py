@@ -9,6 +9,10 @@ with exact probabilities). Subprocesses started by tests inherit the flags.
 
 import os
 
-os.environ['XLA_FLAGS'] = ' '.join([
-    os.environ.get('XLA_FLAGS', ''), '--xla_backend_optimization_level=0',
-    '--xla_llvm_disable_expensive_passes=true']).strip()
+os.environ['XLA_FLAGS'] = ' '.join(
+  [
+    os.environ.get('XLA_FLAGS', ''),
+    '--xla_backend_optimization_level=0',
+    '--xla_llvm_disable_expensive_passes=true',
+  ]
+).strip()

@@ -80,9 +80,10 @@ def deterministic_table(outputs_per_row, vocab_size, stride):
 
 def random_table(seed, num_positions, vocab_size, scale=2.0):
   """float32 [P, V, V] standard normal logits times `scale`."""
-  return np.asarray(
-      jax.random.normal(jax.random.PRNGKey(seed), (num_positions, vocab_size, vocab_size))
-  ) * scale
+  return (
+    np.asarray(jax.random.normal(jax.random.PRNGKey(seed), (num_positions, vocab_size, vocab_size)))
+    * scale
+  )
 
 
 @flax.struct.dataclass
@@ -104,7 +105,9 @@ class MarkovDraft:
     def step(carry, step_rng):
       token, position = carry
       index = jnp.minimum(position + cache['row_shift'], self.table.shape[0] - 1)
-      probs = sampling.standardize(self.table[index, token], temperature=temperature, topk=topk, topp=topp)
+      probs = sampling.standardize(
+        self.table[index, token], temperature=temperature, topk=topk, topp=topp
+      )
       next_token = sampling.sample(step_rng, probs)
       return (next_token, position + 1), (next_token, probs)
 

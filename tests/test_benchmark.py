@@ -22,9 +22,20 @@ def records(tmp_path_factory):
   inputs = padded_inputs(0, 8, 7, TARGET.vocab_size)
   corpus = list(padded_inputs(1, 20, 7, TARGET.vocab_size))
   result = benchmark.run_benchmark(
-      TARGET, DRAFT, inputs, temperatures=(1.0,), gammas=(1, 3), batch_sizes=(1, 2),
-      num_walltime_examples=4, repetitions=2, max_decode_len=10, alpha_tokens=3000,
-      ngram_corpus=corpus, output_dir=output_dir, progress=lambda line: None)
+    TARGET,
+    DRAFT,
+    inputs,
+    temperatures=(1.0,),
+    gammas=(1, 3),
+    batch_sizes=(1, 2),
+    num_walltime_examples=4,
+    repetitions=2,
+    max_decode_len=10,
+    alpha_tokens=3000,
+    ngram_corpus=corpus,
+    output_dir=output_dir,
+    progress=lambda line: None,
+  )
   return result, output_dir
 
 
@@ -32,8 +43,12 @@ def test_writes_json_markdown_and_figures(records):
   result, output_dir = records
   with open(os.path.join(output_dir, 'benchmark.json')) as f:
     assert json.load(f) == json.loads(json.dumps(result, default=float))
-  for name in ('benchmark.md', 'speedup_vs_gamma.png', 'speedup_vs_batch.png',
-               'iteration_breakdown.png'):
+  for name in (
+    'benchmark.md',
+    'speedup_vs_gamma.png',
+    'speedup_vs_batch.png',
+    'iteration_breakdown.png',
+  ):
     assert os.path.getsize(os.path.join(output_dir, name)) > 0
   markdown = open(os.path.join(output_dir, 'benchmark.md')).read()
   assert '## Walltime at batch 1' in markdown and '## alpha (Table 3)' in markdown
@@ -49,13 +64,27 @@ def test_every_record_has_its_fields(records):
   assert kinds.count('alpha') == 3
   walltime = [r for r in result if r['kind'] == 'walltime']
   assert {(r['gamma'], r['batch_size']) for r in walltime if r['batch_size'] == 1} == {
-      (1, 1), (3, 1)}
+    (1, 1),
+    (3, 1),
+  }
   assert {r['batch_size'] for r in walltime} == {1, 2}
   for r in walltime:
-    for field in ('alpha', 'alpha_loop', 'c', 'verify_cost', 'tokens_per_call',
-                  'ms_per_token_baseline', 'ms_per_token_speculative', 'speedup',
-                  'predicted_speedup', 'predicted_tokens_per_call', 'accepted_histogram',
-                  'acceptance_by_position', 'memory', 'identical_outputs'):
+    for field in (
+      'alpha',
+      'alpha_loop',
+      'c',
+      'verify_cost',
+      'tokens_per_call',
+      'ms_per_token_baseline',
+      'ms_per_token_speculative',
+      'speedup',
+      'predicted_speedup',
+      'predicted_tokens_per_call',
+      'accepted_histogram',
+      'acceptance_by_position',
+      'memory',
+      'identical_outputs',
+    ):
       assert r[field] is not None, field
     assert len(r['accepted_histogram']) == r['gamma'] + 1
     if r['batch_size'] == 1:
@@ -65,7 +94,8 @@ def test_every_record_has_its_fields(records):
       assert breakdown['target_block'] > 0 and breakdown['draft_rollout'] > 0
       assert breakdown['parts_sum'] == pytest.approx(sum(breakdown[part] for part in parts))
       assert breakdown['unexplained'] == pytest.approx(
-          breakdown['measured'] - breakdown['parts_sum'])
+        breakdown['measured'] - breakdown['parts_sum']
+      )
       assert 0 <= breakdown['catch_up_rate'] <= 1
       assert r['predicted_speedup_parts'] > 0
     assert r['memory']['temp_bytes'] > 0
@@ -90,8 +120,9 @@ def test_alpha_agrees_with_the_decode_loop(records):
 def test_emulated_tokens_per_call_follow_eq_1():
   alpha, gamma = 0.7, 4
   inputs, _ = benchmark.random_inputs(16, 6, TARGET.vocab_size)
-  decode = benchmark.models.make_decoder(TARGET, DRAFT, gamma=gamma, temperature=1.0,
-                                         max_decode_len=60, eos_id=-1, emulate_alpha=alpha)
+  decode = benchmark.models.make_decoder(
+    TARGET, DRAFT, gamma=gamma, temperature=1.0, max_decode_len=60, eos_id=-1, emulate_alpha=alpha
+  )
   run = benchmark.time_decoding(decode, inputs, batch_size=16, repetitions=1)
   histogram = run.stats.accepted_histogram
   iterations = histogram.sum()
@@ -106,17 +137,29 @@ def test_gin_main_runs_a_pair_file_in_the_emulation_mode(tmp_path):
   """`python -m speculative_t5x.benchmark` with random weights, as for XXL/small."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   command = [
-      sys.executable, '-m', 'speculative_t5x.benchmark',
-      '--gin_file=configs/models/tiny.gin', '--gin_file=configs/pairs/pair.gin',
-      '--gin_file=configs/runs/benchmark.gin',
-      '--gin.VOCAB_SIZE=64', '--gin.GAMMA=2', '--gin.CHECKPOINT_PATH=None', '--gin.TASK=None',
-      '--gin.TARGET=@target/models.random_model()', '--gin.DRAFT=@draft/models.random_model()',
-      '--gin.draft/network.T5Config.num_decoder_layers=1',
-      '--gin.EMULATE_ALPHA=0.6', '--gin.GAMMAS=[2]', '--gin.NUM_EXAMPLES=2',
-      '--gin.MAX_DECODE_LEN=8', '--gin.benchmark_pair.temperatures=[1.0]',
-      '--gin.benchmark_pair.batch_sizes=[1, 2]', '--gin.benchmark_pair.repetitions=1',
-      '--gin.benchmark_pair.random_input_length=6',
-      f"--gin.BENCHMARK_OUTPUT_DIR='{tmp_path}'"]
+    sys.executable,
+    '-m',
+    'speculative_t5x.benchmark',
+    '--gin_file=configs/models/tiny.gin',
+    '--gin_file=configs/pairs/pair.gin',
+    '--gin_file=configs/runs/benchmark.gin',
+    '--gin.VOCAB_SIZE=64',
+    '--gin.GAMMA=2',
+    '--gin.CHECKPOINT_PATH=None',
+    '--gin.TASK=None',
+    '--gin.TARGET=@target/models.random_model()',
+    '--gin.DRAFT=@draft/models.random_model()',
+    '--gin.draft/network.T5Config.num_decoder_layers=1',
+    '--gin.EMULATE_ALPHA=0.6',
+    '--gin.GAMMAS=[2]',
+    '--gin.NUM_EXAMPLES=2',
+    '--gin.MAX_DECODE_LEN=8',
+    '--gin.benchmark_pair.temperatures=[1.0]',
+    '--gin.benchmark_pair.batch_sizes=[1, 2]',
+    '--gin.benchmark_pair.repetitions=1',
+    '--gin.benchmark_pair.random_input_length=6',
+    f"--gin.BENCHMARK_OUTPUT_DIR='{tmp_path}'",
+  ]
   subprocess.run(command, cwd=repo, check=True, capture_output=True, text=True)
   with open(tmp_path / 'benchmark.json') as f:
     records = json.load(f)

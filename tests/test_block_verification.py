@@ -75,9 +75,10 @@ def emitted_given_draft(p, q, draft, rule):
     else:
       stop.append(weights[gamma])
   for tau in range(gamma + 1):
-    probability = (stop[tau] if tau else 1.0) * np.prod([1 - h for h in stop[tau + 1:]])
-    next_probs = (p[prefix(gamma)] if tau == gamma
-                  else residual(weights[tau], p[prefix(tau)], q[prefix(tau)]))
+    probability = (stop[tau] if tau else 1.0) * np.prod([1 - h for h in stop[tau + 1 :]])
+    next_probs = (
+      p[prefix(gamma)] if tau == gamma else residual(weights[tau], p[prefix(tau)], q[prefix(tau)])
+    )
     for y, next_probability in enumerate(next_probs):
       add(prefix(tau) + (y,), probability * next_probability)
   return out
@@ -101,8 +102,9 @@ def completed_with_target(out, p, vocab_size, gamma):
   for tokens, probability in out.items():
     for tail in itertools.product(range(vocab_size), repeat=gamma + 1 - len(tokens)):
       sequence = tokens + tail
-      tail_probability = np.prod([p[sequence[:j]][sequence[j]]
-                                  for j in range(len(tokens), gamma + 1)])
+      tail_probability = np.prod(
+        [p[sequence[:j]][sequence[j]] for j in range(len(tokens), gamma + 1)]
+      )
       full[sequence] = full.get(sequence, 0.0) + probability * tail_probability
   return full
 
@@ -116,8 +118,10 @@ def mean_accepted(out):
 def test_block_verification_emits_the_target_distribution(gamma, kind):
   vocab_size = 3 if gamma < 3 else 2
   p, q = random_tables(vocab_size, gamma, np.random.default_rng(gamma * 7 + len(kind)), kind)
-  target = {s: np.prod([p[s[:j]][s[j]] for j in range(gamma + 1)])
-            for s in itertools.product(range(vocab_size), repeat=gamma + 1)}
+  target = {
+    s: np.prod([p[s[:j]][s[j]] for j in range(gamma + 1)])
+    for s in itertools.product(range(vocab_size), repeat=gamma + 1)
+  }
   expected_lengths = {}
   for rule in ('token', 'block'):
     out = emitted(p, q, vocab_size, gamma, rule)
@@ -129,8 +133,11 @@ def test_block_verification_emits_the_target_distribution(gamma, kind):
 
 def test_the_papers_two_token_example():
   """Binary vocabulary, p = (1/3, 2/3), q = (2/3, 1/3), gamma 2: 10/9 vs 11/9 tokens."""
-  p = {prefix: np.array([1 / 3, 2 / 3]) for n in range(3)
-       for prefix in itertools.product(range(2), repeat=n)}
+  p = {
+    prefix: np.array([1 / 3, 2 / 3])
+    for n in range(3)
+    for prefix in itertools.product(range(2), repeat=n)
+  }
   q = {prefix: np.array([2 / 3, 1 / 3]) for prefix in p}
   assert mean_accepted(emitted(p, q, 2, 2, 'token')) == pytest.approx(10 / 9)
   assert mean_accepted(emitted(p, q, 2, 2, 'block')) == pytest.approx(11 / 9)
@@ -143,8 +150,10 @@ def test_the_jax_implementation_matches_the_enumeration(deterministic_draft):
   p, q = random_tables(vocab_size, gamma, np.random.default_rng(11), 'random')
   for draft in ((0, 1, 2), (2, 2, 0), (1, 0, 1)):
     if deterministic_draft:  # q one-hot at the drafted token (prompt lookup).
-      q = {prefix: np.eye(vocab_size)[draft[len(prefix)]] if len(prefix) < gamma else q[prefix]
-           for prefix, q_row in q.items()}
+      q = {
+        prefix: np.eye(vocab_size)[draft[len(prefix)]] if len(prefix) < gamma else q[prefix]
+        for prefix, q_row in q.items()
+      }
     exact = emitted_given_draft(p, q, draft, 'block')
     exact = {tokens: probability for tokens, probability in exact.items() if probability > 0}
     prefixes = [tuple(draft[:i]) for i in range(gamma + 1)]
@@ -152,20 +161,26 @@ def test_the_jax_implementation_matches_the_enumeration(deterministic_draft):
     draft_probs = jnp.asarray(np.stack([q[prefix] for prefix in prefixes[:gamma]]), jnp.float32)
     tile = lambda x: jnp.broadcast_to(x, (num_keys,) + x.shape)
     num_accepted, next_token = speculative_sampling.verify(
-        jax.random.split(jax.random.PRNGKey(sum(draft)), num_keys),
-        tile(jnp.asarray(draft, jnp.int32)), None if deterministic_draft else tile(draft_probs),
-        tile(target_probs), verification='block')
-    samples = [tuple(draft[:n]) + (int(y),) for n, y in zip(np.asarray(num_accepted),
-                                                          np.asarray(next_token))]
+      jax.random.split(jax.random.PRNGKey(sum(draft)), num_keys),
+      tile(jnp.asarray(draft, jnp.int32)),
+      None if deterministic_draft else tile(draft_probs),
+      tile(target_probs),
+      verification='block',
+    )
+    samples = [
+      tuple(draft[:n]) + (int(y),) for n, y in zip(np.asarray(num_accepted), np.asarray(next_token))
+    ]
     assert sequence_chi_square_p_value(samples, exact) > 1e-3, draft
 
 
 def test_block_verification_needs_exact_lenience():
   tokens = jnp.zeros((1, 2), jnp.int32)
   probs = jnp.full((1, 3, 4), 0.25)
-  with pytest.raises(ValueError, match="needs lenience 1, got 0.5"):
-    speculative_sampling.verify(jax.random.PRNGKey(0), tokens, probs[:, :2], probs, 0.5,
-                                verification='block')
+  with pytest.raises(ValueError, match='needs lenience 1, got 0.5'):
+    speculative_sampling.verify(
+      jax.random.PRNGKey(0), tokens, probs[:, :2], probs, 0.5, verification='block'
+    )
   with pytest.raises(ValueError, match="verification must be 'token' or 'block'"):
-    speculative_sampling.verify(jax.random.PRNGKey(0), tokens, probs[:, :2], probs,
-                                verification='tree')
+    speculative_sampling.verify(
+      jax.random.PRNGKey(0), tokens, probs[:, :2], probs, verification='tree'
+    )

@@ -19,7 +19,6 @@ from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import tasks
 from speculative_t5x import tasks_core
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,14 +26,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_MACROS = ['DROPOUT_RATE = 0.0']
 PAIR_MACROS = ["CHECKPOINT_PATH = '/target'", "DRAFT_CHECKPOINT_PATH = '/draft'"]
 # T5 1.1 sizes (network.T5_1_1_SIZES) and their parameter counts in millions.
-SIZES = {'tiny': 9.013, 'small': 76.961, 'base': 247.578, 'large': 783.150, 'xl': 2849.757,
-         'xxl': 11135.332}
+SIZES = {
+  'tiny': 9.013,
+  'small': 76.961,
+  'base': 247.578,
+  'large': 783.150,
+  'xl': 2849.757,
+  'xxl': 11135.332,
+}
 # (pair file, target model file, draft model file, gamma).
 PAIRS = [
-    ('xxl_small', 'xxl', 'small', 7),
-    ('xxl_base', 'xxl', 'base', 7),
-    ('xxl_large', 'xxl', 'large', 7),
-    ('gettext_tiny', 'gettext_target', 'gettext_draft', 1),
+  ('xxl_small', 'xxl', 'small', 7),
+  ('xxl_base', 'xxl', 'base', 7),
+  ('xxl_large', 'xxl', 'large', 7),
+  ('gettext_tiny', 'gettext_target', 'gettext_draft', 1),
 ]
 
 
@@ -46,13 +51,16 @@ def _values(**values):
 def _evaluate(files, bindings=(), **expressions):
   """Parses `files` with `bindings`; returns {name: value of the gin expression}."""
   return gin_utils.call_configured(
-      _values, [f'configs/{file}.gin' for file in files],
-      [*bindings, *(f'configs_test_values.{name} = {value}' for name, value in expressions.items())])
+    _values,
+    [f'configs/{file}.gin' for file in files],
+    [*bindings, *(f'configs_test_values.{name} = {value}' for name, value in expressions.items())],
+  )
 
 
 def _model_config(model_file, bindings=()):
-  return _evaluate([f'models/{model_file}'], [*RUN_MACROS, *bindings],
-                   config='@network.T5Config()')['config']
+  return _evaluate(
+    [f'models/{model_file}'], [*RUN_MACROS, *bindings], config='@network.T5Config()'
+  )['config']
 
 
 def _num_params(config):
@@ -62,9 +70,13 @@ def _num_params(config):
 
 def test_rewrite_gin_args():
   assert gin_utils.rewrite_gin_args(
-      ['prog', '--gin.BATCH_SIZE=8', "--gin.TSV_FILES={'test': 'a=b.tsv'}", '--gin_file=x.gin']
-  ) == ['prog', '--gin_bindings=BATCH_SIZE = 8', "--gin_bindings=TSV_FILES = {'test': 'a=b.tsv'}",
-        '--gin_file=x.gin']
+    ['prog', '--gin.BATCH_SIZE=8', "--gin.TSV_FILES={'test': 'a=b.tsv'}", '--gin_file=x.gin']
+  ) == [
+    'prog',
+    '--gin_bindings=BATCH_SIZE = 8',
+    "--gin_bindings=TSV_FILES = {'test': 'a=b.tsv'}",
+    '--gin_file=x.gin',
+  ]
   for bad in ('--gin.BATCH_SIZE', '--gin.=3'):
     with pytest.raises(ValueError, match='--gin.NAME=VALUE'):
       gin_utils.rewrite_gin_args([bad])
@@ -94,25 +106,34 @@ def test_model_vocabulary_is_a_macro():
 
 @pytest.mark.parametrize('pair, target, draft, gamma', PAIRS)
 def test_pair_files_bind_their_models_and_gamma(pair, target, draft, gamma):
-  values = _evaluate([f'pairs/{pair}'], RUN_MACROS + PAIR_MACROS, target_config=(
-      '@network.T5Config()'), draft_config='@draft/network.T5Config()', gamma='%GAMMA')
+  values = _evaluate(
+    [f'pairs/{pair}'],
+    RUN_MACROS + PAIR_MACROS,
+    target_config=('@network.T5Config()'),
+    draft_config='@draft/network.T5Config()',
+    gamma='%GAMMA',
+  )
   assert values['target_config'] == _model_config(target)
   assert values['draft_config'] == _model_config(draft)
   assert values['gamma'] == gamma
   # TARGET and DRAFT load the checkpoints; one binding makes the baseline.
   with pytest.raises(FileNotFoundError, match='/draft'):
     _evaluate([f'pairs/{pair}'], RUN_MACROS + PAIR_MACROS, draft='%DRAFT')
-  assert _evaluate([f'pairs/{pair}'], RUN_MACROS + PAIR_MACROS + ['DRAFT = None'],
-                   draft='%DRAFT') == {'draft': None}
+  assert _evaluate(
+    [f'pairs/{pair}'], RUN_MACROS + PAIR_MACROS + ['DRAFT = None'], draft='%DRAFT'
+  ) == {'draft': None}
 
 
 def test_pairs_load_in_bfloat16_for_the_xxl_target_only(tmp_path):
   config = network.t5_1_1_config('tiny', vocab_size=64)
   checkpoints.save_params(tmp_path, models.random_model(config).params)
-  bindings = [*RUN_MACROS, f"CHECKPOINT_PATH = '{tmp_path}'", 'VOCAB_SIZE = 64',
-              *(f'network.T5Config.{name} = {value}'
-                for name, value in network.T5_1_1_SIZES['tiny'].items()),
-              'network.T5Config.logits_via_embedding = False']
+  bindings = [
+    *RUN_MACROS,
+    f"CHECKPOINT_PATH = '{tmp_path}'",
+    'VOCAB_SIZE = 64',
+    *(f'network.T5Config.{name} = {value}' for name, value in network.T5_1_1_SIZES['tiny'].items()),
+    'network.T5Config.logits_via_embedding = False',
+  ]
   for pair, dtype in (('xxl_small', 'bfloat16'), ('gettext_tiny', 'float32')):
     target = _evaluate([f'pairs/{pair}'], bindings, target='%TARGET')['target']
     assert isinstance(target, models.Model)
@@ -120,56 +141,97 @@ def test_pairs_load_in_bfloat16_for_the_xxl_target_only(tmp_path):
 
 
 def test_task_files_name_or_register_their_tasks(tmp_path):
-  for file, name in (('wmt_ende', tasks_core.WMT_ENDE_TASK),
-                     ('cnn_dailymail', tasks_core.CNN_DAILYMAIL_TASK)):
+  for file, name in (
+    ('wmt_ende', tasks_core.WMT_ENDE_TASK),
+    ('cnn_dailymail', tasks_core.CNN_DAILYMAIL_TASK),
+  ):
     task = _evaluate([f'tasks/{file}'], task='%TASK')['task']
     assert task == name and seqio.get_mixture_or_task(name).name == name
-  task = _evaluate(['tasks/tsv'], [f"TSV_FILES = {{'test': '{tmp_path}/test.tsv'}}",
-                                   f"VOCABULARY = '{tmp_path}/spm.model'",
-                                   "TASK_NAME = 'speculative_t5x:configs_test_tsv'"],
-                   task='%TASK')['task']
+  task = _evaluate(
+    ['tasks/tsv'],
+    [
+      f"TSV_FILES = {{'test': '{tmp_path}/test.tsv'}}",
+      f"VOCABULARY = '{tmp_path}/spm.model'",
+      "TASK_NAME = 'speculative_t5x:configs_test_tsv'",
+    ],
+    task='%TASK',
+  )['task']
   assert (task.name, list(task.splits)) == ('speculative_t5x:configs_test_tsv', ['test'])
   (metric_fn,) = task.predict_metric_fns  # gin's wrapper of tasks_core.bleu.
   sentence = 'Die Datei wurde nicht gespeichert .'
   assert metric_fn([sentence], [sentence]) == {'bleu': pytest.approx(100.0)}
-  task = _evaluate(['tasks/gettext_ende'], [
-      f"CORPUS_DIR = '{tmp_path}'", f"VOCABULARY = '{tmp_path}/spm.model'",
-      "tasks.register_gettext_task.name = 'speculative_t5x:configs_test_gettext'"],
-                   task='%TASK')['task']
+  task = _evaluate(
+    ['tasks/gettext_ende'],
+    [
+      f"CORPUS_DIR = '{tmp_path}'",
+      f"VOCABULARY = '{tmp_path}/spm.model'",
+      "tasks.register_gettext_task.name = 'speculative_t5x:configs_test_gettext'",
+    ],
+    task='%TASK',
+  )['task']
   assert sorted(task.splits) == ['test', 'train', 'validation']
 
 
 def test_run_files_bind_with_a_pair_and_a_task(tmp_path):
-  task_macros = [f"TSV_FILES = {{'test': '{tmp_path}/test.tsv'}}",
-                 f"VOCABULARY = '{tmp_path}/spm.model'"]
+  task_macros = [
+    f"TSV_FILES = {{'test': '{tmp_path}/test.tsv'}}",
+    f"VOCABULARY = '{tmp_path}/spm.model'",
+  ]
   values = _evaluate(
-      ['pairs/gettext_tiny', 'tasks/tsv', 'runs/infer'],
-      [*PAIR_MACROS, *task_macros, "INFER_OUTPUT_DIR = '/out'",
-       "TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 48}"],
-      feature_lengths='%TASK_FEATURE_LENGTHS', batch_size='%BATCH_SIZE')
+    ['pairs/gettext_tiny', 'tasks/tsv', 'runs/infer'],
+    [
+      *PAIR_MACROS,
+      *task_macros,
+      "INFER_OUTPUT_DIR = '/out'",
+      "TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 48}",
+    ],
+    feature_lengths='%TASK_FEATURE_LENGTHS',
+    batch_size='%BATCH_SIZE',
+  )
   assert values == {'feature_lengths': {'inputs': 48, 'targets': 48}, 'batch_size': 32}
   values = _evaluate(
-      ['models/gettext_target', 'tasks/gettext_ende', 'runs/train'],
-      [f"CORPUS_DIR = '{tmp_path}'", f"VOCABULARY = '{tmp_path}/spm.model'",
-       "MODEL_DIR = '/model'", 'TRAIN_STEPS = 10'], config='@network.T5Config()')
+    ['models/gettext_target', 'tasks/gettext_ende', 'runs/train'],
+    [
+      f"CORPUS_DIR = '{tmp_path}'",
+      f"VOCABULARY = '{tmp_path}/spm.model'",
+      "MODEL_DIR = '/model'",
+      'TRAIN_STEPS = 10',
+    ],
+    config='@network.T5Config()',
+  )
   assert values['config'].dropout_rate == 0.0
   values = _evaluate(
-      ['pairs/gettext_tiny', 'tasks/tsv', 'runs/benchmark'],
-      [*PAIR_MACROS, *task_macros, "BENCHMARK_OUTPUT_DIR = '/out'", 'GAMMAS = [2, 3]'],
-      gammas='%GAMMAS', output_dir='%BENCHMARK_OUTPUT_DIR', task='%TASK')
+    ['pairs/gettext_tiny', 'tasks/tsv', 'runs/benchmark'],
+    [*PAIR_MACROS, *task_macros, "BENCHMARK_OUTPUT_DIR = '/out'", 'GAMMAS = [2, 3]'],
+    gammas='%GAMMAS',
+    output_dir='%BENCHMARK_OUTPUT_DIR',
+    task='%TASK',
+  )
   assert values['gammas'] == [2, 3] and values['output_dir'] == '/out'
   assert values['task'].name == 'speculative_t5x:tsv'
 
 
 # pairs/pair is included by every pair file.
-COVERED = ({f'models/{size}' for size in SIZES}
-           | {f'models/{model}' for _, target, draft, _ in PAIRS for model in (target, draft)}
-           | {f'pairs/{pair}' for pair, _, _, _ in PAIRS}
-           | {'pairs/pair', 'tasks/wmt_ende', 'tasks/cnn_dailymail', 'tasks/tsv',
-              'tasks/gettext_ende', 'runs/infer', 'runs/train', 'runs/benchmark'})
+COVERED = (
+  {f'models/{size}' for size in SIZES}
+  | {f'models/{model}' for _, target, draft, _ in PAIRS for model in (target, draft)}
+  | {f'pairs/{pair}' for pair, _, _, _ in PAIRS}
+  | {
+    'pairs/pair',
+    'tasks/wmt_ende',
+    'tasks/cnn_dailymail',
+    'tasks/tsv',
+    'tasks/gettext_ende',
+    'runs/infer',
+    'runs/train',
+    'runs/benchmark',
+  }
+)
 
 
 def test_every_gin_file_is_tested():
-  found = {os.path.relpath(path, os.path.join(REPO, 'configs'))[:-len('.gin')]
-           for path in glob.glob(os.path.join(REPO, 'configs', '**', '*.gin'), recursive=True)}
+  found = {
+    os.path.relpath(path, os.path.join(REPO, 'configs'))[: -len('.gin')]
+    for path in glob.glob(os.path.join(REPO, 'configs', '**', '*.gin'), recursive=True)
+  }
   assert {name for name in found if not name.startswith('t5x/')} == COVERED

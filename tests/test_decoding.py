@@ -14,9 +14,15 @@ from testing_utils import EOS, decoded_lengths, outputs_as_tuples, sequence_chi_
 def run_baseline(target, row_shift, length, rng=None, num_decodes=1, **sample_args):
   inputs = jnp.zeros((len(row_shift), length), jnp.int32)
   return jax.jit(
-      lambda rng: decoding.temperature_sample(
-          inputs, target.cache(row_shift), target.tokens_to_logits, EOS,
-          decode_rng=rng, num_decodes=num_decodes, **sample_args)
+    lambda rng: decoding.temperature_sample(
+      inputs,
+      target.cache(row_shift),
+      target.tokens_to_logits,
+      EOS,
+      decode_rng=rng,
+      num_decodes=num_decodes,
+      **sample_args,
+    )
   )(jax.random.PRNGKey(0) if rng is None else rng)
 
 
@@ -27,9 +33,17 @@ def speculative_fn(target, draft_cache, row_shift, length, gamma, num_decodes=1,
   @jax.jit
   def run(rng, draft):
     return decoding.speculative_sample(
-        inputs, target.cache(row_shift), target.score_block, EOS, decode_rng=rng,
-        num_decodes=num_decodes, **sample_args, draft=draft, draft_cache=draft_cache,
-        gamma=gamma)
+      inputs,
+      target.cache(row_shift),
+      target.score_block,
+      EOS,
+      decode_rng=rng,
+      num_decodes=num_decodes,
+      **sample_args,
+      draft=draft,
+      draft_cache=draft_cache,
+      gamma=gamma,
+    )
 
   return run
 
@@ -43,10 +57,20 @@ GREEDY = dict(temperature=0.0, topk=0)
 
 
 class TestGreedyEquality:
-
-  @pytest.mark.parametrize('draft_kind, gamma', [
-      ('perfect', 1), ('perfect', 5), ('wrong', 2), ('wrong', 8), ('bigram', 3),
-      ('bigram', 8), ('unigram', 4), ('lookup', 1), ('lookup', 6)])
+  @pytest.mark.parametrize(
+    'draft_kind, gamma',
+    [
+      ('perfect', 1),
+      ('perfect', 5),
+      ('wrong', 2),
+      ('wrong', 8),
+      ('bigram', 3),
+      ('bigram', 8),
+      ('unigram', 4),
+      ('lookup', 1),
+      ('lookup', 6),
+    ],
+  )
   def test_speculative_equals_baseline(self, draft_kind, gamma):
     vocab, length = 7, 11
     table = markov.random_table(seed=gamma, num_positions=40, vocab_size=vocab)
@@ -60,12 +84,16 @@ class TestGreedyEquality:
     elif draft_kind == 'wrong':
       draft = markov.ConstantDraft(token=vocab - 1, vocab_size=vocab)
     elif draft_kind in ('bigram', 'unigram'):
-      corpus = [np.asarray(jax.random.randint(jax.random.PRNGKey(i), (9,), 1, vocab)) for i in range(30)]
+      corpus = [
+        np.asarray(jax.random.randint(jax.random.PRNGKey(i), (9,), 1, vocab)) for i in range(30)
+      ]
       draft = drafts.NgramDraft.fit(corpus, vocab, order=2 if draft_kind == 'bigram' else 1)
     else:
       draft = drafts.PromptLookupDraft(vocab_size=vocab, max_ngram=2)
       draft_cache = draft.init_cache(jnp.asarray(baseline[:, 0, ::-1]), cache_length=0)
-    decodes, _, stats = run_speculative(target, draft, draft_cache, row_shift, length, gamma, **GREEDY)
+    decodes, _, stats = run_speculative(
+      target, draft, draft_cache, row_shift, length, gamma, **GREEDY
+    )
     np.testing.assert_array_equal(decodes, baseline)
     if draft_kind == 'perfect':
       # Every iteration but a row's last accepts all gamma and emits gamma + 1.
@@ -77,7 +105,6 @@ class TestGreedyEquality:
 
 
 class TestLoopBehaviour:
-
   def test_eos_inside_an_accepted_block_ends_the_row_there(self):
     # Row 0 emits EOS as the 3rd token of its first block; row 1 later; row 2 never.
     outputs = [[3, 4, EOS, 5, 5, 5], [3, 4, 5, 6, 3, EOS], [2, 2, 2, 2, 2, 2, 2, 2]]
@@ -85,12 +112,16 @@ class TestLoopBehaviour:
     target = markov.MarkovTarget(table)
     draft = markov.MarkovDraft(target.table)
     decodes, _, stats = run_speculative(
-        target, draft, target.cache(row_shift), row_shift, length=8, gamma=4, **GREEDY)
-    np.testing.assert_array_equal(decodes[:, 0], [
+      target, draft, target.cache(row_shift), row_shift, length=8, gamma=4, **GREEDY
+    )
+    np.testing.assert_array_equal(
+      decodes[:, 0],
+      [
         [3, 4, EOS, 0, 0, 0, 0, 0],
         [3, 4, 5, 6, 3, EOS, 0, 0],
         [2, 2, 2, 2, 2, 2, 2, 2],
-    ])
+      ],
+    )
     np.testing.assert_array_equal(stats.iterations[:, 0], [1, 2, 2])
     np.testing.assert_array_equal(stats.emitted[:, 0], [3, 6, 8])
     # The perfect draft is always fully accepted; the cut tokens are the rest.
@@ -102,8 +133,14 @@ class TestLoopBehaviour:
     table, row_shift = markov.deterministic_table(outputs, vocab_size=4, stride=24)
     target = markov.MarkovTarget(table)
     decodes, _, stats = run_speculative(
-        target, markov.MarkovDraft(target.table), target.cache(row_shift), row_shift,
-        length=7, gamma=3, **GREEDY)
+      target,
+      markov.MarkovDraft(target.table),
+      target.cache(row_shift),
+      row_shift,
+      length=7,
+      gamma=3,
+      **GREEDY,
+    )
     np.testing.assert_array_equal(decodes[0, 0], [2] * 7)
     assert int(stats.emitted[0, 0]) == 7 and int(stats.iterations[0, 0]) == 2
 
@@ -113,8 +150,15 @@ class TestLoopBehaviour:
     target = markov.MarkovTarget(table)
     row_shift = np.array([0, 1])
     decodes, _, stats = run_speculative(
-        target, drafts.NgramDraft.fit([[2, 3, 4]], 6), {}, row_shift, length=9, gamma=3,
-        max_decode_steps=5, **GREEDY)
+      target,
+      drafts.NgramDraft.fit([[2, 3, 4]], 6),
+      {},
+      row_shift,
+      length=9,
+      gamma=3,
+      max_decode_steps=5,
+      **GREEDY,
+    )
     assert (np.asarray(decodes)[:, 0, :5] != 0).all() and (np.asarray(decodes)[:, 0, 5:] == 0).all()
     baseline, _ = run_baseline(target, row_shift, 9, max_decode_steps=5, **GREEDY)
     np.testing.assert_array_equal(decodes, baseline)
@@ -127,7 +171,8 @@ class TestLoopBehaviour:
     row_shift = np.array([0, 2])
     draft = drafts.NgramDraft.fit([[2, 3, 4, 1]], vocab)
     decodes, log_probs, stats = run_speculative(
-        target, draft, {}, row_shift, length, gamma=3, num_decodes=6, temperature=1.0, topk=0)
+      target, draft, {}, row_shift, length, gamma=3, num_decodes=6, temperature=1.0, topk=0
+    )
     assert decodes.shape == (2, 6, length) and log_probs.shape == (2, 6)
     assert stats.iterations.shape == (2, 6)
     assert np.all(np.diff(np.asarray(log_probs), axis=1) >= 0)
@@ -144,7 +189,8 @@ class TestLoopBehaviour:
     row_shift = np.arange(16) % 5
     draft = drafts.NgramDraft.fit([[2, 3, 4, 5, 1]], vocab)
     decodes, _, stats = run_speculative(
-        target, draft, {}, row_shift, length, gamma, temperature=1.0, topk=0)
+      target, draft, {}, row_shift, length, gamma, temperature=1.0, topk=0
+    )
     decodes = np.asarray(decodes[:, 0])
     np.testing.assert_array_equal(stats.emitted[:, 0], decoded_lengths(decodes))
     cut = stats.accepted + stats.iterations - stats.emitted
@@ -160,29 +206,51 @@ class TestLoopBehaviour:
     target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))
     with pytest.raises(ValueError, match='all zeros'):
       decoding.speculative_sample(
-          jnp.ones((1, 4), jnp.int32), target.cache([0]), target.score_block, EOS,
-          draft=drafts.NgramDraft.fit([[2]], 4), draft_cache={}, gamma=2)
+        jnp.ones((1, 4), jnp.int32),
+        target.cache([0]),
+        target.score_block,
+        EOS,
+        draft=drafts.NgramDraft.fit([[2]], 4),
+        draft_cache={},
+        gamma=2,
+      )
 
   @pytest.mark.parametrize('gamma', [0, -1, 2.5])
   def test_bad_gamma(self, gamma):
     target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))
     with pytest.raises(ValueError, match='gamma'):
       decoding.speculative_sample(
-          jnp.zeros((1, 4), jnp.int32), target.cache([0]), target.score_block, EOS,
-          draft=drafts.NgramDraft.fit([[2]], 4), draft_cache={}, gamma=gamma)
+        jnp.zeros((1, 4), jnp.int32),
+        target.cache([0]),
+        target.score_block,
+        EOS,
+        draft=drafts.NgramDraft.fit([[2]], 4),
+        draft_cache={},
+        gamma=gamma,
+      )
 
   def test_vocabulary_mismatch_names_both_sizes(self):
     target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))
     with pytest.raises(ValueError, match='vocabulary size 5 .* 4'):
       decoding.speculative_sample(
-          jnp.zeros((1, 4), jnp.int32), target.cache([0]), target.score_block, EOS,
-          draft=drafts.NgramDraft.fit([[2]], 5), draft_cache={}, gamma=2)
+        jnp.zeros((1, 4), jnp.int32),
+        target.cache([0]),
+        target.score_block,
+        EOS,
+        draft=drafts.NgramDraft.fit([[2]], 5),
+        draft_cache={},
+        gamma=2,
+      )
 
 
 @pytest.mark.parametrize(
-    'sample_args',
-    [dict(temperature=1.0, topk=0), dict(temperature=0.7, topk=3), dict(temperature=1.0, topk=0, topp=0.8)],
-    ids=['temperature1', 'topk3', 'topp0.8'],
+  'sample_args',
+  [
+    dict(temperature=1.0, topk=0),
+    dict(temperature=0.7, topk=3),
+    dict(temperature=1.0, topk=0, topp=0.8),
+  ],
+  ids=['temperature1', 'topk3', 'topp0.8'],
 )
 @pytest.mark.parametrize('draft_kind', ['bigram', 'lookup'])
 def test_whole_sequences_match_the_target_distribution(sample_args, draft_kind):

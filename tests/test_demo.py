@@ -5,6 +5,10 @@ from testing_utils import python_output
 
 
 def test_importing_the_demo_defines_no_flags():
-  assert python_output(
+  assert (
+    python_output(
       'from absl import app, flags, logging; before = set(flags.FLAGS); '
-      'from speculative_t5x import demo; print(sorted(set(flags.FLAGS) - before))') == '[]'
+      'from speculative_t5x import demo; print(sorted(set(flags.FLAGS) - before))'
+    )
+    == '[]'
+  )

@@ -15,7 +15,6 @@ NO_SAMPLING_ARGS = dict(temperature=1.0, topk=0, topp=0.0)
 
 
 class TestNgramDraft:
-
   def test_bigram_counts_and_add_k_smoothing(self):
     # Sequences are targets without BOS; BOS (0) is the first context.
     draft = drafts.NgramDraft.fit([[2, 3, 2, 1], [2, 1]], vocab_size=4, order=2, add_k=0.5)
@@ -39,15 +38,24 @@ class TestNgramDraft:
   def test_propose_reports_the_distribution_it_samples_from(self):
     draft = drafts.NgramDraft.fit([[2, 3, 2, 1]], vocab_size=4)
     sequences = jnp.array([[0, 2, 3, 0, 0, 0]])
-    tokens, probs, _ = draft.propose({}, sequences, jnp.array([2]), jax.random.PRNGKey(0),
-                                     gamma=3, temperature=0.0, topk=0, topp=0.0)
+    tokens, probs, _ = draft.propose(
+      {},
+      sequences,
+      jnp.array([2]),
+      jax.random.PRNGKey(0),
+      gamma=3,
+      temperature=0.0,
+      topk=0,
+      topp=0.0,
+    )
     # Greedy: after 3 comes 2; after 2, 1 and 3 tie (lowest id wins); after 1,
     # never seen as a context, q is uniform and argmax takes id 0.
     np.testing.assert_array_equal(tokens, [[2, 1, 0]])
     np.testing.assert_array_equal(probs[0, np.arange(3), tokens[0]], 1.0)
 
-  @pytest.mark.parametrize('kwargs, message', [
-      (dict(order=3), 'order'), (dict(add_k=0.0), 'add_k')])
+  @pytest.mark.parametrize(
+    'kwargs, message', [(dict(order=3), 'order'), (dict(add_k=0.0), 'add_k')]
+  )
   def test_bad_arguments(self, kwargs, message):
     with pytest.raises(ValueError, match=message):
       drafts.NgramDraft.fit([[2]], vocab_size=4, **kwargs)
@@ -58,13 +66,18 @@ class TestNgramDraft:
 
 
 class TestPromptLookupDraft:
-
   def propose(self, input_tokens, generated, gamma, max_ngram=3):
     draft = drafts.PromptLookupDraft(vocab_size=50, max_ngram=max_ngram)
     cache = draft.init_cache(jnp.array([input_tokens]), cache_length=0)
     sequences = jnp.array([[0] + generated + [0] * (gamma + 2)])
-    tokens, probs, _ = draft.propose(cache, sequences, jnp.array([len(generated)]),
-                                     jax.random.PRNGKey(0), gamma=gamma, **NO_SAMPLING_ARGS)
+    tokens, probs, _ = draft.propose(
+      cache,
+      sequences,
+      jnp.array([len(generated)]),
+      jax.random.PRNGKey(0),
+      gamma=gamma,
+      **NO_SAMPLING_ARGS,
+    )
     assert probs is None  # Deterministic: q is one-hot.
     return np.asarray(tokens[0]).tolist()
 
@@ -103,27 +116,36 @@ class TestModelDraft:
     for iteration in range(12):
       missing = position > int(cache['written_until'][0])
       catch_ups += missing
-      tokens, probs, cache = propose(cache, jnp.asarray(sequences), jnp.array([position]),
-                                     jax.random.PRNGKey(iteration))
+      tokens, probs, cache = propose(
+        cache, jnp.asarray(sequences), jnp.array([position]), jax.random.PRNGKey(iteration)
+      )
       # Every proposed q equals the draft's full forward pass on the prefix.
-      prefix = np.concatenate([sequences[0, :position + 1], np.asarray(tokens[0])])
+      prefix = np.concatenate([sequences[0, : position + 1], np.asarray(tokens[0])])
       logits = network.Transformer(model.config).apply(
-          {'params': model.params}, encoder_inputs, jnp.asarray(prefix[None]),
-          jnp.ones((1, prefix.size), jnp.int32), enable_dropout=False)
-      expected = jax.nn.softmax(logits[0, position:position + gamma])
+        {'params': model.params},
+        encoder_inputs,
+        jnp.asarray(prefix[None]),
+        jnp.ones((1, prefix.size), jnp.int32),
+        enable_dropout=False,
+      )
+      expected = jax.nn.softmax(logits[0, position : position + gamma])
       np.testing.assert_allclose(probs[0], expected, atol=2e-5)
       # Accept all gamma every third iteration (the case that needs a catch-up).
       accepted = gamma if iteration % 3 == 0 else int(rng.integers(0, gamma))
       emitted = list(np.asarray(tokens[0, :accepted])) + [int(rng.integers(2, 16))]
-      sequences[0, position + 1:position + 1 + len(emitted)] = emitted
+      sequences[0, position + 1 : position + 1 + len(emitted)] = emitted
       position += len(emitted)
     assert catch_ups == 4  # After iterations 0, 3, 6 and 9.
 
 
-@pytest.mark.parametrize('draft', [
+@pytest.mark.parametrize(
+  'draft',
+  [
     testing_utils.tiny_model(seed=1, vocab_size=8).as_draft(),
     drafts.NgramDraft.fit([[2, 3, 1]], vocab_size=8),
-    drafts.PromptLookupDraft(vocab_size=8)])
+    drafts.PromptLookupDraft(vocab_size=8),
+  ],
+)
 def test_every_draft_has_the_protocol_members(draft):
   for name in ('vocab_size', 'init_cache', 'propose'):
     assert hasattr(draft, name), name

@@ -32,15 +32,14 @@ P_VALUE_FLOOR = 1e-3
 
 # mode: (target sampling args, draft sampling args, deterministic draft).
 MODES = {
-    "temperature_1": (dict(temperature=1.0), dict(temperature=1.0), False),
-    "temperature_0.6": (dict(temperature=0.6), dict(temperature=0.6), False),
-    "top_k_3": (dict(topk=3), dict(topk=3), False),
-    "top_p_0.8": (dict(topp=0.8), dict(topp=0.8), False),
-    "argmax": (dict(temperature=0.0), dict(temperature=0.0), False),
-    # A deterministic draft (argmax of the draft model, q one-hot, passed to
-    # verify as draft_probs=None) under a sampling target.
-    "deterministic_draft": (dict(temperature=1.0), dict(temperature=0.0),
-                            True),
+  'temperature_1': (dict(temperature=1.0), dict(temperature=1.0), False),
+  'temperature_0.6': (dict(temperature=0.6), dict(temperature=0.6), False),
+  'top_k_3': (dict(topk=3), dict(topk=3), False),
+  'top_p_0.8': (dict(topp=0.8), dict(topp=0.8), False),
+  'argmax': (dict(temperature=0.0), dict(temperature=0.0), False),
+  # A deterministic draft (argmax of the draft model, q one-hot, passed to
+  # verify as draft_probs=None) under a sampling target.
+  'deterministic_draft': (dict(temperature=1.0), dict(temperature=0.0), True),
 }
 GAMMAS = (1, 3, 7)
 
@@ -68,10 +67,10 @@ def _next_state(state, token):
   return (state * VOCAB_SIZE + token + 1) % NUM_STATES
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("gamma", "deterministic_draft", "verification"))
-def speculative_sequences(rng, target_table, draft_table, gamma,
-                          deterministic_draft, verification="token"):
+@functools.partial(jax.jit, static_argnames=('gamma', 'deterministic_draft', 'verification'))
+def speculative_sequences(
+  rng, target_table, draft_table, gamma, deterministic_draft, verification='token'
+):
   """Samples NUM_SEQUENCES sequences [N, LENGTH] by speculative sampling.
 
   Args:
@@ -98,15 +97,19 @@ def speculative_sequences(rng, target_table, draft_table, gamma,
       return _next_state(state, token), (state, token, q)
 
     last_state, (states, drafts, draft_probs) = jax.lax.scan(
-        draft_step, state, jax.random.split(draft_rng, gamma))
+      draft_step, state, jax.random.split(draft_rng, gamma)
+    )
     # [N, γ+1]: the state before each drafted token, and after the last one.
     states = jnp.concatenate([states, last_state[None]], axis=0).T
     target_probs = target_table[states]
     drafts = drafts.T
     num_accepted, next_token = speculative_sampling.verify(
-        verify_rng, drafts,
-        None if deterministic_draft else draft_probs.transpose(1, 0, 2),
-        target_probs, verification=verification)
+      verify_rng,
+      drafts,
+      None if deterministic_draft else draft_probs.transpose(1, 0, 2),
+      target_probs,
+      verification=verification,
+    )
 
     # Emitted this iteration: drafts[:n] then next_token; [N, γ+1].
     emitted = jnp.concatenate([drafts, drafts[:, :1]], axis=1)
@@ -114,16 +117,18 @@ def speculative_sequences(rng, target_table, draft_table, gamma,
     offset = jnp.arange(LENGTH)[None, :] - length[:, None]
     written = (offset >= 0) & (offset <= num_accepted[:, None])
     tokens = jnp.where(
-        written,
-        jnp.take_along_axis(emitted, jnp.clip(offset, 0, gamma), axis=1),
-        tokens)
+      written, jnp.take_along_axis(emitted, jnp.clip(offset, 0, gamma), axis=1), tokens
+    )
     state = _next_state(states[rows, num_accepted], next_token)
     return rng, tokens, length + num_accepted + 1, state
 
   # Each iteration emits at least one token, so LENGTH iterations suffice.
-  carry = (rng, jnp.zeros((NUM_SEQUENCES, LENGTH), jnp.int32),
-           jnp.zeros((NUM_SEQUENCES,), jnp.int32),
-           jnp.zeros((NUM_SEQUENCES,), jnp.int32))
+  carry = (
+    rng,
+    jnp.zeros((NUM_SEQUENCES, LENGTH), jnp.int32),
+    jnp.zeros((NUM_SEQUENCES,), jnp.int32),
+    jnp.zeros((NUM_SEQUENCES,), jnp.int32),
+  )
   _, tokens, length, _ = jax.lax.fori_loop(0, LENGTH, iteration, carry)
   return tokens, length
 
@@ -131,10 +136,9 @@ def speculative_sequences(rng, target_table, draft_table, gamma,
 def exact_sequence_probabilities(target_args):
   """The target's probability of every sequence, indexed base-V; [V**LENGTH]."""
   sequences = np.stack(
-      np.unravel_index(np.arange(VOCAB_SIZE**LENGTH), (VOCAB_SIZE,) * LENGTH),
-      axis=-1)
-  table = np.asarray(sampling.standardize(TARGET_LOGITS, **target_args),
-                     np.float64)
+    np.unravel_index(np.arange(VOCAB_SIZE**LENGTH), (VOCAB_SIZE,) * LENGTH), axis=-1
+  )
+  table = np.asarray(sampling.standardize(TARGET_LOGITS, **target_args), np.float64)
   probs = np.ones(len(sequences))
   state = np.zeros(len(sequences), np.int64)
   for position in range(LENGTH):
@@ -145,41 +149,46 @@ def exact_sequence_probabilities(target_args):
 
 
 def sequence_index(tokens):
-  return np.ravel_multi_index(tuple(np.asarray(tokens).T),
-                              (VOCAB_SIZE,) * LENGTH)
+  return np.ravel_multi_index(tuple(np.asarray(tokens).T), (VOCAB_SIZE,) * LENGTH)
 
 
-def sample_mode(mode, gamma, seed=0, verification="token"):
+def sample_mode(mode, gamma, seed=0, verification='token'):
   """Speculative samples [N, LENGTH] for one sampling mode, γ and verification rule."""
   target_args, draft_args, deterministic_draft = MODES[mode]
   rng = jax.random.key(1000 * seed + 10 * gamma + list(MODES).index(mode))
   tokens, length = speculative_sequences(
-      rng, sampling.standardize(TARGET_LOGITS, **target_args),
-      sampling.standardize(DRAFT_LOGITS, **draft_args), gamma,
-      deterministic_draft, verification)
+    rng,
+    sampling.standardize(TARGET_LOGITS, **target_args),
+    sampling.standardize(DRAFT_LOGITS, **draft_args),
+    gamma,
+    deterministic_draft,
+    verification,
+  )
   assert np.all(np.asarray(length) >= LENGTH)
   return np.asarray(tokens)
 
 
-def run_configuration(mode, gamma, seed=0, verification="token"):
+def run_configuration(mode, gamma, seed=0, verification='token'):
   """Returns (statistic, dof, p-value) of speculative vs exact for one case."""
   tokens = sample_mode(mode, gamma, seed, verification)
   counts = np.bincount(sequence_index(tokens), minlength=VOCAB_SIZE**LENGTH)
   return chi_square_test(counts, exact_sequence_probabilities(MODES[mode][0]))
 
 
-@pytest.mark.parametrize("verification", ["token", "block"])
-@pytest.mark.parametrize("gamma", GAMMAS)
-@pytest.mark.parametrize("mode", [m for m in MODES if m != "argmax"])
+@pytest.mark.parametrize('verification', ['token', 'block'])
+@pytest.mark.parametrize('gamma', GAMMAS)
+@pytest.mark.parametrize('mode', [m for m in MODES if m != 'argmax'])
 def test_joint_distribution_matches_target(mode, gamma, verification):
   statistic, dof, p_value = run_configuration(mode, gamma, verification=verification)
-  print(f"\n[exactness] mode={mode} gamma={gamma} verification={verification} "
-        f"chi2={statistic:.1f} dof={dof} p={p_value:.4f}")
+  print(
+    f'\n[exactness] mode={mode} gamma={gamma} verification={verification} '
+    f'chi2={statistic:.1f} dof={dof} p={p_value:.4f}'
+  )
   assert p_value > P_VALUE_FLOOR
 
 
-@pytest.mark.parametrize("verification", ["token", "block"])
-@pytest.mark.parametrize("gamma", GAMMAS)
+@pytest.mark.parametrize('verification', ['token', 'block'])
+@pytest.mark.parametrize('gamma', GAMMAS)
 def test_argmax_emits_the_greedy_sequence(gamma, verification):
   greedy = []
   state = jnp.zeros((), jnp.int32)
@@ -188,5 +197,6 @@ def test_argmax_emits_the_greedy_sequence(gamma, verification):
     greedy.append(int(token))
     state = _next_state(state, token)
   np.testing.assert_array_equal(
-      sample_mode("argmax", gamma, verification=verification),
-      np.broadcast_to(greedy, (NUM_SEQUENCES, LENGTH)))
+    sample_mode('argmax', gamma, verification=verification),
+    np.broadcast_to(greedy, (NUM_SEQUENCES, LENGTH)),
+  )

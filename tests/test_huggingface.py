@@ -13,11 +13,13 @@ import pytest
 from speculative_t5x import checkpoints
 from speculative_t5x import network
 
-safetensors_numpy = pytest.importorskip('safetensors.numpy',
-                                        reason='Hugging Face checkpoints need safetensors')
+safetensors_numpy = pytest.importorskip(
+  'safetensors.numpy', reason='Hugging Face checkpoints need safetensors'
+)
 torch = pytest.importorskip('torch', reason='the Hugging Face parity tests need PyTorch')
-transformers = pytest.importorskip('transformers',
-                                   reason='the Hugging Face parity tests need transformers')
+transformers = pytest.importorskip(
+  'transformers', reason='the Hugging Face parity tests need transformers'
+)
 
 TOLERANCE = 1e-4
 # LLVM optimizations off: faster compiles of these tiny models, same arithmetic.
@@ -28,9 +30,17 @@ def _hf_model(feed_forward_proj='gated-gelu', tie_word_embeddings=False, seed=0)
   """A random transformers T5 with 3 encoder and 2 decoder layers, in eval mode."""
   torch.manual_seed(seed)
   config = transformers.T5Config(
-      vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=3, num_decoder_layers=2,
-      num_heads=4, feed_forward_proj=feed_forward_proj, dropout_rate=0.0,
-      tie_word_embeddings=tie_word_embeddings)
+    vocab_size=96,
+    d_model=32,
+    d_kv=8,
+    d_ff=48,
+    num_layers=3,
+    num_decoder_layers=2,
+    num_heads=4,
+    feed_forward_proj=feed_forward_proj,
+    dropout_rate=0.0,
+    tie_word_embeddings=tie_word_embeddings,
+  )
   model = transformers.T5ForConditionalGeneration(config).eval()
   with torch.no_grad():  # transformers initializes norms to 1; make their mapping visible.
     for name, parameter in model.named_parameters():
@@ -52,26 +62,38 @@ def _inputs(seed=0, batch=3, input_length=9, target_length=7, vocab=96):
 def _hf_outputs(model, inputs, decoder_inputs):
   """(encoder outputs [B, L, d_model], logits [B, T, vocab]) as numpy float32."""
   with torch.no_grad():
-    out = model(input_ids=torch.tensor(inputs), attention_mask=torch.tensor(inputs > 0),
-                decoder_input_ids=torch.tensor(decoder_inputs))
+    out = model(
+      input_ids=torch.tensor(inputs),
+      attention_mask=torch.tensor(inputs > 0),
+      decoder_input_ids=torch.tensor(decoder_inputs),
+    )
   return out.encoder_last_hidden_state.numpy(), out.logits.numpy()
 
 
 @functools.partial(jit, static_argnums=0)
 def _our_outputs(config, params, inputs, decoder_inputs, targets):
   module = network.Transformer(config)
-  encoded = module.apply({'params': params}, inputs, enable_dropout=False,
-                         method=network.Transformer.encode)
-  logits = module.apply({'params': params}, encoded, inputs, decoder_inputs, targets,
-                        enable_dropout=False, method=network.Transformer.decode)
+  encoded = module.apply(
+    {'params': params}, inputs, enable_dropout=False, method=network.Transformer.encode
+  )
+  logits = module.apply(
+    {'params': params},
+    encoded,
+    inputs,
+    decoder_inputs,
+    targets,
+    enable_dropout=False,
+    method=network.Transformer.decode,
+  )
   return encoded, logits
 
 
 def _assert_parity(model_dir, expected, inputs, decoder_inputs, targets):
   """Loads model_dir and checks encoder outputs (at non-padding) and logits."""
   config, params = checkpoints.load_huggingface_t5(model_dir)
-  encoded, logits = _our_outputs(dataclasses.replace(config, dtype=jnp.float32), params, inputs,
-                                 decoder_inputs, targets)
+  encoded, logits = _our_outputs(
+    dataclasses.replace(config, dtype=jnp.float32), params, inputs, decoder_inputs, targets
+  )
   valid = inputs > 0
   assert np.abs(np.asarray(encoded)[valid] - expected[0][valid]).max() <= TOLERANCE
   assert np.abs(np.asarray(logits) - expected[1]).max() <= TOLERANCE
@@ -82,8 +104,9 @@ def _write_transformers_4_layout(model, model_dir, tie_word_embeddings):
   """Writes model as transformers 4 saved T5 1.1: own lm_head.weight, no scale key."""
   os.makedirs(model_dir)
   tensors = {name: value.detach().numpy().copy() for name, value in model.state_dict().items()}
-  safetensors_numpy.save_file(tensors, os.path.join(model_dir, 'model.safetensors'),
-                              metadata={'format': 'pt'})
+  safetensors_numpy.save_file(
+    tensors, os.path.join(model_dir, 'model.safetensors'), metadata={'format': 'pt'}
+  )
   hf_config = model.config.to_dict()
   del hf_config['scale_decoder_outputs']
   hf_config.update(tie_word_embeddings=tie_word_embeddings, transformers_version='4.46.0')
@@ -102,8 +125,9 @@ def test_transformers_5_layout_untied_unscaled(tmp_path):
   assert not config.logits_via_embedding
   assert config.mlp_activations == ('gelu', 'linear')
   assert (config.num_encoder_layers, config.num_decoder_layers) == (3, 2)
-  np.testing.assert_array_equal(params['decoder']['logits_dense']['kernel'],
-                                params['token_embedder']['embedding'].T)
+  np.testing.assert_array_equal(
+    params['decoder']['logits_dense']['kernel'], params['token_embedder']['embedding'].T
+  )
   # The same model saved in shards loads to the same parameters.
   model.save_pretrained(tmp_path / 'sharded', max_shard_size='20KB')
   assert os.path.exists(tmp_path / 'sharded' / 'model.safetensors.index.json')
@@ -199,9 +223,16 @@ def test_import_errors_name_the_problem(tmp_path):
 
 
 def test_export_rejects_mlps_transformers_lacks(tmp_path):
-  config = network.T5Config(vocab_size=8, emb_dim=4, num_heads=1, head_dim=4, mlp_dim=4,
-                            num_encoder_layers=1, num_decoder_layers=1,
-                            mlp_activations=('silu', 'linear'))
+  config = network.T5Config(
+    vocab_size=8,
+    emb_dim=4,
+    num_heads=1,
+    head_dim=4,
+    mlp_dim=4,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    mlp_activations=('silu', 'linear'),
+  )
   params, _ = network.random_params(config)
   with pytest.raises(ValueError, match='silu'):
     checkpoints.save_huggingface_t5(config, params, tmp_path)

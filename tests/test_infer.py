@@ -32,12 +32,24 @@ from speculative_t5x import tasks_core
 from testing_utils import decoded_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VERBS = [('Open', 'öffnen'), ('Close', 'schließen'), ('Delete', 'löschen'), ('Save', 'speichern'),
-         ('Print', 'drucken'), ('Copy', 'kopieren')]
-NOUNS = [('the file', 'die Datei'), ('the window', 'das Fenster'), ('the folder', 'den Ordner'),
-         ('the page', 'die Seite'), ('the picture', 'das Bild')]
-PAIRS = [(f'{verb} {noun}', f'{noun_de} {verb_de}') for verb, verb_de in VERBS
-         for noun, noun_de in NOUNS]  # 30 examples: batches of 4 leave a partial one.
+VERBS = [
+  ('Open', 'öffnen'),
+  ('Close', 'schließen'),
+  ('Delete', 'löschen'),
+  ('Save', 'speichern'),
+  ('Print', 'drucken'),
+  ('Copy', 'kopieren'),
+]
+NOUNS = [
+  ('the file', 'die Datei'),
+  ('the window', 'das Fenster'),
+  ('the folder', 'den Ordner'),
+  ('the page', 'die Seite'),
+  ('the picture', 'das Bild'),
+]
+PAIRS = [
+  (f'{verb} {noun}', f'{noun_de} {verb_de}') for verb, verb_de in VERBS for noun, noun_de in NOUNS
+]  # 30 examples: batches of 4 leave a partial one.
 PREFIX = 'translate English to German: '
 VOCAB_SIZE = 64
 TASK_NAME = 'speculative_t5x:infer_test_fixture'
@@ -54,28 +66,46 @@ def fixture(tmp_path_factory):
   with open(test_tsv, 'w', encoding='utf-8') as f:
     f.writelines(f'{source}\t{target}\n' for source, target in PAIRS)
   texts = [text for pair in PAIRS for text in pair] + [PREFIX] * 4
-  vocabulary = tasks.train_sentencepiece(texts, str(directory / 'spm'), VOCAB_SIZE,
-                                         character_coverage=1.0)
-  task = tasks.register_tsv_task(TASK_NAME, {'test': test_tsv}, vocabulary, extra_ids=0,
-                                 prefix=PREFIX)
+  vocabulary = tasks.train_sentencepiece(
+    texts, str(directory / 'spm'), VOCAB_SIZE, character_coverage=1.0
+  )
+  task = tasks.register_tsv_task(
+    TASK_NAME, {'test': test_tsv}, vocabulary, extra_ids=0, prefix=PREFIX
+  )
   config = gin_utils.model_config('tiny', VOCAB_SIZE)  # configs/models/tiny.gin.
   params = jax.tree_util.tree_map(np.array, models.random_model(config, seed=1).params)
   params['decoder']['logits_dense']['kernel'][:, EOS_ID] *= 1.3
   target = models.Model(config, params)
   rng = np.random.default_rng(2)
-  draft = models.Model(config, jax.tree_util.tree_map(
-      lambda x: x + 0.15 * x.std() * rng.standard_normal(x.shape).astype(np.float32),
-      target.params))
+  draft = models.Model(
+    config,
+    jax.tree_util.tree_map(
+      lambda x: x + 0.15 * x.std() * rng.standard_normal(x.shape).astype(np.float32), target.params
+    ),
+  )
   checkpoints.save_params(directory / 'target', target.params)
   checkpoints.save_params(directory / 'draft', draft.params)
-  return dict(directory=directory, test_tsv=test_tsv, vocabulary=str(directory / 'spm.model'),
-              task=task, target=target, draft=draft)
+  return dict(
+    directory=directory,
+    test_tsv=test_tsv,
+    vocabulary=str(directory / 'spm.model'),
+    task=task,
+    target=target,
+    draft=draft,
+  )
 
 
 def _infer(fixture, output_dir, **overrides):
-  kwargs = dict(target=fixture['target'], draft=fixture['draft'], task=fixture['task'],
-                feature_lengths=FEATURE_LENGTHS, output_dir=str(output_dir),
-                batch_size=BATCH_SIZE, gamma=3, progress=False)
+  kwargs = dict(
+    target=fixture['target'],
+    draft=fixture['draft'],
+    task=fixture['task'],
+    feature_lengths=FEATURE_LENGTHS,
+    output_dir=str(output_dir),
+    batch_size=BATCH_SIZE,
+    gamma=3,
+    progress=False,
+  )
   kwargs.update(overrides)
   return infer.infer(**kwargs)
 
@@ -95,28 +125,36 @@ def greedy_runs(fixture):
   directory = fixture['directory']
   speculative = _infer(fixture, directory / 'speculative')
   baseline = _infer(fixture, directory / 'baseline', draft=None)
-  return dict(speculative=speculative, baseline=baseline,
-              speculative_dir=directory / 'speculative', baseline_dir=directory / 'baseline')
+  return dict(
+    speculative=speculative,
+    baseline=baseline,
+    speculative_dir=directory / 'speculative',
+    baseline_dir=directory / 'baseline',
+  )
 
 
 def _cli(fixture, output_dir, *extra):
-  return [sys.executable, '-m', 'speculative_t5x.infer',
-          '--gin_file=configs/models/tiny.gin',
-          '--gin_file=configs/pairs/pair.gin',
-          '--gin_file=configs/tasks/tsv.gin',
-          '--gin_file=configs/runs/infer.gin',
-          f"--gin.CHECKPOINT_PATH='{fixture['directory'] / 'target'}'",
-          f"--gin.DRAFT_CHECKPOINT_PATH='{fixture['directory'] / 'draft'}'",
-          f'--gin.VOCAB_SIZE={VOCAB_SIZE}',
-          f"--gin.TSV_FILES={{'test': '{fixture['test_tsv']}'}}",
-          f"--gin.VOCABULARY='{fixture['vocabulary']}'",
-          f"--gin.TASK_NAME='{TASK_NAME}'",
-          f"--gin.PREFIX='{PREFIX}'",
-          f'--gin.TASK_FEATURE_LENGTHS={FEATURE_LENGTHS}',
-          f"--gin.INFER_OUTPUT_DIR='{output_dir}'",
-          f'--gin.BATCH_SIZE={BATCH_SIZE}',
-          '--gin.GAMMA=3',
-          *extra]
+  return [
+    sys.executable,
+    '-m',
+    'speculative_t5x.infer',
+    '--gin_file=configs/models/tiny.gin',
+    '--gin_file=configs/pairs/pair.gin',
+    '--gin_file=configs/tasks/tsv.gin',
+    '--gin_file=configs/runs/infer.gin',
+    f"--gin.CHECKPOINT_PATH='{fixture['directory'] / 'target'}'",
+    f"--gin.DRAFT_CHECKPOINT_PATH='{fixture['directory'] / 'draft'}'",
+    f'--gin.VOCAB_SIZE={VOCAB_SIZE}',
+    f"--gin.TSV_FILES={{'test': '{fixture['test_tsv']}'}}",
+    f"--gin.VOCABULARY='{fixture['vocabulary']}'",
+    f"--gin.TASK_NAME='{TASK_NAME}'",
+    f"--gin.PREFIX='{PREFIX}'",
+    f'--gin.TASK_FEATURE_LENGTHS={FEATURE_LENGTHS}',
+    f"--gin.INFER_OUTPUT_DIR='{output_dir}'",
+    f'--gin.BATCH_SIZE={BATCH_SIZE}',
+    '--gin.GAMMA=3',
+    *extra,
+  ]
 
 
 def _run_main_in_process(command):
@@ -141,8 +179,10 @@ def _tokens(text, vocabulary):
 
 
 def test_outputs_are_complete_and_greedy_speculative_equals_baseline(fixture, greedy_runs):
-  speculative, baseline = _records(greedy_runs['speculative_dir']), _records(
-      greedy_runs['baseline_dir'])
+  speculative, baseline = (
+    _records(greedy_runs['speculative_dir']),
+    _records(greedy_runs['baseline_dir']),
+  )
   assert [r['index'] for r in speculative] == [r['index'] for r in baseline] == list(range(30))
   assert [r['inputs'] for r in speculative] == [PREFIX + source for source, _ in PAIRS]
   assert [r['targets'] for r in speculative] == [target for _, target in PAIRS]
@@ -154,9 +194,10 @@ def test_outputs_are_complete_and_greedy_speculative_equals_baseline(fixture, gr
   inputs = np.zeros((len(PAIRS), FEATURE_LENGTHS['inputs']), np.int32)
   for row, (source, _) in enumerate(PAIRS):
     tokens = _tokens(PREFIX + source, vocabulary)
-    inputs[row, :len(tokens)] = tokens
-  direct = models.generate(fixture['target'], None, inputs,
-                           max_decode_len=FEATURE_LENGTHS['targets']).tokens
+    inputs[row, : len(tokens)] = tokens
+  direct = models.generate(
+    fixture['target'], None, inputs, max_decode_len=FEATURE_LENGTHS['targets']
+  ).tokens
   assert [r['prediction'] for r in baseline] == [vocabulary.decode(row.tolist()) for row in direct]
   assert [r['emitted'] for r in baseline] == decoded_lengths(direct, EOS_ID).tolist()
   assert [r['truncated'] for r in baseline] == [EOS_ID not in row for row in direct]
@@ -164,28 +205,34 @@ def test_outputs_are_complete_and_greedy_speculative_equals_baseline(fixture, gr
 
   for record in baseline:
     assert (record['iterations'], record['accepted'], record['score']) == (
-        record['emitted'], 0, 0.0)
+      record['emitted'],
+      0,
+      0.0,
+    )
   for record in speculative:
     assert record['score'] == 0.0
-    assert 1 <= record['iterations'] <= record['emitted'] <= record['accepted'] + record[
-        'iterations']
+    assert (
+      1 <= record['iterations'] <= record['emitted'] <= record['accepted'] + record['iterations']
+    )
   assert sum(r['accepted'] for r in speculative) > 0
 
   summary = greedy_runs['speculative']
-  with open(_records_path(greedy_runs['speculative_dir'])[:-len('.jsonl')]
-            + '.summary.json') as f:
+  with open(_records_path(greedy_runs['speculative_dir'])[: -len('.jsonl')] + '.summary.json') as f:
     assert json.load(f) == summary
   tokens = sum(r['emitted'] for r in speculative)
-  batches = {r['index'] // BATCH_SIZE: (r['batch_beta_sum'], r['batch_beta_count'])
-             for r in speculative}
+  batches = {
+    r['index'] // BATCH_SIZE: (r['batch_beta_sum'], r['batch_beta_count']) for r in speculative
+  }
   assert len(batches) == 8  # 7 full batches and a padded one.
   assert summary['examples'] == summary['decoded_examples'] == 30
   assert summary['tokens'] == summary['decoded_tokens'] == tokens
-  assert summary['alpha'] == pytest.approx(sum(s for s, _ in batches.values())
-                                           / sum(c for _, c in batches.values()))
+  assert summary['alpha'] == pytest.approx(
+    sum(s for s, _ in batches.values()) / sum(c for _, c in batches.values())
+  )
   assert 0.3 < summary['alpha'] < 0.95
   assert summary['tokens_per_target_call'] == pytest.approx(
-      tokens / sum(r['iterations'] for r in speculative))
+    tokens / sum(r['iterations'] for r in speculative)
+  )
   assert summary['tokens_per_target_call'] > 1.2
   assert summary['tokens_per_second'] > 0 and summary['mesh'] == {'data': 1, 'model': 1}
   bleu = tasks_core.bleu([t for _, t in PAIRS], [r['prediction'] for r in speculative])['bleu']
@@ -212,11 +259,11 @@ def test_sampled_run_resumed_inside_a_batch_equals_the_uninterrupted_run(fixture
   # decodes that batch again with its own key and writes only its last two rows.
   os.makedirs(tmp_path / 'resumed')
   for suffix in ('.jsonl', '.settings.json'):
-    with open(_records_path(tmp_path / 'whole')[:-len('.jsonl')] + suffix, 'rb') as f:
+    with open(_records_path(tmp_path / 'whole')[: -len('.jsonl')] + suffix, 'rb') as f:
       data = f.read()
     if suffix == '.jsonl':
       data = b''.join(data.splitlines(keepends=True)[:10])
-    with open(_records_path(tmp_path / 'resumed')[:-len('.jsonl')] + suffix, 'wb') as f:
+    with open(_records_path(tmp_path / 'resumed')[: -len('.jsonl')] + suffix, 'wb') as f:
       f.write(data)
   assert _infer(fixture, tmp_path / 'resumed', **sampling)['decoded_examples'] == 20
   assert _read(tmp_path / 'resumed') == whole
@@ -234,8 +281,7 @@ def test_a_longer_run_continues_a_shorter_one(fixture, greedy_runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_without_losing_or_repeating_examples(fixture, greedy_runs,
-                                                                tmp_path):
+def test_killed_run_resumes_without_losing_or_repeating_examples(fixture, greedy_runs, tmp_path):
   output_dir = tmp_path / 'killed'
   command = _cli(fixture, output_dir)
   with open(tmp_path / 'stderr', 'wb') as stderr:  # A file: a full pipe would block it.
@@ -252,18 +298,18 @@ def test_killed_run_resumes_without_losing_or_repeating_examples(fixture, greedy
   written = _read(output_dir)
   assert 0 < written.count(b'\n') < len(PAIRS), 'the run was not killed mid-way'
   # A write cut short by the kill: half a record at the end of the file.
-  complete = written[:written.rfind(b'\n') + 1]
+  complete = written[: written.rfind(b'\n') + 1]
   next_record = _read(greedy_runs['speculative_dir']).split(b'\n')[complete.count(b'\n')]
   with open(records_path, 'wb') as f:
-    f.write(complete + next_record[:len(next_record) // 2])
+    f.write(complete + next_record[: len(next_record) // 2])
 
   _run_main_in_process(command)
   assert _read(output_dir) == _read(greedy_runs['speculative_dir'])
-  settings = lambda d: open(_records_path(d)[:-len('.jsonl')] + '.settings.json').read()
+  settings = lambda d: open(_records_path(d)[: -len('.jsonl')] + '.settings.json').read()
   assert settings(output_dir) == settings(greedy_runs['speculative_dir'])
 
 
-_SHARDED_SCRIPT = '''
+_SHARDED_SCRIPT = """
 import json, sys
 import jax
 from jax.sharding import PartitionSpec as P
@@ -283,24 +329,38 @@ print(json.dumps({
     'logits': list(placed.params['decoder']['logits_dense']['kernel'].sharding.spec),
     'query': list(placed.params['encoder']['layers_0']['attention']['query']['kernel'].sharding.spec),
 }))
-'''
+"""
 
 
 @pytest.mark.slow
 def test_sharded_inference_on_a_2x4_mesh_equals_unsharded(fixture, greedy_runs, tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(
-      [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']))
-  command = _cli(fixture, tmp_path / 'sharded', '--gin.infer.infer.num_partitions=4',
-                 '--gin.infer.infer.num_examples=12')
-  result = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT, *command[3:]], cwd=REPO,
-                          env=env, capture_output=True, timeout=600)
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS=' '.join(
+      [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']
+    ),
+  )
+  command = _cli(
+    fixture,
+    tmp_path / 'sharded',
+    '--gin.infer.infer.num_partitions=4',
+    '--gin.infer.infer.num_examples=12',
+  )
+  result = subprocess.run(
+    [sys.executable, '-c', _SHARDED_SCRIPT, *command[3:]],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    timeout=600,
+  )
   assert result.returncode == 0, result.stderr.decode()[-5000:]
   placement = json.loads(result.stdout.decode().splitlines()[-1])
   assert placement == {'logits': [None, 'model'], 'query': [None, 'model']}
-  with open(_records_path(tmp_path / 'sharded')[:-len('.jsonl')] + '.summary.json') as f:
+  with open(_records_path(tmp_path / 'sharded')[: -len('.jsonl')] + '.summary.json') as f:
     assert json.load(f)['mesh'] == {'data': 2, 'model': 4}
   sharded = _records(tmp_path / 'sharded')
-  unsharded = _records(greedy_runs['speculative_dir'])[:len(sharded)]
+  unsharded = _records(greedy_runs['speculative_dir'])[: len(sharded)]
   assert len(sharded) == 12
   beta = lambda records: [r.pop('batch_beta_sum') for r in records]
   assert beta(sharded) == pytest.approx(beta(unsharded), rel=1e-5)
@@ -309,18 +369,24 @@ def test_sharded_inference_on_a_2x4_mesh_equals_unsharded(fixture, greedy_runs, 
 
 def test_bad_configurations_name_the_problem(fixture, greedy_runs, tmp_path):
   with pytest.raises(FileNotFoundError, match='No checkpoint at .*missing_draft'):
-    _run_main_in_process(_cli(fixture, tmp_path / 'a',
-                              f"--gin.DRAFT_CHECKPOINT_PATH='{tmp_path / 'missing_draft'}'"))
+    _run_main_in_process(
+      _cli(fixture, tmp_path / 'a', f"--gin.DRAFT_CHECKPOINT_PATH='{tmp_path / 'missing_draft'}'")
+    )
   other_vocabulary = models.random_model(
-      network.T5Config(**{**fixture['target'].config.__dict__, 'vocab_size': 2 * VOCAB_SIZE}))
+    network.T5Config(**{**fixture['target'].config.__dict__, 'vocab_size': 2 * VOCAB_SIZE})
+  )
   with pytest.raises(ValueError, match='one shared vocabulary'):
     _infer(fixture, tmp_path / 'b', draft=other_vocabulary)
   too_small = models.random_model(
-      network.T5Config(**{**fixture['target'].config.__dict__, 'vocab_size': VOCAB_SIZE // 2}))
+    network.T5Config(**{**fixture['target'].config.__dict__, 'vocab_size': VOCAB_SIZE // 2})
+  )
   with pytest.raises(ValueError, match='vocabulary of 64 ids but the target has vocab_size=32'):
     _infer(fixture, tmp_path / 'c', target=too_small, draft=None)
-  with pytest.raises(ValueError, match=r"30 of the 30 examples .* than TASK_FEATURE_LENGTHS\['inputs'\] "
-                                       r'= 8: example 0 has \d+ .*Raise TASK_FEATURE_LENGTHS'):
+  with pytest.raises(
+    ValueError,
+    match=r"30 of the 30 examples .* than TASK_FEATURE_LENGTHS\['inputs'\] "
+    r'= 8: example 0 has \d+ .*Raise TASK_FEATURE_LENGTHS',
+  ):
     _infer(fixture, tmp_path / 'd', feature_lengths={'inputs': 8, 'targets': 16})
   with pytest.raises(ValueError, match='gamma is required'):
     _infer(fixture, tmp_path / 'e', gamma=None)
@@ -339,9 +405,11 @@ def test_a_damaged_checkpoint_file_is_named_as_the_target_or_the_draft(fixture, 
     shutil.copytree(fixture['directory'] / model, damaged_dir)
     metadata = damaged_dir / '0' / 'params' / '_METADATA'
     metadata.write_bytes(metadata.read_bytes()[:20])
-    with pytest.raises(checkpoints.CorruptCheckpointError,
-                       match=f"The {model} checkpoint \\({macro} = '{damaged_dir}'\\) is damaged: "
-                             f'{metadata} cannot be read as orbax checkpoint metadata'):
+    with pytest.raises(
+      checkpoints.CorruptCheckpointError,
+      match=f"The {model} checkpoint \\({macro} = '{damaged_dir}'\\) is damaged: "
+      f'{metadata} cannot be read as orbax checkpoint metadata',
+    ):
       _run_main_in_process(_cli(fixture, tmp_path / 'output', f"--gin.{macro}='{damaged_dir}'"))
 
 
@@ -350,8 +418,9 @@ def test_benchmark_reads_a_task_split_as_the_tsv_reader_does(fixture):
   from speculative_t5x import benchmark
 
   task_rows, task_references = benchmark.task_inputs(fixture['task'], 'test')
-  tsv_rows, tsv_references = benchmark.tsv_inputs(fixture['test_tsv'], fixture['vocabulary'],
-                                                  prefix=PREFIX)
+  tsv_rows, tsv_references = benchmark.tsv_inputs(
+    fixture['test_tsv'], fixture['vocabulary'], prefix=PREFIX
+  )
   assert task_rows.shape == (len(PAIRS), tsv_rows.shape[1])
   np.testing.assert_array_equal(task_rows, tsv_rows)
   assert task_references == tsv_references == [target for _, target in PAIRS]

@@ -13,8 +13,14 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
 import markov
-from testing_utils import (EOS, decoded_lengths, outputs_as_tuples, padded_inputs,
-                           sequence_chi_square_p_value, tiny_model)
+from testing_utils import (
+  EOS,
+  decoded_lengths,
+  outputs_as_tuples,
+  padded_inputs,
+  sequence_chi_square_p_value,
+  tiny_model,
+)
 
 
 TARGET = tiny_model(seed=0, layers=2, scale=3.0)
@@ -22,13 +28,24 @@ DRAFT = tiny_model(seed=1, scale=3.0)
 
 
 class TestGreedyEquality:
-
-  @pytest.mark.parametrize('draft_kind, batch, gamma, verification', [
-      ('model', 1, 1, 'token'), ('model', 3, 4, 'token'), ('model', 8, 8, 'token'),
-      ('target', 2, 3, 'token'), ('wrong', 5, 2, 'token'), ('bigram', 4, 5, 'token'),
-      ('lookup', 6, 3, 'token'), ('model', 3, 4, 'block'), ('model', 8, 7, 'block'),
-      ('target', 2, 3, 'block'), ('wrong', 5, 2, 'block'), ('bigram', 4, 5, 'block'),
-      ('lookup', 6, 3, 'block')])
+  @pytest.mark.parametrize(
+    'draft_kind, batch, gamma, verification',
+    [
+      ('model', 1, 1, 'token'),
+      ('model', 3, 4, 'token'),
+      ('model', 8, 8, 'token'),
+      ('target', 2, 3, 'token'),
+      ('wrong', 5, 2, 'token'),
+      ('bigram', 4, 5, 'token'),
+      ('lookup', 6, 3, 'token'),
+      ('model', 3, 4, 'block'),
+      ('model', 8, 7, 'block'),
+      ('target', 2, 3, 'block'),
+      ('wrong', 5, 2, 'block'),
+      ('bigram', 4, 5, 'block'),
+      ('lookup', 6, 3, 'block'),
+    ],
+  )
   def test_speculative_equals_baseline(self, draft_kind, batch, gamma, verification):
     inputs = padded_inputs(batch, batch, 9, TARGET.vocab_size)
     kwargs = dict(temperature=0.0, max_decode_len=12)
@@ -44,8 +61,7 @@ class TestGreedyEquality:
       draft = drafts.NgramDraft.fit(list(inputs), TARGET.vocab_size)
     else:
       draft = drafts.PromptLookupDraft(vocab_size=TARGET.vocab_size)
-    out = models.generate(TARGET, draft, inputs, gamma=gamma, verification=verification,
-                          **kwargs)
+    out = models.generate(TARGET, draft, inputs, gamma=gamma, verification=verification, **kwargs)
     np.testing.assert_array_equal(out.tokens, baseline.tokens)
     emitted, iterations = np.asarray(out.stats.emitted), np.asarray(out.stats.iterations)
     if draft_kind == 'target':
@@ -60,8 +76,12 @@ class TestGreedyEquality:
     out = models.generate(TARGET, None, inputs, temperature=0.0, max_decode_len=5)
     decoder_inputs = np.concatenate([np.zeros((3, 1), np.int32), np.asarray(out.tokens)[:, :-1]], 1)
     logits = network.Transformer(TARGET.config).apply(
-        {'params': TARGET.params}, inputs, decoder_inputs, np.ones_like(decoder_inputs),
-        enable_dropout=False)
+      {'params': TARGET.params},
+      inputs,
+      decoder_inputs,
+      np.ones_like(decoder_inputs),
+      enable_dropout=False,
+    )
     expected = np.asarray(jnp.argmax(logits, -1))
     alive = np.arange(out.tokens.shape[1]) < decoded_lengths(out.tokens)[:, None]
     np.testing.assert_array_equal(np.where(alive, out.tokens, 0), np.where(alive, expected, 0))
@@ -73,8 +93,12 @@ def exact_sequence_distribution(model, input_tokens, length, **sample_args):
   outputs = list(itertools.product(range(vocab), repeat=length))
   decoder_inputs = np.array([(0,) + o[:-1] for o in outputs], np.int32)
   logits = network.Transformer(model.config).apply(
-      {'params': model.params}, np.repeat(input_tokens[None], len(outputs), 0),
-      decoder_inputs, np.ones_like(decoder_inputs), enable_dropout=False)
+    {'params': model.params},
+    np.repeat(input_tokens[None], len(outputs), 0),
+    decoder_inputs,
+    np.ones_like(decoder_inputs),
+    enable_dropout=False,
+  )
   probs = np.asarray(sampling.standardize(logits, **sample_args), np.float64)
   result = {}
   for output, row in zip(outputs, probs):
@@ -90,14 +114,19 @@ def exact_sequence_distribution(model, input_tokens, length, **sample_args):
   return result
 
 
-@pytest.mark.parametrize('batch, calls', [
+@pytest.mark.parametrize(
+  'batch, calls',
+  [
     pytest.param(2_048, 2, id='4096_sequences'),
-    pytest.param(12_800, 8, id='102400_sequences', marks=pytest.mark.slow)])
+    pytest.param(12_800, 8, id='102400_sequences', marks=pytest.mark.slow),
+  ],
+)
 @pytest.mark.parametrize('verification', ['token', 'block'])
 @pytest.mark.parametrize(
-    'sample_args',
-    [dict(temperature=1.0), dict(temperature=1.0, topk=3), dict(temperature=0.8, topp=0.7)],
-    ids=['temperature1', 'topk3', 'topp0.7'])
+  'sample_args',
+  [dict(temperature=1.0), dict(temperature=1.0, topk=3), dict(temperature=0.8, topp=0.7)],
+  ids=['temperature1', 'topk3', 'topp0.7'],
+)
 def test_sampled_sequences_follow_the_target(sample_args, batch, calls, verification):
   """batch * calls sequences from a tiny network pair vs the target's exact distribution."""
   vocab, length, gamma = 6, 3, 3
@@ -107,15 +136,24 @@ def test_sampled_sequences_follow_the_target(sample_args, batch, calls, verifica
   inputs = np.tile(input_row, (batch, 1))
   samples = []
   for call in range(calls):
-    out = models.generate(target, draft, inputs, gamma=gamma, max_decode_len=length,
-                          rng=jax.random.PRNGKey(call), verification=verification,
-                          **sample_args)
+    out = models.generate(
+      target,
+      draft,
+      inputs,
+      gamma=gamma,
+      max_decode_len=length,
+      rng=jax.random.PRNGKey(call),
+      verification=verification,
+      **sample_args,
+    )
     samples += outputs_as_tuples(out.tokens)
   exact = exact_sequence_distribution(target, input_row, length, **sample_args)
   p_value = sequence_chi_square_p_value(samples, exact)
-  print(f'\nchi-square p-value, tiny networks, model draft, gamma={gamma}, {verification}, '
-        f'{sample_args}: '
-        f'{p_value:.4f} over {len(samples)} sequences, alpha={float(out.stats.mean_beta):.3f}')
+  print(
+    f'\nchi-square p-value, tiny networks, model draft, gamma={gamma}, {verification}, '
+    f'{sample_args}: '
+    f'{p_value:.4f} over {len(samples)} sequences, alpha={float(out.stats.mean_beta):.3f}'
+  )
   assert p_value > 1e-3
 
 
@@ -124,22 +162,29 @@ def test_second_call_with_new_inputs_does_not_recompile():
   kwargs = dict(gamma=3, temperature=1.0, max_decode_len=8)
   models.generate(TARGET, DRAFT, inputs, **kwargs)
   compiled = models._generate._cache_size()
-  other = models.generate(TARGET, DRAFT, padded_inputs(1, 2, 6, TARGET.vocab_size),
-                          rng=jax.random.PRNGKey(5), **kwargs)
+  other = models.generate(
+    TARGET, DRAFT, padded_inputs(1, 2, 6, TARGET.vocab_size), rng=jax.random.PRNGKey(5), **kwargs
+  )
   assert models._generate._cache_size() == compiled
   assert other.tokens.shape == (2, 8)
 
 
 class TestBadInput:
-
   def test_vocabulary_mismatch_names_both_sizes(self):
     with pytest.raises(ValueError, match='vocabulary size 40 .* 32'):
       models.generate(TARGET, tiny_model(seed=4, vocab_size=40), np.ones((1, 3), np.int32))
 
-  @pytest.mark.parametrize('kwargs, message', [
-      (dict(gamma=0), 'gamma'), (dict(temperature=-1.0), 'temperature'),
-      (dict(topk=2, topp=0.5), 'topk'), (dict(topp=1.5), 'topp'), (dict(lenience=0.0), 'lenience'),
-      (dict(max_decode_len=0), 'max_decode_len')])
+  @pytest.mark.parametrize(
+    'kwargs, message',
+    [
+      (dict(gamma=0), 'gamma'),
+      (dict(temperature=-1.0), 'temperature'),
+      (dict(topk=2, topp=0.5), 'topk'),
+      (dict(topp=1.5), 'topp'),
+      (dict(lenience=0.0), 'lenience'),
+      (dict(max_decode_len=0), 'max_decode_len'),
+    ],
+  )
   def test_bad_arguments(self, kwargs, message):
     with pytest.raises(ValueError, match=message):
       models.generate(TARGET, DRAFT, np.ones((1, 3), np.int32), **kwargs)
@@ -155,8 +200,16 @@ class TestArgumentsAtTheApiEdge:
   TARGET = tiny_model(seed=11, vocab_size=16)
   INPUTS = np.array([[3, 4, 1]], np.int32)
 
-  @pytest.mark.parametrize('name, value', [('gamma', True), ('gamma', 2.0), ('gamma', 0),
-                                           ('max_decode_len', 2.5), ('max_decode_len', False)])
+  @pytest.mark.parametrize(
+    'name, value',
+    [
+      ('gamma', True),
+      ('gamma', 2.0),
+      ('gamma', 0),
+      ('max_decode_len', 2.5),
+      ('max_decode_len', False),
+    ],
+  )
   def test_non_integers_and_bools_are_errors(self, name, value):
     with pytest.raises(ValueError, match=f'{name} must be an integer >= 1; got {value!r}'):
       models.make_decoder(self.TARGET, self.TARGET, **{name: value})
@@ -169,8 +222,12 @@ class TestArgumentsAtTheApiEdge:
 
   def test_a_per_row_temperature_array_is_a_named_error(self):
     with pytest.raises(ValueError, match='one temperature for the batch.*shape \\(2,\\)'):
-      models.generate(self.TARGET, self.TARGET, np.repeat(self.INPUTS, 2, axis=0),
-                      temperature=np.array([0.5, 1.0]))
+      models.generate(
+        self.TARGET,
+        self.TARGET,
+        np.repeat(self.INPUTS, 2, axis=0),
+        temperature=np.array([0.5, 1.0]),
+      )
 
   def test_block_verification_with_lenience_is_a_named_error(self):
     with pytest.raises(ValueError, match="verification='block' is exact only"):
@@ -180,5 +237,6 @@ class TestArgumentsAtTheApiEdge:
 
   def test_the_speculative_decode_function_rejects_a_bool_gamma(self):
     with pytest.raises(ValueError, match='gamma must be an integer'):
-      decoding.speculative_sample(jnp.zeros((1, 4), jnp.int32), {}, None, 1,
-                                  draft=None, draft_cache={}, gamma=True)
+      decoding.speculative_sample(
+        jnp.zeros((1, 4), jnp.int32), {}, None, 1, draft=None, draft_cache={}, gamma=True
+      )

@@ -13,10 +13,20 @@ from speculative_t5x import partitioning
 
 def test_rules_are_t5x_standard_rules_for_1d_model_parallelism():
   assert list(partitioning.standard_logical_axis_rules()) == [
-      ('batch', 'data'), ('vocab', 'model'), ('embed', None), ('mlp', 'model'),
-      ('heads', 'model'), ('kv', None), ('joined_kv', 'model'), ('relpos_buckets', None),
-      ('abspos_buckets', None), ('length', None), ('layers', None), ('stack', None),
-      ('mlp_activations', None)]
+    ('batch', 'data'),
+    ('vocab', 'model'),
+    ('embed', None),
+    ('mlp', 'model'),
+    ('heads', 'model'),
+    ('kv', None),
+    ('joined_kv', 'model'),
+    ('relpos_buckets', None),
+    ('abspos_buckets', None),
+    ('length', None),
+    ('layers', None),
+    ('stack', None),
+    ('mlp_activations', None),
+  ]
 
 
 def test_make_mesh_needs_all_devices():
@@ -25,7 +35,7 @@ def test_make_mesh_needs_all_devices():
 
 
 # Runs in a fresh process: the device count is fixed when JAX starts.
-_SHARDED_SCRIPT = textwrap.dedent('''
+_SHARDED_SCRIPT = textwrap.dedent("""
     import dataclasses, functools
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import PartitionSpec as P
@@ -100,14 +110,24 @@ _SHARDED_SCRIPT = textwrap.dedent('''
     t5x_key = t5x_shardings['decoder']['layers_0']['self_attention']['cached_key']
     assert t5x_key.spec == P(None, None, None, None)  # Neither batch 3 nor 6 heads divide.
     print('sharded == unsharded')
-''')
+""")
 
 
 def test_sharded_forward_and_decode_block_equal_unsharded_on_2x4_mesh():
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(
-      [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']))
-  result = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS=' '.join(
+      [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']
+    ),
+  )
+  result = subprocess.run(
+    [sys.executable, '-c', _SHARDED_SCRIPT],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'sharded == unsharded' in result.stdout

@@ -13,8 +13,9 @@ from speculative_t5x import network
 from speculative_t5x import peers
 
 torch = pytest.importorskip('torch', reason='the Hugging Face comparison needs PyTorch')
-transformers = pytest.importorskip('transformers',
-                                   reason='the Hugging Face comparison needs transformers')
+transformers = pytest.importorskip(
+  'transformers', reason='the Hugging Face comparison needs transformers'
+)
 
 VOCAB = 64
 EOS = models.EOS_ID
@@ -27,8 +28,16 @@ def tiny_target():
   a workaround there, see peers).
   """
   config = network.t5_1_1_config(
-      'tiny', vocab_size=VOCAB, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
-      num_encoder_layers=2, num_decoder_layers=3, dtype='float32')
+    'tiny',
+    vocab_size=VOCAB,
+    emb_dim=32,
+    num_heads=2,
+    head_dim=16,
+    mlp_dim=64,
+    num_encoder_layers=2,
+    num_decoder_layers=3,
+    dtype='float32',
+  )
   params, _ = network.random_params(config, seed=0)
   # Sharper logits than the unit-scale default (fewer near-ties), and EOS
   # likelier, so that some outputs end before the length limit.
@@ -41,8 +50,8 @@ def noisy_copy(model, noise, seed):
   """A draft that agrees with `model` often, not always."""
   rng = np.random.default_rng(seed)
   params = jax.tree.map(
-      lambda x: x + noise * x.std() * rng.standard_normal(x.shape).astype(np.float32),
-      model.params)
+    lambda x: x + noise * x.std() * rng.standard_normal(x.shape).astype(np.float32), model.params
+  )
   return models.Model(model.config, params)
 
 
@@ -51,9 +60,10 @@ TARGET = tiny_target()
 DRAFT = noisy_copy(TARGET, noise=0.1, seed=3)
 GAMMA = 3
 # Three examples, 0-padded to 8, EOS-terminated.
-INPUTS = np.array([[5, 17, 33, 9, EOS, 0, 0, 0],
-                   [40, 2, 61, 12, 7, 25, 3, EOS],
-                   [8, EOS, 0, 0, 0, 0, 0, 0]], np.int32)
+INPUTS = np.array(
+  [[5, 17, 33, 9, EOS, 0, 0, 0], [40, 2, 61, 12, 7, 25, 3, EOS], [8, EOS, 0, 0, 0, 0, 0, 0]],
+  np.int32,
+)
 # Long enough for several rounds after a fully accepted one (where
 # transformers' assistant cache needs the decoder_attention_mask workaround).
 MAX_DECODE_LEN = 16
@@ -69,8 +79,15 @@ def test_emitted_tokens_count_up_to_and_including_eos():
 def test_comparison_runs_end_to_end_and_outputs_agree(tmp_path):
   threads_before = torch.get_num_threads()
   result = peers.compare_with_huggingface(
-      TARGET, DRAFT, INPUTS, max_decode_len=MAX_DECODE_LEN, gamma=GAMMA, workdir=str(tmp_path),
-      repetitions=2, num_threads=1)
+    TARGET,
+    DRAFT,
+    INPUTS,
+    max_decode_len=MAX_DECODE_LEN,
+    gamma=GAMMA,
+    workdir=str(tmp_path),
+    repetitions=2,
+    num_threads=1,
+  )
   assert torch.get_num_threads() == threads_before
 
   # The untied export reproduces our logits under transformers 5.
@@ -101,9 +118,15 @@ def test_comparison_runs_end_to_end_and_outputs_agree(tmp_path):
 
   assert result.speedup(peers.OURS_BASELINE) == result.speedup(peers.HF_GREEDY) == 1.0
   assert result.speedup(peers.HF_ASSISTED) == pytest.approx(
-      result[peers.HF_ASSISTED].tokens_per_second / result[peers.HF_GREEDY].tokens_per_second)
-  assert (result.num_examples, result.input_length, result.gamma, result.repetitions,
-          result.torch_threads) == (3, 8, GAMMA, 2, 1)
+    result[peers.HF_ASSISTED].tokens_per_second / result[peers.HF_GREEDY].tokens_per_second
+  )
+  assert (
+    result.num_examples,
+    result.input_length,
+    result.gamma,
+    result.repetitions,
+    result.torch_threads,
+  ) == (3, 8, GAMMA, 2, 1)
   assert set(result.versions) == {'jax', 'torch', 'transformers'}
   table = peers.format_markdown(result)
   for system in peers.SYSTEMS:
@@ -118,8 +141,15 @@ def test_draft_equal_to_target_accepts_gamma_per_round_in_both(tmp_path):
   confidence threshold and schedule) or drafted from a garbled cache.
   """
   result = peers.compare_with_huggingface(
-      TARGET, TARGET, INPUTS, max_decode_len=MAX_DECODE_LEN, gamma=GAMMA,
-      workdir=str(tmp_path), repetitions=1, num_threads=1)
+    TARGET,
+    TARGET,
+    INPUTS,
+    max_decode_len=MAX_DECODE_LEN,
+    gamma=GAMMA,
+    workdir=str(tmp_path),
+    repetitions=1,
+    num_threads=1,
+  )
   greedy = np.asarray(models.generate(TARGET, None, INPUTS, max_decode_len=MAX_DECODE_LEN).tokens)
   rounds = tuple(-(-len(peers.emitted_tokens(row)) // (GAMMA + 1)) for row in greedy)
   assert result[peers.OURS_SPECULATIVE].target_calls_per_example == rounds
@@ -129,8 +159,9 @@ def test_draft_equal_to_target_accepts_gamma_per_round_in_both(tmp_path):
 
 def test_divergence_is_located_and_near_ties_recognized(tmp_path):
   """Token b's output column copies token a's: a and b tie exactly."""
-  greedy = peers.emitted_tokens(np.asarray(
-      models.generate(TARGET, None, INPUTS[:1], max_decode_len=MAX_DECODE_LEN).tokens)[0])
+  greedy = peers.emitted_tokens(
+    np.asarray(models.generate(TARGET, None, INPUTS[:1], max_decode_len=MAX_DECODE_LEN).tokens)[0]
+  )
   position = 1
   a = int(greedy[position])
   b = next(t for t in range(2, VOCAB) if t != a)
@@ -141,10 +172,14 @@ def test_divergence_is_located_and_near_ties_recognized(tmp_path):
   hf_tied = peers._export(tied, str(tmp_path / 'hf'), transformers)
   row = INPUTS[:1]
   analyze = functools.partial(
-      peers._divergence, peers.HF_ASSISTED, 0, greedy,
-      our_logits=functools.partial(benchmark.teacher_forced_logits, tied.config, tied.params, row),
-      hf_logits=functools.partial(peers._hf_logits, torch, hf_tied, row),
-      max_decode_len=MAX_DECODE_LEN)
+    peers._divergence,
+    peers.HF_ASSISTED,
+    0,
+    greedy,
+    our_logits=functools.partial(benchmark.teacher_forced_logits, tied.config, tied.params, row),
+    hf_logits=functools.partial(peers._hf_logits, torch, hf_tied, row),
+    max_decode_len=MAX_DECODE_LEN,
+  )
 
   theirs = greedy.copy()
   theirs[position] = b
@@ -155,30 +190,51 @@ def test_divergence_is_located_and_near_ties_recognized(tmp_path):
   assert tie.near_tie
 
   decoder_inputs = peers._shift_right(greedy[:position], MAX_DECODE_LEN)
-  worst = int(np.argmin(np.asarray(benchmark.teacher_forced_logits(
-      tied.config, tied.params, row, decoder_inputs))[0, position]))
+  worst = int(
+    np.argmin(
+      np.asarray(benchmark.teacher_forced_logits(tied.config, tied.params, row, decoder_inputs))[
+        0, position
+      ]
+    )
+  )
   theirs[position] = worst
   clear = analyze(theirs)
   assert clear.their_token == worst and clear.our_gap > 1.0 and not clear.near_tie
   assert clear.their_gap == pytest.approx(-clear.our_gap, abs=1e-4)
 
 
-@pytest.mark.parametrize('change, message', [
-    (dict(target=models.Model(network.t5_1_1_config('tiny', vocab_size=VOCAB), TARGET.params)),
-     'float32'),
-    (dict(draft=models.Model(network.t5_1_1_config('tiny', vocab_size=VOCAB + 1,
-                                                   dtype='float32'), DRAFT.params)),
-     'vocabulary'),
+@pytest.mark.parametrize(
+  'change, message',
+  [
+    (
+      dict(target=models.Model(network.t5_1_1_config('tiny', vocab_size=VOCAB), TARGET.params)),
+      'float32',
+    ),
+    (
+      dict(
+        draft=models.Model(
+          network.t5_1_1_config('tiny', vocab_size=VOCAB + 1, dtype='float32'), DRAFT.params
+        )
+      ),
+      'vocabulary',
+    ),
     (dict(input_tokens=INPUTS[0]), r'\[examples, length\]'),
     (dict(input_tokens=np.zeros((2, 4), np.int32)), 'non-padding'),
     (dict(input_tokens=INPUTS + VOCAB), 'vocabulary'),
     (dict(gamma=0), 'gamma'),
     (dict(repetitions=0), 'repetitions'),
     (dict(num_threads=0), 'num_threads'),
-])
+  ],
+)
 def test_bad_arguments_are_named(tmp_path, change, message):
-  kwargs = dict(target=TARGET, draft=DRAFT, input_tokens=INPUTS, max_decode_len=4, gamma=GAMMA,
-                workdir=str(tmp_path))
+  kwargs = dict(
+    target=TARGET,
+    draft=DRAFT,
+    input_tokens=INPUTS,
+    max_decode_len=4,
+    gamma=GAMMA,
+    workdir=str(tmp_path),
+  )
   kwargs.update(change)
   with pytest.raises(ValueError, match=message):
     peers.compare_with_huggingface(**kwargs)
@@ -188,5 +244,6 @@ def test_bad_arguments_are_named(tmp_path, change, message):
 def test_missing_transformers_names_the_extra(monkeypatch):
   monkeypatch.setitem(sys.modules, 'transformers', None)
   with pytest.raises(ImportError, match=r'speculative_t5x\[hf\]'):
-    peers.compare_with_huggingface(TARGET, DRAFT, INPUTS, max_decode_len=4, gamma=2,
-                                   workdir='/nonexistent')
+    peers.compare_with_huggingface(
+      TARGET, DRAFT, INPUTS, max_decode_len=4, gamma=2, workdir='/nonexistent'
+    )

@@ -16,51 +16,56 @@ NEG_INF = -np.inf
 
 
 def _log(probs):
-  with np.errstate(divide="ignore"):
+  with np.errstate(divide='ignore'):
     return np.log(np.asarray(probs, np.float32))
 
 
 def test_temperature_one_is_softmax():
   logits = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, NEG_INF]], np.float32)
   np.testing.assert_allclose(
-      sampling.standardize(logits),
-      [np.exp([1, 2, 3]) / np.exp([1, 2, 3]).sum(), [0.5, 0.5, 0]], rtol=1e-6)
+    sampling.standardize(logits),
+    [np.exp([1, 2, 3]) / np.exp([1, 2, 3]).sum(), [0.5, 0.5, 0]],
+    rtol=1e-6,
+  )
 
 
 def test_temperature_scales_logits():
   logits = np.array([0.0, np.log(2.0), NEG_INF], np.float32)
   # Temperature 0.5 squares the odds: 1 : 4.
-  np.testing.assert_allclose(sampling.standardize(logits, 0.5), [0.2, 0.8, 0],
-                             rtol=1e-6)
+  np.testing.assert_allclose(sampling.standardize(logits, 0.5), [0.2, 0.8, 0], rtol=1e-6)
 
 
 def test_temperature_zero_is_argmax_with_lowest_id_on_ties():
-  logits = np.array([[0.0, 3.0, 3.0, 1.0], [NEG_INF, NEG_INF, 2.0, 2.0]],
-                    np.float32)
-  np.testing.assert_array_equal(sampling.standardize(logits, 0.0),
-                                [[0, 1, 0, 0], [0, 0, 1, 0]])
+  logits = np.array([[0.0, 3.0, 3.0, 1.0], [NEG_INF, NEG_INF, 2.0, 2.0]], np.float32)
+  np.testing.assert_array_equal(sampling.standardize(logits, 0.0), [[0, 1, 0, 0], [0, 0, 1, 0]])
   # top-k and top-p never change argmax.
-  np.testing.assert_array_equal(sampling.standardize(logits, 0.0, topk=3),
-                                [[0, 1, 0, 0], [0, 0, 1, 0]])
-  np.testing.assert_array_equal(sampling.standardize(logits, 0.0, topp=0.9),
-                                [[0, 1, 0, 0], [0, 0, 1, 0]])
+  np.testing.assert_array_equal(
+    sampling.standardize(logits, 0.0, topk=3), [[0, 1, 0, 0], [0, 0, 1, 0]]
+  )
+  np.testing.assert_array_equal(
+    sampling.standardize(logits, 0.0, topp=0.9), [[0, 1, 0, 0], [0, 0, 1, 0]]
+  )
 
 
 def test_top_k_keeps_the_k_largest_with_lowest_ids_on_ties():
   probs = np.array([0.1, 0.3, 0.2, 0.3, 0.1], np.float32)
-  np.testing.assert_allclose(sampling.standardize(_log(probs), topk=2),
-                             [0, 0.5, 0, 0.5, 0], rtol=1e-6)
-  np.testing.assert_allclose(sampling.standardize(_log(probs), topk=3),
-                             [0, 0.375, 0.25, 0.375, 0], rtol=1e-6)
+  np.testing.assert_allclose(
+    sampling.standardize(_log(probs), topk=2), [0, 0.5, 0, 0.5, 0], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    sampling.standardize(_log(probs), topk=3), [0, 0.375, 0.25, 0.375, 0], rtol=1e-6
+  )
   # Tie at the k-th place: the lower id wins.
-  np.testing.assert_allclose(sampling.standardize(_log(probs), topk=4),
-                             [1 / 9, 1 / 3, 2 / 9, 1 / 3, 0], rtol=1e-6)
+  np.testing.assert_allclose(
+    sampling.standardize(_log(probs), topk=4), [1 / 9, 1 / 3, 2 / 9, 1 / 3, 0], rtol=1e-6
+  )
   # k >= V keeps everything.
-  np.testing.assert_allclose(sampling.standardize(_log(probs), topk=9), probs,
-                             rtol=1e-6)
+  np.testing.assert_allclose(sampling.standardize(_log(probs), topk=9), probs, rtol=1e-6)
 
 
-@pytest.mark.parametrize("topp, kept", [
+@pytest.mark.parametrize(
+  'topp, kept',
+  [
     (0.05, [3]),  # The most likely token alone reaches it.
     (0.39, [3]),
     (0.41, [3, 1]),
@@ -69,13 +74,15 @@ def test_top_k_keeps_the_k_largest_with_lowest_ids_on_ties():
     (0.81, [3, 1, 0, 2]),
     (0.95, [3, 1, 0, 2, 4]),
     (1.0, [0, 1, 2, 3, 4]),
-])
+  ],
+)
 def test_top_p_keeps_the_smallest_prefix_reaching_p(topp, kept):
   probs = np.array([0.1, 0.3, 0.1, 0.4, 0.1], np.float32)
   expected = np.zeros(5)
   expected[kept] = probs[kept] / probs[kept].sum()
-  np.testing.assert_allclose(sampling.standardize(_log(probs), topp=topp),
-                             expected, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    sampling.standardize(_log(probs), topp=topp), expected, rtol=1e-5, atol=1e-7
+  )
 
 
 def test_top_p_applies_to_the_tempered_distribution():
@@ -95,7 +102,7 @@ def test_top_p_matches_a_sort_and_cumsum_reference_at_large_vocab():
     probs = np.asarray(jax.nn.softmax(logits, -1), np.float64)
     kept = np.asarray(sampling.standardize(logits, topp=topp)) > 0
     for row, row_kept in zip(probs, kept):
-      order = np.argsort(-row, kind="stable")
+      order = np.argsort(-row, kind='stable')
       mass_before = np.cumsum(row[order]) - row[order]
       expected = np.zeros_like(row_kept)
       expected[order[mass_before < topp]] = True
@@ -110,28 +117,38 @@ def test_per_row_temperature_applies_along_the_first_axis():
     batched = sampling.standardize(logits, temperature, **kwargs)
     for b in range(3):
       np.testing.assert_allclose(
-          batched[b],
-          sampling.standardize(logits[b], float(temperature[b]), **kwargs),
-          rtol=1e-6, atol=1e-7)
+        batched[b],
+        sampling.standardize(logits[b], float(temperature[b]), **kwargs),
+        rtol=1e-6,
+        atol=1e-7,
+      )
 
 
 def test_traced_arguments_match_concrete_ones():
   rng = np.random.default_rng(2)
   logits = rng.standard_normal((3, 5)).astype(np.float32)
   temperature = np.array([0.0, 0.5, 2.0], np.float32)
-  jitted = jax.jit(lambda l, t, p: sampling.standardize(l, t, topp=p))
+  jitted = jax.jit(lambda x, t, p: sampling.standardize(x, t, topp=p))
   for topp in (0.0, 0.5, 1.0):
     np.testing.assert_allclose(
-        jitted(logits, temperature, topp),
-        sampling.standardize(logits, temperature, topp=topp), rtol=1e-6,
-        atol=1e-7)
+      jitted(logits, temperature, topp),
+      sampling.standardize(logits, temperature, topp=topp),
+      rtol=1e-6,
+      atol=1e-7,
+    )
 
 
 def test_bfloat16_with_masks_gives_float32_without_nan():
-  logits = jnp.array([[1.0, NEG_INF, 2.0, NEG_INF], [NEG_INF] * 4,
-                      [np.inf, 0.0, np.inf, NEG_INF]], jnp.bfloat16)
-  for kwargs in (dict(), dict(temperature=0.0), dict(topk=1),
-                 dict(topp=0.5), dict(temperature=np.array([0.0, 1.0, 0.3]))):
+  logits = jnp.array(
+    [[1.0, NEG_INF, 2.0, NEG_INF], [NEG_INF] * 4, [np.inf, 0.0, np.inf, NEG_INF]], jnp.bfloat16
+  )
+  for kwargs in (
+    dict(),
+    dict(temperature=0.0),
+    dict(topk=1),
+    dict(topp=0.5),
+    dict(temperature=np.array([0.0, 1.0, 0.3])),
+  ):
     probs = sampling.standardize(logits, **kwargs)
     assert probs.dtype == jnp.float32
     assert not np.any(np.isnan(probs))
@@ -141,12 +158,9 @@ def test_bfloat16_with_masks_gives_float32_without_nan():
 
 def test_infinity_rules():
   # +inf: uniform over the +inf entries. All -inf: as if all logits were equal.
-  logits = np.array([[np.inf, 5.0, np.inf, NEG_INF], [NEG_INF] * 4],
-                    np.float32)
-  np.testing.assert_array_equal(sampling.standardize(logits),
-                                [[0.5, 0, 0.5, 0], [0.25] * 4])
-  np.testing.assert_array_equal(sampling.standardize(logits, 0.0),
-                                [[1, 0, 0, 0], [1, 0, 0, 0]])
+  logits = np.array([[np.inf, 5.0, np.inf, NEG_INF], [NEG_INF] * 4], np.float32)
+  np.testing.assert_array_equal(sampling.standardize(logits), [[0.5, 0, 0.5, 0], [0.25] * 4])
+  np.testing.assert_array_equal(sampling.standardize(logits, 0.0), [[1, 0, 0, 0], [1, 0, 0, 0]])
 
 
 def test_huge_logits_with_small_temperature_do_not_overflow():
@@ -158,40 +172,42 @@ def test_huge_logits_with_small_temperature_do_not_overflow():
 
 def test_argmax_and_temperature_paths_do_not_sort():
   logits = jnp.zeros((2, 3, 50))
+
   def primitives(**kwargs):
-    return str(jax.make_jaxpr(
-        lambda l: sampling.standardize(l, **kwargs))(logits))
-  sort_or_top_k = re.compile(r"\b(sort|top_k)\[")
+    return str(jax.make_jaxpr(lambda x: sampling.standardize(x, **kwargs))(logits))
+
+  sort_or_top_k = re.compile(r'\b(sort|top_k)\[')
   assert not sort_or_top_k.search(primitives(temperature=0.0))
   assert not sort_or_top_k.search(primitives(temperature=0.7))
   assert not sort_or_top_k.search(primitives(temperature=0.0, topp=0.9))
   # top-p bisects instead of sorting; top-k is a partial selection.
   assert not sort_or_top_k.search(primitives(topp=0.9))
-  assert re.search(r"\btop_k\[", primitives(topk=5))
-  assert "sort[" in str(jax.make_jaxpr(jnp.sort)(logits))  # The check works.
+  assert re.search(r'\btop_k\[', primitives(topk=5))
+  assert 'sort[' in str(jax.make_jaxpr(jnp.sort)(logits))  # The check works.
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(topk=2, topp=0.5), "topk=2 and topp=0.5"),
-    (dict(temperature=-0.1), "temperature"),
-    (dict(temperature=np.array([1.0, -1.0])), "temperature"),
-    (dict(temperature=float("nan")), "temperature"),
-    (dict(topk=-1), "topk"),
-    (dict(topk=1.5), "topk"),
-    (dict(topp=-0.1), "topp"),
-    (dict(topp=1.1), "topp"),
-    (dict(temperature=np.ones(3)), "temperature must be a scalar or have shape"),
-])
+@pytest.mark.parametrize(
+  'kwargs, message',
+  [
+    (dict(topk=2, topp=0.5), 'topk=2 and topp=0.5'),
+    (dict(temperature=-0.1), 'temperature'),
+    (dict(temperature=np.array([1.0, -1.0])), 'temperature'),
+    (dict(temperature=float('nan')), 'temperature'),
+    (dict(topk=-1), 'topk'),
+    (dict(topk=1.5), 'topk'),
+    (dict(topp=-0.1), 'topp'),
+    (dict(topp=1.1), 'topp'),
+    (dict(temperature=np.ones(3)), 'temperature must be a scalar or have shape'),
+  ],
+)
 def test_invalid_arguments(kwargs, message):
   with pytest.raises(ValueError, match=re.escape(message)):
     sampling.standardize(np.zeros((2, 4), np.float32), **kwargs)
 
 
 def test_sample_follows_probs_and_never_draws_zero_probability_ids():
-  probs = np.array([0.0, 0.5, 1e-30, 0.0, 0.25, 1e-7, 0.25 - 1e-7, 0.0],
-                   np.float32)
-  draws = np.asarray(sampling.sample(jax.random.key(0),
-                                     np.broadcast_to(probs, (200_000, 8))))
+  probs = np.array([0.0, 0.5, 1e-30, 0.0, 0.25, 1e-7, 0.25 - 1e-7, 0.0], np.float32)
+  draws = np.asarray(sampling.sample(jax.random.key(0), np.broadcast_to(probs, (200_000, 8))))
   assert draws.dtype == np.int32
   assert np.all((draws >= 0) & (draws < 8))
   counts = np.bincount(draws, minlength=8)
@@ -210,19 +226,20 @@ def _standardize_and_sample(key, logits, temperature):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1),
-       mask_rate=st.sampled_from([0.0, 0.5, 0.95, 1.0]),
-       pos_inf_rate=st.sampled_from([0.0, 0.05]),
-       temperature=st.sampled_from([0.0, 1e-6, 0.6, 1.0, 50.0]))
-def test_standardize_and_sample_properties(seed, mask_rate, pos_inf_rate,
-                                           temperature):
+@given(
+  seed=st.integers(0, 2**31 - 1),
+  mask_rate=st.sampled_from([0.0, 0.5, 0.95, 1.0]),
+  pos_inf_rate=st.sampled_from([0.0, 0.05]),
+  temperature=st.sampled_from([0.0, 1e-6, 0.6, 1.0, 50.0]),
+)
+def test_standardize_and_sample_properties(seed, mask_rate, pos_inf_rate, temperature):
   rng = np.random.default_rng(seed)
   logits = 20 * rng.standard_normal((4, 3, 9))
   logits[rng.random(logits.shape) < mask_rate] = NEG_INF
   logits[rng.random(logits.shape) < pos_inf_rate] = np.inf
-  probs, ids = _standardize_and_sample(jax.random.key(seed),
-                                       logits.astype(np.float32),
-                                       np.float32(temperature))
+  probs, ids = _standardize_and_sample(
+    jax.random.key(seed), logits.astype(np.float32), np.float32(temperature)
+  )
   probs, ids = np.asarray(probs), np.asarray(ids)
   assert not np.any(np.isnan(probs)) and np.all(probs >= 0)
   np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
@@ -236,8 +253,11 @@ def test_standardize_and_sample_properties(seed, mask_rate, pos_inf_rate,
 def test_sample_logits_is_standardize_then_sample():
   logits = jnp.asarray(np.random.default_rng(0).normal(size=(64, 17)), jnp.float32)
   rng = jax.random.PRNGKey(3)
-  for kwargs in (dict(temperature=0.7), dict(temperature=1.0, topk=3),
-                 dict(temperature=1.0, topp=0.8)):
+  for kwargs in (
+    dict(temperature=0.7),
+    dict(temperature=1.0, topk=3),
+    dict(temperature=1.0, topp=0.8),
+  ):
     ids, probs = sampling.sample_logits(rng, logits, **kwargs)
     expected_probs = sampling.standardize(logits, **kwargs)
     np.testing.assert_array_equal(probs, expected_probs)
@@ -265,7 +285,9 @@ def test_argmax_equals_jnp_argmax_with_ties_infinities_and_nan(shape):
 
 
 def test_sample_draws_the_ids_of_jax_categorical():
-  probs = jax.nn.softmax(jnp.asarray(np.random.default_rng(0).standard_normal((4, 50)), jnp.float32))
+  probs = jax.nn.softmax(
+    jnp.asarray(np.random.default_rng(0).standard_normal((4, 50)), jnp.float32)
+  )
   probs = probs.at[:, ::3].set(0.0)
   for i in range(20):
     key = jax.random.PRNGKey(i)

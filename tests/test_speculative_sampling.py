@@ -16,7 +16,7 @@ from speculative_t5x import theory
 
 
 # One compilation per input shape; lenience is traced, so it does not add any.
-verify = jax.jit(spec.verify, static_argnames="return_beta")
+verify = jax.jit(spec.verify, static_argnames='return_beta')
 
 
 @pytest.fixture
@@ -39,11 +39,9 @@ def first_token_distribution(p, q, lenience=1.0):
 
 def first_token_distribution_for_token(p, token, lenience=1.0):
   """The same for a deterministic draft proposing `token`, via its own path."""
-  accept = spec.acceptance_probability(p[token], jnp.ones((), p.dtype),
-                                       lenience)
+  accept = spec.acceptance_probability(p[token], jnp.ones((), p.dtype), lenience)
   kept = jnp.zeros_like(p).at[token].set(accept)
-  return kept + (1 - accept) * spec.residual_distribution_for_token(
-      p, jnp.asarray(token), lenience)
+  return kept + (1 - accept) * spec.residual_distribution_for_token(p, jnp.asarray(token), lenience)
 
 
 def _normalized(weights):
@@ -60,26 +58,34 @@ def _distribution_pairs():
   near_p = _normalized(rng.dirichlet(np.ones(v)))
   near_q = _normalized(near_p * (1 + 1e-9 * rng.standard_normal(v)))
   return [
-      ("random", random_p, random_q),
-      ("q_equals_p", random_p, random_p),
-      ("disjoint_supports", _normalized([3, 1, 2, 0, 0, 0, 0, 0]),
-       _normalized([0, 0, 0, 1, 4, 1, 1, 2])),
-      ("q_zero_where_p_positive", random_p,
-       _normalized(np.where(np.arange(v) % 3 == 0, 0, random_q))),
-      ("p_zero_where_q_positive",
-       _normalized(np.where(np.arange(v) % 2 == 0, 0, random_p)), random_q),
-      ("one_hot_q_in_support", random_p, np.eye(v)[2]),
-      ("one_hot_q_outside_support", _normalized([1, 1, 0, 1, 1, 1, 1, 1]),
-       np.eye(v)[2]),
-      ("one_hot_p", np.eye(v)[5], random_q),
-      ("near_ties", near_p, near_q),
-      ("peaked_vs_flat", _normalized([1e6, 1, 1, 1, 1, 1, 1, 1]),
-       _normalized(np.ones(v))),
+    ('random', random_p, random_q),
+    ('q_equals_p', random_p, random_p),
+    (
+      'disjoint_supports',
+      _normalized([3, 1, 2, 0, 0, 0, 0, 0]),
+      _normalized([0, 0, 0, 1, 4, 1, 1, 2]),
+    ),
+    (
+      'q_zero_where_p_positive',
+      random_p,
+      _normalized(np.where(np.arange(v) % 3 == 0, 0, random_q)),
+    ),
+    (
+      'p_zero_where_q_positive',
+      _normalized(np.where(np.arange(v) % 2 == 0, 0, random_p)),
+      random_q,
+    ),
+    ('one_hot_q_in_support', random_p, np.eye(v)[2]),
+    ('one_hot_q_outside_support', _normalized([1, 1, 0, 1, 1, 1, 1, 1]), np.eye(v)[2]),
+    ('one_hot_p', np.eye(v)[5], random_q),
+    ('near_ties', near_p, near_q),
+    ('peaked_vs_flat', _normalized([1e6, 1, 1, 1, 1, 1, 1, 1]), _normalized(np.ones(v))),
   ]
 
 
-@pytest.mark.parametrize("case", range(len(_distribution_pairs())),
-                         ids=[name for name, _, _ in _distribution_pairs()])
+@pytest.mark.parametrize(
+  'case', range(len(_distribution_pairs())), ids=[name for name, _, _ in _distribution_pairs()]
+)
 def test_first_token_is_distributed_as_p_exactly(x64, case):
   _, p, q = _distribution_pairs()[case]
   emitted = first_token_distribution(jnp.asarray(p), jnp.asarray(q))
@@ -87,23 +93,24 @@ def test_first_token_is_distributed_as_p_exactly(x64, case):
   np.testing.assert_allclose(emitted, p, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("token", [0, 3, 7])
+@pytest.mark.parametrize('token', [0, 3, 7])
 def test_deterministic_draft_path_is_exact(x64, token):
   p = jnp.asarray(_normalized([0.3, 0.0, 0.1, 0.2, 0.05, 0.05, 0.1, 0.2]))
   emitted = first_token_distribution_for_token(p, token)
   np.testing.assert_allclose(emitted, p, rtol=0, atol=1e-12)
   np.testing.assert_allclose(
-      spec.residual_distribution_for_token(p, jnp.asarray(token), 0.7),
-      spec.residual_distribution(p, jnp.eye(8, dtype=jnp.float64)[token], 0.7),
-      rtol=0, atol=1e-15)
+    spec.residual_distribution_for_token(p, jnp.asarray(token), 0.7),
+    spec.residual_distribution(p, jnp.eye(8, dtype=jnp.float64)[token], 0.7),
+    rtol=0,
+    atol=1e-15,
+  )
 
 
-@pytest.mark.parametrize("lenience", [0.9, 0.5, 0.1])
+@pytest.mark.parametrize('lenience', [0.9, 0.5, 0.1])
 def test_lenience_bounds_each_token_by_p_over_l(x64, lenience):
   deviations = []
   for _, p, q in _distribution_pairs():
-    emitted = first_token_distribution(jnp.asarray(p), jnp.asarray(q),
-                                       lenience)
+    emitted = first_token_distribution(jnp.asarray(p), jnp.asarray(q), lenience)
     np.testing.assert_allclose(emitted.sum(), 1.0, rtol=0, atol=1e-12)
     assert np.all(np.asarray(emitted) >= 0)
     assert np.all(np.asarray(emitted) <= np.asarray(p) / lenience + 1e-12)
@@ -127,17 +134,19 @@ def test_lenient_example_by_hand(x64):
 
 def test_acceptance_probability_conventions():
   np.testing.assert_array_equal(
-      spec.acceptance_probability(jnp.array([0.0, 0.5, 0.3, 0.2, 0.0]),
-                                  jnp.array([0.0, 0.0, 0.6, 0.2, 0.4])),
-      [0.0, 1.0, 0.5, 1.0, 0.0])
+    spec.acceptance_probability(
+      jnp.array([0.0, 0.5, 0.3, 0.2, 0.0]), jnp.array([0.0, 0.0, 0.6, 0.2, 0.4])
+    ),
+    [0.0, 1.0, 0.5, 1.0, 0.0],
+  )
 
 
 def test_residual_falls_back_to_p_when_empty():
   p = jnp.array([0.1, 0.2, 0.7], jnp.float32)
   np.testing.assert_array_equal(spec.residual_distribution(p, p), p)
   np.testing.assert_array_equal(
-      spec.residual_distribution_for_token(jnp.eye(3)[1], jnp.asarray(1)),
-      jnp.eye(3)[1])
+    spec.residual_distribution_for_token(jnp.eye(3)[1], jnp.asarray(1)), jnp.eye(3)[1]
+  )
 
 
 def test_verify_by_hand():
@@ -148,13 +157,16 @@ def test_verify_by_hand():
   #        residual max(0, p - q) is one-hot at the target's token 3.
   draft_tokens = jnp.array([[1, 0, 3], [1, 0, 3]], jnp.int32)
   draft_probs = one_hot[draft_tokens]
-  target_probs = jnp.stack([
+  target_probs = jnp.stack(
+    [
       jnp.stack([one_hot[1], one_hot[0], one_hot[3], one_hot[2]]),
       jnp.stack([one_hot[1], one_hot[3], one_hot[3], one_hot[2]]),
-  ])
+    ]
+  )
   for q in (draft_probs, None):
     num_accepted, next_token, beta = verify(
-        jax.random.key(0), draft_tokens, q, target_probs, return_beta=True)
+      jax.random.key(0), draft_tokens, q, target_probs, return_beta=True
+    )
     np.testing.assert_array_equal(num_accepted, [3, 1])
     np.testing.assert_array_equal(next_token, [2, 3])
     np.testing.assert_array_equal(beta, [[1, 1, 1], [1, 0, 1]])
@@ -172,13 +184,10 @@ def test_verify_matches_the_enumerated_rule_by_monte_carlo():
     draft_probs = jnp.broadcast_to(jnp.asarray(q, jnp.float32), (rows, 1, v))
     draft_tokens = sampling.sample(draft_key, draft_probs)
     target_probs = jnp.broadcast_to(jnp.asarray(p, jnp.float32), (rows, 2, v))
-    num_accepted, next_token = verify(verify_key, draft_tokens, draft_probs,
-                                      target_probs, lenience)
-    first = np.where(np.asarray(num_accepted) == 1, draft_tokens[:, 0],
-                     next_token)
+    num_accepted, next_token = verify(verify_key, draft_tokens, draft_probs, target_probs, lenience)
+    first = np.where(np.asarray(num_accepted) == 1, draft_tokens[:, 0], next_token)
     with jax.enable_x64(True):
-      expected = np.asarray(first_token_distribution(
-          jnp.asarray(p), jnp.asarray(q), lenience))
+      expected = np.asarray(first_token_distribution(jnp.asarray(p), jnp.asarray(q), lenience))
     counts = np.bincount(first, minlength=v)
     assert stats.chisquare(counts, rows * expected).pvalue > 1e-3
 
@@ -186,8 +195,7 @@ def test_verify_matches_the_enumerated_rule_by_monte_carlo():
 @jax.jit
 def _standardize_and_draft(key, draft_logits, target_logits):
   draft_probs = sampling.standardize(draft_logits)
-  return (sampling.sample(key, draft_probs), draft_probs,
-          sampling.standardize(target_logits))
+  return (sampling.sample(key, draft_probs), draft_probs, sampling.standardize(target_logits))
 
 
 def _random_case(seed, batch, gamma, vocab):
@@ -196,27 +204,36 @@ def _random_case(seed, batch, gamma, vocab):
   Returns draft_tokens int32 [B, γ], draft_probs and target_probs float32.
   """
   rng = np.random.default_rng(seed)
+
   def logits(shape):
     values = 3 * rng.standard_normal(shape)
     values[rng.random(shape) < 0.3] = -np.inf
     values[rng.random(shape) < 0.02] = np.inf
     return values.astype(np.float32)
-  return _standardize_and_draft(jax.random.key(seed),
-                                logits((batch, gamma, vocab)),
-                                logits((batch, gamma + 1, vocab)))
+
+  return _standardize_and_draft(
+    jax.random.key(seed), logits((batch, gamma, vocab)), logits((batch, gamma + 1, vocab))
+  )
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1),
-       shape=st.sampled_from([(3, 4, 7), (2, 1, 2), (1, 6, 1)]),
-       deterministic=st.booleans(),
-       lenience=st.sampled_from([1.0, 0.5, 0.05]))
+@given(
+  seed=st.integers(0, 2**31 - 1),
+  shape=st.sampled_from([(3, 4, 7), (2, 1, 2), (1, 6, 1)]),
+  deterministic=st.booleans(),
+  lenience=st.sampled_from([1.0, 0.5, 0.05]),
+)
 def test_verify_properties(seed, shape, deterministic, lenience):
   batch, gamma, vocab = shape
   draft_tokens, draft_probs, target_probs = _random_case(seed, *shape)
   num_accepted, next_token, beta = verify(
-      jax.random.key(seed), draft_tokens, None if deterministic else draft_probs,
-      target_probs, lenience, return_beta=True)
+    jax.random.key(seed),
+    draft_tokens,
+    None if deterministic else draft_probs,
+    target_probs,
+    lenience,
+    return_beta=True,
+  )
   num_accepted, next_token = np.asarray(num_accepted), np.asarray(next_token)
   assert num_accepted.shape == next_token.shape == (batch,)
   assert np.all((num_accepted >= 0) & (num_accepted <= gamma))
@@ -240,37 +257,43 @@ def test_batched_rows_equal_single_rows(seed, deterministic):
   if deterministic:
     draft_probs = None
   keys = jax.random.split(jax.random.key(seed), batch)
-  batched = verify(keys, draft_tokens, draft_probs, target_probs,
-                   return_beta=True)
+  batched = verify(keys, draft_tokens, draft_probs, target_probs, return_beta=True)
   for b in range(batch):
     single = verify(
-        keys[b:b + 1], draft_tokens[b:b + 1],
-        None if draft_probs is None else draft_probs[b:b + 1],
-        target_probs[b:b + 1], return_beta=True)
+      keys[b : b + 1],
+      draft_tokens[b : b + 1],
+      None if draft_probs is None else draft_probs[b : b + 1],
+      target_probs[b : b + 1],
+      return_beta=True,
+    )
     for batched_out, single_out in zip(batched, single):
       np.testing.assert_array_equal(batched_out[b], single_out[0])
 
 
 def test_beta_is_the_overlap_at_lenience_one():
   draft_tokens, draft_probs, target_probs = _random_case(0, 3, 4, 7)
-  _, _, beta = verify(jax.random.key(0), draft_tokens, draft_probs,
-                      target_probs, return_beta=True)
+  _, _, beta = verify(jax.random.key(0), draft_tokens, draft_probs, target_probs, return_beta=True)
   np.testing.assert_allclose(
-      beta, theory.acceptance_rate(target_probs[:, :4], draft_probs),
-      rtol=1e-6)
-  _, _, beta = verify(jax.random.key(0), draft_tokens, None, target_probs,
-                      return_beta=True)
+    beta, theory.acceptance_rate(target_probs[:, :4], draft_probs), rtol=1e-6
+  )
+  _, _, beta = verify(jax.random.key(0), draft_tokens, None, target_probs, return_beta=True)
   np.testing.assert_allclose(
-      beta, np.take_along_axis(np.asarray(target_probs[:, :4]),
-                               np.asarray(draft_tokens)[..., None], -1)[..., 0])
+    beta,
+    np.take_along_axis(np.asarray(target_probs[:, :4]), np.asarray(draft_tokens)[..., None], -1)[
+      ..., 0
+    ],
+  )
 
 
 def test_bfloat16_inputs_give_float32_results():
   draft_tokens, draft_probs, target_probs = _random_case(1, 3, 4, 7)
-  _, next_token, beta = verify(jax.random.key(1), draft_tokens,
-                               draft_probs.astype(jnp.bfloat16),
-                               target_probs.astype(jnp.bfloat16),
-                               return_beta=True)
+  _, next_token, beta = verify(
+    jax.random.key(1),
+    draft_tokens,
+    draft_probs.astype(jnp.bfloat16),
+    target_probs.astype(jnp.bfloat16),
+    return_beta=True,
+  )
   assert beta.dtype == jnp.float32 and np.all(np.isfinite(beta))
   assert np.all((np.asarray(next_token) >= 0) & (np.asarray(next_token) < 7))
 
@@ -278,32 +301,30 @@ def test_bfloat16_inputs_give_float32_results():
 def test_verify_does_no_sort():
   draft_tokens, draft_probs, target_probs = _random_case(2, 3, 4, 7)
   for q in (draft_probs, None):
-    jaxpr = jax.make_jaxpr(
-        lambda k, x, q, p: spec.verify(k, x, q, p, return_beta=True))(
-            jax.random.key(0), draft_tokens, q, target_probs)
-    assert not re.search(r"\b(sort|top_k)\[", str(jaxpr))
+    jaxpr = jax.make_jaxpr(lambda k, x, q, p: spec.verify(k, x, q, p, return_beta=True))(
+      jax.random.key(0), draft_tokens, q, target_probs
+    )
+    assert not re.search(r'\b(sort|top_k)\[', str(jaxpr))
 
 
-@pytest.mark.parametrize("lenience", [0.0, -0.5, 1.5, float("nan")])
+@pytest.mark.parametrize('lenience', [0.0, -0.5, 1.5, float('nan')])
 def test_invalid_lenience(lenience):
   draft_tokens, draft_probs, target_probs = _random_case(0, 1, 2, 3)
-  with pytest.raises(ValueError, match="lenience"):
-    spec.verify(jax.random.key(0), draft_tokens, draft_probs, target_probs,
-                lenience)
+  with pytest.raises(ValueError, match='lenience'):
+    spec.verify(jax.random.key(0), draft_tokens, draft_probs, target_probs, lenience)
 
 
 def test_invalid_shapes_and_keys():
   draft_tokens, draft_probs, target_probs = _random_case(0, 2, 3, 5)
   key = jax.random.key(0)
-  with pytest.raises(ValueError, match="target_probs"):
+  with pytest.raises(ValueError, match='target_probs'):
     spec.verify(key, draft_tokens, draft_probs, target_probs[:, :3])
-  with pytest.raises(ValueError, match="draft_probs"):
+  with pytest.raises(ValueError, match='draft_probs'):
     spec.verify(key, draft_tokens, draft_probs[..., :4], target_probs)
-  with pytest.raises(ValueError, match="draft_tokens"):
+  with pytest.raises(ValueError, match='draft_tokens'):
     spec.verify(key, draft_tokens[:, :0], None, target_probs[:, :1])
-  with pytest.raises(ValueError, match="rng"):
-    spec.verify(jax.random.split(key, 3), draft_tokens, draft_probs,
-                target_probs)
+  with pytest.raises(ValueError, match='rng'):
+    spec.verify(jax.random.split(key, 3), draft_tokens, draft_probs, target_probs)
 
 
 @pytest.mark.parametrize('with_draft_probs', [True, False])
@@ -313,14 +334,22 @@ def test_one_hot_target_draws_what_sampling_draws(with_draft_probs):
   batch, gamma, vocab = 64, 3, 11
   target_ids = rng.integers(0, vocab, (batch, gamma + 1))
   target_probs = jax.nn.one_hot(target_ids, vocab, dtype=jnp.float32)
-  draft_tokens = jnp.asarray(np.where(rng.random((batch, gamma)) < 0.6, target_ids[:, :gamma],
-                                      rng.integers(0, vocab, (batch, gamma))), jnp.int32)
-  draft_probs = (jax.nn.softmax(jnp.asarray(rng.standard_normal((batch, gamma, vocab)),
-                                            jnp.float32)) if with_draft_probs else None)
+  draft_tokens = jnp.asarray(
+    np.where(
+      rng.random((batch, gamma)) < 0.6,
+      target_ids[:, :gamma],
+      rng.integers(0, vocab, (batch, gamma)),
+    ),
+    jnp.int32,
+  )
+  draft_probs = (
+    jax.nn.softmax(jnp.asarray(rng.standard_normal((batch, gamma, vocab)), jnp.float32))
+    if with_draft_probs
+    else None
+  )
   for seed in range(5):
     key = jax.random.PRNGKey(seed)
     sampled = spec.verify(key, draft_tokens, draft_probs, target_probs)
-    by_argmax = spec.verify(key, draft_tokens, draft_probs, target_probs,
-                                            one_hot_target=True)
+    by_argmax = spec.verify(key, draft_tokens, draft_probs, target_probs, one_hot_target=True)
     np.testing.assert_array_equal(sampled[0], by_argmax[0])
     np.testing.assert_array_equal(sampled[1], by_argmax[1])

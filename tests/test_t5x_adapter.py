@@ -27,8 +27,14 @@ from speculative_t5x import decoding
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import t5x_adapter
-from testing_utils import (EOS, assert_trees_equal, decoded_lengths, padded_inputs, tiny_model,
-                           write_t5x_legacy)
+from testing_utils import (
+  EOS,
+  assert_trees_equal,
+  decoded_lengths,
+  padded_inputs,
+  tiny_model,
+  write_t5x_legacy,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GAMMA = 3
@@ -39,8 +45,10 @@ TARGET = tiny_model(seed=0, scale=3.0)
 DRAFT = tiny_model(seed=1, scale=3.0)
 MODULE = network.Transformer(TARGET.config)
 INPUTS = padded_inputs(seed=3, batch=4, length=9, vocab_size=TARGET.vocab_size)
-BATCH = {'encoder_input_tokens': INPUTS,
-         'decoder_input_tokens': np.zeros((len(INPUTS), MAX_DECODE_LEN), np.int32)}
+BATCH = {
+  'encoder_input_tokens': INPUTS,
+  'decoder_input_tokens': np.zeros((len(INPUTS), MAX_DECODE_LEN), np.int32),
+}
 
 
 def _with_draft(draft_params):
@@ -52,17 +60,17 @@ def _with_draft(draft_params):
 # ------------------------------------------------------------------------------
 def test_add_draft_variables_mirrors_params_and_axes():
   shapes = {'encoder_input_tokens': (2, 5), 'decoder_input_tokens': (2, 3)}
-  small = network.t5_1_1_config('tiny', vocab_size=32, num_encoder_layers=1,
-                                num_decoder_layers=1)
+  small = network.t5_1_1_config('tiny', vocab_size=32, num_encoder_layers=1, num_decoder_layers=1)
   target_variables, draft_variables = (
-      jax.eval_shape(lambda m=m: t5x_adapter.init_network_variables(m, jax.random.PRNGKey(0),
-                                                                      shapes))
-      for m in (MODULE, network.Transformer(small)))
+    jax.eval_shape(lambda m=m: t5x_adapter.init_network_variables(m, jax.random.PRNGKey(0), shapes))
+    for m in (MODULE, network.Transformer(small))
+  )
   variables = t5x_adapter.add_draft_variables(target_variables, draft_variables)
   assert sorted(variables['params']) == ['decoder', 'draft', 'encoder', 'token_embedder']
   # T5X's InferenceState requires params_axes to describe params leaf for leaf.
   axes = traverse_util.flatten_dict(
-      flax.core.unfreeze(nn_partitioning.get_axis_names(variables['params_axes'])))
+    flax.core.unfreeze(nn_partitioning.get_axis_names(variables['params_axes']))
+  )
   assert axes.keys() == traverse_util.flatten_dict(variables['params']).keys()
   assert tuple(axes['draft', 'token_embedder', 'embedding']) == ('vocab', 'embed')
   assert variables['params']['draft']['token_embedder']['embedding'].shape == (32, 128)
@@ -94,9 +102,17 @@ def _target_state_dict(draft_config):
 
 
 def test_graft_draft_checkpoint_into_a_legacy_t5x_state(tmp_path):
-  draft_config = network.t5_1_1_config('tiny', vocab_size=32, emb_dim=16, num_heads=2,
-                                       head_dim=8, mlp_dim=32, num_encoder_layers=2,
-                                       num_decoder_layers=1, dtype='float32')
+  draft_config = network.t5_1_1_config(
+    'tiny',
+    vocab_size=32,
+    emb_dim=16,
+    num_heads=2,
+    head_dim=8,
+    mlp_dim=32,
+    num_encoder_layers=2,
+    num_decoder_layers=1,
+    dtype='float32',
+  )
   draft_params = network.random_params(draft_config, seed=5)[0]
   draft_dir = write_t5x_legacy(tmp_path / 'draft', 4, draft_params).parent
   # What T5X's legacy Checkpointer hands to the state transformations: the
@@ -108,7 +124,9 @@ def test_graft_draft_checkpoint_into_a_legacy_t5x_state(tmp_path):
   graft = t5x_adapter.graft_draft_checkpoint(os.fspath(draft_dir))
   grafted = graft(state_dict, target_state_dict)
   assert_trees_equal(grafted['target']['draft'], draft_params)
-  assert grafted['target']['draft']['encoder']['layers_1']['mlp']['wo']['kernel'].dtype == np.float32
+  assert (
+    grafted['target']['draft']['encoder']['layers_1']['mlp']['wo']['kernel'].dtype == np.float32
+  )
   assert grafted['state'] is state_dict['state']
   for name in TARGET.params:  # The target's entries are untouched.
     assert grafted['target'][name] is state_dict['target'][name]
@@ -119,55 +137,73 @@ def test_graft_draft_checkpoint_into_a_legacy_t5x_state(tmp_path):
   resumed = graft(state_dict, target_state_dict, is_resuming=True)
   assert_trees_equal(resumed['target']['draft'], draft_params)
   cast = t5x_adapter.graft_draft_checkpoint(os.fspath(draft_dir), dtype='bfloat16')(
-      state_dict, target_state_dict)
+    state_dict, target_state_dict
+  )
   assert cast['target']['draft']['token_embedder']['embedding'].dtype == jnp.bfloat16
 
   # A draft checkpoint of another size names the first mismatch.
-  with pytest.raises(ValueError, match=r'decoder/decoder_norm/scale has shape \(16,\), but the '
-                                       r'draft network needs \(32,\) \(0 missing, 9 unexpected, '
-                                       r'27 mis-shaped\).*DRAFT_SIZE'):
+  with pytest.raises(
+    ValueError,
+    match=r'decoder/decoder_norm/scale has shape \(16,\), but the '
+    r'draft network needs \(32,\) \(0 missing, 9 unexpected, '
+    r'27 mis-shaped\).*DRAFT_SIZE',
+  ):
     graft(state_dict, _target_state_dict(TARGET.config))
   # A target checkpoint of another size (T5X's restore would report only a key
   # mismatch) names TARGET_SIZE, before the draft is read.
   other_target = network.abstract_params(tiny_model(seed=0, layers=2).config)[0]
-  with pytest.raises(ValueError, match=r'target checkpoint \(CHECKPOINT_PATH\) does not match.*'
-                                       r'decoder/layers_1/encoder_decoder_attention/key/kernel is missing '
-                                       r'\(23 missing.*'
-                                       r'num_encoder_layers 1.*num_encoder_layers 2.*TARGET_SIZE'):
+  with pytest.raises(
+    ValueError,
+    match=r'target checkpoint \(CHECKPOINT_PATH\) does not match.*'
+    r'decoder/layers_1/encoder_decoder_attention/key/kernel is missing '
+    r'\(23 missing.*'
+    r'num_encoder_layers 1.*num_encoder_layers 2.*TARGET_SIZE',
+  ):
     graft(state_dict, {**target_state_dict, 'target': {**other_target, 'draft': draft_params}})
   # A draft of another vocabulary says so, rather than blaming DRAFT_SIZE.
   other_vocab = network.abstract_params(dataclasses.replace(draft_config, vocab_size=48))[0]
-  with pytest.raises(ValueError, match=r"draft checkpoint \(DRAFT_CHECKPOINT_PATH\) has a vocabulary "
-                                       r"of 32 entries .* network's has 48 .*trained on the target's "
-                                       'vocabulary'):
+  with pytest.raises(
+    ValueError,
+    match=r'draft checkpoint \(DRAFT_CHECKPOINT_PATH\) has a vocabulary '
+    r"of 32 entries .* network's has 48 .*trained on the target's "
+    'vocabulary',
+  ):
     graft(state_dict, {**target_state_dict, 'target': {**TARGET.params, 'draft': other_vocab}})
   with pytest.raises(ValueError, match="has no 'draft' parameters.*give the pair file last"):
     graft(state_dict, {'target': network.abstract_params(TARGET.config)[0]})
   with pytest.raises(FileNotFoundError, match='absent'):
     t5x_adapter.graft_draft_checkpoint(os.fspath(tmp_path / 'absent'))(
-        state_dict, target_state_dict)
+      state_dict, target_state_dict
+    )
   with pytest.raises(ValueError, match='set DRAFT_CHECKPOINT_PATH'):
     t5x_adapter.graft_draft_checkpoint(None)
 
 
 def test_checkpoint_mismatch_names_both_sizes_and_the_fix():
-  small, base = (network.abstract_params(network.t5_1_1_config(size))[0]
-                 for size in ('small', 'base'))
+  small, base = (
+    network.abstract_params(network.t5_1_1_config(size))[0] for size in ('small', 'base')
+  )
   with pytest.raises(ValueError) as error:
     t5x_adapter.check_checkpoint_matches(small, base, role='target')
   message = str(error.value)
-  assert "The checkpoint has emb_dim 512, mlp_dim 1024, num_decoder_layers 8, " \
-         "num_encoder_layers 8 (T5 1.1 'small')" in message
-  assert "configured with emb_dim 768, mlp_dim 2048, num_decoder_layers 12, " \
-         "num_encoder_layers 12 (T5 1.1 'base')" in message
+  assert (
+    'The checkpoint has emb_dim 512, mlp_dim 1024, num_decoder_layers 8, '
+    "num_encoder_layers 8 (T5 1.1 'small')" in message
+  )
+  assert (
+    'configured with emb_dim 768, mlp_dim 2048, num_decoder_layers 12, '
+    "num_encoder_layers 12 (T5 1.1 'base')" in message
+  )
   assert '--gin.TARGET_SIZE=' in message
   assert '--gin.target/speculative_network.t5_1_1_config.<field>=' in message
-  with pytest.raises(ValueError, match=r'DRAFT_CHECKPOINT_PATH.*--gin\.DRAFT_SIZE=.*'
-                                       r'--gin\.draft/speculative_network'):
+  with pytest.raises(
+    ValueError,
+    match=r'DRAFT_CHECKPOINT_PATH.*--gin\.DRAFT_SIZE=.*'
+    r'--gin\.draft/speculative_network',
+  ):
     t5x_adapter.check_checkpoint_matches(small, base, role='draft')
   # Leaves without a shape (orbax metadata) are compared by path only.
-  t5x_adapter.check_checkpoint_matches(jax.tree.map(lambda _: object(), small), small,
-                                       role='draft')
+  t5x_adapter.check_checkpoint_matches(jax.tree.map(lambda _: object(), small), small, role='draft')
 
 
 # ------------------------------------------------------------------------------
@@ -180,9 +216,17 @@ NUM_DECODES = 2
 def _predict_all(params, rng, temperature):
   """Every decode of each input; temperature 0 is greedy. One program for all draft params."""
   return t5x_adapter.speculative_predict_batch(
-      MODULE, MODULE, params, BATCH, eos_id=EOS, gamma=GAMMA, rng=rng,
-      decoder_params={'topk': 0, 'temperature': temperature}, num_decodes=NUM_DECODES,
-      return_all_decodes=True)
+    MODULE,
+    MODULE,
+    params,
+    BATCH,
+    eos_id=EOS,
+    gamma=GAMMA,
+    rng=rng,
+    decoder_params={'topk': 0, 'temperature': temperature},
+    num_decodes=NUM_DECODES,
+    return_all_decodes=True,
+  )
 
 
 def test_greedy_predictions_equal_the_baseline():
@@ -194,8 +238,14 @@ def test_greedy_predictions_equal_the_baseline():
 
   decodes, aux = _predict_all(_with_draft(DRAFT.params), jax.random.PRNGKey(0), 0.0)
   np.testing.assert_array_equal(decodes, expected)
-  assert sorted(aux) == ['accepted', 'batch_mean_beta', 'batch_target_calls', 'emitted',
-                         'iterations', 'scores']
+  assert sorted(aux) == [
+    'accepted',
+    'batch_mean_beta',
+    'batch_target_calls',
+    'emitted',
+    'iterations',
+    'scores',
+  ]
   for name in ('scores', 'iterations', 'accepted', 'emitted'):
     assert aux[name].shape == (len(INPUTS), NUM_DECODES), name
   assert aux['batch_mean_beta'].shape == aux['batch_target_calls'].shape == (len(INPUTS),)
@@ -236,10 +286,16 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
   scores = -np.broadcast_to(np.arange(num_decodes, dtype=np.float32), (batch_size, num_decodes))
   per_decode = np.arange(batch_size * num_decodes, dtype=np.int32).reshape(batch_size, -1)
   stats = decoding.SpeculativeStats(
-      target_calls=np.int32(6), iterations=per_decode, accepted=2 * per_decode,
-      emitted=3 * per_decode, accepted_histogram=np.zeros(6, np.int32),
-      position_reached=np.zeros(5, np.int32), position_accepted=np.zeros(5, np.int32),
-      beta_sum=np.float32(3.0), beta_count=np.int32(4))
+    target_calls=np.int32(6),
+    iterations=per_decode,
+    accepted=2 * per_decode,
+    emitted=3 * per_decode,
+    accepted_histogram=np.zeros(6, np.int32),
+    position_reached=np.zeros(5, np.int32),
+    position_accepted=np.zeros(5, np.int32),
+    beta_sum=np.float32(3.0),
+    beta_count=np.int32(4),
+  )
   recorded = {}
   block = np.asarray(BATCH['decoder_input_tokens'][:, :2]) + 5
 
@@ -250,20 +306,43 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
   @jax.jit
   def run(params, rng):
     best, aux = t5x_adapter.speculative_predict_batch(
-        MODULE, MODULE, params, BATCH, eos_id=EOS, gamma=4, lenience=0.5, decode_fn=decode_fn,
-        rng=rng, decoder_params={'gamma': 5, 'temperature': 0.7}, num_decodes=num_decodes)
+      MODULE,
+      MODULE,
+      params,
+      BATCH,
+      eos_id=EOS,
+      gamma=4,
+      lenience=0.5,
+      decode_fn=decode_fn,
+      rng=rng,
+      decoder_params={'gamma': 5, 'temperature': 0.7},
+      num_decodes=num_decodes,
+    )
     # The target's block scorer, and a teacher-forced forward pass to compare with.
-    block_logits, _ = recorded['score_block'](block, jnp.zeros(batch_size, jnp.int32),
-                                              recorded['cache'])
-    forward_logits = MODULE.apply({'params': TARGET.params}, INPUTS, block, np.ones_like(block),
-                                  enable_dropout=False)
+    block_logits, _ = recorded['score_block'](
+      block, jnp.zeros(batch_size, jnp.int32), recorded['cache']
+    )
+    forward_logits = MODULE.apply(
+      {'params': TARGET.params}, INPUTS, block, np.ones_like(block), enable_dropout=False
+    )
     return best, aux, recorded['decode_rng'], recorded['inputs'], block_logits, forward_logits
 
   rng = jax.random.PRNGKey(7)
   best, aux, decode_rng, inputs, block_logits, forward_logits = run(_with_draft(DRAFT.params), rng)
-  assert sorted(recorded) == ['cache', 'decode_rng', 'draft', 'draft_cache', 'eos_id', 'gamma',
-                              'inputs', 'lenience', 'num_decodes', 'score_block', 'temperature',
-                              'verification']
+  assert sorted(recorded) == [
+    'cache',
+    'decode_rng',
+    'draft',
+    'draft_cache',
+    'eos_id',
+    'gamma',
+    'inputs',
+    'lenience',
+    'num_decodes',
+    'score_block',
+    'temperature',
+    'verification',
+  ]
   assert (recorded['gamma'], recorded['lenience'], recorded['eos_id']) == (5, 0.5, EOS)
   assert (recorded['temperature'], recorded['num_decodes']) == (0.7, num_decodes)
   np.testing.assert_array_equal(decode_rng, rng)
@@ -272,7 +351,9 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
   # Both caches hold the output plus one block of gamma + 1 (decoder_params' gamma).
   for cache in (recorded['cache'], recorded['draft_cache']['decoder']):
     assert cache['decoder']['layers_0']['self_attention']['cached_key'].shape[:2] == (
-        batch_size, MAX_DECODE_LEN + 5 + 1)
+      batch_size,
+      MAX_DECODE_LEN + 5 + 1,
+    )
   np.testing.assert_allclose(block_logits, forward_logits, rtol=1e-5, atol=1e-5)
 
   # Without return_all_decodes: the last (most likely) decode and its stats.
@@ -289,11 +370,19 @@ def test_predict_errors_name_the_problem():
   with pytest.raises(ValueError, match="no 'draft' subtree"):
     predict(MODULE, MODULE, TARGET.params, BATCH)
   with pytest.raises(ValueError, match='either as `rng` or as'):
-    predict(MODULE, MODULE, _with_draft(DRAFT.params), BATCH, rng=jax.random.PRNGKey(0),
-            decoder_params={'decode_rng': jax.random.PRNGKey(1)})
+    predict(
+      MODULE,
+      MODULE,
+      _with_draft(DRAFT.params),
+      BATCH,
+      rng=jax.random.PRNGKey(0),
+      decoder_params={'decode_rng': jax.random.PRNGKey(1)},
+    )
   with pytest.raises(ValueError, match=r'lenience must be a scalar in \(0, 1\]'):
     predict(MODULE, MODULE, _with_draft(DRAFT.params), BATCH, decoder_params={'lenience': 0.0})
-  with pytest.raises(ValueError, match='draft_module must be a speculative_t5x.network.Transformer'):
+  with pytest.raises(
+    ValueError, match='draft_module must be a speculative_t5x.network.Transformer'
+  ):
     predict(MODULE, object(), _with_draft(DRAFT.params), BATCH)
   other_vocab = network.Transformer(tiny_model(seed=1, vocab_size=48).config)
   with pytest.raises(ValueError, match='one shared vocabulary'):
@@ -312,8 +401,10 @@ def test_missing_t5x_raises_import_error_with_instructions(monkeypatch):
 # ------------------------------------------------------------------------------
 # With the real t5x.
 # ------------------------------------------------------------------------------
-T5X_REASON = ('t5x is not installed (it is not on PyPI; install it from its source '
-              'repository to run the T5X integration tests)')
+T5X_REASON = (
+  't5x is not installed (it is not on PyPI; install it from its source '
+  'repository to run the T5X integration tests)'
+)
 
 
 @pytest.fixture(scope='module')
@@ -324,18 +415,41 @@ def t5x_env():
   from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
   from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
   from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
-  fields = {name: getattr(TARGET.config, name) for name in (
-      'vocab_size', 'emb_dim', 'num_heads', 'num_encoder_layers', 'num_decoder_layers',
-      'head_dim', 'mlp_dim', 'mlp_activations', 'logits_via_embedding')}
+
+  fields = {
+    name: getattr(TARGET.config, name)
+    for name in (
+      'vocab_size',
+      'emb_dim',
+      'num_heads',
+      'num_encoder_layers',
+      'num_decoder_layers',
+      'head_dim',
+      'mlp_dim',
+      'mlp_activations',
+      'logits_via_embedding',
+    )
+  }
   vocabulary = seqio.PassThroughVocabulary(size=TARGET.vocab_size, eos_id=EOS)
   stock = t5x_models.EncoderDecoderModel(
-      t5x_network.Transformer(t5x_network.T5Config(**fields, dtype='float32', dropout_rate=0.0)),
-      vocabulary, vocabulary, optimizer_def=None, decode_fn=t5x_decoding.temperature_sample)
+    t5x_network.Transformer(t5x_network.T5Config(**fields, dtype='float32', dropout_rate=0.0)),
+    vocabulary,
+    vocabulary,
+    optimizer_def=None,
+    decode_fn=t5x_decoding.temperature_sample,
+  )
   model = t5x_adapter.SpeculativeEncoderDecoderModel(
-      MODULE, vocabulary, vocabulary, optimizer_def=None, draft_module=MODULE, gamma=GAMMA)
-  shapes = {name: (len(INPUTS), INPUTS.shape[1] if name.startswith('encoder') else MAX_DECODE_LEN)
-            for name in ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
-                         'decoder_loss_weights')}
+    MODULE, vocabulary, vocabulary, optimizer_def=None, draft_module=MODULE, gamma=GAMMA
+  )
+  shapes = {
+    name: (len(INPUTS), INPUTS.shape[1] if name.startswith('encoder') else MAX_DECODE_LEN)
+    for name in (
+      'encoder_input_tokens',
+      'decoder_input_tokens',
+      'decoder_target_tokens',
+      'decoder_loss_weights',
+    )
+  }
   types = {name: jnp.int32 for name in shapes}
   return dict(stock=stock, model=model, shapes=shapes, types=types, vocabulary=vocabulary)
 
@@ -346,9 +460,12 @@ def test_t5x_predictions_equal_stock_t5x_greedy(t5x_env):
   # Teacher-forcing features for the loss and scores: 7 target tokens per row.
   targets = (INPUTS[:, :1] + np.arange(MAX_DECODE_LEN)) % (TARGET.vocab_size - 2) + 2
   targets[:, 7:] = 0
-  batch = {**BATCH, 'decoder_target_tokens': targets,
-           'decoder_input_tokens': np.pad(targets[:, :-1], ((0, 0), (1, 0))),
-           'decoder_loss_weights': (targets > 0).astype(np.float32)}
+  batch = {
+    **BATCH,
+    'decoder_target_tokens': targets,
+    'decoder_input_tokens': np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+    'decoder_loss_weights': (targets > 0).astype(np.float32),
+  }
   params = _with_draft(DRAFT.params)
   expected, expected_aux = jax.jit(stock.predict_batch_with_aux)(TARGET.params, batch)
   decodes, aux = jax.jit(model.predict_batch_with_aux)(params, batch)
@@ -357,12 +474,15 @@ def test_t5x_predictions_equal_stock_t5x_greedy(t5x_env):
   np.testing.assert_allclose(aux['scores'], expected_aux['scores'], atol=1e-6)
   np.testing.assert_array_equal(aux['emitted'], decoded_lengths(expected))
   # Scoring and the loss see the target only.
-  np.testing.assert_allclose(jax.jit(model.score_batch)(params, batch),
-                             jax.jit(stock.score_batch)(TARGET.params, batch), rtol=1e-5)
+  np.testing.assert_allclose(
+    jax.jit(model.score_batch)(params, batch),
+    jax.jit(stock.score_batch)(TARGET.params, batch),
+    rtol=1e-5,
+  )
   (loss, metrics), grads = jax.jit(jax.value_and_grad(model.loss_fn, has_aux=True))(
-      params, batch, None)
-  np.testing.assert_allclose(loss, jax.jit(stock.loss_fn)(TARGET.params, batch, None)[0],
-                             rtol=1e-5)
+    params, batch, None
+  )
+  np.testing.assert_allclose(loss, jax.jit(stock.loss_fn)(TARGET.params, batch, None)[0], rtol=1e-5)
   assert 'accuracy' in metrics
   assert all(np.all(np.asarray(grad) == 0) for grad in jax.tree.leaves(grads['draft']))
   assert any(np.any(np.asarray(grad) != 0) for grad in jax.tree.leaves(grads['decoder']))
@@ -373,19 +493,26 @@ def test_t5x_predictions_equal_stock_t5x_greedy(t5x_env):
 def test_t5x_initial_variables_are_partitioned_like_the_target(t5x_env):
   from t5x import partitioning as t5x_partitioning  # pylint: disable=g-import-not-at-top
   from t5x import train_state as t5x_train_state  # pylint: disable=g-import-not-at-top
+
   model = t5x_env['model']
-  variables = jax.eval_shape(lambda: model.get_initial_variables(
-      jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types']))
-  stock_variables = jax.eval_shape(lambda: t5x_env['stock'].get_initial_variables(
-      jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types']))
+  variables = jax.eval_shape(
+    lambda: model.get_initial_variables(jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types'])
+  )
+  stock_variables = jax.eval_shape(
+    lambda: t5x_env['stock'].get_initial_variables(
+      jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types']
+    )
+  )
   # The draft's tree is T5X's own network's tree.
   assert jax.tree.structure(variables['params']['draft']) == jax.tree.structure(
-      stock_variables['params'])
+    stock_variables['params']
+  )
   state = t5x_train_state.InferenceState.create(variables)  # Validates params_axes.
   mesh_axes = t5x_partitioning.PjitPartitioner(num_partitions=1).get_mesh_axes(state).params
   target_axes = {name: subtree for name, subtree in mesh_axes.items() if name != 'draft'}
   assert jax.tree.leaves(mesh_axes['draft'], is_leaf=lambda x: x is None) == jax.tree.leaves(
-      target_axes, is_leaf=lambda x: x is None)
+    target_axes, is_leaf=lambda x: x is None
+  )
 
 
 @pytest.mark.parametrize('target_format, draft_format', [('legacy', 'orbax'), ('orbax', 'legacy')])
@@ -395,9 +522,13 @@ def test_t5x_restore_grafts_the_draft(t5x_env, tmp_path, target_format, draft_fo
   from t5x import partitioning as t5x_partitioning  # pylint: disable=g-import-not-at-top
   from t5x import train_state as t5x_train_state  # pylint: disable=g-import-not-at-top
   from t5x import utils as t5x_utils  # pylint: disable=g-import-not-at-top
+
   partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
-  stock_axes = jax.eval_shape(lambda: t5x_env['stock'].get_initial_variables(
-      jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types']))['params_axes']
+  stock_axes = jax.eval_shape(
+    lambda: t5x_env['stock'].get_initial_variables(
+      jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types']
+    )
+  )['params_axes']
 
   def save(params, directory, checkpoint_format):
     state = t5x_train_state.InferenceState.create({'params': params, 'params_axes': stock_axes})
@@ -405,8 +536,9 @@ def test_t5x_restore_grafts_the_draft(t5x_env, tmp_path, target_format, draft_fo
     if checkpoint_format == 'legacy':
       t5x_checkpoints.Checkpointer(state, partitioner, directory).save(state)
     else:
-      manager = t5x_checkpoints.OrbaxCheckpointManagerInterface(os.fspath(directory), state,
-                                                                partitioner)
+      manager = t5x_checkpoints.OrbaxCheckpointManagerInterface(
+        os.fspath(directory), state, partitioner
+      )
       manager.save(state)
       manager.close()
     return os.fspath(directory / 'checkpoint_0')
@@ -414,13 +546,22 @@ def test_t5x_restore_grafts_the_draft(t5x_env, tmp_path, target_format, draft_fo
   target_path = save(TARGET.params, tmp_path / 'target', target_format)
   draft_path = save(DRAFT.params, tmp_path / 'draft', draft_format)
   initializer = t5x_utils.TrainStateInitializer(
-      optimizer_def=None, init_fn=t5x_env['model'].get_initial_variables,
-      input_shapes=t5x_env['shapes'], input_types=t5x_env['types'], partitioner=partitioner)
+    optimizer_def=None,
+    init_fn=t5x_env['model'].get_initial_variables,
+    input_shapes=t5x_env['shapes'],
+    input_types=t5x_env['types'],
+    partitioner=partitioner,
+  )
   restore_config = t5x_utils.RestoreCheckpointConfig(
-      path=target_path, mode='specific', dtype='float32', strict=False,
-      state_transformation_fns=[t5x_adapter.graft_draft_checkpoint(draft_path)])
+    path=target_path,
+    mode='specific',
+    dtype='float32',
+    strict=False,
+    state_transformation_fns=[t5x_adapter.graft_draft_checkpoint(draft_path)],
+  )
   state, _ = t5x_utils.create_checkpoint_manager_and_restore(
-      initializer, partitioner, restore_config, target_path, None, use_orbax=True)
+    initializer, partitioner, restore_config, target_path, None, use_orbax=True
+  )
   assert_trees_equal(state.params['draft'], DRAFT.params)
   assert_trees_equal(t5x_adapter.strip_draft_params(state.params), TARGET.params)
 
@@ -428,15 +569,28 @@ def test_t5x_restore_grafts_the_draft(t5x_env, tmp_path, target_format, draft_fo
   # TARGET_SIZE (T5X's own would be a raw key mismatch).
   wider = network.Transformer(tiny_model(seed=0, layers=2).config)
   wider_model = t5x_adapter.SpeculativeEncoderDecoderModel(
-      wider, t5x_env['vocabulary'], t5x_env['vocabulary'], optimizer_def=None,
-      draft_module=MODULE, gamma=GAMMA)
+    wider,
+    t5x_env['vocabulary'],
+    t5x_env['vocabulary'],
+    optimizer_def=None,
+    draft_module=MODULE,
+    gamma=GAMMA,
+  )
   wider_initializer = t5x_utils.TrainStateInitializer(
-      optimizer_def=None, init_fn=wider_model.get_initial_variables,
-      input_shapes=t5x_env['shapes'], input_types=t5x_env['types'], partitioner=partitioner)
-  with pytest.raises(ValueError, match=r'target checkpoint \(CHECKPOINT_PATH\).*'
-                                       r'num_encoder_layers 1.*num_encoder_layers 2.*Set TARGET_SIZE'):
+    optimizer_def=None,
+    init_fn=wider_model.get_initial_variables,
+    input_shapes=t5x_env['shapes'],
+    input_types=t5x_env['types'],
+    partitioner=partitioner,
+  )
+  with pytest.raises(
+    ValueError,
+    match=r'target checkpoint \(CHECKPOINT_PATH\).*'
+    r'num_encoder_layers 1.*num_encoder_layers 2.*Set TARGET_SIZE',
+  ):
     t5x_utils.create_checkpoint_manager_and_restore(
-        wider_initializer, partitioner, restore_config, target_path, None, use_orbax=True)
+      wider_initializer, partitioner, restore_config, target_path, None, use_orbax=True
+    )
 
 
 USER_GIN = """
@@ -446,36 +600,49 @@ seqio.SentencePieceVocabulary.extra_ids = 100
 
 
 @pytest.mark.parametrize('user_first', [True, False])
-@pytest.mark.parametrize('pair, draft_size, gamma', [
-    ('speculative_xxl_small.gin', 'small', 7), ('speculative_xxl_base.gin', 'base', 7),
-    ('speculative_xxl_large.gin', 'large', 7)])
-def test_t5x_gin_files_build_the_speculative_model(t5x_env, tmp_path, pair, draft_size, gamma,
-                                                    user_first):
+@pytest.mark.parametrize(
+  'pair, draft_size, gamma',
+  [
+    ('speculative_xxl_small.gin', 'small', 7),
+    ('speculative_xxl_base.gin', 'base', 7),
+    ('speculative_xxl_large.gin', 'large', 7),
+  ],
+)
+def test_t5x_gin_files_build_the_speculative_model(
+  t5x_env, tmp_path, pair, draft_size, gamma, user_first
+):
   """T5X's model file, then a user's file and the pair file in either order: both hold."""
   import gin  # pylint: disable=g-import-not-at-top
   import t5x  # pylint: disable=g-import-not-at-top
+
   t5x_root = os.path.dirname(os.path.dirname(os.path.abspath(t5x.__file__)))
   user_file = tmp_path / 'user.gin'
   user_file.write_text('import seqio\n' + USER_GIN)
   pair_file = f'configs/t5x/{pair}'
-  files = ['t5x/examples/t5/t5_1_1/base.gin',
-           *([os.fspath(user_file), pair_file] if user_first else [pair_file, os.fspath(user_file)])]
+  files = [
+    't5x/examples/t5/t5_1_1/base.gin',
+    *([os.fspath(user_file), pair_file] if user_first else [pair_file, os.fspath(user_file)]),
+  ]
   gin.clear_config()
   try:
     for path in (REPO_ROOT, t5x_root):
       gin.add_config_file_search_path(path)
     gin.parse_config_files_and_bindings(
-        files, ["DRAFT_CHECKPOINT_PATH = '/ckpt/draft'"], finalize_config=False)
+      files, ["DRAFT_CHECKPOINT_PATH = '/ckpt/draft'"], finalize_config=False
+    )
     model = gin.query_parameter('%MODEL').scoped_configurable_fn()
-    graft_fns = [reference.scoped_configurable_fn() for reference in gin.query_parameter(
-        'utils.RestoreCheckpointConfig.state_transformation_fns')]
+    graft_fns = [
+      reference.scoped_configurable_fn()
+      for reference in gin.query_parameter('utils.RestoreCheckpointConfig.state_transformation_fns')
+    ]
   finally:
     gin.clear_config()
   assert type(model).__name__ == 'SpeculativeEncoderDecoderModel'
   # base.gin's DROPOUT_RATE is gin.REQUIRED: the pair's networks do not use it.
   assert model.module.config == network.t5_1_1_config('xxl', dtype='bfloat16', dropout_rate=0.0)
-  assert model.draft_module.config == network.t5_1_1_config(draft_size, dtype='bfloat16',
-                                                          dropout_rate=0.0)
+  assert model.draft_module.config == network.t5_1_1_config(
+    draft_size, dtype='bfloat16', dropout_rate=0.0
+  )
   assert (model.gamma, model.lenience) == (gamma, 1.0)
   assert model.decode_fn.__wrapped__ is decoding.speculative_sample
   # The user's vocabulary, not base.gin's default, whichever file came first.
@@ -487,9 +654,11 @@ def test_t5x_gin_files_build_the_speculative_model(t5x_env, tmp_path, pair, draf
 
 def test_t5x_model_rejects_bad_arguments(t5x_env):
   from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
+
   vocabulary = t5x_env['vocabulary']
-  build = functools.partial(t5x_adapter.SpeculativeEncoderDecoderModel, MODULE, vocabulary,
-                            vocabulary, None)
+  build = functools.partial(
+    t5x_adapter.SpeculativeEncoderDecoderModel, MODULE, vocabulary, vocabulary, None
+  )
   with pytest.raises(ValueError, match='decode_fn must be a speculative decode function'):
     build(decode_fn=t5x_decoding.temperature_sample, draft_module=MODULE, gamma=GAMMA)
   with pytest.raises(ValueError, match='gamma must be an integer >= 1'):

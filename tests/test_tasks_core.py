@@ -11,16 +11,23 @@ from testing_utils import python_output, write_mo
 
 
 def test_importing_the_core_imports_no_tensorflow():
-  assert python_output(
+  assert (
+    python_output(
       'import sys; from speculative_t5x import tasks_core; '
-      'print(sorted({"tensorflow", "seqio", "tensorflow_datasets"} & set(sys.modules)))') == '[]'
+      'print(sorted({"tensorflow", "seqio", "tensorflow_datasets"} & set(sys.modules)))'
+    )
+    == '[]'
+  )
 
 
 def test_read_tsv_reads_pairs_in_order_and_names_a_bad_line(tmp_path):
   path = tmp_path / 'pairs.tsv'
   path.write_text('Open\tÖffnen\nClose the file\tDie Datei schließen\n\tleer\n', encoding='utf-8')
-  assert tasks_core.read_tsv(path) == [('Open', 'Öffnen'), ('Close the file',
-                                                          'Die Datei schließen'), ('', 'leer')]
+  assert tasks_core.read_tsv(path) == [
+    ('Open', 'Öffnen'),
+    ('Close the file', 'Die Datei schließen'),
+    ('', 'leer'),
+  ]
   assert tasks_core.read_tsv(str(path), num_examples=1) == [('Open', 'Öffnen')]
   path.write_text('Open\tÖffnen\nno tab here\n', encoding='utf-8')
   with pytest.raises(ValueError, match=r'Line 2 of .*pairs\.tsv has 1 tab-separated fields'):

@@ -8,29 +8,27 @@ from speculative_t5x import theory
 # Table 1 of the paper: (α, γ, speed, operations), computed with c = ĉ = 0
 # (a draft of negligible cost), printed to two decimals.
 TABLE_1 = [
-    (0.6, 2, 1.96, 1.53),
-    (0.7, 3, 2.53, 1.58),
-    (0.8, 2, 2.44, 1.23),
-    (0.8, 5, 3.69, 1.63),
-    (0.9, 2, 2.71, 1.11),
-    (0.9, 10, 6.86, 1.60),
+  (0.6, 2, 1.96, 1.53),
+  (0.7, 3, 2.53, 1.58),
+  (0.8, 2, 2.44, 1.23),
+  (0.8, 5, 3.69, 1.63),
+  (0.9, 2, 2.71, 1.11),
+  (0.9, 10, 6.86, 1.60),
 ]
 
 
-@pytest.mark.parametrize("alpha, gamma, speed, operations", TABLE_1)
+@pytest.mark.parametrize('alpha, gamma, speed, operations', TABLE_1)
 def test_table_1(alpha, gamma, speed, operations):
-  assert round(float(theory.walltime_improvement(alpha, gamma, c=0.0)), 2) == (
-      speed)
-  assert round(float(theory.operations_factor(alpha, gamma, c_hat=0.0)),
-               2) == operations
+  assert round(float(theory.walltime_improvement(alpha, gamma, c=0.0)), 2) == (speed)
+  assert round(float(theory.operations_factor(alpha, gamma, c_hat=0.0)), 2) == operations
 
 
 def test_table_1_vectorized():
   alpha, gamma, speed, operations = map(np.array, zip(*TABLE_1))
+  np.testing.assert_array_equal(np.round(theory.walltime_improvement(alpha, gamma, 0.0), 2), speed)
   np.testing.assert_array_equal(
-      np.round(theory.walltime_improvement(alpha, gamma, 0.0), 2), speed)
-  np.testing.assert_array_equal(
-      np.round(theory.operations_factor(alpha, gamma, 0.0), 2), operations)
+    np.round(theory.operations_factor(alpha, gamma, 0.0), 2), operations
+  )
 
 
 def test_table_4_t5_small_prediction():
@@ -42,15 +40,12 @@ def test_table_4_t5_small_prediction():
 def test_expected_tokens_is_the_geometric_sum():
   alpha = np.linspace(0, 0.999, 50)[:, None]
   gamma = np.arange(0, 12)[None, :]
-  direct = np.array([[sum(a**k for k in range(g + 1)) for g in gamma[0]]
-                     for a in alpha[:, 0]])
-  np.testing.assert_allclose(theory.expected_tokens(alpha, gamma), direct,
-                             rtol=1e-12)
+  direct = np.array([[sum(a**k for k in range(g + 1)) for g in gamma[0]] for a in alpha[:, 0]])
+  np.testing.assert_allclose(theory.expected_tokens(alpha, gamma), direct, rtol=1e-12)
 
 
 def test_expected_tokens_limit_at_alpha_one_has_no_nan():
-  np.testing.assert_array_equal(theory.expected_tokens(1.0, [1, 3, 7]),
-                                [2, 4, 8])
+  np.testing.assert_array_equal(theory.expected_tokens(1.0, [1, 3, 7]), [2, 4, 8])
   near_one = theory.expected_tokens(1 - 1e-12, 7)
   assert np.isfinite(near_one) and abs(near_one - 8) < 1e-9
   assert theory.expected_tokens(0.0, 5) == 1.0
@@ -59,20 +54,23 @@ def test_expected_tokens_limit_at_alpha_one_has_no_nan():
 def test_corollary_3_9_bound_at_gamma_one():
   alpha = np.linspace(0, 0.99, 20)[:, None]
   c = np.linspace(0, 1, 11)[None, :]
-  np.testing.assert_allclose(theory.walltime_improvement(alpha, 1, c),
-                             (1 + alpha) / (1 + c), rtol=1e-12)
+  np.testing.assert_allclose(
+    theory.walltime_improvement(alpha, 1, c), (1 + alpha) / (1 + c), rtol=1e-12
+  )
   # Speculative decoding helps at γ = 1 exactly when α > c.
   assert np.all((theory.walltime_improvement(alpha, 1, c) > 1) == (alpha > c))
 
 
 def test_verify_cost_generalizes_theorem_3_8():
   np.testing.assert_allclose(
-      theory.walltime_improvement(0.8, 4, 0.1, verify_cost=1.0),
-      theory.walltime_improvement(0.8, 4, 0.1))
+    theory.walltime_improvement(0.8, 4, 0.1, verify_cost=1.0),
+    theory.walltime_improvement(0.8, 4, 0.1),
+  )
   # A (γ+1)-token target call costing 1.5 one-token calls.
   np.testing.assert_allclose(
-      theory.walltime_improvement(0.8, 4, 0.1, verify_cost=1.5),
-      theory.expected_tokens(0.8, 4) / (4 * 0.1 + 1.5))
+    theory.walltime_improvement(0.8, 4, 0.1, verify_cost=1.5),
+    theory.expected_tokens(0.8, 4) / (4 * 0.1 + 1.5),
+  )
 
 
 def test_optimal_gamma_maximizes_the_improvement():
@@ -81,17 +79,19 @@ def test_optimal_gamma_maximizes_the_improvement():
   best = theory.optimal_gamma(alpha, c)
   assert best.shape == (5, 3) and np.all(best >= 1)
   for gamma in range(1, 65):
-    assert np.all(theory.walltime_improvement(alpha, best, c) >=
-                  theory.walltime_improvement(alpha, gamma, c))
+    assert np.all(
+      theory.walltime_improvement(alpha, best, c) >= theory.walltime_improvement(alpha, gamma, c)
+    )
   # Hand-checked: α = 0.8, c = 0.05 -> γ = 8 (0.8656 / 0.28 = 3.092x; γ = 7
   # gives 3.082x, γ = 9 3.078x). With a free draft, more guesses always help.
   assert theory.optimal_gamma(0.8, 0.05) == 8
   assert theory.optimal_gamma(0.8, 0.0, max_gamma=20) == 20
   # Costlier drafts and costlier verify calls shift the optimum.
   assert theory.optimal_gamma(0.8, 0.2) < theory.optimal_gamma(0.8, 0.05)
-  assert theory.optimal_gamma(0.8, 0.05, verify_cost=1 + 0.2 * np.arange(
-      1, 65)) < theory.optimal_gamma(0.8, 0.05)
-  with pytest.raises(ValueError, match="max_gamma"):
+  assert theory.optimal_gamma(
+    0.8, 0.05, verify_cost=1 + 0.2 * np.arange(1, 65)
+  ) < theory.optimal_gamma(0.8, 0.05)
+  with pytest.raises(ValueError, match='max_gamma'):
     theory.optimal_gamma(0.8, 0.05, max_gamma=0)
 
 
@@ -100,8 +100,7 @@ def test_oracle_bounds_every_fixed_gamma():
   oracle = theory.oracle_expected_tokens(alpha)
   for gamma in (1, 5, 50):
     assert np.all(theory.expected_tokens(alpha, gamma) <= oracle)
-  np.testing.assert_allclose(theory.expected_tokens(alpha, 10_000), oracle,
-                             rtol=1e-9)
+  np.testing.assert_allclose(theory.expected_tokens(alpha, 10_000), oracle, rtol=1e-9)
   assert theory.oracle_expected_tokens(1.0) == np.inf
 
 
@@ -117,7 +116,8 @@ def test_expected_iterations_of_a_cut_row():
   alpha, gamma = 0.75, 3
   long = 20_000
   assert long / theory.expected_iterations(alpha, gamma, long) == pytest.approx(
-      theory.expected_tokens(alpha, gamma), rel=1e-3)
+    theory.expected_tokens(alpha, gamma), rel=1e-3
+  )
   # alpha = 1: every iteration emits gamma + 1 tokens, the last one what is left.
   assert theory.expected_iterations(1.0, 3, 10) == 3
   # alpha = 0: one token per iteration.

@@ -23,37 +23,61 @@ from speculative_t5x import tasks
 from speculative_t5x import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VERBS = [("Open", "öffnen"), ("Close", "schließen"), ("Delete", "löschen"),
-         ("Save", "speichern"), ("Print", "drucken"), ("Copy", "kopieren")]
-NOUNS = [("the file", "Die Datei"), ("the window", "Das Fenster"),
-         ("the folder", "Den Ordner"), ("the page", "Die Seite"),
-         ("the document", "Das Dokument"), ("the picture", "Das Bild")]
-PAIRS = [(f"{verb} {noun}", f"{nomen} {verb_de}")
-         for verb, verb_de in VERBS for noun, nomen in NOUNS]
-PREFIX = "translate: "
-FEATURE_LENGTHS = {"inputs": 48, "targets": 32}
+VERBS = [
+  ('Open', 'öffnen'),
+  ('Close', 'schließen'),
+  ('Delete', 'löschen'),
+  ('Save', 'speichern'),
+  ('Print', 'drucken'),
+  ('Copy', 'kopieren'),
+]
+NOUNS = [
+  ('the file', 'Die Datei'),
+  ('the window', 'Das Fenster'),
+  ('the folder', 'Den Ordner'),
+  ('the page', 'Die Seite'),
+  ('the document', 'Das Dokument'),
+  ('the picture', 'Das Bild'),
+]
+PAIRS = [
+  (f'{verb} {noun}', f'{nomen} {verb_de}') for verb, verb_de in VERBS for noun, nomen in NOUNS
+]
+PREFIX = 'translate: '
+FEATURE_LENGTHS = {'inputs': 48, 'targets': 32}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def fixture_task(tmp_path_factory):
   """(task name, TSV directory, vocabulary path) of a 36-pair task."""
-  directory = tmp_path_factory.mktemp("data")
-  for split, pairs in (("train", PAIRS), ("validation", PAIRS[::5])):
-    with open(directory / f"{split}.tsv", "w", encoding="utf-8") as f:
-      f.writelines(f"{source}\t{target}\n" for source, target in pairs)
-  prefix = str(directory / "spm")
+  directory = tmp_path_factory.mktemp('data')
+  for split, pairs in (('train', PAIRS), ('validation', PAIRS[::5])):
+    with open(directory / f'{split}.tsv', 'w', encoding='utf-8') as f:
+      f.writelines(f'{source}\t{target}\n' for source, target in pairs)
+  prefix = str(directory / 'spm')
   texts = [text for pair in PAIRS for text in pair] + [PREFIX] * 4
   vocabulary = tasks.train_sentencepiece(texts, prefix, 64, character_coverage=1.0)
   task = tasks.register_tsv_task(
-      "speculative_t5x:train_test_fixture",
-      {split: str(directory / f"{split}.tsv") for split in ("train", "validation")},
-      vocabulary, extra_ids=0, prefix=PREFIX)
-  return task.name, directory, prefix + ".model"
+    'speculative_t5x:train_test_fixture',
+    {split: str(directory / f'{split}.tsv') for split in ('train', 'validation')},
+    vocabulary,
+    extra_ids=0,
+    prefix=PREFIX,
+  )
+  return task.name, directory, prefix + '.model'
 
 
 def _config(vocab_size, **overrides):
-  fields = dict(vocab_size=vocab_size, dtype="float32", emb_dim=32, num_heads=2, head_dim=16,
-                mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0)
+  fields = dict(
+    vocab_size=vocab_size,
+    dtype='float32',
+    emb_dim=32,
+    num_heads=2,
+    head_dim=16,
+    mlp_dim=64,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    dropout_rate=0.0,
+  )
   fields.update(overrides)
   return network.T5Config(**fields)
 
@@ -74,42 +98,59 @@ def _t5x_loss(logits, targets, label_smoothing, z_loss):
   return -np.sum(soft * log_softmax, -1) - constant + z_loss * log_z**2, soft, log_z
 
 
-@pytest.mark.parametrize("label_smoothing, z_loss", [(0.0, 0.0), (0.1, 1e-4), (0.3, 0.01)])
+@pytest.mark.parametrize('label_smoothing, z_loss', [(0.0, 0.0), (0.1, 1e-4), (0.3, 0.01)])
 def test_cross_entropy_matches_t5x(label_smoothing, z_loss):
-  logits = np.array([[[2.0, -1.0, 0.5, 0.0], [0.1, 0.2, 3.0, -2.0]],
-                     [[-0.5, 0.0, 0.5, 1.0], [4.0, 1.0, -1.0, 0.0]]], np.float32)
+  logits = np.array(
+    [
+      [[2.0, -1.0, 0.5, 0.0], [0.1, 0.2, 3.0, -2.0]],
+      [[-0.5, 0.0, 0.5, 1.0], [4.0, 1.0, -1.0, 0.0]],
+    ],
+    np.float32,
+  )
   targets = np.array([[0, 2], [3, 1]])
   expected, soft, log_z = _t5x_loss(logits, targets, label_smoothing, z_loss)
-  fn = lambda x: train.cross_entropy_with_logits(x, targets, label_smoothing=label_smoothing,
-                                                 z_loss=z_loss)
+  fn = lambda x: train.cross_entropy_with_logits(
+    x, targets, label_smoothing=label_smoothing, z_loss=z_loss
+  )
   out = fn(jnp.asarray(logits))
-  np.testing.assert_allclose(out["loss"], expected, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(out["z_loss"], z_loss * log_z**2, rtol=1e-5, atol=1e-9)
-  np.testing.assert_allclose(out["cross_entropy"], -np.log(np.take_along_axis(
-      np.exp(logits - log_z[..., None]), targets[..., None], -1))[..., 0], rtol=1e-5)
-  np.testing.assert_array_equal(out["correct"], [[1, 1], [1, 0]])
+  np.testing.assert_allclose(out['loss'], expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out['z_loss'], z_loss * log_z**2, rtol=1e-5, atol=1e-9)
+  np.testing.assert_allclose(
+    out['cross_entropy'],
+    -np.log(np.take_along_axis(np.exp(logits - log_z[..., None]), targets[..., None], -1))[..., 0],
+    rtol=1e-5,
+  )
+  np.testing.assert_array_equal(out['correct'], [[1, 1], [1, 0]])
   # T5X's custom gradient: (1 + 2 z log Z) softmax - soft targets.
-  grad = jax.grad(lambda x: jnp.sum(fn(x)["loss"]))(jnp.asarray(logits))
+  grad = jax.grad(lambda x: jnp.sum(fn(x)['loss']))(jnp.asarray(logits))
   softmax = np.exp(logits - log_z[..., None])
-  np.testing.assert_allclose(grad, (1 + 2 * z_loss * log_z)[..., None] * softmax - soft,
-                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+    grad, (1 + 2 * z_loss * log_z)[..., None] * softmax - soft, rtol=1e-4, atol=1e-6
+  )
 
 
 def test_loss_weights_per_normalizing_factor():
   # Row 0 packs sequences of 2 and 3 tokens, row 1 holds one of 1 token.
-  batch = {"decoder_target_tokens": jnp.array([[5, 1, 6, 7, 1, 0], [1, 0, 0, 0, 0, 0]]),
-           "decoder_segment_ids": jnp.array([[1, 1, 2, 2, 2, 0], [1, 0, 0, 0, 0, 0]]),
-           "decoder_loss_weights": jnp.array([[1, 1, 1, 1, 1, 0], [1, 0, 0, 0, 0, 0]])}
+  batch = {
+    'decoder_target_tokens': jnp.array([[5, 1, 6, 7, 1, 0], [1, 0, 0, 0, 0, 0]]),
+    'decoder_segment_ids': jnp.array([[1, 1, 2, 2, 2, 0], [1, 0, 0, 0, 0, 0]]),
+    'decoder_loss_weights': jnp.array([[1, 1, 1, 1, 1, 0], [1, 0, 0, 0, 0, 0]]),
+  }
   tokens = np.array([[1, 1, 1, 1, 1, 0], [1, 0, 0, 0, 0, 0]], np.float32)
-  for factor, normalizer in ((None, 1.0), (4.0, 4.0), ("NUM_REAL_TARGET_TOKENS", 6.0),
-                             ("NUM_TOTAL_TARGET_TOKENS", 12.0)):
+  for factor, normalizer in (
+    (None, 1.0),
+    (4.0, 4.0),
+    ('NUM_REAL_TARGET_TOKENS', 6.0),
+    ('NUM_TOTAL_TARGET_TOKENS', 12.0),
+  ):
     weights, value = train.loss_weights(batch, factor)
     np.testing.assert_array_equal(weights, tokens)
     assert float(value) == normalizer
-  weights, value = train.loss_weights(batch, "AVERAGE_PER_SEQUENCE")
+  weights, value = train.loss_weights(batch, 'AVERAGE_PER_SEQUENCE')
   third = 1 / 3
-  np.testing.assert_allclose(weights, [[0.5, 0.5, third, third, third, 0], [1, 0, 0, 0, 0, 0]],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    weights, [[0.5, 0.5, third, third, third, 0], [1, 0, 0, 0, 0, 0]], rtol=1e-6
+  )
   np.testing.assert_allclose(value, 3.0, rtol=1e-6)
 
 
@@ -118,23 +159,35 @@ def test_loss_weights_per_normalizing_factor():
 # ------------------------------------------------------------------------------
 def test_dataset_packs_or_pads(fixture_task):
   task, _, _ = fixture_task
-  padded = next(train.get_dataset(task, "validation", FEATURE_LENGTHS, 3,
-                                  pack=False).as_numpy_iterator())
-  assert sorted(padded) == ["decoder_input_tokens", "decoder_loss_weights",
-                            "decoder_target_tokens", "encoder_input_tokens"]
-  assert padded["encoder_input_tokens"].shape == (3, FEATURE_LENGTHS["inputs"])
+  padded = next(
+    train.get_dataset(task, 'validation', FEATURE_LENGTHS, 3, pack=False).as_numpy_iterator()
+  )
+  assert sorted(padded) == [
+    'decoder_input_tokens',
+    'decoder_loss_weights',
+    'decoder_target_tokens',
+    'encoder_input_tokens',
+  ]
+  assert padded['encoder_input_tokens'].shape == (3, FEATURE_LENGTHS['inputs'])
   # One example per row: EOS (1) once per row, targets shifted right behind BOS (0).
-  np.testing.assert_array_equal(np.sum(padded["decoder_target_tokens"] == 1, 1), [1, 1, 1])
-  np.testing.assert_array_equal(padded["decoder_input_tokens"][:, 1:],
-                                padded["decoder_target_tokens"][:, :-1])
-  packed = next(train.get_dataset(task, "validation", FEATURE_LENGTHS, 3).as_numpy_iterator())
-  assert packed["decoder_segment_ids"].max() > 1  # Several examples per row.
-  assert np.sum(packed["decoder_target_tokens"] == 1) == np.sum(packed["decoder_segment_ids"]
-                                                                 .max(1))
+  np.testing.assert_array_equal(np.sum(padded['decoder_target_tokens'] == 1, 1), [1, 1, 1])
+  np.testing.assert_array_equal(
+    padded['decoder_input_tokens'][:, 1:], padded['decoder_target_tokens'][:, :-1]
+  )
+  packed = next(train.get_dataset(task, 'validation', FEATURE_LENGTHS, 3).as_numpy_iterator())
+  assert packed['decoder_segment_ids'].max() > 1  # Several examples per row.
+  assert np.sum(packed['decoder_target_tokens'] == 1) == np.sum(
+    packed['decoder_segment_ids'].max(1)
+  )
   # The training stream is a function of the seed; skipping resumes it.
-  stream = lambda seed, skip=0: [b["encoder_input_tokens"] for b in train.get_dataset(
-      task, "train", FEATURE_LENGTHS, 4, shuffle=True, seed=seed, repeat=True,
-      skip_batches=skip).take(12 - skip).as_numpy_iterator()]
+  stream = lambda seed, skip=0: [
+    b['encoder_input_tokens']
+    for b in train.get_dataset(
+      task, 'train', FEATURE_LENGTHS, 4, shuffle=True, seed=seed, repeat=True, skip_batches=skip
+    )
+    .take(12 - skip)
+    .as_numpy_iterator()
+  ]
   first = stream(5)
   np.testing.assert_array_equal(np.stack(first[7:]), np.stack(stream(5, skip=7)))
   assert not np.array_equal(np.stack(first), np.stack(stream(6)))
@@ -148,13 +201,13 @@ TRAIN_STEPS = 150
 CHECKPOINT_EVERY = 50
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def gin_config(fixture_task, tmp_path_factory):
   """(gin files, bindings) of a tiny network on the fixture task."""
   task, directory, vocabulary_path = fixture_task
-  configs = tmp_path_factory.mktemp("configs")
-  model_gin = configs / "model.gin"
-  model_gin.write_text(f"""
+  configs = tmp_path_factory.mktemp('configs')
+  model_gin = configs / 'model.gin'
+  model_gin.write_text("""
 from __gin__ import dynamic_registration
 from speculative_t5x import network
 
@@ -169,7 +222,7 @@ network.T5Config:
   num_decoder_layers = 1
   dropout_rate = %DROPOUT_RATE
 """)
-  task_gin = configs / "task.gin"
+  task_gin = configs / 'task.gin'
   task_gin.write_text(f"""
 from __gin__ import dynamic_registration
 from speculative_t5x import tasks
@@ -189,56 +242,61 @@ train.train.eval_every = 50
 train.train.log_every = 10
 train.train.progress = False
 """)
-  files = [str(model_gin), os.path.join(REPO, "configs/runs/train.gin"), str(task_gin)]
+  files = [str(model_gin), os.path.join(REPO, 'configs/runs/train.gin'), str(task_gin)]
   # Dropout on, so that the resumed run must also reproduce the dropout masks.
-  bindings = {"TRAIN_STEPS": TRAIN_STEPS, "BATCH_SIZE": 4, "DROPOUT_RATE": 0.1,
-              "RANDOM_SEED": 3}
+  bindings = {'TRAIN_STEPS': TRAIN_STEPS, 'BATCH_SIZE': 4, 'DROPOUT_RATE': 0.1, 'RANDOM_SEED': 3}
   return files, bindings
 
 
 def _train_with_gin(files, bindings):
   gin.clear_config()
   try:
-    gin.parse_config_files_and_bindings(files, [f"{k} = {v!r}" for k, v in bindings.items()])
+    gin.parse_config_files_and_bindings(files, [f'{k} = {v!r}' for k, v in bindings.items()])
     return gin.get_configurable(train.train)()
   finally:
     gin.clear_config()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def reference(gin_config, tmp_path_factory):
   """(TrainResult, model_dir) of an uninterrupted run."""
   files, bindings = gin_config
-  model_dir = str(tmp_path_factory.mktemp("reference") / "model")
-  return _train_with_gin(files, {**bindings, "MODEL_DIR": model_dir}), model_dir
+  model_dir = str(tmp_path_factory.mktemp('reference') / 'model')
+  return _train_with_gin(files, {**bindings, 'MODEL_DIR': model_dir}), model_dir
 
 
 def _complete_steps(model_dir):
-  return sorted(int(name) for name in os.listdir(model_dir) if name.isdigit() and
-                os.path.exists(os.path.join(model_dir, name, "commit_success.txt")))
+  return sorted(
+    int(name)
+    for name in os.listdir(model_dir)
+    if name.isdigit() and os.path.exists(os.path.join(model_dir, name, 'commit_success.txt'))
+  )
 
 
 def test_training_lowers_the_loss(reference):
   result, model_dir = reference
   assert result.step == TRAIN_STEPS
-  assert [record["step"] for record in result.train_metrics] == list(range(10, 151, 10))
-  losses = [record["loss"] for record in result.train_metrics]
+  assert [record['step'] for record in result.train_metrics] == list(range(10, 151, 10))
+  losses = [record['loss'] for record in result.train_metrics]
   assert losses[-1] < 0.3 * losses[0], losses
-  assert all(record["tokens_per_second"] > 0 for record in result.train_metrics[1:])
-  assert [record["step"] for record in result.eval_metrics] == [50, 100, 150]
+  assert all(record['tokens_per_second'] > 0 for record in result.train_metrics[1:])
+  assert [record['step'] for record in result.eval_metrics] == [50, 100, 150]
   first_eval, _, last_eval = result.eval_metrics
-  assert last_eval["cross_entropy"] < 0.3 * first_eval["cross_entropy"], result.eval_metrics
-  assert last_eval["accuracy"] > 0.8, result.eval_metrics
+  assert last_eval['cross_entropy'] < 0.3 * first_eval['cross_entropy'], result.eval_metrics
+  assert last_eval['accuracy'] > 0.8, result.eval_metrics
   # train.gin keeps the 2 latest checkpoints: orbax step directories with both items.
   assert _complete_steps(model_dir) == [100, 150]
-  assert sorted(os.listdir(os.path.join(model_dir, "150"))) == sorted(
-      ["_CHECKPOINT_METADATA", "commit_success.txt", "params", "opt_state"])
+  assert sorted(os.listdir(os.path.join(model_dir, '150'))) == sorted(
+    ['_CHECKPOINT_METADATA', 'commit_success.txt', 'params', 'opt_state']
+  )
   with ocp.CheckpointManager(model_dir, item_names=train.ITEM_NAMES) as manager:
     restored = manager.restore(150, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
-  jax.tree_util.tree_map(np.testing.assert_array_equal, restored.params,
-                         jax.device_get(result.params))
+  jax.tree_util.tree_map(
+    np.testing.assert_array_equal, restored.params, jax.device_get(result.params)
+  )
   assert jax.tree_util.tree_structure(restored.params) == jax.tree_util.tree_structure(
-      network.random_params(_config(64))[0])
+    network.random_params(_config(64))[0]
+  )
   lines = open(os.path.join(model_dir, train.METRICS_FILE)).read().splitlines()
   assert len(lines) == len(result.train_metrics) + len(result.eval_metrics)
 
@@ -246,14 +304,14 @@ def test_training_lowers_the_loss(reference):
 def test_bad_arguments_name_the_problem(fixture_task, tmp_path):
   task, _, _ = fixture_task
   args = dict(feature_lengths=FEATURE_LENGTHS, batch_size=2, num_steps=2, progress=False)
-  with pytest.raises(ValueError, match="vocab_size >= 64"):
+  with pytest.raises(ValueError, match='vocab_size >= 64'):
     train.train(str(tmp_path), _config(32), task, **args)
-  with pytest.raises(ValueError, match="feature_lengths must map"):
-    train.train(str(tmp_path), _config(64), task, **{**args, "feature_lengths": {"inputs": 8}})
-  with pytest.raises(ValueError, match="batch_size must be a positive integer"):
-    train.train(str(tmp_path), _config(64), task, **{**args, "batch_size": 0})
-  with pytest.raises(ValueError, match="Unknown loss_normalizing_factor"):
-    train.train(str(tmp_path), _config(64), task, loss_normalizing_factor="TOKENS", **args)
+  with pytest.raises(ValueError, match='feature_lengths must map'):
+    train.train(str(tmp_path), _config(64), task, **{**args, 'feature_lengths': {'inputs': 8}})
+  with pytest.raises(ValueError, match='batch_size must be a positive integer'):
+    train.train(str(tmp_path), _config(64), task, **{**args, 'batch_size': 0})
+  with pytest.raises(ValueError, match='Unknown loss_normalizing_factor'):
+    train.train(str(tmp_path), _config(64), task, loss_normalizing_factor='TOKENS', **args)
   assert not os.listdir(tmp_path)
 
 
@@ -261,41 +319,45 @@ def test_bad_arguments_name_the_problem(fixture_task, tmp_path):
 def test_killed_run_resumes_to_the_uninterrupted_result(gin_config, reference, tmp_path):
   files, bindings = gin_config
   reference_result, reference_dir = reference
-  killed_dir = str(tmp_path / "killed")
-  command = [sys.executable, "-m", "speculative_t5x.train"]
-  command += [f"--gin_file={path}" for path in files]
-  command += [f"--gin.{name}={value!r}" for name, value in bindings.items()]
-  command += [f"--gin.MODEL_DIR={killed_dir!r}"]
-  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
+  killed_dir = str(tmp_path / 'killed')
+  command = [sys.executable, '-m', 'speculative_t5x.train']
+  command += [f'--gin_file={path}' for path in files]
+  command += [f'--gin.{name}={value!r}' for name, value in bindings.items()]
+  command += [f'--gin.MODEL_DIR={killed_dir!r}']
+  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.monotonic() + 240
   while not (os.path.isdir(killed_dir) and _complete_steps(killed_dir)):
     assert process.poll() is None, process.stderr.read().decode()[-3000:]
-    assert time.monotonic() < deadline, "no checkpoint within 240 s"
+    assert time.monotonic() < deadline, 'no checkpoint within 240 s'
     time.sleep(0.005)
   process.send_signal(signal.SIGKILL)
   process.wait()
   process.stderr.close()
   steps_at_kill = _complete_steps(killed_dir)
-  assert steps_at_kill[-1] < TRAIN_STEPS, "the run ended before it was killed"
+  assert steps_at_kill[-1] < TRAIN_STEPS, 'the run ended before it was killed'
 
-  resumed = _train_with_gin(files, {**bindings, "MODEL_DIR": killed_dir})
+  resumed = _train_with_gin(files, {**bindings, 'MODEL_DIR': killed_dir})
   # It started from the last checkpoint, not from scratch, and ended like the reference.
-  assert resumed.train_metrics[0]["step"] == steps_at_kill[-1] + 10
+  assert resumed.train_metrics[0]['step'] == steps_at_kill[-1] + 10
   assert resumed.step == TRAIN_STEPS
   assert sorted(os.listdir(killed_dir)) == sorted(os.listdir(reference_dir))
   assert _complete_steps(killed_dir) == _complete_steps(reference_dir)
   # Same data order, dropout keys and optimizer state: the same parameters.
-  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(resumed.params),
-                         jax.device_get(reference_result.params))
+  jax.tree_util.tree_map(
+    np.testing.assert_array_equal,
+    jax.device_get(resumed.params),
+    jax.device_get(reference_result.params),
+  )
 
 
 def test_finished_run_resumes_to_nothing_and_checks_the_network(gin_config, reference):
   files, bindings = gin_config
   _, model_dir = reference
-  again = _train_with_gin(files, {**bindings, "MODEL_DIR": model_dir})
+  again = _train_with_gin(files, {**bindings, 'MODEL_DIR': model_dir})
   assert again.step == TRAIN_STEPS and not again.train_metrics
   assert _complete_steps(model_dir) == [100, 150]
-  with pytest.raises(ValueError, match="parameters of another\\s+network"):
-    _train_with_gin(files, {**bindings, "MODEL_DIR": model_dir, "TRAIN_STEPS": 200,
-                            "network.T5Config.emb_dim": 48})
+  with pytest.raises(ValueError, match='parameters of another\\s+network'):
+    _train_with_gin(
+      files,
+      {**bindings, 'MODEL_DIR': model_dir, 'TRAIN_STEPS': 200, 'network.T5Config.emb_dim': 48},
+    )

@@ -9,38 +9,45 @@ from speculative_t5x import network
 from speculative_t5x import xla_flags
 from testing_utils import python_output
 
-SET_FLAGS = ('from speculative_t5x import xla_flags\n'
-             'added = xla_flags.set_decode_flags({bytes})\n')
+SET_FLAGS = 'from speculative_t5x import xla_flags\nadded = xla_flags.set_decode_flags({bytes})\n'
 
 
 def test_a_memory_bound_target_gets_the_flag_in_a_fresh_process():
   big = 3 * xla_flags.MEMORY_BOUND_FACTOR * xla_flags.last_level_cache_bytes()
   printed = python_output(
-      'import os; os.environ.pop("XLA_FLAGS", None)\n' + SET_FLAGS.format(bytes=big)
-      + 'import jax; jax.numpy.zeros(1).block_until_ready()\n'
-      'print(added == list(xla_flags.MEMORY_BOUND_FLAGS), os.environ["XLA_FLAGS"])')
+    'import os; os.environ.pop("XLA_FLAGS", None)\n'
+    + SET_FLAGS.format(bytes=big)
+    + 'import jax; jax.numpy.zeros(1).block_until_ready()\n'
+    'print(added == list(xla_flags.MEMORY_BOUND_FLAGS), os.environ["XLA_FLAGS"])'
+  )
   assert printed == 'True ' + ' '.join(xla_flags.MEMORY_BOUND_FLAGS)
 
 
 def test_a_cache_resident_target_gets_none():
-  printed = python_output('import os; os.environ.pop("XLA_FLAGS", None)\n'
-                          + SET_FLAGS.format(bytes=2**20)
-                          + 'print(added, "XLA_FLAGS" in os.environ)')
+  printed = python_output(
+    'import os; os.environ.pop("XLA_FLAGS", None)\n'
+    + SET_FLAGS.format(bytes=2**20)
+    + 'print(added, "XLA_FLAGS" in os.environ)'
+  )
   assert printed == '[] False'
 
 
 def test_keeps_the_users_own_value_of_the_flag():
   printed = python_output(
-      'import os; os.environ["XLA_FLAGS"] = "--xla_cpu_experimental_ynn_fusion_type= --foo=1"\n'
-      + SET_FLAGS.format(bytes=2**40) + 'print(added, os.environ["XLA_FLAGS"])')
+    'import os; os.environ["XLA_FLAGS"] = "--xla_cpu_experimental_ynn_fusion_type= --foo=1"\n'
+    + SET_FLAGS.format(bytes=2**40)
+    + 'print(added, os.environ["XLA_FLAGS"])'
+  )
   assert printed == '[] --xla_cpu_experimental_ynn_fusion_type= --foo=1'
 
 
 def test_does_nothing_once_a_backend_has_started():
   printed = python_output(
-      'import os; os.environ.pop("XLA_FLAGS", None)\n'
-      'import jax; jax.numpy.zeros(1).block_until_ready()\n' + SET_FLAGS.format(bytes=2**40)
-      + 'print(added, "XLA_FLAGS" in os.environ)')
+    'import os; os.environ.pop("XLA_FLAGS", None)\n'
+    'import jax; jax.numpy.zeros(1).block_until_ready()\n'
+    + SET_FLAGS.format(bytes=2**40)
+    + 'print(added, "XLA_FLAGS" in os.environ)'
+  )
   assert printed == '[] False'
 
 
@@ -53,10 +60,14 @@ def test_decoder_weight_bytes_counts_the_decoder_and_the_logits(size):
 
 
 def test_the_mains_read_the_target_config_from_gin():
-  gin_utils.parse_gin_flags([], ['configs/models/small.gin', 'configs/pairs/pair.gin'],
-                            ['DROPOUT_RATE = 0.0', "CHECKPOINT_PATH = '/unused'"])
+  gin_utils.parse_gin_flags(
+    [],
+    ['configs/models/small.gin', 'configs/pairs/pair.gin'],
+    ['DROPOUT_RATE = 0.0', "CHECKPOINT_PATH = '/unused'"],
+  )
   config = gin_utils.bound_target_config()
   assert network.decoder_weight_bytes(config) == network.decoder_weight_bytes(
-      network.t5_1_1_config('small'))
+    network.t5_1_1_config('small')
+  )
   gin.clear_config()
   assert gin_utils.bound_target_config() is None  # Nothing bound: no flags decided.

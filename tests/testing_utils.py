@@ -29,8 +29,9 @@ INLINE_BELOW = 100
 
 def python_output(code):
   """What `code` prints, run by this interpreter in a fresh process (for import side effects)."""
-  return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                        check=True).stdout.strip()
+  return subprocess.run(
+    [sys.executable, '-c', code], capture_output=True, text=True, check=True
+  ).stdout.strip()
 
 
 # ------------------------------------------------------------------------------
@@ -43,8 +44,16 @@ def tiny_model(seed, vocab_size=32, emb_dim=32, layers=1, scale=1.0):
   default make greedy outputs non-trivial.
   """
   config = network.t5_1_1_config(
-      'tiny', vocab_size=vocab_size, emb_dim=emb_dim, num_heads=2, head_dim=16,
-      mlp_dim=2 * emb_dim, num_encoder_layers=layers, num_decoder_layers=layers, dtype='float32')
+    'tiny',
+    vocab_size=vocab_size,
+    emb_dim=emb_dim,
+    num_heads=2,
+    head_dim=16,
+    mlp_dim=2 * emb_dim,
+    num_encoder_layers=layers,
+    num_decoder_layers=layers,
+    dtype='float32',
+  )
   params, _ = network.random_params(config, seed=seed)
   params['decoder']['logits_dense']['kernel'] *= scale
   return models.Model(config, params)
@@ -78,7 +87,9 @@ def decoded_lengths(tokens, eos_id=EOS):
 def outputs_as_tuples(decodes, eos_id=EOS):
   """Each row of int [..., L] decodes up to and including its first EOS, as a tuple."""
   decodes = np.asarray(decodes).reshape(-1, np.shape(decodes)[-1])
-  return [tuple(row[:length].tolist()) for row, length in zip(decodes, decoded_lengths(decodes, eos_id))]
+  return [
+    tuple(row[:length].tolist()) for row, length in zip(decodes, decoded_lengths(decodes, eos_id))
+  ]
 
 
 # ------------------------------------------------------------------------------
@@ -105,8 +116,10 @@ def chi_square_test(counts, probs, min_expected=5.0):
   expected = counts.sum() * probs / probs.sum()
   order = np.argsort(expected)
   counts, expected = counts[order], expected[order]
-  num_merged = max(int(np.searchsorted(np.cumsum(expected), min_expected)) + 1,
-                   int(np.sum(expected < min_expected)))
+  num_merged = max(
+    int(np.searchsorted(np.cumsum(expected), min_expected)) + 1,
+    int(np.sum(expected < min_expected)),
+  )
   if num_merged > 1:
     counts = np.concatenate([[counts[:num_merged].sum()], counts[num_merged:]])
     expected = np.concatenate([[expected[:num_merged].sum()], expected[num_merged:]])
@@ -125,8 +138,9 @@ def sequence_chi_square_p_value(samples, exact):
   unknown = counts.keys() - exact.keys()
   assert not unknown, f'sampled outputs of probability 0: {sorted(unknown)[:5]}'
   outputs = list(exact)
-  return chi_square_test([counts[output] for output in outputs],
-                         [exact[output] for output in outputs])[2]
+  return chi_square_test(
+    [counts[output] for output in outputs], [exact[output] for output in outputs]
+  )[2]
 
 
 # ------------------------------------------------------------------------------
@@ -160,12 +174,20 @@ def write_t5x_legacy(model_dir, step, params, dtype=np.float32, kvstore_driver='
     if value.size < INLINE_BELOW:
       return value
     name = '.'.join(('target',) + path)
-    kvstore = ({'driver': 'file', 'path': name} if kvstore_driver == 'file' else
-               {'driver': 'gcs', 'bucket': 't5x-dummy-bucket', 'path': name})
+    kvstore = (
+      {'driver': 'file', 'path': name}
+      if kvstore_driver == 'file'
+      else {'driver': 'gcs', 'bucket': 't5x-dummy-bucket', 'path': name}
+    )
     chunks = (max(1, value.shape[0] // 2),) + value.shape[1:]
-    spec = ts.Spec({'driver': 'zarr', 'dtype': np.dtype(dtype).name, 'kvstore': kvstore,
-                    'metadata': {'compressor': {'id': 'gzip'}, 'shape': value.shape,
-                                 'chunks': chunks}}).to_json()
+    spec = ts.Spec(
+      {
+        'driver': 'zarr',
+        'dtype': np.dtype(dtype).name,
+        'kvstore': kvstore,
+        'metadata': {'compressor': {'id': 'gzip'}, 'shape': value.shape, 'chunks': chunks},
+      }
+    ).to_json()
     local = {**spec, 'kvstore': {'driver': 'file', 'path': str(step_dir / name)}}
     ts.open(local, create=True).result().write(value).result()
     return spec
@@ -174,8 +196,13 @@ def write_t5x_legacy(model_dir, step, params, dtype=np.float32, kvstore_driver='
   target = traverse_util.unflatten_dict({path: write(path, value) for path, value in flat.items()})
   # Adafactor's factored second moments: tiny placeholders per parameter.
   param_states = jax.tree.map(lambda _: {'v_row': np.zeros((1,), np.float32)}, params)
-  contents = {'version': 3, 'optimizer': {
-      'target': target, 'state': {'step': np.int32(step), 'param_states': param_states}}}
+  contents = {
+    'version': 3,
+    'optimizer': {
+      'target': target,
+      'state': {'step': np.int32(step), 'param_states': param_states},
+    },
+  }
   (step_dir / 'checkpoint').write_bytes(serialization.msgpack_serialize(contents))
   return step_dir
 
@@ -202,8 +229,9 @@ def assert_trees_equal(actual, expected, dtype=None, *, numpy_leaves=False):
 # ------------------------------------------------------------------------------
 # gettext catalogs.
 # ------------------------------------------------------------------------------
-MO_HEADER = ('Content-Type: text/plain; charset={charset}\n'
-             'Plural-Forms: nplurals=2; plural=(n != 1);\n')
+MO_HEADER = (
+  'Content-Type: text/plain; charset={charset}\nPlural-Forms: nplurals=2; plural=(n != 1);\n'
+)
 
 
 def write_mo(path, messages, charset='UTF-8', byte_order='<'):
@@ -224,7 +252,8 @@ def write_mo(path, messages, charset='UTF-8', byte_order='<'):
   for string in originals + translations:
     tables.append(struct.pack(byte_order + '2I', len(string), strings_at + len(strings)))
     strings += string + b'\0'
-  header = struct.pack(byte_order + '7I', 0x950412de, 0, count, originals_at, translations_at, 0,
-                       strings_at)
+  header = struct.pack(
+    byte_order + '7I', 0x950412DE, 0, count, originals_at, translations_at, 0, strings_at
+  )
   with open(path, 'wb') as f:
     f.write(header + b''.join(tables) + strings)
