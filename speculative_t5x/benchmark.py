@@ -694,6 +694,9 @@ def run_benchmark(
   for temperature in temperatures:
     for gamma in gammas:
       records.append(measure_walltime(temperature, gamma, 1, alphas.get(temperature)))
+    choice = reports.gamma_choice(records, temperature)
+    if choice:
+      records.append(dict(common, kind='gamma_choice', **choice))
     sweep_gamma = batch_size_gamma or reports.best_gamma(records, temperature)
     for batch_size in sorted(set(batch_sizes) - {1}):
       records.append(

@@ -54,6 +54,7 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
       f'| {_fmt(r.get("predicted_speedup_free_verify"))}x | {bleu} |'
     )
   lines += _breakdown_lines(records)
+  lines += _gamma_choice_lines(records)
   alpha = [r for r in records if r['kind'] == 'alpha']
   if alpha:
     lines += [
@@ -113,6 +114,28 @@ _BREAKDOWN_PARTS = (
   'encode',
   'unexplained',
 )
+
+
+def _gamma_choice_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown: gamma chosen from the measured parts vs the measured best."""
+  choices = [r for r in records if r['kind'] == 'gamma_choice']
+  if not choices:
+    return []
+  lines = [
+    '',
+    '## gamma chosen from the measured parts (batch 1)',
+    '',
+    '| T | chosen gamma | predicted | measured | best measured gamma | its speedup '
+    '| chosen / best |',
+    '|---|---|---|---|---|---|---|',
+  ]
+  for r in choices:
+    lines.append(
+      f'| {r["temperature"]} | {r["chosen_gamma"]} | {_fmt(r["chosen_predicted_speedup"])}x '
+      f'| {_fmt(r["chosen_measured_speedup"])}x | {r["best_gamma"]} '
+      f'| {_fmt(r["best_measured_speedup"])}x | {_fmt(r["chosen_over_best"])} |'
+    )
+  return lines
 
 
 def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
@@ -304,6 +327,36 @@ def walltime_line(record: Dict[str, Any]) -> str:
     )
     + (')' if predicted is not None else '')
     + f', {record["tokens_per_call"]:.2f} tokens/call'
+  )
+
+
+def gamma_choice(records: Sequence[Dict[str, Any]], temperature: float) -> Dict[str, Any]:
+  """The gamma the measured parts predict best, next to the measured best (batch 1).
+
+  The choice is what `predicted_speedup_parts` (alpha, and each part of an
+  iteration timed alone) ranks first; it needs no walltime run of its own,
+  so a user can take it from one benchmark of the pair.
+  """
+  rows = [
+    r
+    for r in records
+    if r['kind'] == 'walltime'
+    and r['batch_size'] == 1
+    and r['temperature'] == temperature
+    and r.get('predicted_speedup_parts') is not None
+  ]
+  if not rows:
+    return {}
+  chosen = max(rows, key=lambda r: r['predicted_speedup_parts'])
+  best = max(rows, key=lambda r: r['speedup']['median'])
+  return dict(
+    temperature=temperature,
+    chosen_gamma=chosen['gamma'],
+    chosen_predicted_speedup=chosen['predicted_speedup_parts'],
+    chosen_measured_speedup=chosen['speedup']['median'],
+    best_gamma=best['gamma'],
+    best_measured_speedup=best['speedup']['median'],
+    chosen_over_best=chosen['speedup']['median'] / best['speedup']['median'],
   )
 
 

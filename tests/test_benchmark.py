@@ -54,6 +54,7 @@ def test_writes_json_markdown_and_figures(records):
   assert '## Walltime at batch 1' in markdown and '## alpha (Table 3)' in markdown
   assert "## Where an iteration's time goes" in markdown
   assert '## One-token steps against the memory floor' in markdown
+  assert '## gamma chosen from the measured parts' in markdown
 
 
 def test_every_record_has_its_fields(records):
@@ -100,6 +101,15 @@ def test_every_record_has_its_fields(records):
       assert r['predicted_speedup_parts'] > 0
     assert r['memory']['temp_bytes'] > 0
     assert r['ms_per_token_baseline']['min'] <= r['ms_per_token_baseline']['median']
+  (choice,) = [r for r in result if r['kind'] == 'gamma_choice']
+  assert choice['chosen_gamma'] in (1, 3) and choice['best_gamma'] in (1, 3)
+  chosen = next(
+    r for r in walltime if r['gamma'] == choice['chosen_gamma'] and r['batch_size'] == 1
+  )
+  assert choice['chosen_predicted_speedup'] == max(
+    r['predicted_speedup_parts'] for r in walltime if r['batch_size'] == 1
+  )
+  assert choice['chosen_measured_speedup'] == chosen['speedup']['median']
   costs = next(r for r in result if r['kind'] == 'costs')
   assert set(costs['floors']) == {'target', 'draft', 'draft_bytes_over_target_bytes'}
   assert costs['floors']['target']['bytes'] > costs['floors']['draft']['bytes'] > 0
