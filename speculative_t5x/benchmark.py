@@ -177,8 +177,7 @@ def trim_padding(inputs: np.ndarray, multiple: int = 1) -> np.ndarray:
 
 def random_inputs(num_examples: int, input_length: int, vocab_size: int, seed: int = 0):
   """Random full-length inputs (for the emulation mode): ([N, Lin], no targets)."""
-  rng = np.random.default_rng(seed)
-  tokens = rng.integers(2, vocab_size, size=(num_examples, input_length)).astype(np.int32)
+  tokens = np.array(measure.random_encoder_inputs(num_examples, input_length, vocab_size, seed))
   tokens[:, -1] = EOS_ID
   return tokens, None
 

@@ -164,6 +164,11 @@ def _row_keys(rng: jax.Array, batch_size: int) -> jax.Array:
   )
 
 
+def _at_tokens(probs: jax.Array, tokens: jax.Array) -> jax.Array:
+  """float32 [γ]: probs [γ, V] at each position's token, tokens int [γ]."""
+  return jnp.take_along_axis(probs, tokens[:, None], axis=-1)[:, 0].astype(jnp.float32)
+
+
 def _verify_row(
   key: jax.Array,
   draft_tokens: jax.Array,
@@ -177,12 +182,11 @@ def _verify_row(
   gamma = draft_tokens.shape[0]
   accept_key, next_key = jax.random.split(key)
 
-  def at_drafted(probs):  # [γ, V] -> float32 [γ], the prob of each x_i.
-    return jnp.take_along_axis(probs, draft_tokens[:, None], axis=-1)[:, 0].astype(jnp.float32)
-
-  target_at_drafted = at_drafted(target_probs[:gamma])
+  target_at_drafted = _at_tokens(target_probs[:gamma], draft_tokens)
   draft_at_drafted = (
-    jnp.ones((gamma,), jnp.float32) if draft_probs is None else at_drafted(draft_probs)
+    jnp.ones((gamma,), jnp.float32)
+    if draft_probs is None
+    else _at_tokens(draft_probs, draft_tokens)
   )
   accepted = jax.random.uniform(accept_key, (gamma,)) < acceptance_probability(
     target_at_drafted, draft_at_drafted, lenience
@@ -315,8 +319,7 @@ def _block_verify_row(
     if draft_probs is None
     else draft_probs.astype(jnp.float32)
   )
-  at_drafted = lambda probs: jnp.take_along_axis(probs, draft_tokens[:, None], axis=-1)[:, 0]
-  target_at, draft_at = at_drafted(p[:gamma]), at_drafted(q)
+  target_at, draft_at = _at_tokens(p[:gamma], draft_tokens), _at_tokens(q, draft_tokens)
   # p_i(x_i) / q_i(x_i); q_i(x_i) > 0 for a token drawn from q (inf otherwise).
   ratio = jnp.where(
     draft_at > 0,
