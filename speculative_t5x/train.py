@@ -417,7 +417,7 @@ def _host_copy(tree: PyTree) -> PyTree:
   return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
 
 
-def _save(manager: ocp.CheckpointManager, state: TrainState) -> None:
+def save_state(manager: ocp.CheckpointManager, state: TrainState) -> None:
   manager.save(
     int(state.step),
     args=ocp.args.Composite(
@@ -427,7 +427,7 @@ def _save(manager: ocp.CheckpointManager, state: TrainState) -> None:
   )
 
 
-def _restore(
+def restore_state(
   manager: ocp.CheckpointManager, step: int, params: PyTree, opt_state: PyTree
 ) -> TrainState:
   """Restores `step`, checking its parameters against those of `params`.
@@ -464,6 +464,12 @@ def _restore(
 # ------------------------------------------------------------------------------
 # Training.
 # ------------------------------------------------------------------------------
+def append_metrics(path: str, split: str, record: Mapping[str, Any]) -> None:
+  """Appends one JSON line `{'split': split, **record}` to a metrics file."""
+  with open(path, 'a') as f:
+    f.write(json.dumps({'split': split, **record}) + '\n')
+
+
 @dataclasses.dataclass
 class TrainResult:
   """What `train` returns.
@@ -485,13 +491,13 @@ class TrainResult:
   eval_metrics: List[Dict[str, float]]
 
 
-def _check_positive(**values) -> None:
+def check_positive(**values) -> None:
   for name, value in values.items():
     if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
       raise ValueError(f'{name} must be a positive integer, got {value!r}.')
 
 
-def _check_task(
+def check_task(
   task: Union[str, seqio.Task], config: network.T5Config, feature_lengths: Mapping[str, int]
 ) -> seqio.Task:
   task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
@@ -502,7 +508,7 @@ def _check_task(
       "feature_lengths must map exactly 'inputs' and 'targets' to lengths, got "
       f'{dict(feature_lengths)}.'
     )
-  _check_positive(**{f'feature_lengths[{k!r}]': v for k, v in feature_lengths.items()})
+  check_positive(**{f'feature_lengths[{k!r}]': v for k, v in feature_lengths.items()})
   for name, feature in task.output_features.items():
     if feature.vocabulary.vocab_size > config.vocab_size:
       raise ValueError(
@@ -575,7 +581,7 @@ def train(
   Returns:
     A `TrainResult`.
   """
-  _check_positive(
+  check_positive(
     batch_size=batch_size,
     num_steps=num_steps,
     checkpoint_every=checkpoint_every,
@@ -589,7 +595,7 @@ def train(
   if z_loss < 0:
     raise ValueError(f'z_loss must be >= 0, got {z_loss}.')
   loss_normalizing_factor = _check_loss_normalizing_factor(loss_normalizing_factor)
-  task = _check_task(task, config, feature_lengths)
+  task = check_task(task, config, feature_lengths)
   if eval_every is not None and 'validation' not in task.splits:
     raise ValueError(
       f'Task {task.name!r} has no validation split to evaluate on; pass eval_every=None.'
@@ -609,7 +615,7 @@ def train(
     start_step = manager.latest_step() or 0
     if start_step:
       params = network.abstract_params(config)[0]
-      state = _restore(manager, start_step, params, jax.eval_shape(tx.init, params))
+      state = restore_state(manager, start_step, params, jax.eval_shape(tx.init, params))
       logging.info('Resuming %s from step %d.', model_dir, start_step)
     else:
       params = jax.device_put(network.random_params(config, seed)[0])
@@ -641,8 +647,7 @@ def train(
       record['seconds'] = time.perf_counter() - start_time
       records.append(record)
       logging.info('%s step %d: %s', split, record['step'], record)
-      with open(metrics_path, 'a') as f:
-        f.write(json.dumps({'split': split, **record}) + '\n')
+      append_metrics(metrics_path, split, record)
 
     bar = tqdm.tqdm(
       total=num_steps,
@@ -690,7 +695,7 @@ def train(
         log(train_metrics, 'train', record)
         pending, tokens, interval_start = [], 0, now
       if step % checkpoint_every == 0 or step == num_steps:
-        _save(manager, state)
+        save_state(manager, state)
       if eval_sets and (step % eval_every == 0 or step == num_steps):
         log(
           eval_metrics,

@@ -209,6 +209,20 @@ def test_run_files_bind_with_a_pair_and_a_task(tmp_path):
   )
   assert values['gammas'] == [2, 3] and values['output_dir'] == '/out'
   assert values['task'].name == 'speculative_t5x:tsv'
+  values = _evaluate(
+    ['pairs/gettext_tiny', 'tasks/tsv', 'runs/distill'],
+    [*PAIR_MACROS, *task_macros, "MODEL_DIR = '/distilled'"],
+    model_dir='%MODEL_DIR',
+    divergence='%DIVERGENCE',
+    data_mix='%DATA_MIX',
+    num_steps='%DISTILL_STEPS',
+  )
+  assert values == {
+    'model_dir': '/distilled',
+    'divergence': 'tvd',
+    'data_mix': {'draft': 1.0},
+    'num_steps': 300,
+  }
 
 
 # pairs/pair is included by every pair file.
@@ -225,6 +239,7 @@ COVERED = (
     'runs/infer',
     'runs/train',
     'runs/benchmark',
+    'runs/distill',
   }
 )
 

@@ -19,29 +19,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from speculative_t5x import network
-from speculative_t5x import tasks
 from speculative_t5x import train
+import testing_utils
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VERBS = [
-  ('Open', 'öffnen'),
-  ('Close', 'schließen'),
-  ('Delete', 'löschen'),
-  ('Save', 'speichern'),
-  ('Print', 'drucken'),
-  ('Copy', 'kopieren'),
-]
-NOUNS = [
-  ('the file', 'Die Datei'),
-  ('the window', 'Das Fenster'),
-  ('the folder', 'Den Ordner'),
-  ('the page', 'Die Seite'),
-  ('the document', 'Das Dokument'),
-  ('the picture', 'Das Bild'),
-]
-PAIRS = [
-  (f'{verb} {noun}', f'{nomen} {verb_de}') for verb, verb_de in VERBS for noun, nomen in NOUNS
-]
 PREFIX = 'translate: '
 FEATURE_LENGTHS = {'inputs': 48, 'targets': 32}
 
@@ -49,21 +30,9 @@ FEATURE_LENGTHS = {'inputs': 48, 'targets': 32}
 @pytest.fixture(scope='module')
 def fixture_task(tmp_path_factory):
   """(task name, TSV directory, vocabulary path) of a 36-pair task."""
-  directory = tmp_path_factory.mktemp('data')
-  for split, pairs in (('train', PAIRS), ('validation', PAIRS[::5])):
-    with open(directory / f'{split}.tsv', 'w', encoding='utf-8') as f:
-      f.writelines(f'{source}\t{target}\n' for source, target in pairs)
-  prefix = str(directory / 'spm')
-  texts = [text for pair in PAIRS for text in pair] + [PREFIX] * 4
-  vocabulary = tasks.train_sentencepiece(texts, prefix, 64, character_coverage=1.0)
-  task = tasks.register_tsv_task(
-    'speculative_t5x:train_test_fixture',
-    {split: str(directory / f'{split}.tsv') for split in ('train', 'validation')},
-    vocabulary,
-    extra_ids=0,
-    prefix=PREFIX,
+  return testing_utils.phrase_task(
+    tmp_path_factory.mktemp('data'), 'speculative_t5x:train_test_fixture', PREFIX
   )
-  return task.name, directory, prefix + '.model'
 
 
 def _config(vocab_size, **overrides):

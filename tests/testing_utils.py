@@ -1,11 +1,13 @@
 """Helpers that several test modules use: fixtures' models and inputs, output lengths,
 chi-square tests, T5X legacy checkpoints written as T5X writes them, tree comparison,
-GNU .mo catalogs written as msgfmt writes them, the output of code run in a fresh process.
+GNU .mo catalogs written as msgfmt writes them, the output of code run in a fresh process,
+a phrase task a tiny network learns in a few dozen steps.
 
 Test modules import these from here, not from each other.
 """
 
 import collections
+import os
 import struct
 import subprocess
 import sys
@@ -257,3 +259,52 @@ def write_mo(path, messages, charset='UTF-8', byte_order='<'):
   )
   with open(path, 'wb') as f:
     f.write(header + b''.join(tables) + strings)
+
+
+# ------------------------------------------------------------------------------
+# A TSV task a tiny network learns in a few dozen steps.
+# ------------------------------------------------------------------------------
+VERBS = [
+  ('Open', 'öffnen'),
+  ('Close', 'schließen'),
+  ('Delete', 'löschen'),
+  ('Save', 'speichern'),
+  ('Print', 'drucken'),
+  ('Copy', 'kopieren'),
+]
+NOUNS = [
+  ('the file', 'Die Datei'),
+  ('the window', 'Das Fenster'),
+  ('the folder', 'Den Ordner'),
+  ('the page', 'Die Seite'),
+  ('the document', 'Das Dokument'),
+  ('the picture', 'Das Bild'),
+]
+PAIRS = [
+  (f'{verb} {noun}', f'{nomen} {verb_de}') for verb, verb_de in VERBS for noun, nomen in NOUNS
+]
+
+
+def phrase_task(directory, name, prefix):
+  """(task name, directory, vocabulary path): 36 systematic English/German phrases.
+
+  Writes train.tsv (all pairs) and validation.tsv (every fifth) into
+  `directory`, trains a 64-piece SentencePiece vocabulary on them and
+  registers the seqio TSV task `name` with the input prefix `prefix`.
+  """
+  from speculative_t5x import tasks  # seqio and TensorFlow only where a task is needed.
+
+  for split, pairs in (('train', PAIRS), ('validation', PAIRS[::5])):
+    with open(os.path.join(directory, f'{split}.tsv'), 'w', encoding='utf-8') as f:
+      f.writelines(f'{source}\t{target}\n' for source, target in pairs)
+  vocabulary_prefix = os.path.join(directory, 'spm')
+  texts = [text for pair in PAIRS for text in pair] + [prefix] * 4
+  vocabulary = tasks.train_sentencepiece(texts, vocabulary_prefix, 64, character_coverage=1.0)
+  task = tasks.register_tsv_task(
+    name,
+    {split: os.path.join(directory, f'{split}.tsv') for split in ('train', 'validation')},
+    vocabulary,
+    extra_ids=0,
+    prefix=prefix,
+  )
+  return task.name, directory, vocabulary_prefix + '.model'

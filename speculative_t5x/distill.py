@@ -1,0 +1,616 @@
+r"""Distilling a draft from its frozen target: a draft trained for a high alpha.
+
+The paper's first future-work item is a draft trained to maximize
+alpha = E[sum_x min(p, q)]; DistillSpec (Zhou et al., ICLR 2024) does it with
+on-policy data and a choice of divergence. `distill` trains a draft network
+against a frozen target network, with the training machinery of
+`speculative_t5x.train` (optax, the orbax layout, resume after a kill,
+metrics.jsonl, a progress bar).
+
+Data. Each step takes a batch of inputs from the task's train split (seqio's
+stream as in `train.get_dataset`, unpacked: one example a row) and picks the
+batch's output sequences from one source, drawn with the probabilities of
+`data_mix` from `(seed, step)`:
+  'draft': sampled from the draft being trained, at the decoding mode
+    (DistillSpec's finding: draft-generated data works best);
+  'target': sampled from the target at the decoding mode;
+  'ground_truth': the task's targets.
+Sampling uses the project's baseline decoder (`models.make_decoder`), with
+the PRNG key `fold_in(PRNGKey(seed), step)`.
+
+Loss. At every real position of those sequences (up to and including EOS:
+the tokens speculative decoding would judge), a divergence between the
+target's and the draft's next-token distributions, both *standardized* as the
+decoder standardizes them (`sampling.standardize` at the decoding
+temperature, top-k or top-p), averaged over real tokens:
+  'forward_kl':  KL(p || q) = sum_x p log(p / q);
+  'reverse_kl':  KL(q || p);
+  'jsd':         beta KL(p || m) + (1 - beta) KL(q || m), m = beta p + (1 - beta) q
+                 (DistillSpec's JSD[beta]; beta = 0.5 is the Jensen-Shannon divergence);
+  'tvd':         the total variation 1/2 sum_x |p - q| = 1 - sum_x min(p, q): one minus the
+                 acceptance probability beta, so its mean is 1 - alpha on these prefixes.
+Logarithms floor their argument at `LOG_FLOOR`, so mass on a token outside the
+other distribution's support (top-k, top-p, argmax) costs a finite
+-log(LOG_FLOOR) = 23 nats. Greedy decoding (temperature 0) standardizes the
+target to the one-hot argmax, but a one-hot draft has no gradient: the draft's
+side is then its softmax at temperature 1, whose argmax is its greedy token
+(forward KL becomes the cross entropy of the target's argmax, TVD 1 - q(argmax
+p)). The running alpha on the progress bar is the mean beta of the standardized
+distributions on the step's sequences.
+
+Evaluation. Every `eval_every` steps and at the end: held-out alpha at each
+of `eval_temperatures` on the target's own samples for the first
+`eval_examples` inputs of the validation split (the prefixes speculative
+decoding judges), with the standard error of per-sequence means; the target's
+samples and distributions are computed once per run.
+
+Checkpoints and determinism. `model_dir` holds the draft's 'params' and
+'opt_state' in `train`'s layout (`train.checkpoint_manager`), metrics.jsonl
+(training and held-out alpha records) and `SETTINGS_FILE` (the loss, decoding
+mode, data mix and evaluation settings of the run); the run resumes
+from the latest step, skipping the inputs already seen; the sources and keys
+depend only on (seed, step), so a killed and resumed run ends with the
+parameters of an uninterrupted one, bit for bit, on the CPU. The first step
+starts from `draft`'s parameters (a data-trained draft, or a random one:
+`models.random_model`); the optimizer state starts fresh.
+
+Command line (flags as in `gin_utils`; the pair file binds TARGET and DRAFT):
+
+  python -m speculative_t5x.distill \
+    --gin_file=configs/pairs/gettext_tiny.gin \
+    --gin_file=configs/tasks/gettext_ende.gin \
+    --gin_file=configs/runs/distill.gin \
+    --gin.MODEL_DIR="'/tmp/distilled_draft'" \
+    --gin.CHECKPOINT_PATH="'runs/demo/gettext_target'" \
+    --gin.DRAFT_CHECKPOINT_PATH="'runs/demo/gettext_draft'" \
+    --gin.CORPUS_DIR="'runs/demo/corpus'" \
+    --gin.VOCABULARY="'runs/demo/vocabulary/spm_4000.model'"
+
+Decoder-only pairs are not supported yet (the project has no decoder-only
+network); the functions take encoder-decoder `models.Model`s.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from absl import app
+from absl import logging
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import seqio
+import tqdm
+
+from speculative_t5x import benchmark
+from speculative_t5x import gin_utils
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import sampling
+from speculative_t5x import speculative_sampling
+from speculative_t5x import tasks
+from speculative_t5x import train
+
+PyTree = Any
+
+DIVERGENCES = ('forward_kl', 'reverse_kl', 'jsd', 'tvd')
+SOURCES = ('draft', 'target', 'ground_truth')
+LOG_FLOOR = 1e-10
+# Written into model_dir at the start: what the run distills for, with which data and loss.
+SETTINGS_FILE = 'distill_settings.json'
+
+
+# ------------------------------------------------------------------------------
+# Divergences.
+# ------------------------------------------------------------------------------
+def _log(x: jax.Array) -> jax.Array:
+  return jnp.log(jnp.maximum(x, LOG_FLOOR))
+
+
+def _kl(a: jax.Array, b: jax.Array) -> jax.Array:
+  # 0 log 0 = 0: a zero `a` contributes nothing whatever `b` is.
+  return jnp.sum(a * (_log(a) - _log(b)), axis=-1)
+
+
+def divergence(p: jax.Array, q: jax.Array, kind: str, beta: float = 0.5) -> jax.Array:
+  """A divergence between target and draft distributions, per position.
+
+  Args:
+    p: float [..., V], the target's distribution.
+    q: float [..., V], the draft's distribution.
+    kind: one of `DIVERGENCES` (see the module docstring).
+    beta: the JSD's weight of p, in (0, 1); only for 'jsd'.
+
+  Returns:
+    float32 [...].
+  """
+  p, q = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
+  if kind == 'forward_kl':
+    return _kl(p, q)
+  if kind == 'reverse_kl':
+    return _kl(q, p)
+  if kind == 'jsd':
+    mixture = beta * p + (1.0 - beta) * q
+    return beta * _kl(p, mixture) + (1.0 - beta) * _kl(q, mixture)
+  if kind == 'tvd':
+    return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+  raise ValueError(f'Unknown divergence {kind!r}; use one of {DIVERGENCES}.')
+
+
+def validate_divergence(kind: str, beta: float) -> None:
+  if kind not in DIVERGENCES:
+    raise ValueError(f'Unknown divergence {kind!r}; use one of {DIVERGENCES}.')
+  if kind == 'jsd' and not 0.0 < beta < 1.0:
+    raise ValueError(f"The 'jsd' divergence needs 0 < beta < 1, got beta={beta}.")
+
+
+def loss_distributions(
+  target_logits: jax.Array, draft_logits: jax.Array, *, temperature: float, topk: int, topp: float
+) -> Tuple[jax.Array, jax.Array]:
+  """(p, q): the distributions the loss compares, float32 [..., V] each.
+
+  p is the target's standardized distribution (no gradient); q the draft's,
+  except at temperature 0, where it is the draft's softmax at temperature 1
+  (a one-hot argmax has no gradient; see the module docstring).
+  """
+  p = jax.lax.stop_gradient(sampling.standardize(target_logits, temperature, topk, topp))
+  if sampling.is_greedy(temperature):
+    return p, jax.nn.softmax(draft_logits.astype(jnp.float32), axis=-1)
+  return p, sampling.standardize(draft_logits, temperature, topk, topp)
+
+
+# ------------------------------------------------------------------------------
+# The step.
+# ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+  """What a distillation step computes (hashable: the jitted steps are cached by it).
+
+  Attributes:
+    target_config, draft_config: the two networks (same vocabulary).
+    divergence: one of `DIVERGENCES`.
+    beta: the JSD's weight of p.
+    temperature, topk, topp: the decoding mode of the standardized distributions.
+  """
+
+  target_config: network.T5Config
+  draft_config: network.T5Config
+  divergence: str
+  beta: float
+  temperature: float
+  topk: int
+  topp: float
+
+
+def _teacher_forced(config: network.T5Config, params: PyTree, batch) -> jax.Array:
+  """float32 [B, L, V]: next-token logits along the batch's sequences (`sequence_features`)."""
+  return network.Transformer(config).apply(
+    {'params': params},
+    batch['encoder_input_tokens'],
+    batch['decoder_input_tokens'],
+    batch['decoder_target_tokens'],
+    enable_dropout=False,
+  )
+
+
+_jitted_teacher_forced = jax.jit(_teacher_forced, static_argnums=0)
+
+
+def make_distill_step(config: DistillConfig, optimizer: optax.GradientTransformation):
+  """The (unjitted) step `(state, target_params, batch) -> (state, metric sums)`.
+
+  `batch` holds int32 [B, Lin] 'encoder_input_tokens', int32 [B, L]
+  'decoder_input_tokens' and 'decoder_target_tokens' (the sequences), and
+  float32 [B, L] 'decoder_loss_weights' (1 at real positions). The sums
+  (float32 scalars) are 'loss' and 'beta' (of the standardized
+  distributions) summed over real positions, and their count 'weight'.
+  """
+  mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
+
+  def step(state: train.TrainState, target_params: PyTree, batch):
+    target_logits = _teacher_forced(config.target_config, target_params, batch)
+    weights = batch['decoder_loss_weights'].astype(jnp.float32)
+    num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
+
+    def objective(params):
+      draft_logits = _teacher_forced(config.draft_config, params, batch)
+      p, q = loss_distributions(target_logits, draft_logits, **mode)
+      per_token = divergence(p, q, config.divergence, config.beta)
+      beta = speculative_sampling.lenient_acceptance_rate(
+        p, sampling.standardize(jax.lax.stop_gradient(draft_logits), **mode)
+      )
+      sums = {'loss': jnp.sum(per_token * weights), 'beta': jnp.sum(beta * weights)}
+      return sums['loss'] / num_tokens, sums
+
+    grads, sums = jax.grad(objective, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    sums['weight'] = jnp.sum(weights)
+    return train.TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
+
+  return step
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_step(config: DistillConfig, optimizer, learning_rate) -> tuple:
+  """(optax transformation, jitted step), cached for repeated runs in one process."""
+  tx = optimizer(learning_rate)
+  return tx, jax.jit(make_distill_step(config, tx), donate_argnums=0)
+
+
+# ------------------------------------------------------------------------------
+# Data.
+# ------------------------------------------------------------------------------
+def sequence_features(input_tokens: np.ndarray, sequences: np.ndarray) -> Dict[str, np.ndarray]:
+  """The step's batch for output sequences [B, L] (tokens, EOS, zeros) of inputs [B, Lin]."""
+  lengths = benchmark.output_lengths(sequences)
+  return {
+    'encoder_input_tokens': np.asarray(input_tokens, np.int32),
+    'decoder_input_tokens': benchmark.shift_right(sequences).astype(np.int32),
+    'decoder_target_tokens': np.asarray(sequences, np.int32),
+    'decoder_loss_weights': (np.arange(sequences.shape[1])[None] < lengths[:, None]).astype(
+      np.float32
+    ),
+  }
+
+
+def validate_data_mix(data_mix: Mapping[str, float]) -> Tuple[Tuple[str, ...], np.ndarray]:
+  """(sources, probabilities) of a data mix {source: weight >= 0}, weights normalized."""
+  unknown = set(data_mix) - set(SOURCES)
+  if unknown:
+    raise ValueError(f'Unknown data sources {sorted(unknown)} in data_mix; use {SOURCES}.')
+  weights = np.array([float(w) for w in data_mix.values()])
+  if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
+    raise ValueError(f'data_mix weights must be finite, >= 0 and not all 0, got {dict(data_mix)}.')
+  return tuple(data_mix), weights / weights.sum()
+
+
+def step_source(sources: Sequence[str], probabilities: np.ndarray, seed: int, step: int) -> str:
+  """The data source of `step` (1-based), a function of (seed, step) alone."""
+  return sources[np.random.default_rng((seed, step)).choice(len(sources), p=probabilities)]
+
+
+# ------------------------------------------------------------------------------
+# Held-out alpha.
+# ------------------------------------------------------------------------------
+@dataclasses.dataclass
+class HeldOutSet:
+  """The target's samples on held-out inputs at one temperature.
+
+  Attributes:
+    temperature: the decoding temperature (with the run's top-k / top-p).
+    inputs: int32 [N, Lin] encoder inputs.
+    features: `sequence_features` of the target's samples [N, L].
+    target_probs: float32 [N, L, V], the target's standardized distributions.
+  """
+
+  temperature: float
+  inputs: np.ndarray
+  features: Dict[str, np.ndarray]
+  target_probs: jax.Array
+
+
+def held_out_set(
+  target: models.Model,
+  inputs: np.ndarray,
+  *,
+  temperature: float,
+  topk: int,
+  topp: float,
+  max_decode_len: int,
+  seed: int,
+) -> HeldOutSet:
+  """Samples the target on `inputs` [N, Lin] and keeps its distributions along the samples."""
+  mode = dict(temperature=temperature, topk=topk, topp=topp)
+  decode = models.make_decoder(target, None, max_decode_len=max_decode_len, **mode)
+  outputs = np.asarray(decode(inputs, jax.random.PRNGKey(seed)).tokens)
+  features = sequence_features(inputs, outputs)
+  logits = _jitted_teacher_forced(target.config, target.params, features)
+  return HeldOutSet(temperature, inputs, features, sampling.standardize(logits, **mode))
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'temperature', 'topk', 'topp'))
+def _betas(config, params, features, target_probs, *, temperature, topk, topp):
+  draft_probs = sampling.standardize(
+    _teacher_forced(config, params, features), temperature, topk, topp
+  )
+  return speculative_sampling.lenient_acceptance_rate(target_probs, draft_probs)
+
+
+def held_out_alpha(
+  draft_config: network.T5Config, params: PyTree, held_out: HeldOutSet, *, topk: int, topp: float
+) -> Tuple[float, float]:
+  """(alpha, standard error of per-sequence means) of a draft on a `HeldOutSet`."""
+  betas = np.asarray(
+    _betas(
+      draft_config,
+      params,
+      held_out.features,
+      held_out.target_probs,
+      temperature=held_out.temperature,
+      topk=topk,
+      topp=topp,
+    )
+  )
+  weights = held_out.features['decoder_loss_weights']
+  per_sequence = (betas * weights).sum(1) / weights.sum(1)
+  alpha = float((betas * weights).sum() / weights.sum())
+  return alpha, float(per_sequence.std() / np.sqrt(len(per_sequence)))
+
+
+def _validation_inputs(task, feature_lengths, num_examples: int) -> np.ndarray:
+  dataset = train.get_dataset(task, 'validation', feature_lengths, num_examples, pack=False)
+  batch = next(dataset.as_numpy_iterator())
+  return batch['encoder_input_tokens']
+
+
+# ------------------------------------------------------------------------------
+# Distillation.
+# ------------------------------------------------------------------------------
+@dataclasses.dataclass
+class DistillResult:
+  """What `distill` returns.
+
+  Attributes:
+    params: the draft's final parameters (T5X tree, float32 jax arrays).
+    step: the final step.
+    train_metrics: per logging interval, {'step', 'loss' (per real token),
+      'alpha' (mean beta on the training sequences), 'sources' ({source:
+      steps}), 'tokens_per_second' (real sequence tokens), 'seconds'}.
+    eval_metrics: per evaluation, {'step', 'alpha_T<t>' and 'alpha_T<t>_stderr'
+      per evaluation temperature t, 'seconds'}.
+  """
+
+  params: PyTree
+  step: int
+  train_metrics: List[Dict[str, Any]]
+  eval_metrics: List[Dict[str, Any]]
+
+
+def alpha_key(temperature: float) -> str:
+  """The name of held-out alpha at this temperature in the evaluation records."""
+  return f'alpha_T{temperature:g}'
+
+
+def distill(
+  model_dir: str,
+  target: models.Model,
+  draft: models.Model,
+  task: Union[str, seqio.Task],
+  *,
+  feature_lengths: Mapping[str, int],
+  batch_size: int,
+  num_steps: int,
+  divergence: str = 'tvd',
+  beta: float = 0.5,
+  temperature: float = 0.0,
+  topk: int = 0,
+  topp: float = 0.0,
+  data_mix: Optional[Mapping[str, float]] = None,
+  learning_rate: optax.ScalarOrSchedule = 0.01,
+  optimizer=optax.adafactor,
+  seed: int = 0,
+  checkpoint_every: int = 100,
+  keep_checkpoints: Optional[int] = 2,
+  eval_every: Optional[int] = 100,
+  eval_examples: int = 128,
+  eval_temperatures: Sequence[float] = (0.0, 1.0),
+  log_every: int = 25,
+  progress: bool = True,
+) -> DistillResult:
+  """Distills `draft` from the frozen `target` (or resumes); see the module docstring.
+
+  Args:
+    model_dir: the distilled draft's checkpoint directory; resumed if it has steps.
+    target: the frozen target.
+    draft: the draft to start from (its parameters are the first step's).
+    task: a seqio task name or `seqio.Task` with 'inputs' and 'targets'
+      features and a 'train' (and, to evaluate, 'validation') split.
+    feature_lengths: {'inputs': Lin, 'targets': L}; L is also the length of
+      the sampled sequences.
+    batch_size: rows per step.
+    num_steps: the step to distill to.
+    divergence: one of `DIVERGENCES`.
+    beta: the JSD's weight of p.
+    temperature, topk, topp: the decoding mode the draft is distilled for.
+    data_mix: {source: weight} over `SOURCES`; None is {'draft': 1.0}.
+    learning_rate: a float or an optax schedule.
+    optimizer: called as `optimizer(learning_rate)`; default Adafactor.
+    seed: seeds the data order, the sources and the samples.
+    checkpoint_every: save every this many steps (and at `num_steps`).
+    keep_checkpoints: orbax's `max_to_keep` (None keeps all).
+    eval_every: held-out alpha every this many steps and at the end; None never.
+    eval_examples: validation inputs of the held-out alpha.
+    eval_temperatures: temperatures of the held-out alpha (the run's top-k / top-p).
+    log_every: steps per logged (and progress bar) metrics line.
+    progress: show a tqdm progress bar.
+
+  Returns:
+    A `DistillResult`.
+  """
+  train.check_positive(
+    batch_size=batch_size,
+    num_steps=num_steps,
+    checkpoint_every=checkpoint_every,
+    keep_checkpoints=keep_checkpoints,
+    eval_every=eval_every,
+    eval_examples=eval_examples,
+    log_every=log_every,
+  )
+  validate_divergence(divergence, beta)
+  sampling.validate_sampling_args(temperature, topk, topp)
+  for t in eval_temperatures:
+    sampling.validate_sampling_args(t, topk, topp)
+  sources, probabilities = validate_data_mix({'draft': 1.0} if data_mix is None else data_mix)
+  if target.vocab_size != draft.vocab_size:
+    raise ValueError(
+      f'The target has {target.vocab_size} ids and the draft {draft.vocab_size}: a draft '
+      'is distilled into its target vocabulary; build it with the same vocab_size.'
+    )
+  task = train.check_task(task, draft.config, feature_lengths)
+  if eval_every is not None and 'validation' not in task.splits:
+    raise ValueError(
+      f'Task {task.name!r} has no validation split for the held-out alpha; pass eval_every=None.'
+    )
+  tasks.hide_gpus_from_tensorflow()
+  config = DistillConfig(
+    target.config, draft.config, divergence, float(beta), float(temperature), int(topk), float(topp)
+  )
+  try:
+    tx, step_fn = _jitted_step(config, optimizer, learning_rate)
+  except TypeError:  # An unhashable argument (e.g. an array learning rate): no caching.
+    tx, step_fn = _jitted_step.__wrapped__(config, optimizer, learning_rate)
+  sample_mode = dict(temperature=temperature, topk=topk, topp=topp)
+  max_decode_len = feature_lengths['targets']
+  start_time = time.perf_counter()
+
+  manager = train.checkpoint_manager(model_dir, keep_checkpoints)
+  metrics_path = os.path.join(model_dir, train.METRICS_FILE)
+  train_metrics, eval_metrics = [], []
+  try:
+    start_step = manager.latest_step() or 0
+    if start_step:
+      params = network.abstract_params(draft.config)[0]
+      state = train.restore_state(manager, start_step, params, jax.eval_shape(tx.init, params))
+      logging.info('Resuming %s from step %d.', model_dir, start_step)
+    else:
+      params = jax.tree.map(jnp.array, draft.params)  # A copy: the step donates its state.
+      with open(os.path.join(model_dir, SETTINGS_FILE), 'w') as f:
+        json.dump(
+          dict(
+            divergence=divergence,
+            beta=beta,
+            temperature=temperature,
+            topk=topk,
+            topp=topp,
+            data_mix=dict(zip(sources, probabilities.tolist())),
+            batch_size=batch_size,
+            seed=seed,
+            eval_examples=eval_examples,
+            eval_temperatures=list(eval_temperatures),
+          ),
+          f,
+          indent=1,
+        )
+      state = train.TrainState(step=jnp.int32(0), params=params, opt_state=jax.jit(tx.init)(params))
+    if start_step >= num_steps:
+      logging.info('%s is already at step %d >= num_steps=%d.', model_dir, start_step, num_steps)
+      return DistillResult(state.params, start_step, [], [])
+
+    held_out_sets = []
+    if eval_every is not None:
+      inputs = _validation_inputs(task, feature_lengths, eval_examples)
+      held_out_sets = [
+        held_out_set(
+          target,
+          inputs,
+          temperature=t,
+          topk=topk,
+          topp=topp,
+          max_decode_len=max_decode_len,
+          seed=seed,
+        )
+        for t in eval_temperatures
+      ]
+    batches = train.get_dataset(
+      task,
+      'train',
+      feature_lengths,
+      batch_size,
+      pack=False,
+      shuffle=True,
+      seed=seed,
+      repeat=True,
+      skip_batches=start_step,
+    ).as_numpy_iterator()
+    key = jax.random.PRNGKey(seed)
+
+    def log(records: List[Dict[str, Any]], split: str, record: Dict[str, Any]) -> None:
+      record['seconds'] = time.perf_counter() - start_time
+      records.append(record)
+      logging.info('%s step %d: %s', split, record['step'], record)
+      train.append_metrics(metrics_path, split, record)
+
+    def evaluate(step: int, params: PyTree) -> None:
+      record = {'step': step}
+      for held_out in held_out_sets:
+        alpha, stderr = held_out_alpha(draft.config, params, held_out, topk=topk, topp=topp)
+        record[alpha_key(held_out.temperature)] = alpha
+        record[alpha_key(held_out.temperature) + '_stderr'] = stderr
+      log(eval_metrics, 'validation', record)
+
+    if held_out_sets and start_step == 0:
+      evaluate(0, state.params)  # The starting draft's alpha: the curve's first point.
+    bar = tqdm.tqdm(
+      total=num_steps,
+      initial=start_step,
+      disable=not progress,
+      desc=os.path.basename(os.path.normpath(model_dir)),
+      dynamic_ncols=True,
+    )
+    pending, used, interval_start = [], {}, time.perf_counter()
+    for step in range(start_step + 1, num_steps + 1):
+      batch = next(batches)
+      source = step_source(sources, probabilities, seed, step)
+      used[source] = used.get(source, 0) + 1
+      inputs = batch['encoder_input_tokens']
+      if source == 'ground_truth':
+        features = sequence_features(inputs, batch['decoder_target_tokens'])
+      else:
+        # The draft's samples come from the draft as it is at this step.
+        model = target if source == 'target' else models.Model(draft.config, state.params)
+        decode = models.make_decoder(model, None, max_decode_len=max_decode_len, **sample_mode)
+        sequences = decode(inputs, jax.random.fold_in(key, step)).tokens
+        features = sequence_features(inputs, np.asarray(sequences))
+      state, sums = step_fn(state, target.params, features)
+      pending.append(sums)
+      bar.update()
+      if step % log_every == 0 or step == num_steps:
+        totals = jax.device_get(jax.tree.map(lambda *x: sum(x), *pending))
+        now = time.perf_counter()
+        weight = max(float(totals['weight']), 1.0)
+        record = {
+          'step': step,
+          'loss': float(totals['loss']) / weight,
+          'alpha': float(totals['beta']) / weight,
+          'sources': used,
+          'tokens_per_second': float(totals['weight']) / (now - interval_start),
+        }
+        bar.set_postfix(loss=f'{record["loss"]:.3f}', alpha=f'{record["alpha"]:.3f}')
+        log(train_metrics, 'train', record)
+        pending, used, interval_start = [], {}, now
+      if step % checkpoint_every == 0 or step == num_steps:
+        train.save_state(manager, state)
+      if held_out_sets and (step % eval_every == 0 or step == num_steps):
+        evaluate(step, state.params)
+    bar.close()
+    return DistillResult(state.params, num_steps, train_metrics, eval_metrics)
+  finally:
+    manager.wait_until_finished()
+    manager.close()
+
+
+# ------------------------------------------------------------------------------
+# Command line.
+# ------------------------------------------------------------------------------
+def main(argv: Sequence[str]) -> None:
+  """Runs the gin-configured `distill` (`gin_utils.run` has parsed the gin flags)."""
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
+  logging.info('Gin config:\n%s', gin.config_str())
+  # As in `train.main`: a SIGTERM finishes the saves in flight before exiting.
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+  from speculative_t5x import distill as distill_lib  # pylint: disable=g-import-not-at-top
+
+  gin.get_configurable(distill_lib.distill)()
+
+
+if __name__ == '__main__':
+  gin_utils.run(main)

@@ -1,0 +1,313 @@
+"""Tests for speculative_t5x.distill: divergences, their gradients, distillation, resumption."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative_t5x import distill
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import train
+import testing_utils
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFIX = 'translate: '
+FEATURE_LENGTHS = {'inputs': 32, 'targets': 24}
+
+
+# ------------------------------------------------------------------------------
+# Divergences against float64 numpy, on random distributions with zeros.
+# ------------------------------------------------------------------------------
+def _numpy_divergence(p, q, kind, beta):
+  """The module docstring's formulas in float64, logs floored at LOG_FLOOR."""
+  p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+  log = lambda x: np.log(np.maximum(x, distill.LOG_FLOOR))
+  kl = lambda a, b: np.sum(np.where(a > 0, a * (log(a) - log(b)), 0.0), -1)
+  if kind == 'forward_kl':
+    return kl(p, q)
+  if kind == 'reverse_kl':
+    return kl(q, p)
+  if kind == 'jsd':
+    m = beta * p + (1 - beta) * q
+    return beta * kl(p, m) + (1 - beta) * kl(q, m)
+  return 1.0 - np.sum(np.minimum(p, q), -1)  # TVD as 1 - beta.
+
+
+def _random_distributions(seed, shape):
+  """Random rows with zeros, one-hots, q = p and disjoint supports among them."""
+  rng = np.random.default_rng(seed)
+  p = rng.dirichlet(np.full(shape[-1], 0.5), shape[:-1])
+  q = rng.dirichlet(np.full(shape[-1], 0.5), shape[:-1])
+  p[0, :3] = 0.0
+  q[1, -3:] = 0.0
+  p[2] = np.eye(shape[-1])[0]
+  q[3] = p[3]
+  p[4], q[4] = np.eye(shape[-1])[1], np.eye(shape[-1])[2]
+  normalize = lambda x: x / x.sum(-1, keepdims=True)
+  return normalize(p).astype(np.float32), normalize(q).astype(np.float32)
+
+
+@pytest.mark.parametrize('kind', distill.DIVERGENCES)
+@pytest.mark.parametrize('beta', [0.5, 0.9])
+def test_divergences_match_float64_numpy(kind, beta):
+  p, q = _random_distributions(0, (8, 11))
+  got = np.asarray(distill.divergence(p, q, kind, beta))
+  np.testing.assert_allclose(got, _numpy_divergence(p, q, kind, beta), rtol=2e-5, atol=2e-6)
+  assert np.all(np.isfinite(got)) and np.all(got >= -1e-6)
+  np.testing.assert_allclose(got[3], 0.0, atol=1e-6)  # q = p.
+
+
+def test_tvd_is_one_minus_the_acceptance_probability():
+  p, q = _random_distributions(1, (8, 11))
+  np.testing.assert_allclose(
+    distill.divergence(p, q, 'tvd'), 1.0 - np.minimum(p, q).sum(-1), rtol=1e-5, atol=1e-6
+  )
+
+
+@pytest.mark.parametrize(
+  'mode', [dict(temperature=0.0, topk=0, topp=0.0), dict(temperature=0.7, topk=0, topp=0.0)]
+)
+def test_tvd_gradient_matches_finite_differences(mode):
+  """d mean TVD / d draft logits, float64, against central differences."""
+  rng = np.random.default_rng(2)
+  target_logits = rng.normal(size=(3, 7)) * 2
+  draft_logits = rng.normal(size=(3, 7)) * 2
+  with jax.enable_x64(True):
+
+    def loss(logits):
+      p, q = distill.loss_distributions(jnp.asarray(target_logits), logits, **mode)
+      return jnp.mean(distill.divergence(p.astype(jnp.float64), q, 'tvd'))
+
+    # Within float64 precision the standardized distributions are float32
+    # (`sampling.standardize`), so the step is large enough to dominate that.
+    gradient = np.asarray(jax.grad(loss)(jnp.asarray(draft_logits)))
+    step = 1e-3
+    numeric = np.zeros_like(draft_logits)
+    for index in np.ndindex(draft_logits.shape):
+      delta = np.zeros_like(draft_logits)
+      delta[index] = step
+      numeric[index] = (
+        loss(jnp.asarray(draft_logits + delta)) - loss(jnp.asarray(draft_logits - delta))
+      ) / (2 * step)
+  assert np.abs(gradient).max() > 1e-3
+  np.testing.assert_allclose(gradient, numeric, atol=2e-4)
+
+
+def test_greedy_loss_is_the_target_argmax_under_the_softmax():
+  rng = np.random.default_rng(3)
+  target_logits = jnp.asarray(rng.normal(size=(4, 9)), jnp.float32)
+  draft_logits = jnp.asarray(rng.normal(size=(4, 9)), jnp.float32)
+  p, q = distill.loss_distributions(target_logits, draft_logits, temperature=0.0, topk=0, topp=0.0)
+  argmax = np.argmax(np.asarray(target_logits), -1)
+  softmax = np.asarray(jax.nn.softmax(draft_logits))[np.arange(4), argmax]
+  np.testing.assert_allclose(distill.divergence(p, q, 'forward_kl'), -np.log(softmax), rtol=1e-5)
+  np.testing.assert_allclose(distill.divergence(p, q, 'tvd'), 1.0 - softmax, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------
+# Distillation of a tiny pair on the phrase task.
+# ------------------------------------------------------------------------------
+def _config(emb_dim):
+  return network.T5Config(
+    vocab_size=64,
+    dtype='float32',
+    emb_dim=emb_dim,
+    num_heads=2,
+    head_dim=8,
+    mlp_dim=2 * emb_dim,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    dropout_rate=0.0,
+  )
+
+
+@pytest.fixture(scope='module')
+def phrase_task(tmp_path_factory):
+  return testing_utils.phrase_task(
+    str(tmp_path_factory.mktemp('data')), 'speculative_t5x:distill_test_fixture', PREFIX
+  )
+
+
+@pytest.fixture(scope='module')
+def pair(phrase_task, tmp_path_factory):
+  """(target, draft): a target trained 120 steps, a smaller random draft."""
+  task, _, _ = phrase_task
+  target = train.train(
+    str(tmp_path_factory.mktemp('target')),
+    _config(32),
+    task,
+    feature_lengths=FEATURE_LENGTHS,
+    batch_size=8,
+    num_steps=120,
+    learning_rate=0.03,
+    eval_every=None,
+    progress=False,
+  )
+  return models.Model(_config(32), target.params), models.random_model(_config(16), seed=1)
+
+
+DISTILL_ARGS = dict(
+  feature_lengths=FEATURE_LENGTHS,
+  batch_size=8,
+  learning_rate=0.03,
+  eval_examples=8,
+  checkpoint_every=10,
+  log_every=10,
+  progress=False,
+)
+
+
+@pytest.mark.parametrize('data_mix', [{'draft': 1.0}, {'target': 1.0, 'ground_truth': 1.0}])
+def test_distillation_raises_held_out_alpha(pair, phrase_task, tmp_path, data_mix):
+  target, draft = pair
+  result = distill.distill(
+    str(tmp_path),
+    target,
+    draft,
+    phrase_task[0],
+    num_steps=40,
+    eval_every=40,
+    data_mix=data_mix,
+    **DISTILL_ARGS,
+  )
+  before, after = result.eval_metrics[0], result.eval_metrics[-1]
+  assert [before['step'], after['step']] == [0, 40]
+  for temperature in (0.0, 1.0):
+    name = distill.alpha_key(temperature)
+    margin = after[name] - before[name]
+    assert margin > 3 * np.hypot(before[name + '_stderr'], after[name + '_stderr']), (
+      before,
+      after,
+    )
+  assert sum(sum(r['sources'].values()) for r in result.train_metrics) == 40
+  assert set().union(*(r['sources'] for r in result.train_metrics)) == set(data_mix)
+  # The curve is in metrics.jsonl, beside the checkpoints in train's layout.
+  lines = open(os.path.join(tmp_path, train.METRICS_FILE)).read().splitlines()
+  assert len(lines) == len(result.train_metrics) + len(result.eval_metrics)
+  assert sorted(os.listdir(tmp_path / '40')) == sorted(
+    ['_CHECKPOINT_METADATA', 'commit_success.txt', 'params', 'opt_state']
+  )
+
+
+def test_resumed_distillation_ends_bit_identically(pair, phrase_task, tmp_path):
+  target, draft = pair
+  args = dict(eval_every=None, data_mix={'draft': 1, 'target': 1}, **DISTILL_ARGS)
+  reference = distill.distill(
+    str(tmp_path / 'a'), target, draft, phrase_task[0], num_steps=30, **args
+  )
+  first = distill.distill(str(tmp_path / 'b'), target, draft, phrase_task[0], num_steps=20, **args)
+  resumed = distill.distill(
+    str(tmp_path / 'b'), target, draft, phrase_task[0], num_steps=30, **args
+  )
+  assert resumed.train_metrics[0]['step'] == 30 and first.step == 20
+  jax.tree.map(np.testing.assert_array_equal, resumed.params, reference.params)
+  # The caller's draft is still usable: the donated training state is a copy of it.
+  jax.tree.map(np.asarray, draft.params)
+
+
+def test_bad_arguments_name_the_problem(pair, phrase_task, tmp_path):
+  target, draft = pair
+  args = dict(num_steps=2, **DISTILL_ARGS)
+  with pytest.raises(ValueError, match="Unknown divergence 'kl'"):
+    distill.distill(str(tmp_path), target, draft, phrase_task[0], divergence='kl', **args)
+  with pytest.raises(ValueError, match='needs 0 < beta < 1, got beta=1'):
+    distill.distill(str(tmp_path), target, draft, phrase_task[0], divergence='jsd', beta=1, **args)
+  with pytest.raises(ValueError, match=r"Unknown data sources \['drafts'\]"):
+    distill.distill(str(tmp_path), target, draft, phrase_task[0], data_mix={'drafts': 1}, **args)
+  with pytest.raises(ValueError, match='not all 0'):
+    distill.distill(str(tmp_path), target, draft, phrase_task[0], data_mix={'draft': 0}, **args)
+  other = models.random_model(dataclasses.replace(_config(16), vocab_size=80))
+  with pytest.raises(ValueError, match='same vocab_size'):
+    distill.distill(str(tmp_path), target, other, phrase_task[0], **args)
+  assert not os.listdir(tmp_path)
+
+
+# ------------------------------------------------------------------------------
+# The gin main, killed and resumed in another process.
+# ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_killed_distillation_resumes_to_the_uninterrupted_result(pair, phrase_task, tmp_path):
+  target, draft = pair
+  task, directory, vocabulary = phrase_task
+  from speculative_t5x import checkpoints
+
+  checkpoints.save_params(str(tmp_path / 'target'), target.params, step=1)
+  checkpoints.save_params(str(tmp_path / 'draft'), draft.params, step=1)
+  pair_gin = tmp_path / 'pair.gin'
+  config_lines = lambda scope, c: '\n'.join(
+    f'{scope}network.T5Config.{name} = {getattr(c, name)!r}'
+    for name in ('vocab_size', 'dtype', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim')
+    + ('num_encoder_layers', 'num_decoder_layers')
+  )
+  pair_gin.write_text(f"""
+from __gin__ import dynamic_registration
+from speculative_t5x import network
+from speculative_t5x import tasks
+include 'configs/pairs/pair.gin'
+{config_lines('target/', target.config)}
+{config_lines('draft/', draft.config)}
+TASK = @tasks.register_tsv_task()
+tasks.register_tsv_task:
+  name = 'speculative_t5x:distill_gin_fixture'
+  split_to_filepattern = {{'train': '{directory}/train.tsv',
+                          'validation': '{directory}/validation.tsv'}}
+  vocabulary = {vocabulary!r}
+  extra_ids = 0
+  prefix = {PREFIX!r}
+""")
+  bindings = {
+    'CHECKPOINT_PATH': str(tmp_path / 'target'),
+    'DRAFT_CHECKPOINT_PATH': str(tmp_path / 'draft'),
+    'TASK_FEATURE_LENGTHS': FEATURE_LENGTHS,
+    'DISTILL_STEPS': 60,
+    'BATCH_SIZE': 4,
+    'DATA_MIX': {'draft': 1.0, 'target': 1.0},
+    'distill.distill.checkpoint_every': 20,
+    'distill.distill.eval_every': None,
+    'distill.distill.progress': False,
+  }
+  files = [str(pair_gin), os.path.join(REPO, 'configs/runs/distill.gin')]
+
+  def run_in_process(model_dir):
+    gin.clear_config()
+    try:
+      gin.add_config_file_search_path(REPO)
+      gin.parse_config_files_and_bindings(
+        files, [f'{k} = {v!r}' for k, v in {**bindings, 'MODEL_DIR': model_dir}.items()]
+      )
+      return gin.get_configurable(distill.distill)()
+    finally:
+      gin.clear_config()
+
+  reference = run_in_process(str(tmp_path / 'reference'))
+  killed_dir = str(tmp_path / 'killed')
+  command = [sys.executable, '-m', 'speculative_t5x.distill', f'--gin.MODEL_DIR={killed_dir!r}']
+  command += [f'--gin_file={path}' for path in files]
+  command += [f'--gin.{name}={value!r}' for name, value in bindings.items()]
+  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.monotonic() + 240
+  complete = lambda: [
+    name
+    for name in os.listdir(killed_dir)
+    if os.path.exists(f'{killed_dir}/{name}/commit_success.txt')
+  ]
+  while not (os.path.isdir(killed_dir) and complete()):
+    assert process.poll() is None, process.stderr.read().decode()[-3000:]
+    assert time.monotonic() < deadline, 'no checkpoint within 240 s'
+    time.sleep(0.005)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  process.stderr.close()
+  assert max(int(n) for n in complete()) < 60, 'the run ended before it was killed'
+  resumed = run_in_process(killed_dir)
+  assert resumed.train_metrics[0]['step'] > 10
+  jax.tree.map(np.testing.assert_array_equal, resumed.params, reference.params)
