@@ -371,7 +371,7 @@ def _join_stats(stats: Sequence[decoding.SpeculativeStats]) -> decoding.Speculat
   fields are summed, so the properties (`mean_beta`, `tokens_per_target_call`)
   hold over all batches.
   """
-  per_row = ('iterations', 'accepted', 'emitted')
+  per_row = decoding.SpeculativeStats.PER_ROW_FIELDS
   return decoding.SpeculativeStats(
     **{
       field.name: (np.concatenate if field.name in per_row else functools.partial(np.sum, axis=0))(
@@ -574,6 +574,8 @@ def run_benchmark(
   max_decode_len: int = 64,
   alpha_tokens: int = 10_000,
   ngram_corpus: Optional[Sequence[np.ndarray]] = None,
+  alpha_drafts: Optional[Mapping[str, Any]] = None,
+  distillation: Optional[Mapping[str, Any]] = None,
   emulate_alpha: Optional[float] = None,
   output_dir: Optional[str] = None,
   progress: Callable[[str], None] = print,
@@ -599,6 +601,13 @@ def run_benchmark(
       paper).
     ngram_corpus: target-side token sequences; if given, unigram and bigram
       drafts are fitted on them and their alpha measured (Table 3).
+    alpha_drafts: more drafts (name -> `models.Model` or `drafts.NgramDraft`)
+      whose alpha is measured on the same target samples, e.g. the draft
+      before distillation.
+    distillation: if given, a record of the draft's distillation ({'divergence',
+      'steps', 'temperature', 'data_mix', 'eval_examples', 'curve': the
+      held-out alpha records of `distill.DistillResult.eval_metrics`}),
+      reported with its curve.
     emulate_alpha: if set, the timing mode for random weights (no alpha is
       measured, no text or BLEU produced; records say `emulated`).
     output_dir: if given, writes benchmark.json, benchmark.md and figures.
@@ -606,7 +615,8 @@ def run_benchmark(
 
   Returns:
     A list of records (dicts): kind 'alpha' (per draft and temperature),
-    'costs', and 'walltime' (per temperature, gamma and batch size).
+    'costs', 'walltime' (per temperature, gamma and batch size), and
+    'distillation' if given.
   """
   emulated = emulate_alpha is not None
   draft = draft.as_draft() if isinstance(draft, models.Model) else draft
@@ -642,6 +652,8 @@ def run_benchmark(
     candidates[draft_name] = (
       models.Model(draft.config, draft.params) if isinstance(draft, drafts.ModelDraft) else draft
     )
+  if not emulated:
+    candidates.update(alpha_drafts or {})
   if not emulated and ngram_corpus is not None:
     for order in (1, 2):
       candidates[f'{order}-gram'] = drafts.NgramDraft.fit(
@@ -701,6 +713,8 @@ def run_benchmark(
       records.append(
         measure_walltime(temperature, sweep_gamma, batch_size, alphas.get(temperature))
       )
+  if distillation is not None:
+    records.append(dict(common, kind='distillation', **distillation))
   if output_dir is not None:
     reports.write_report(records, output_dir)
   return records

@@ -19,7 +19,7 @@ def _fmt(value, digits=2):
 
 def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
   """Markdown tables: walltime and prediction (Tables 2 and 4), alpha (Table 3),
-  batch size, memory, acceptance by position."""
+  distillation, batch size, memory, acceptance by position."""
   lines = []
   walltime = [r for r in records if r['kind'] == 'walltime']
   if any(r['emulated'] for r in records):
@@ -69,6 +69,7 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
       f'| {_fmt(r["alpha_stderr"], 3)} | {r["num_tokens"]} |'
       for r in alpha
     ]
+  lines += _distillation_lines(records)
   batched = [r for r in walltime if r['batch_size'] != 1]
   if batched:
     lines += [
@@ -197,6 +198,61 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   return lines
 
 
+def _distillation_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown: held-out alpha of the draft before and after distillation (its curve's ends)."""
+  lines = []
+  for r in records:
+    if r['kind'] != 'distillation':
+      continue
+    first, last = r['curve'][0], r['curve'][-1]
+    lines += [
+      '',
+      f'## Distillation ({r["divergence"]}, {r["steps"]} steps, for T = {r["temperature"]}, '
+      f'data {r["data_mix"]})',
+      '',
+      f'Held-out alpha on {r["eval_examples"]} validation inputs (figure: '
+      f'{distillation_figure_name(r)}).',
+      '',
+      '| T | alpha before | alpha after | stderr after |',
+      '|---|---|---|---|',
+    ]
+    for key in sorted(k for k in last if k.startswith('alpha_T') and not k.endswith('_stderr')):
+      lines.append(
+        f'| {key[len("alpha_T") :]} | {_fmt(first.get(key), 3)} | {_fmt(last[key], 3)} '
+        f'| {_fmt(last[key + "_stderr"], 3)} |'
+      )
+  return lines
+
+
+def distillation_figure_name(record: Dict[str, Any]) -> str:
+  """The file name of a distillation record's curve, one per decoding temperature."""
+  return f'distillation_T{record["temperature"]:g}.png'
+
+
+def plot_distillation(record: Dict[str, Any], path: str) -> None:
+  """Held-out alpha per temperature against the distillation step, with standard errors."""
+  from matplotlib import pyplot as plt
+
+  curve = record['curve']
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for key in sorted(k for k in curve[-1] if k.startswith('alpha_T') and not k.endswith('_stderr')):
+    points = [c for c in curve if key in c]
+    ax.errorbar(
+      [c['step'] for c in points],
+      [c[key] for c in points],
+      yerr=[c[key + '_stderr'] for c in points],
+      marker='o',
+      capsize=3,
+      label=f'T={key[len("alpha_T") :]}',
+    )
+  ax.set_xlabel(f'distillation step ({record["divergence"]})')
+  ax.set_ylabel('held-out alpha')
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
 def plot_breakdown(records: Sequence[Dict[str, Any]], path: str) -> None:
   """A stacked bar per (temperature, gamma): the parts of an iteration and the rest."""
   from matplotlib import pyplot as plt
@@ -264,6 +320,10 @@ def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]
   if any('breakdown' in r for r in walltime):
     paths.append(os.path.join(output_dir, 'iteration_breakdown.png'))
     plot_breakdown(records, paths[-1])
+  for r in records:
+    if r['kind'] == 'distillation':
+      paths.append(os.path.join(output_dir, distillation_figure_name(r)))
+      plot_distillation(r, paths[-1])
   batched = [r for r in walltime if r['batch_size'] != 1]
   if batched:
     fig, ax = plt.subplots(figsize=(5, 3.5))

@@ -14,6 +14,19 @@ from testing_utils import padded_inputs, tiny_model
 
 TARGET = tiny_model(seed=0, vocab_size=24, layers=2, scale=1.5)
 DRAFT = tiny_model(seed=0, vocab_size=24, scale=1.5)
+OTHER_DRAFT = tiny_model(seed=1, vocab_size=24, scale=1.5)
+# A distillation record as `distill.distill` logs it (only reported here).
+DISTILLATION = dict(
+  divergence='forward_kl',
+  steps=20,
+  temperature=1.0,
+  data_mix={'draft': 1.0},
+  eval_examples=8,
+  curve=[
+    dict(step=0, alpha_T0=0.3, alpha_T0_stderr=0.01, alpha_T1=0.4, alpha_T1_stderr=0.01),
+    dict(step=20, alpha_T0=0.5, alpha_T0_stderr=0.02, alpha_T1=0.6, alpha_T1_stderr=0.02),
+  ],
+)
 
 
 @pytest.fixture(scope='module')
@@ -33,10 +46,24 @@ def records(tmp_path_factory):
     max_decode_len=10,
     alpha_tokens=3000,
     ngram_corpus=corpus,
+    alpha_drafts={'another draft': OTHER_DRAFT},
+    distillation=DISTILLATION,
     output_dir=output_dir,
     progress=lambda line: None,
   )
   return result, output_dir
+
+
+def test_reports_other_drafts_alpha_and_the_distillation(records):
+  result, output_dir = records
+  alpha_drafts = {r['draft'] for r in result if r['kind'] == 'alpha'}
+  assert alpha_drafts == {'ModelDraft', 'another draft', '1-gram', '2-gram'}
+  (distillation,) = [r for r in result if r['kind'] == 'distillation']
+  assert distillation['curve'] == DISTILLATION['curve']
+  assert os.path.getsize(os.path.join(output_dir, 'distillation_T1.png')) > 0
+  markdown = open(os.path.join(output_dir, 'benchmark.md')).read()
+  assert '## Distillation (forward_kl, 20 steps, for T = 1.0' in markdown
+  assert '| 0 | 0.300 | 0.500 | 0.020 |' in markdown  # T, alpha before, after, stderr.
 
 
 def test_writes_json_markdown_and_figures(records):
@@ -60,9 +87,9 @@ def test_writes_json_markdown_and_figures(records):
 def test_every_record_has_its_fields(records):
   result, _ = records
   kinds = [r['kind'] for r in result]
-  assert kinds.count('costs') == 1
-  # 3 drafts: the model, unigram, bigram.
-  assert kinds.count('alpha') == 3
+  assert kinds.count('costs') == 1 and kinds.count('distillation') == 1
+  # 4 drafts: the model, another model, unigram, bigram.
+  assert kinds.count('alpha') == 4
   walltime = [r for r in result if r['kind'] == 'walltime']
   assert {(r['gamma'], r['batch_size']) for r in walltime if r['batch_size'] == 1} == {
     (1, 1),
