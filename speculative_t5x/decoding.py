@@ -132,6 +132,26 @@ def check_positive_int(name: str, value) -> int:
   return int(value)
 
 
+def check_draft_threshold(value) -> float:
+  """Returns `value` as a float; ValueError unless it is a number in [0, 1).
+
+  The adaptive draft length's threshold (see `speculative_sample`), checked at
+  every API edge: 0 turns it off, and a threshold of 1 or more would stop
+  after every token (use gamma=1 for that).
+  """
+  if (
+    isinstance(value, (bool, np.bool_))
+    or not isinstance(value, (int, float, np.integer, np.floating))
+    or not 0.0 <= float(value) < 1.0
+  ):
+    raise ValueError(
+      f'draft_threshold must be a number in [0, 1); got {value!r}. It is the draft '
+      'probability below which a row stops drafting (0: off, always gamma tokens; '
+      "Hugging Face's assistant_confidence_threshold defaults to 0.4)."
+    )
+  return float(value)
+
+
 def _validate_common(inputs, num_decodes, max_decode_steps, topk, topp):
   if inputs.ndim != 2:
     raise ValueError(f'inputs must be [batch, max_decode_len]; got shape {inputs.shape}.')
@@ -288,9 +308,9 @@ def temperature_sample(
 class SpeculativeStats:
   """Acceptance statistics gathered inside the compiled loop.
 
-  Per-row fields are [B, num_decodes] after decoding, in the same order as the
-  returned decodes. Aggregate fields count over (row, iteration) pairs in which
-  the row was still active.
+  Per-row fields (`PER_ROW_FIELDS`) are [B, num_decodes] after decoding, in
+  the same order as the returned decodes. Aggregate fields count over (row,
+  iteration) pairs in which the row was still active.
 
   Attributes:
     target_calls: int32 scalar, loop iterations (one target block call each).
@@ -298,9 +318,14 @@ class SpeculativeStats:
     accepted: int32 per row, draft tokens accepted in total.
     emitted: int32 per row, tokens written (the EOS included); equals
       `accepted + iterations` minus the tokens cut off by EOS or the length.
+    drafted: int32 per row, draft tokens proposed in total (gamma per
+      iteration unless the draft length is adaptive).
+    draft_steps: int32 scalar, the draft's rollout steps summed over
+      iterations (the batch steps together: each iteration's is the largest
+      count drafted by an active row).
     accepted_histogram: int32 [gamma + 1], how often 0..gamma were accepted.
     position_reached: int32 [gamma], how often draft position i was judged
-      (all earlier ones accepted).
+      (drafted, and all earlier ones accepted).
     position_accepted: int32 [gamma], how often draft position i was accepted.
     beta_sum: float32 scalar, sum of beta = sum_x min(p, q) over judged
       positions (at each position the context is a target-distributed prefix).
@@ -311,11 +336,15 @@ class SpeculativeStats:
   iterations: Array
   accepted: Array
   emitted: Array
+  drafted: Array
+  draft_steps: Array
   accepted_histogram: Array
   position_reached: Array
   position_accepted: Array
   beta_sum: Array
   beta_count: Array
+
+  PER_ROW_FIELDS = ('iterations', 'accepted', 'emitted', 'drafted')
 
   @classmethod
   def zeros(cls, flat_size: int, gamma: int) -> 'SpeculativeStats':
@@ -326,12 +355,18 @@ class SpeculativeStats:
       iterations=zeros_rows,
       accepted=zeros_rows,
       emitted=zeros_rows,
+      drafted=zeros_rows,
+      draft_steps=jnp.zeros((), jnp.int32),
       accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
       position_reached=jnp.zeros((gamma,), jnp.int32),
       position_accepted=jnp.zeros((gamma,), jnp.int32),
       beta_sum=jnp.zeros((), jnp.float32),
       beta_count=jnp.zeros((), jnp.int32),
     )
+
+  def map_rows(self, fn: Callable[[Array], Array]) -> 'SpeculativeStats':
+    """These statistics with `fn` applied to every per-row field."""
+    return self.replace(**{name: fn(getattr(self, name)) for name in self.PER_ROW_FIELDS})
 
   @property
   def mean_beta(self) -> Array:
@@ -342,6 +377,24 @@ class SpeculativeStats:
   def tokens_per_target_call(self) -> Array:
     """Mean tokens emitted per active (row, iteration) pair."""
     return jnp.sum(self.emitted) / jnp.maximum(jnp.sum(self.iterations), 1)
+
+  @property
+  def mean_acceptance_length(self) -> Array:
+    """vLLM's mean_acceptance_length: 1 + accepted draft tokens per iteration.
+
+    The tokens per target call before any cut by EOS or the length limit.
+    """
+    return 1 + jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.iterations), 1)
+
+  @property
+  def drafted_per_iteration(self) -> Array:
+    """Mean draft tokens proposed per active (row, iteration) pair."""
+    return jnp.sum(self.drafted) / jnp.maximum(jnp.sum(self.iterations), 1)
+
+  @property
+  def acceptance_by_position(self) -> Array:
+    """float [gamma]: P(draft position i accepted | judged)."""
+    return self.position_accepted / jnp.maximum(self.position_reached, 1)
 
 
 @flax.struct.dataclass
@@ -376,13 +429,15 @@ class Judgement:
   """What verification decided for one block, per row.
 
   Attributes:
-    num_accepted: int32 [BN], draft tokens accepted (0..gamma).
+    num_drafted: int32 [BN], draft tokens judged (1..gamma for active rows).
+    num_accepted: int32 [BN], draft tokens accepted (0..num_drafted).
     next_token: int32 [BN], the residual (or bonus) token after them.
     beta: float32 [BN, gamma], beta_i = sum_x min(p_i, q_i) per position.
     target_probs: float32 [BN, gamma + 1, V], the standardized target
       distributions p_1..p_{gamma+1}.
   """
 
+  num_drafted: Array
   num_accepted: Array
   next_token: Array
   beta: Array
@@ -399,6 +454,7 @@ def judge_block(
   lenience: float = 1.0,
   emulate_alpha: Optional[float] = None,
   verification: str = 'token',
+  num_drafted: Optional[Array] = None,
 ) -> Judgement:
   """Standardizes the target's block logits and verifies the draft tokens.
 
@@ -411,9 +467,12 @@ def judge_block(
     lenience: see `speculative_sampling.verify`.
     emulate_alpha: see `speculative_sample`.
     verification: 'token' or 'block' (see `speculative_sampling.verify`).
+    num_drafted: int32 [BN] tokens each row drafted, or None for gamma.
   """
   target_probs = sampling.standardize(target_logits, **sample_args)
   one_hot_target = sampling.is_greedy(sample_args['temperature'])
+  if num_drafted is None:
+    num_drafted = jnp.full(draft_tokens.shape[:1], draft_tokens.shape[1], jnp.int32)
   if emulate_alpha is None:
     num_accepted, next_token, beta = speculative_sampling.verify(
       rng,
@@ -424,12 +483,18 @@ def judge_block(
       return_beta=True,
       one_hot_target=one_hot_target,
       verification=verification,
+      num_drafted=num_drafted,
     )
   else:
     num_accepted, next_token, beta = speculative_sampling.emulated_verify(
-      rng, draft_tokens, target_probs, emulate_alpha, one_hot_target=one_hot_target
+      rng,
+      draft_tokens,
+      target_probs,
+      emulate_alpha,
+      one_hot_target=one_hot_target,
+      num_drafted=num_drafted,
     )
-  return Judgement(num_accepted, next_token, beta, target_probs)
+  return Judgement(num_drafted, num_accepted, next_token, beta, target_probs)
 
 
 def emit_block(
@@ -480,13 +545,18 @@ def emit_block(
   log_prob = state.log_prob + jnp.sum(jnp.where(keep, jnp.log(token_probs), 0.0), axis=1)
 
   active = ~state.ended
-  judged = (block_offsets[None, :gamma] <= num_accepted[:, None]) & active[:, None]
+  drafted = jnp.where(active, judgement.num_drafted, 0)
+  judged = (block_offsets[None, :gamma] <= num_accepted[:, None]) & (
+    block_offsets[None, :gamma] < drafted[:, None]
+  )
   stats = state.stats
   stats = SpeculativeStats(
     target_calls=stats.target_calls + 1,
     iterations=stats.iterations + active,
     accepted=stats.accepted + jnp.where(active, num_accepted, 0),
     emitted=stats.emitted + num_kept,
+    drafted=stats.drafted + drafted,
+    draft_steps=stats.draft_steps + jnp.max(drafted),
     accepted_histogram=stats.accepted_histogram
     + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active[:, None], axis=0),
     position_reached=stats.position_reached + jnp.sum(judged, axis=0),
@@ -524,6 +594,7 @@ def speculative_sample(
   lenience: float = 1.0,
   emulate_alpha: Optional[float] = None,
   verification: str = 'token',
+  draft_threshold: float = 0.0,
 ) -> Tuple[Array, Array, SpeculativeStats]:
   """Speculative sampling (Algorithm 1) in one compiled while_loop.
 
@@ -556,6 +627,15 @@ def speculative_sample(
       this probability instead of by `verify` (see
       `speculative_sampling.emulated_verify`): the output is not the target's
       distribution. For walltime at a given alpha with untrained weights.
+    draft_threshold: an adaptive draft length, in [0, 1): a row stops
+      drafting after a token to which the draft gave probability below this
+      (its own softmax at temperature 1; Hugging Face's
+      `assistant_confidence_threshold`), and the rollout stops when every
+      active row has; so rows draft 1..gamma tokens and only those are
+      judged, still exactly (see `speculative_sampling.verify`). The target
+      block keeps its static size gamma + 1. 0 (the default) is off: gamma
+      tokens every iteration. Needs a draft with probabilities (a model or
+      n-gram draft; see `drafts.rollout_loop`).
 
   Returns:
     `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes],
@@ -564,6 +644,7 @@ def speculative_sample(
   """
   _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
   check_positive_int('gamma', gamma)
+  draft_threshold = check_draft_threshold(draft_threshold)
   if not isinstance(inputs, jax.core.Tracer) and np.any(np.asarray(inputs) != 0):
     raise ValueError(
       'speculative_sample decodes from BOS only: `inputs` must be all zeros '
@@ -584,9 +665,22 @@ def speculative_sample(
 
   def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
     rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
-    draft_tokens, draft_probs, draft_cache = draft.propose(
-      state.draft_cache, state.sequences, state.position, propose_rng, gamma=gamma, **sample_args
+    draft_tokens, draft_probs, num_drafted, draft_cache = draft.propose(
+      state.draft_cache,
+      state.sequences,
+      state.position,
+      propose_rng,
+      gamma=gamma,
+      **sample_args,
+      draft_threshold=draft_threshold,
+      active=~state.ended,
     )
+    if draft_threshold and num_drafted is None:
+      raise ValueError(
+        f'draft_threshold={draft_threshold} needs a draft that stops by its own '
+        f'probabilities (a model or n-gram draft); a {type(draft).__name__} always '
+        'drafts gamma tokens. Pass draft_threshold=0.'
+      )
     block = jnp.concatenate(
       [jnp.take_along_axis(state.sequences, state.position[:, None], axis=1), draft_tokens],
       axis=1,
@@ -602,6 +696,7 @@ def speculative_sample(
       lenience=lenience,
       emulate_alpha=emulate_alpha,
       verification=verification,
+      num_drafted=num_drafted,
     )
     return emit_block(
       state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
@@ -624,11 +719,8 @@ def speculative_sample(
   final_state = lax.while_loop(cond_fn, body_fn, init_state)
   stats = final_state.stats
   decodes = final_state.sequences[:, 1 : max_decode_len + 1]
-  (decodes, iterations, accepted, emitted), log_prob = _sort_by_log_prob(
-    (decodes, stats.iterations, stats.accepted, stats.emitted),
-    final_state.log_prob,
-    batch_size,
-    num_decodes,
+  per_row = {name: getattr(stats, name) for name in stats.PER_ROW_FIELDS}
+  (decodes, per_row), log_prob = _sort_by_log_prob(
+    (decodes, per_row), final_state.log_prob, batch_size, num_decodes
   )
-  stats = stats.replace(iterations=iterations, accepted=accepted, emitted=emitted)
-  return decodes, log_prob, stats
+  return decodes, log_prob, stats.replace(**per_row)

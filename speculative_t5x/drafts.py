@@ -13,11 +13,18 @@ network's config static; the two hold the same two fields for that reason.
 The speculative loop keeps a draft's state consistent by construction: it only
 ever moves a row's position forward over tokens the draft has seen, so a draft
 that caches keys/values lacks at most the one token it never fed (the last
-draft token, when all gamma were accepted); `ModelDraft` feeds it in one
-single-token step, only in iterations where some row needs it.
+draft token, when all drafted tokens were accepted); `ModelDraft` feeds it in
+one single-token step, only in iterations where some row needs it.
+
+An adaptive draft length (`draft_threshold` > 0, Hugging Face's
+`assistant_confidence_threshold`): a row stops drafting after a token that the
+draft gave probability below the threshold, and the rollout (`rollout_loop`, a
+`lax.while_loop`) stops as soon as every active row has stopped, so the steps
+it saves are real time at batch 1. Model and n-gram drafts support it; a
+deterministic draft (prompt lookup) drafts a fixed gamma.
 """
 
-from typing import Any, Iterable, Optional, Protocol, Tuple
+from typing import Any, Callable, Iterable, Optional, Protocol, Tuple
 
 import flax
 import jax
@@ -59,15 +66,90 @@ class Draft(Protocol):
     temperature,
     topk: int,
     topp,
-  ) -> Tuple[Array, Optional[Array], PyTree]:
-    """Proposes gamma tokens per row: (tokens int32 [BN, gamma], probs, new cache).
+    draft_threshold: float = 0.0,
+    active: Optional[Array] = None,
+  ) -> Tuple[Array, Optional[Array], Optional[Array], PyTree]:
+    """Proposes up to gamma tokens per row: (tokens, probs, num_drafted, new cache).
 
     `sequences` int32 [BN, Ls]: `sequences[b, positions[b]]` is row b's last
     emitted token (index 0 is BOS; see `decoding`), `positions` int32 [BN].
-    `probs` float32 [BN, gamma, V] are the standardized distributions the
-    tokens were sampled from (at these sampling settings), or None when the
-    draft is deterministic (its q is one-hot at the proposed token).
+    `tokens` int32 [BN, gamma]; `probs` float32 [BN, gamma, V] are the
+    standardized distributions the tokens were sampled from (at these
+    sampling settings), or None when the draft is deterministic (its q is
+    one-hot at the proposed token). `num_drafted` int32 [BN] counts each
+    row's drafted tokens (tokens and probs past it are 0 and are not
+    judged), or None for all gamma: a draft that supports `draft_threshold`
+    stops a row after a token it gave probability below it (see
+    `rollout_loop`); `active` bool [BN] marks the rows whose proposals are
+    judged (None: all), so that ended rows do not keep a rollout going.
     """
+
+
+def rollout_loop(
+  step: Callable[[PyTree, Array], Tuple[Array, PyTree]],
+  carry: PyTree,
+  last_token: Array,
+  rng: Array,
+  *,
+  vocab_size: int,
+  gamma: int,
+  temperature,
+  topk: int,
+  topp,
+  draft_threshold: float = 0.0,
+  active: Optional[Array] = None,
+) -> Tuple[Array, Array, Array, PyTree]:
+  """Samples up to gamma draft tokens per row, stopping rows that become unsure.
+
+  Step i feeds each row's current token (first `last_token` int32 [BN]) to
+  `step(carry, tokens) -> (logits [BN, V], carry)` and samples token i + 1
+  from the standardized logits. With `draft_threshold` > 0 a row stops after
+  a token whose probability under the draft's own softmax (its logits at
+  temperature 1, before top-k/top-p, so that greedy decoding has a
+  confidence too) is below the threshold; that token is still proposed, so
+  an active row drafts 1..gamma tokens. The `lax.while_loop` ends when every
+  active row has stopped (rows with `active` False stop before the first
+  step and draft 0), so the saved steps cost nothing. Stopping depends only
+  on the draft's own tokens, which keeps verification exact (see
+  `speculative_sampling.verify`). The rng of step i is
+  `jax.random.split(rng, gamma)[i]` whatever the threshold.
+
+  Returns:
+    (tokens int32 [BN, gamma], probs float32 [BN, gamma, V], num_drafted
+    int32 [BN], the final carry); tokens and probs are 0 past a row's count.
+    `step` runs `max(num_drafted)` times; a stopped row keeps being fed
+    (the batch moves together) but its later samples are discarded.
+  """
+  keys = jax.random.split(rng, gamma)
+  batch = last_token.shape[0]
+  drafting = jnp.ones((batch,), bool) if active is None else jnp.asarray(active, bool)
+
+  def body(state):
+    i, token, drafting, num_drafted, carry, tokens, probs = state
+    logits, carry = step(carry, token)
+    token, step_probs = sampling.sample_logits(keys[i], logits, temperature, topk, topp)
+    tokens = tokens.at[:, i].set(jnp.where(drafting, token, 0))
+    probs = probs.at[:, i].set(jnp.where(drafting[:, None], step_probs, 0.0))
+    num_drafted = num_drafted + drafting
+    if draft_threshold > 0:
+      log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+      confidence = jnp.exp(jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0])
+      drafting &= confidence >= draft_threshold
+    return i + 1, token, drafting, num_drafted, carry, tokens, probs
+
+  state = (
+    jnp.zeros((), jnp.int32),
+    last_token,
+    drafting,
+    jnp.zeros((batch,), jnp.int32),
+    carry,
+    jnp.zeros((batch, gamma), jnp.int32),
+    jnp.zeros((batch, gamma, vocab_size), jnp.float32),
+  )
+  _, _, _, num_drafted, carry, tokens, probs = lax.while_loop(
+    lambda state: (state[0] < gamma) & jnp.any(state[2]), body, state
+  )
+  return tokens, probs, num_drafted, carry
 
 
 def check_shared_vocabulary(draft_vocab_size: int, target_vocab_size: int) -> None:
@@ -127,9 +209,9 @@ class ModelDraft:
   def catch_up(self, cache, sequences, positions):
     """Writes the one key/value a row may lack before `positions`; returns the cache.
 
-    A rollout feeds the tokens at positions p..p+gamma-1, so when an iteration
-    accepts all gamma draft tokens the next one starts at p + gamma + 1 and
-    the last draft token, at p + gamma, was never fed. Rows in that state
+    A rollout that drafts n tokens feeds the tokens at positions p..p+n-1,
+    so when an iteration accepts all n the next one starts at p + n + 1 and
+    the last draft token, at p + n, was never fed. Rows in that state
     (positions > written_until; the decode loop never leaves a larger gap)
     feed it now, in one single-token step, skipped entirely (`lax.cond`) when
     no row needs it. Other rows write their token at `positions` instead,
@@ -148,33 +230,55 @@ class ModelDraft:
       'written_until': jnp.maximum(cache['written_until'], positions),
     }
 
-  def rollout(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
-    """gamma single-token steps from each row's last token: (tokens, probs, cache).
+  def rollout(
+    self,
+    cache,
+    sequences,
+    positions,
+    rng,
+    *,
+    gamma,
+    temperature,
+    topk,
+    topp,
+    draft_threshold=0.0,
+    active=None,
+  ):
+    """Up to gamma single-token steps from each row's last token (see `rollout_loop`).
 
     Step i feeds the token at position p + i (first the row's last emitted
     token) and samples draft token i + 1 from its standardized distribution.
     Assumes every key/value before `positions` is written (see `catch_up`).
+    Returns (tokens, probs, num_drafted, cache); row b's keys/values are then
+    valid below p + num_drafted[b] (those fed for its drafted tokens).
     """
     last_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
 
-    def step(carry, step_rng):
-      token, position, decoder_cache = carry
+    def step(carry, token):
+      position, decoder_cache = carry
       logits, decoder_cache = self.decode_step(decoder_cache, token, position)
-      next_token, probs = sampling.sample_logits(step_rng, logits, temperature, topk, topp)
-      return (next_token, position + 1, decoder_cache), (next_token, probs)
+      return logits, (position + 1, decoder_cache)
 
-    (_, _, decoder_cache), (tokens, probs) = lax.scan(
-      step, (last_token, positions, cache['decoder']), jax.random.split(rng, gamma)
+    tokens, probs, num_drafted, (_, decoder_cache) = rollout_loop(
+      step,
+      (positions, cache['decoder']),
+      last_token,
+      rng,
+      vocab_size=self.vocab_size,
+      gamma=gamma,
+      temperature=temperature,
+      topk=topk,
+      topp=topp,
+      draft_threshold=draft_threshold,
+      active=active,
     )
-    cache = {'decoder': decoder_cache, 'written_until': positions + gamma}
-    return tokens.T, jnp.swapaxes(probs, 0, 1), cache
+    cache = {'decoder': decoder_cache, 'written_until': positions + num_drafted}
+    return tokens, probs, num_drafted, cache
 
-  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
-    """Rolls the draft out gamma tokens from each row's position (see `catch_up`)."""
+  def propose(self, cache, sequences, positions, rng, **rollout_args):
+    """Rolls the draft out from each row's position (see `catch_up`, `rollout`)."""
     cache = self.catch_up(cache, sequences, positions)
-    return self.rollout(
-      cache, sequences, positions, rng, gamma=gamma, temperature=temperature, topk=topk, topp=topp
-    )
+    return self.rollout(cache, sequences, positions, rng, **rollout_args)
 
 
 # ------------------------------------------------------------------------------
@@ -287,17 +391,18 @@ class NgramDraft:
     del encoder_input_tokens, cache_length  # An n-gram keeps no per-row state.
     return {}
 
-  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
+  def propose(self, cache, sequences, positions, rng, **rollout_args):
+    """Samples from q(. | previous token) step by step (see `rollout_loop`)."""
     last_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
-
-    def step(previous_token, step_rng):
-      token, probs = sampling.sample_logits(
-        step_rng, self.log_probs(previous_token), temperature, topk, topp
-      )
-      return token, (token, probs)
-
-    _, (tokens, probs) = lax.scan(step, last_token, jax.random.split(rng, gamma))
-    return tokens.T, jnp.swapaxes(probs, 0, 1), cache
+    tokens, probs, num_drafted, _ = rollout_loop(
+      lambda carry, token: (self.log_probs(token), carry),
+      (),
+      last_token,
+      rng,
+      vocab_size=self.vocab_size,
+      **rollout_args,
+    )
+    return tokens, probs, num_drafted, cache
 
 
 # ------------------------------------------------------------------------------
@@ -329,8 +434,23 @@ class PromptLookupDraft:
     del cache_length
     return {'input_tokens': encoder_input_tokens.astype(jnp.int32)}
 
-  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
-    del rng, temperature, topk, topp  # Deterministic whatever the sampling mode.
+  def propose(
+    self,
+    cache,
+    sequences,
+    positions,
+    rng,
+    *,
+    gamma,
+    temperature,
+    topk,
+    topp,
+    draft_threshold=0.0,
+    active=None,
+  ):
+    """Copies gamma tokens per row; no adaptive length (num_drafted None)."""
+    # Deterministic whatever the sampling mode; no confidence to threshold.
+    del rng, temperature, topk, topp, draft_threshold, active
     input_tokens = cache['input_tokens']
     input_len = input_tokens.shape[1]
     # [BN, Lin + Ls]: input, then BOS and the generated tokens.
@@ -363,4 +483,4 @@ class PromptLookupDraft:
     copy_known = jnp.take_along_axis(known, jnp.minimum(copy_index, context.shape[1] - 1), axis=1)
     tokens = jnp.take_along_axis(context, jnp.minimum(copy_index, context.shape[1] - 1), axis=1)
     tokens = jnp.where(has_match[:, None] & copy_known & (copy_index < context.shape[1]), tokens, 0)
-    return tokens.astype(jnp.int32), None, cache
+    return tokens.astype(jnp.int32), None, None, cache

@@ -273,11 +273,11 @@ def _draft_rollout_step(operands, i, checksum, *, draft, gamma, sample_args):
   rng = jax.random.fold_in(rng, i)
   sequences = _vary(sequences, checksum)
   if isinstance(draft, drafts.ModelDraft):
-    tokens, probs, _ = draft.rollout(
+    tokens, probs, _, _ = draft.rollout(
       draft_cache, sequences, positions, rng, gamma=gamma, **sample_args
     )
   else:
-    tokens, probs, _ = draft.propose(
+    tokens, probs, _, _ = draft.propose(
       draft_cache, sequences, positions, rng, gamma=gamma, **sample_args
     )
   return checksum + _checksum(tokens) + (0.0 if probs is None else _checksum(probs) * 1e-9)

@@ -151,9 +151,7 @@ def speculative_decode(
   if best_only:
     best = lambda x: x[:, -1]
     decodes, scores = best(decodes), best(scores)
-    stats = stats.replace(
-      iterations=best(stats.iterations), accepted=best(stats.accepted), emitted=best(stats.emitted)
-    )
+    stats = stats.map_rows(best)
   return decodes, scores, stats
 
 
@@ -170,6 +168,7 @@ def speculative_decode(
     'eos_id',
     'emulate_alpha',
     'verification',
+    'draft_threshold',
   ),
 )
 def _generate(
@@ -188,6 +187,7 @@ def _generate(
   eos_id: int,
   emulate_alpha: Optional[float],
   verification: str,
+  draft_threshold: float,
 ):
   """The whole decode call, compiled once per static configuration."""
   batch_size = input_tokens.shape[0]
@@ -219,6 +219,7 @@ def _generate(
     lenience=lenience,
     emulate_alpha=emulate_alpha,
     verification=verification,
+    draft_threshold=draft_threshold,
   )
   return GenerateOutput(tokens=decodes, scores=scores, stats=stats)
 
@@ -300,6 +301,7 @@ def make_decoder(
   eos_id: int = EOS_ID,
   emulate_alpha: Optional[float] = None,
   verification: str = 'token',
+  draft_threshold: float = 0.0,
 ) -> Decoder:
   """Validates a decoding configuration once; returns `(input_tokens, rng) -> GenerateOutput`.
 
@@ -321,8 +323,9 @@ def make_decoder(
     decoding.check_positive_int('gamma', gamma)
     speculative_sampling.validate_lenience(lenience)
     speculative_sampling.validate_verification(verification, lenience)
+    draft_threshold = decoding.check_draft_threshold(draft_threshold)
   else:  # Unused by the baseline.
-    gamma, lenience, emulate_alpha, verification = 0, 1.0, None, 'token'
+    gamma, lenience, emulate_alpha, verification, draft_threshold = 0, 1.0, None, 'token', 0.0
   static_args = dict(
     target_config=target.config,
     gamma=int(gamma),
@@ -334,6 +337,7 @@ def make_decoder(
     eos_id=int(eos_id),
     emulate_alpha=None if emulate_alpha is None else float(emulate_alpha),
     verification=verification,
+    draft_threshold=draft_threshold,
   )
 
   return Decoder(target, draft, static_args)
@@ -353,6 +357,7 @@ def generate(
   lenience: float = 1.0,
   eos_id: int = EOS_ID,
   verification: str = 'token',
+  draft_threshold: float = 0.0,
 ) -> GenerateOutput:
   """Decodes `input_tokens` with the target, speculatively when a draft is given.
 
@@ -372,6 +377,10 @@ def generate(
     verification: 'token' (the paper's Algorithm 1) or 'block' (Sun et al.'s
       block verification: the same outputs' distribution, never fewer tokens
       per target call in expectation); see `speculative_sampling.verify`.
+    draft_threshold: an adaptive draft length (0: off, gamma tokens every
+      iteration): a row stops drafting after a token its draft gave
+      probability below this, so gamma is then the most it drafts; exact
+      (see `decoding.speculative_sample`). Model and n-gram drafts only.
 
   Returns:
     A `GenerateOutput`.
@@ -387,6 +396,7 @@ def generate(
     lenience=lenience,
     eos_id=eos_id,
     verification=verification,
+    draft_threshold=draft_threshold,
   )
   return decode(input_tokens, jax.random.PRNGKey(0) if rng is None else rng)
 

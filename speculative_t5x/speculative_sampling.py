@@ -24,12 +24,32 @@ The distribution of the next token after a rejection at position i depends on
 nothing but p_i and q_i, so by induction over positions the whole emitted
 sequence is distributed as under the target (l = 1).
 
+An adaptive draft length (`num_drafted`): a row may draft n ≤ γ tokens, n
+chosen by the draft from its own tokens (`drafts.rollout_loop` stops after a
+token the draft is unsure of). Only x_1..x_n are judged; an undrafted position
+acts as a rejection point whose next token comes from the target's own p_i,
+not a residual: the row emits between 1 and n + 1 tokens, and if all n are
+accepted the next one is drawn from p_{n+1}. Exact because whether x_{i+1} is
+drafted is decided by the draft from the context and x_1..x_i before any
+acceptance coin is drawn: given that it is drafted, x_{i+1} ~ q_{i+1} as
+before (accept, or the residual: p_{i+1} overall); given that it is not, the
+token is drawn from p_{i+1} directly. Either way the token at position i + 1
+is distributed as p_{i+1} given what was emitted. For block verification an
+undrafted position n + 1 is a draft with q_{n+1} ≡ 0: h_n = w_n and the
+residual norm(max(0, w_n p_{n+1})) is p_{n+1}, which is the rule of the
+block's last position; Sun et al.'s argument is local to each draft prefix
+(it uses the next q where the draft goes on and this rule where it stops),
+so it holds for a block length that is any function of the draft's own
+tokens. tests/test_block_verification.py enumerates both rules with such a
+stopping rule in float64.
+
 The rule lives in small pure functions (`acceptance_probability`,
 `residual_distribution`, `residual_distribution_for_token`,
 `lenient_acceptance_rate`); `verify` is these applied to a batch, and tests
 enumerate the emitted distribution from the same functions in float64.
 """
 
+import functools
 from typing import Optional, Tuple, Union
 
 import jax
@@ -174,11 +194,12 @@ def _verify_row(
   draft_tokens: jax.Array,
   draft_probs: Optional[jax.Array],
   target_probs: jax.Array,
+  num_drafted: jax.Array,
   lenience,
   one_hot_target: bool,
 ) -> Tuple[jax.Array, jax.Array]:
   """`verify` for one row: draft_tokens [γ], draft_probs [γ, V] or None,
-  target_probs [γ+1, V]."""
+  target_probs [γ+1, V], num_drafted int32 scalar."""
   gamma = draft_tokens.shape[0]
   accept_key, next_key = jax.random.split(key)
 
@@ -191,9 +212,10 @@ def _verify_row(
   accepted = jax.random.uniform(accept_key, (gamma,)) < acceptance_probability(
     target_at_drafted, draft_at_drafted, lenience
   )
+  accepted &= jnp.arange(gamma) < num_drafted  # Undrafted positions stop the prefix.
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)))
 
-  # p at the first rejected position, or p_{γ+1} for the bonus token.
+  # p at the first rejected position, or p_{n+1} after all n drafted tokens.
   target_next = target_probs[num_accepted].astype(jnp.float32)
   rejected_at = jnp.minimum(num_accepted, gamma - 1)
   if draft_probs is None:
@@ -202,7 +224,7 @@ def _verify_row(
     residual = residual_distribution(
       target_next, draft_probs[rejected_at].astype(jnp.float32), lenience
     )
-  next_probs = jnp.where(num_accepted < gamma, residual, target_next)
+  next_probs = jnp.where(num_accepted < num_drafted, residual, target_next)
   # A one-hot p makes the residual one-hot at p's token too (or p itself).
   return num_accepted, sampling.sample(next_key, next_probs, one_hot=one_hot_target)
 
@@ -216,6 +238,7 @@ def verify(
   return_beta: bool = False,
   one_hot_target: bool = False,
   verification: str = 'token',
+  num_drafted: Optional[jax.Array] = None,
 ):
   """Accepts a prefix of each row's draft and draws the token that follows it.
 
@@ -249,18 +272,24 @@ def verify(
       first rejection), followed by a sample of norm(max(0, w_τ p_{τ+1} -
       q_{τ+1})) for τ < γ or of p_{γ+1}. Same output distribution, never
       fewer tokens in expectation. Needs lenience 1.
+    num_drafted: int32 [B] in [0, γ], the tokens each row drafted (an
+      adaptive draft length); None: all γ. Only x_1..x_n are judged: the
+      rules above run with γ = n per row (n + 1 is a rejection point whose
+      next token is drawn from p_{n+1}; see the module docstring).
 
   Returns:
-    num_accepted: int32 [B] in [0, γ].
+    num_accepted: int32 [B] in [0, num_drafted].
     next_token: int32 [B]. Row b emits `draft_tokens[b, :num_accepted[b]]`
       then `next_token[b]`: the residual sample after a rejection, or the
-      bonus sample from `target_probs[b, γ]` when all γ are accepted.
+      bonus sample from `target_probs[b, n]` when all n drafted tokens are
+      accepted.
     beta (only if return_beta): float32 [B, γ], β_i = Σ_x min(q_i, p_i/l),
       the probability that position i's draft is accepted given its prefix.
       For l = 1 this is Σ_x min(p_i, q_i), the paper's α measured on the fly;
       for l < 1 it is the lenient acceptance rate (the α that governs
       speedup under lenience). Positions after the first rejection are
-      computed on draft prefixes that were not emitted.
+      computed on draft prefixes that were not emitted, and positions past
+      num_drafted on no draft at all.
 
   Raises:
     ValueError: on inconsistent shapes, γ < 1, lenience outside (0, 1]
@@ -283,12 +312,13 @@ def verify(
     )
 
   validate_verification(verification, lenience)
+  num_drafted = _num_drafted(num_drafted, batch_size, gamma)
   if verification == 'token':
-    verify_row = lambda key, tokens, q, p: _verify_row(key, tokens, q, p, lenience, one_hot_target)
+    verify_row = functools.partial(_verify_row, lenience=lenience, one_hot_target=one_hot_target)
   else:
-    verify_row = lambda key, tokens, q, p: _block_verify_row(key, tokens, q, p, one_hot_target)
+    verify_row = functools.partial(_block_verify_row, one_hot_target=one_hot_target)
   num_accepted, next_token = jax.vmap(verify_row)(
-    _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs
+    _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs, num_drafted
   )
   if not return_beta:
     return num_accepted, next_token
@@ -302,15 +332,28 @@ def verify(
   return num_accepted, next_token, beta
 
 
+def _num_drafted(num_drafted: Optional[jax.Array], batch_size: int, gamma: int) -> jax.Array:
+  """int32 [B]: each row's drafted tokens, γ for all when None; checks the shape."""
+  if num_drafted is None:
+    return jnp.full((batch_size,), gamma, jnp.int32)
+  if jnp.shape(num_drafted) != (batch_size,):
+    raise ValueError(
+      f'num_drafted must have shape [B] = [{batch_size}] (one count per row); got '
+      f'{jnp.shape(num_drafted)}.'
+    )
+  return jnp.asarray(num_drafted, jnp.int32)
+
+
 def _block_verify_row(
   key: jax.Array,
   draft_tokens: jax.Array,
   draft_probs: Optional[jax.Array],
   target_probs: jax.Array,
+  num_drafted: jax.Array,
   one_hot_target: bool,
 ) -> Tuple[jax.Array, jax.Array]:
   """`block_verify` for one row: draft_tokens [γ], draft_probs [γ, V] or None,
-  target_probs [γ+1, V]."""
+  target_probs [γ+1, V], num_drafted int32 scalar n."""
   gamma, vocab_size = draft_tokens.shape[0], target_probs.shape[-1]
   accept_key, next_key = jax.random.split(key)
   p = target_probs.astype(jnp.float32)
@@ -338,16 +381,22 @@ def _block_verify_row(
   stop_here = jnp.where(
     denominator > 0, excess_mass / jnp.where(denominator > 0, denominator, 1), 0.0
   )
-  h = jnp.concatenate([stop_here, weights[gamma:]])  # [γ]: h_1..h_γ, h_γ = w_γ.
+  # h_1..h_γ: h_i for i < n, h_n = w_n (the last drafted position), 0 past n.
+  lengths = jnp.arange(1, gamma + 1)
+  h = jnp.where(
+    lengths < num_drafted,
+    jnp.pad(stop_here, (0, 1)),
+    jnp.where(lengths == num_drafted, weights[1:], 0.0),
+  )
   accepted = jax.random.uniform(accept_key, (gamma,)) < h
   # τ: the longest accepted prefix, not the first rejection.
-  num_accepted = jnp.max(jnp.where(accepted, jnp.arange(1, gamma + 1), 0))
+  num_accepted = jnp.max(jnp.where(accepted, lengths, 0))
   target_next = p[num_accepted]
   draft_next = q[jnp.minimum(num_accepted, gamma - 1)]
   residual = _normalize_or_target(
     jnp.maximum(weights[num_accepted] * target_next - draft_next, 0), target_next
   )
-  next_probs = jnp.where(num_accepted < gamma, residual, target_next)
+  next_probs = jnp.where(num_accepted < num_drafted, residual, target_next)
   return num_accepted, sampling.sample(next_key, next_probs, one_hot=one_hot_target)
 
 
@@ -357,6 +406,7 @@ def emulated_verify(
   target_probs: jax.Array,
   alpha: float,
   one_hot_target: bool = False,
+  num_drafted: Optional[jax.Array] = None,
 ):
   """Timing only: accepts each draft token i.i.d. with probability `alpha`.
 
@@ -370,6 +420,8 @@ def emulated_verify(
     draft_tokens: int32 [B, γ].
     target_probs: float [B, γ+1, V].
     alpha: the acceptance probability, in [0, 1].
+    num_drafted: int32 [B] tokens drafted per row (None: γ); later ones are
+      never accepted.
 
   Returns:
     (num_accepted int32 [B], next_token int32 [B], beta float32 [B, γ]) as
@@ -381,6 +433,8 @@ def emulated_verify(
     raise ValueError(f'emulate_alpha must lie in [0, 1]; got {alpha}.')
   accept_rng, sample_rng = jax.random.split(rng)
   accepted = jax.random.uniform(accept_rng, draft_tokens.shape) < alpha
+  gamma = draft_tokens.shape[1]
+  accepted &= jnp.arange(gamma) < _num_drafted(num_drafted, draft_tokens.shape[0], gamma)[:, None]
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
   next_probs = jnp.take_along_axis(target_probs, num_accepted[:, None, None], axis=1)[:, 0]
   next_token = sampling.sample(sample_rng, next_probs, one_hot=one_hot_target)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import decoding
+from speculative_t5x import drafts
 from speculative_t5x import sampling
 
 
@@ -99,20 +100,17 @@ class MarkovDraft:
   def init_cache(self, row_shift):
     return {'row_shift': jnp.asarray(row_shift, jnp.int32)}
 
-  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
+  def propose(self, cache, sequences, positions, rng, **rollout_args):
     last = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
 
-    def step(carry, step_rng):
-      token, position = carry
+    def step(position, token):
       index = jnp.minimum(position + cache['row_shift'], self.table.shape[0] - 1)
-      probs = sampling.standardize(
-        self.table[index, token], temperature=temperature, topk=topk, topp=topp
-      )
-      next_token = sampling.sample(step_rng, probs)
-      return (next_token, position + 1), (next_token, probs)
+      return self.table[index, token], position + 1
 
-    _, (tokens, probs) = jax.lax.scan(step, (last, positions), jax.random.split(rng, gamma))
-    return tokens.T, jnp.swapaxes(probs, 0, 1), cache
+    tokens, probs, num_drafted, _ = drafts.rollout_loop(
+      step, positions, last, rng, vocab_size=self.vocab_size, **rollout_args
+    )
+    return tokens, probs, num_drafted, cache
 
 
 @flax.struct.dataclass
@@ -125,5 +123,6 @@ class ConstantDraft:
   def init_cache(self, encoder_input_tokens, cache_length):
     return {}
 
-  def propose(self, cache, sequences, positions, rng, *, gamma, temperature, topk, topp):
-    return jnp.full((sequences.shape[0], gamma), self.token, jnp.int32), None, cache
+  def propose(self, cache, sequences, positions, rng, *, gamma, **sampling_args):
+    del sampling_args  # Deterministic; always gamma tokens (num_drafted None).
+    return jnp.full((sequences.shape[0], gamma), self.token, jnp.int32), None, None, cache

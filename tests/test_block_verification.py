@@ -5,6 +5,8 @@ verification rule, the exact distribution of what an iteration emits; each
 is completed with target samples to gamma + 1 tokens and compared with the
 target's own distribution. The JAX implementation is then checked against
 the enumeration, per fixed draft block, by a chi-square test over many keys.
+Both also for an adaptive draft length: blocks that stop after a token the
+draft gave probability below a threshold, judged only up to there.
 """
 
 import itertools
@@ -96,6 +98,23 @@ def emitted(p, q, vocab_size, gamma, rule):
   return out
 
 
+def emitted_adaptive(p, q, vocab_size, gamma, rule, threshold):
+  """`emitted` for drafts that stop after a token x_i with q_i(x_i) < threshold."""
+  out = {}
+
+  def extend(draft, probability):
+    if draft and (len(draft) == gamma or q[draft[:-1]][draft[-1]] < threshold):
+      for tokens, emitted_probability in emitted_given_draft(p, q, draft, rule).items():
+        out[tokens] = out.get(tokens, 0.0) + probability * emitted_probability
+      return
+    for x in range(vocab_size):
+      if q[draft][x] > 0:
+        extend(draft + (x,), probability * q[draft][x])
+
+  extend((), 1.0)
+  return out
+
+
 def completed_with_target(out, p, vocab_size, gamma):
   """The distribution of gamma + 1 tokens: what was emitted, then target samples."""
   full = {}
@@ -129,6 +148,24 @@ def test_block_verification_emits_the_target_distribution(gamma, kind):
     assert max(abs(full.get(s, 0.0) - target[s]) for s in target) < 1e-12, rule
     expected_lengths[rule] = mean_accepted(out)
   assert expected_lengths['block'] >= expected_lengths['token'] - 1e-12
+
+
+@pytest.mark.parametrize('gamma', [2, 3])
+@pytest.mark.parametrize('kind', ['random', 'zeros', 'equal', 'disjoint', 'near_ties'])
+def test_an_adaptive_draft_length_keeps_both_rules_exact(gamma, kind):
+  """Drafts cut where the draft is unsure, judged up to the cut: still the target's law."""
+  vocab_size = 3
+  for seed in range(4):
+    p, q = random_tables(vocab_size, gamma, np.random.default_rng(100 * seed + gamma), kind)
+    target = {
+      s: np.prod([p[s[:j]][s[j]] for j in range(gamma + 1)])
+      for s in itertools.product(range(vocab_size), repeat=gamma + 1)
+    }
+    for threshold in (0.2, 0.4, 0.6):
+      for rule in ('token', 'block'):
+        out = emitted_adaptive(p, q, vocab_size, gamma, rule, threshold)
+        full = completed_with_target(out, p, vocab_size, gamma)
+        assert max(abs(full.get(s, 0.0) - target[s]) for s in target) < 1e-12, (rule, threshold)
 
 
 def test_the_papers_two_token_example():
@@ -173,6 +210,36 @@ def test_the_jax_implementation_matches_the_enumeration(deterministic_draft):
     assert sequence_chi_square_p_value(samples, exact) > 1e-3, draft
 
 
+@pytest.mark.parametrize('verification', ['token', 'block'])
+def test_only_the_drafted_positions_are_judged(verification):
+  """verify(num_drafted=n) on a gamma-wide block equals the enumeration of its first n tokens.
+
+  Past n the block holds tokens and q that must be ignored (not zeros).
+  """
+  vocab_size, gamma, num_keys = 3, 3, 40_000
+  p, q = random_tables(vocab_size, gamma, np.random.default_rng(12), 'random')
+  for draft, n in (((0, 1, 2), 0), ((2, 2, 0), 1), ((1, 0, 1), 2), ((0, 2, 1), 3)):
+    exact = emitted_given_draft(p, q, draft[:n], verification)
+    exact = {tokens: probability for tokens, probability in exact.items() if probability > 0}
+    prefixes = [tuple(draft[:i]) for i in range(gamma + 1)]
+    target_probs = jnp.asarray(np.stack([p[prefix] for prefix in prefixes]), jnp.float32)
+    draft_probs = jnp.asarray(np.stack([q[prefix] for prefix in prefixes[:gamma]]), jnp.float32)
+    tile = lambda x: jnp.broadcast_to(x, (num_keys,) + x.shape)
+    num_accepted, next_token = speculative_sampling.verify(
+      jax.random.split(jax.random.PRNGKey(10 + n), num_keys),
+      tile(jnp.asarray(draft, jnp.int32)),
+      tile(draft_probs),
+      tile(target_probs),
+      verification=verification,
+      num_drafted=jnp.full((num_keys,), n, jnp.int32),
+    )
+    assert int(jnp.max(num_accepted)) <= n
+    samples = [
+      tuple(draft[:k]) + (int(y),) for k, y in zip(np.asarray(num_accepted), np.asarray(next_token))
+    ]
+    assert sequence_chi_square_p_value(samples, exact) > 1e-3, (draft, n)
+
+
 def test_block_verification_needs_exact_lenience():
   tokens = jnp.zeros((1, 2), jnp.int32)
   probs = jnp.full((1, 3, 4), 0.25)
@@ -183,4 +250,13 @@ def test_block_verification_needs_exact_lenience():
   with pytest.raises(ValueError, match="verification must be 'token' or 'block'"):
     speculative_sampling.verify(
       jax.random.PRNGKey(0), tokens, probs[:, :2], probs, verification='tree'
+    )
+
+
+def test_num_drafted_of_the_wrong_shape_is_a_named_error():
+  tokens = jnp.zeros((2, 2), jnp.int32)
+  probs = jnp.full((2, 3, 4), 0.25)
+  with pytest.raises(ValueError, match=r'num_drafted must have shape \[B\] = \[2\]'):
+    speculative_sampling.verify(
+      jax.random.PRNGKey(0), tokens, probs[:, :2], probs, num_drafted=jnp.ones((3,), jnp.int32)
     )

@@ -26,7 +26,9 @@ def run_baseline(target, row_shift, length, rng=None, num_decodes=1, **sample_ar
   )(jax.random.PRNGKey(0) if rng is None else rng)
 
 
-def speculative_fn(target, draft_cache, row_shift, length, gamma, num_decodes=1, **sample_args):
+def speculative_fn(
+  target, draft_cache, row_shift, length, gamma, num_decodes=1, draft_threshold=0.0, **sample_args
+):
   """A jitted `(rng, draft) -> (decodes, log_probs, stats)`, compiled once per draft structure."""
   inputs = jnp.zeros((len(row_shift), length), jnp.int32)
 
@@ -43,6 +45,7 @@ def speculative_fn(target, draft_cache, row_shift, length, gamma, num_decodes=1,
       draft=draft,
       draft_cache=draft_cache,
       gamma=gamma,
+      draft_threshold=draft_threshold,
     )
 
   return run
@@ -202,6 +205,39 @@ class TestLoopBehaviour:
     assert int(stats.target_calls) == int(stats.iterations.max())
     assert 0.0 < float(stats.mean_beta) < 1.0
 
+  @pytest.mark.parametrize('verification', ['token', 'block'])
+  def test_stats_of_an_adaptive_draft_length(self, verification):
+    """Rows draft 1..gamma tokens; only those are judged, counted and stepped."""
+    vocab, length, gamma = 6, 12, 5
+    table = markov.random_table(seed=11, num_positions=30, vocab_size=vocab, scale=3.0)
+    target = markov.MarkovTarget(table)
+    row_shift = np.arange(16) % 7
+    draft = markov.MarkovDraft(target.table * 0.7)  # Less sure than the target.
+    run = speculative_fn(
+      target,
+      target.cache(row_shift),
+      row_shift,
+      length,
+      gamma,
+      draft_threshold=0.6,
+      temperature=1.0,
+      topk=0,
+    )
+    _, _, stats = run(jax.random.PRNGKey(3), draft)
+    drafted, iterations = np.asarray(stats.drafted[:, 0]), np.asarray(stats.iterations[:, 0])
+    assert np.all(iterations <= drafted) and np.all(drafted <= gamma * iterations)
+    assert drafted.sum() < gamma * iterations.sum()  # Rows stopped early.
+    assert int(stats.draft_steps) < gamma * int(stats.target_calls)
+    assert int(stats.position_reached[0]) == iterations.sum()
+    assert np.all(np.diff(np.asarray(stats.position_reached)) <= 0)
+    assert stats.position_accepted.sum() == stats.accepted.sum() < drafted.sum()
+    assert stats.accepted_histogram.sum() == iterations.sum()
+    assert float(stats.mean_acceptance_length) == pytest.approx(
+      1 + stats.accepted.sum() / iterations.sum()
+    )
+    assert float(stats.drafted_per_iteration) == pytest.approx(drafted.sum() / iterations.sum())
+    assert int(stats.beta_count) == int(stats.position_reached.sum())
+
   def test_nonzero_decoder_prompt_is_rejected(self):
     target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))
     with pytest.raises(ValueError, match='all zeros'):
@@ -252,10 +288,22 @@ class TestLoopBehaviour:
   ],
   ids=['temperature1', 'topk3', 'topp0.8'],
 )
-@pytest.mark.parametrize('draft_kind', ['bigram', 'lookup'])
-def test_whole_sequences_match_the_target_distribution(sample_args, draft_kind):
-  """Chi-square over complete outputs (EOS included) of the speculative loop."""
-  vocab, length, gamma, batch = 5, 4, 3, 4096
+@pytest.mark.parametrize(
+  'draft_kind, gamma, draft_threshold, calls',
+  [
+    ('bigram', 3, 0.0, 25),
+    ('lookup', 3, 0.0, 25),
+    pytest.param('bigram', 7, 0.15, 50, id='bigram-adaptive-gamma7'),
+  ],
+)
+def test_whole_sequences_match_the_target_distribution(
+  sample_args, draft_kind, gamma, draft_threshold, calls
+):
+  """Chi-square over complete outputs (EOS included) of the speculative loop.
+
+  calls x 4096 sequences: 102,400, or 204,800 with an adaptive draft length.
+  """
+  vocab, length, batch = 5, 4, 4096
   table = markov.random_table(seed=5, num_positions=20, vocab_size=vocab, scale=1.5)
   target = markov.MarkovTarget(table)
   if draft_kind == 'bigram':
@@ -263,12 +311,26 @@ def test_whole_sequences_match_the_target_distribution(sample_args, draft_kind):
   else:
     draft = drafts.PromptLookupDraft(vocab_size=vocab, max_ngram=2)
     draft_cache = draft.init_cache(jnp.tile(jnp.asarray([[2, 3, 4, 3, 2, 1]]), (batch, 1)), 0)
-  run = speculative_fn(target, draft_cache, np.zeros(batch, np.int32), length, gamma, **sample_args)
-  samples = []
-  for seed in range(25):  # 25 x 4096 = 102,400 sequences
-    decodes, _, _ = run(jax.random.PRNGKey(seed), draft)
+  run = speculative_fn(
+    target,
+    draft_cache,
+    np.zeros(batch, np.int32),
+    length,
+    gamma,
+    draft_threshold=draft_threshold,
+    **sample_args,
+  )
+  samples, drafted, iterations = [], 0, 0
+  for seed in range(calls):
+    decodes, _, stats = run(jax.random.PRNGKey(seed), draft)
     samples += outputs_as_tuples(decodes)
+    drafted, iterations = drafted + stats.drafted.sum(), iterations + stats.iterations.sum()
   exact = target.sequence_distribution(length, EOS, **sample_args)
   p_value = sequence_chi_square_p_value(samples, exact)
-  print(f'\nchi-square p-value, Markov target, {draft_kind} draft, {sample_args}: {p_value:.4f}')
+  print(
+    f'\nchi-square p-value, Markov target, {draft_kind} draft, gamma={gamma}, '
+    f'draft_threshold={draft_threshold}, {sample_args}: {p_value:.4f} over {len(samples)} '
+    f'sequences, drafted/iteration={drafted / iterations:.2f}'
+  )
   assert p_value > 1e-3
+  assert drafted < gamma * iterations if draft_threshold else drafted == gamma * iterations

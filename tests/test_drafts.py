@@ -38,7 +38,7 @@ class TestNgramDraft:
   def test_propose_reports_the_distribution_it_samples_from(self):
     draft = drafts.NgramDraft.fit([[2, 3, 2, 1]], vocab_size=4)
     sequences = jnp.array([[0, 2, 3, 0, 0, 0]])
-    tokens, probs, _ = draft.propose(
+    tokens, probs, num_drafted, _ = draft.propose(
       {},
       sequences,
       jnp.array([2]),
@@ -52,6 +52,7 @@ class TestNgramDraft:
     # never seen as a context, q is uniform and argmax takes id 0.
     np.testing.assert_array_equal(tokens, [[2, 1, 0]])
     np.testing.assert_array_equal(probs[0, np.arange(3), tokens[0]], 1.0)
+    np.testing.assert_array_equal(num_drafted, [3])
 
   @pytest.mark.parametrize(
     'kwargs, message', [(dict(order=3), 'order'), (dict(add_k=0.0), 'add_k')]
@@ -70,7 +71,7 @@ class TestPromptLookupDraft:
     draft = drafts.PromptLookupDraft(vocab_size=50, max_ngram=max_ngram)
     cache = draft.init_cache(jnp.array([input_tokens]), cache_length=0)
     sequences = jnp.array([[0] + generated + [0] * (gamma + 2)])
-    tokens, probs, _ = draft.propose(
+    tokens, probs, num_drafted, _ = draft.propose(
       cache,
       sequences,
       jnp.array([len(generated)]),
@@ -78,7 +79,7 @@ class TestPromptLookupDraft:
       gamma=gamma,
       **NO_SAMPLING_ARGS,
     )
-    assert probs is None  # Deterministic: q is one-hot.
+    assert probs is None and num_drafted is None  # Deterministic: q one-hot, gamma tokens.
     return np.asarray(tokens[0]).tolist()
 
   def test_copies_the_continuation_of_the_longest_match_in_the_input(self):
@@ -103,39 +104,111 @@ class TestPromptLookupDraft:
 class TestModelDraft:
   """The draft's cache stays exact across the loop's position moves, with catch-ups."""
 
-  def test_rollouts_equal_the_full_forward_pass_after_any_acceptance(self):
-    model = testing_utils.tiny_model(seed=3, vocab_size=16, layers=2)
+  @pytest.mark.parametrize('draft_threshold', [0.0, 0.45])
+  def test_rollouts_equal_the_full_forward_pass_after_any_acceptance(self, draft_threshold):
+    """Every drafted q is the full forward pass's, whatever was drafted and accepted before.
+
+    With a threshold, rows draft 1..gamma tokens (each stops after its first
+    token of probability below it) and the catch-up covers a fully accepted
+    partial draft.
+    """
+    model = testing_utils.tiny_model(seed=3, vocab_size=16, layers=2, scale=3.0)
     draft = model.as_draft()
-    gamma, length = 3, 40
+    gamma, length, batch = 4, 60, 3
     rng = np.random.default_rng(0)
-    encoder_inputs = jnp.asarray(rng.integers(2, 16, (1, 5)), jnp.int32)
+    encoder_inputs = jnp.asarray(rng.integers(2, 16, (batch, 5)), jnp.int32)
     cache = draft.init_cache(encoder_inputs, length + gamma + 1)
-    sequences = np.zeros((1, length + gamma + 2), np.int32)
-    position, catch_ups = 0, 0
-    propose = jax.jit(functools.partial(draft.propose, gamma=gamma, **NO_SAMPLING_ARGS))
+    sequences = np.zeros((batch, length + gamma + 2), np.int32)
+    positions = np.zeros(batch, np.int32)
+    catch_ups, drafted_counts = 0, []
+    propose = jax.jit(
+      functools.partial(
+        draft.propose, gamma=gamma, draft_threshold=draft_threshold, **NO_SAMPLING_ARGS
+      )
+    )
+    # The full forward pass, causal: position t's q depends on tokens <= t only.
+    forward = jax.jit(
+      lambda decoder_inputs: jax.nn.softmax(
+        network.Transformer(model.config).apply(
+          {'params': model.params},
+          encoder_inputs,
+          decoder_inputs,
+          jnp.ones_like(decoder_inputs),
+          enable_dropout=False,
+        )
+      )
+    )
     for iteration in range(12):
-      missing = position > int(cache['written_until'][0])
-      catch_ups += missing
-      tokens, probs, cache = propose(
-        cache, jnp.asarray(sequences), jnp.array([position]), jax.random.PRNGKey(iteration)
+      catch_ups += int(np.sum(positions > np.asarray(cache['written_until'])))
+      tokens, probs, num_drafted, cache = propose(
+        cache, jnp.asarray(sequences), jnp.asarray(positions), jax.random.PRNGKey(iteration)
       )
-      # Every proposed q equals the draft's full forward pass on the prefix.
-      prefix = np.concatenate([sequences[0, : position + 1], np.asarray(tokens[0])])
-      logits = network.Transformer(model.config).apply(
-        {'params': model.params},
-        encoder_inputs,
-        jnp.asarray(prefix[None]),
-        jnp.ones((1, prefix.size), jnp.int32),
-        enable_dropout=False,
+      tokens, probs, num_drafted = map(np.asarray, (tokens, probs, num_drafted))
+      with_drafts = sequences.copy()
+      for row in range(batch):
+        with_drafts[row, positions[row] + 1 : positions[row] + 1 + gamma] = tokens[row]
+      full_q = np.asarray(forward(jnp.asarray(with_drafts)))
+      for row in range(batch):
+        n, p = int(num_drafted[row]), int(positions[row])
+        drafted_counts.append(n)
+        # Every drafted q equals the draft's full forward pass on the prefix.
+        expected = full_q[row, p : p + n]
+        np.testing.assert_allclose(probs[row, :n], expected, atol=2e-5)
+        # The row stopped after its first token below the threshold (T = 1: q is
+        # the confidence), and nothing is proposed past it.
+        confident = expected[np.arange(n), tokens[row, :n]] >= draft_threshold
+        assert confident[:-1].all() and (n == gamma or not confident[-1])
+        assert (tokens[row, n:] == 0).all() and (probs[row, n:] == 0).all()
+        # Accept all n every third iteration (the case that needs a catch-up).
+        accepted = n if iteration % 3 == 0 else int(rng.integers(0, n + 1))
+        emitted = list(tokens[row, :accepted]) + [int(rng.integers(2, 16))]
+        sequences[row, p + 1 : p + 1 + len(emitted)] = emitted
+        positions[row] += len(emitted)
+    assert catch_ups >= 4 * batch  # After iterations 0, 3, 6 and 9 at least.
+    if draft_threshold:
+      assert min(drafted_counts) < gamma and 1 < max(drafted_counts)
+    else:
+      assert set(drafted_counts) == {gamma}
+
+  def test_the_rollout_stops_when_every_active_row_has_stopped(self):
+    """No step runs past the longest draft: later cache positions stay unwritten."""
+    model = testing_utils.tiny_model(seed=3, vocab_size=16, scale=3.0)
+    draft = model.as_draft()
+    gamma, cache_length = 5, 12
+    cache = draft.init_cache(jnp.array([[3, 4, 1], [5, 6, 1]], jnp.int32), cache_length)
+    sequences = jnp.zeros((2, cache_length + 1), jnp.int32)
+
+    def steps_run(draft_threshold, active=None):
+      """(num_drafted, the number of leading positions the rollout wrote)."""
+      _, _, num_drafted, new_cache = draft.propose(
+        cache,
+        sequences,
+        jnp.zeros((2,), jnp.int32),
+        jax.random.PRNGKey(0),
+        gamma=gamma,
+        draft_threshold=draft_threshold,
+        active=active,
+        **NO_SAMPLING_ARGS,
       )
-      expected = jax.nn.softmax(logits[0, position : position + gamma])
-      np.testing.assert_allclose(probs[0], expected, atol=2e-5)
-      # Accept all gamma every third iteration (the case that needs a catch-up).
-      accepted = gamma if iteration % 3 == 0 else int(rng.integers(0, gamma))
-      emitted = list(np.asarray(tokens[0, :accepted])) + [int(rng.integers(2, 16))]
-      sequences[0, position + 1 : position + 1 + len(emitted)] = emitted
-      position += len(emitted)
-    assert catch_ups == 4  # After iterations 0, 3, 6 and 9.
+      self_keys = [
+        np.asarray(leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(new_cache['decoder'])
+        if 'cached_key' in jax.tree_util.keystr(path) and leaf.shape[1] == cache_length
+      ]
+      written = np.any(np.stack(self_keys) != 0, axis=(0, 1, 3, 4))
+      return np.asarray(num_drafted), int(np.sum(written))
+
+    def check(expected_drafted, expected_steps, *args):
+      num_drafted, steps = steps_run(*args)
+      np.testing.assert_array_equal(num_drafted, expected_drafted)
+      assert steps == expected_steps
+
+    check([gamma, gamma], gamma, 0.0)
+    # Every token of a random tiny model is below 0.99: one step.
+    check([1, 1], 1, 0.99)
+    # An inactive row drafts nothing and does not hold the loop.
+    check([0, 1], 1, 0.99, jnp.array([False, True]))
+    check([gamma, 0], gamma, 0.0, jnp.array([True, False]))
 
 
 @pytest.mark.parametrize(

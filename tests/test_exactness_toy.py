@@ -5,8 +5,9 @@ whole prefix, over a 5-token vocabulary and sequences of 4 tokens: every one of
 the 625 sequences has an exact target probability, so 200,000 speculative
 samples per configuration are compared with it by a chi-square test, for every
 sampling mode, γ ∈ {1, 3, 7} and both verification rules (token: Algorithm 1;
-block: Sun et al.'s block verification). Run with `pytest -s` to see the
-p-values.
+block: Sun et al.'s block verification), with a fixed draft length and with an
+adaptive one (the draft, `drafts.rollout_loop`, stops a row after a token it
+gave probability below a threshold). Run with `pytest -s` to see the p-values.
 """
 
 import functools
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculative_t5x import drafts
 from speculative_t5x import sampling
 from speculative_t5x import speculative_sampling
 from testing_utils import chi_square_test
@@ -42,6 +44,8 @@ MODES = {
   'deterministic_draft': (dict(temperature=1.0), dict(temperature=0.0), True),
 }
 GAMMAS = (1, 3, 7)
+# The adaptive draft length's threshold: rows stop early in most iterations.
+DRAFT_THRESHOLD = 0.5
 
 
 def _logit_tables():
@@ -67,9 +71,25 @@ def _next_state(state, token):
   return (state * VOCAB_SIZE + token + 1) % NUM_STATES
 
 
-@functools.partial(jax.jit, static_argnames=('gamma', 'deterministic_draft', 'verification'))
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    'gamma',
+    'deterministic_draft',
+    'verification',
+    'draft_temperature',
+    'draft_threshold',
+  ),
+)
 def speculative_sequences(
-  rng, target_table, draft_table, gamma, deterministic_draft, verification='token'
+  rng,
+  target_table,
+  draft_table,
+  gamma,
+  deterministic_draft,
+  verification='token',
+  draft_temperature=1.0,
+  draft_threshold=0.0,
 ):
   """Samples NUM_SEQUENCES sequences [N, LENGTH] by speculative sampling.
 
@@ -80,39 +100,56 @@ def speculative_sequences(
       standardizing each state once and gathering equals standardizing the
       gathered logits, at a fraction of the cost; and the sampling mode stays
       out of the compiled program).
-    draft_table: float32 [NUM_STATES, V], the same for the draft.
-    gamma: draft tokens per iteration.
+    draft_table: float32 [NUM_STATES, V], the draft's logits: its raw logits
+      for a greedy draft (draft_temperature 0; the threshold applies to their
+      softmax), else the log of its standardized distribution (sampled at
+      draft_temperature 1, so the threshold applies to q itself).
+    gamma: the most draft tokens per iteration.
     deterministic_draft: pass draft_probs=None to verify (q one-hot).
     verification: 'token' or 'block' (`speculative_sampling.verify`).
+    draft_temperature: 0 (greedy draft) or 1.
+    draft_threshold: `drafts.rollout_loop`'s adaptive draft length (0: off).
   """
   rows = jnp.arange(NUM_SEQUENCES)
 
+  def draft_step(carry, token):
+    # The first step's token is the last emitted one, already in the state.
+    state, first = carry
+    state = jnp.where(first, state, _next_state(state, token))
+    return draft_table[state], (state, False)
+
   def iteration(_, carry):
-    rng, tokens, length, state = carry
+    rng, tokens, length, state, drafted = carry
     rng, draft_rng, verify_rng = jax.random.split(rng, 3)
-
-    def draft_step(state, key):
-      q = draft_table[state]
-      token = sampling.sample(key, q)
-      return _next_state(state, token), (state, token, q)
-
-    last_state, (states, drafts, draft_probs) = jax.lax.scan(
-      draft_step, state, jax.random.split(draft_rng, gamma)
+    draft_tokens, draft_probs, num_drafted, _ = drafts.rollout_loop(
+      draft_step,
+      (state, True),
+      jnp.zeros_like(state),
+      draft_rng,
+      vocab_size=VOCAB_SIZE,
+      gamma=gamma,
+      temperature=draft_temperature,
+      topk=0,
+      topp=0.0,
+      draft_threshold=draft_threshold,
     )
     # [N, γ+1]: the state before each drafted token, and after the last one.
-    states = jnp.concatenate([states, last_state[None]], axis=0).T
+    states = [state]
+    for i in range(gamma):
+      states.append(_next_state(states[-1], draft_tokens[:, i]))
+    states = jnp.stack(states, axis=1)
     target_probs = target_table[states]
-    drafts = drafts.T
     num_accepted, next_token = speculative_sampling.verify(
       verify_rng,
-      drafts,
-      None if deterministic_draft else draft_probs.transpose(1, 0, 2),
+      draft_tokens,
+      None if deterministic_draft else draft_probs,
       target_probs,
       verification=verification,
+      num_drafted=num_drafted,
     )
 
     # Emitted this iteration: drafts[:n] then next_token; [N, γ+1].
-    emitted = jnp.concatenate([drafts, drafts[:, :1]], axis=1)
+    emitted = jnp.concatenate([draft_tokens, draft_tokens[:, :1]], axis=1)
     emitted = emitted.at[rows, num_accepted].set(next_token)
     offset = jnp.arange(LENGTH)[None, :] - length[:, None]
     written = (offset >= 0) & (offset <= num_accepted[:, None])
@@ -120,17 +157,15 @@ def speculative_sequences(
       written, jnp.take_along_axis(emitted, jnp.clip(offset, 0, gamma), axis=1), tokens
     )
     state = _next_state(states[rows, num_accepted], next_token)
-    return rng, tokens, length + num_accepted + 1, state
+    return rng, tokens, length + num_accepted + 1, state, drafted + num_drafted
 
   # Each iteration emits at least one token, so LENGTH iterations suffice.
-  carry = (
-    rng,
-    jnp.zeros((NUM_SEQUENCES, LENGTH), jnp.int32),
-    jnp.zeros((NUM_SEQUENCES,), jnp.int32),
-    jnp.zeros((NUM_SEQUENCES,), jnp.int32),
-  )
-  _, tokens, length, _ = jax.lax.fori_loop(0, LENGTH, iteration, carry)
-  return tokens, length
+  zeros = jnp.zeros((NUM_SEQUENCES,), jnp.int32)
+  carry = (rng, jnp.zeros((NUM_SEQUENCES, LENGTH), jnp.int32), zeros, zeros, zeros)
+  _, tokens, length, _, drafted = jax.lax.fori_loop(0, LENGTH, iteration, carry)
+  # Mean tokens drafted per iteration (LENGTH iterations per row, the last
+  # ones past the sequence end).
+  return tokens, length, jnp.mean(drafted) / LENGTH
 
 
 def exact_sequence_probabilities(target_args):
@@ -152,44 +187,57 @@ def sequence_index(tokens):
   return np.ravel_multi_index(tuple(np.asarray(tokens).T), (VOCAB_SIZE,) * LENGTH)
 
 
-def sample_mode(mode, gamma, seed=0, verification='token'):
-  """Speculative samples [N, LENGTH] for one sampling mode, γ and verification rule."""
+def sample_mode(mode, gamma, seed=0, verification='token', draft_threshold=0.0):
+  """Speculative samples [N, LENGTH] for one sampling mode, γ, rule and threshold."""
   target_args, draft_args, deterministic_draft = MODES[mode]
-  rng = jax.random.key(1000 * seed + 10 * gamma + list(MODES).index(mode))
-  tokens, length = speculative_sequences(
+  # Adaptive runs draw their own keys, independent of the fixed-length runs'.
+  adaptive = 100 if draft_threshold else 0
+  rng = jax.random.key(1000 * seed + adaptive + 10 * gamma + list(MODES).index(mode))
+  greedy_draft = draft_args == dict(temperature=0.0)
+  tokens, length, drafted_per_iteration = speculative_sequences(
     rng,
     sampling.standardize(TARGET_LOGITS, **target_args),
-    sampling.standardize(DRAFT_LOGITS, **draft_args),
+    DRAFT_LOGITS if greedy_draft else jnp.log(sampling.standardize(DRAFT_LOGITS, **draft_args)),
     gamma,
     deterministic_draft,
     verification,
+    0.0 if greedy_draft else 1.0,
+    draft_threshold,
   )
   assert np.all(np.asarray(length) >= LENGTH)
+  if draft_threshold and gamma > 1:  # The adaptive length is exercised.
+    assert 1 <= float(drafted_per_iteration) < 0.9 * gamma
+  else:
+    assert float(drafted_per_iteration) == gamma
   return np.asarray(tokens)
 
 
-def run_configuration(mode, gamma, seed=0, verification='token'):
+def run_configuration(mode, gamma, seed=0, verification='token', draft_threshold=0.0):
   """Returns (statistic, dof, p-value) of speculative vs exact for one case."""
-  tokens = sample_mode(mode, gamma, seed, verification)
+  tokens = sample_mode(mode, gamma, seed, verification, draft_threshold)
   counts = np.bincount(sequence_index(tokens), minlength=VOCAB_SIZE**LENGTH)
   return chi_square_test(counts, exact_sequence_probabilities(MODES[mode][0]))
 
 
+@pytest.mark.parametrize('draft_threshold', [0.0, DRAFT_THRESHOLD], ids=['fixed', 'adaptive'])
 @pytest.mark.parametrize('verification', ['token', 'block'])
 @pytest.mark.parametrize('gamma', GAMMAS)
 @pytest.mark.parametrize('mode', [m for m in MODES if m != 'argmax'])
-def test_joint_distribution_matches_target(mode, gamma, verification):
-  statistic, dof, p_value = run_configuration(mode, gamma, verification=verification)
+def test_joint_distribution_matches_target(mode, gamma, verification, draft_threshold):
+  if draft_threshold and gamma == 1:
+    pytest.skip('at gamma 1 a row drafts its one token whatever the threshold')
+  statistic, dof, p_value = run_configuration(mode, gamma, 0, verification, draft_threshold)
   print(
     f'\n[exactness] mode={mode} gamma={gamma} verification={verification} '
-    f'chi2={statistic:.1f} dof={dof} p={p_value:.4f}'
+    f'draft_threshold={draft_threshold} chi2={statistic:.1f} dof={dof} p={p_value:.4f}'
   )
   assert p_value > P_VALUE_FLOOR
 
 
+@pytest.mark.parametrize('draft_threshold', [0.0, DRAFT_THRESHOLD], ids=['fixed', 'adaptive'])
 @pytest.mark.parametrize('verification', ['token', 'block'])
 @pytest.mark.parametrize('gamma', GAMMAS)
-def test_argmax_emits_the_greedy_sequence(gamma, verification):
+def test_argmax_emits_the_greedy_sequence(gamma, verification, draft_threshold):
   greedy = []
   state = jnp.zeros((), jnp.int32)
   for _ in range(LENGTH):
@@ -197,6 +245,6 @@ def test_argmax_emits_the_greedy_sequence(gamma, verification):
     greedy.append(int(token))
     state = _next_state(state, token)
   np.testing.assert_array_equal(
-    sample_mode('argmax', gamma, verification=verification),
+    sample_mode('argmax', gamma, verification=verification, draft_threshold=draft_threshold),
     np.broadcast_to(greedy, (NUM_SEQUENCES, LENGTH)),
   )

@@ -47,6 +47,20 @@ class TestGreedyEquality:
     ],
   )
   def test_speculative_equals_baseline(self, draft_kind, batch, gamma, verification):
+    self.check_equals_baseline(draft_kind, batch, gamma, verification)
+
+  @pytest.mark.parametrize('verification', ['token', 'block'])
+  @pytest.mark.parametrize(
+    'draft_kind, batch, gamma', [('model', 1, 7), ('model', 6, 5), ('bigram', 4, 7)]
+  )
+  def test_an_adaptive_draft_length_equals_baseline(self, draft_kind, batch, gamma, verification):
+    stats = self.check_equals_baseline(draft_kind, batch, gamma, verification, draft_threshold=0.5)
+    drafted, iterations = np.asarray(stats.drafted), np.asarray(stats.iterations)
+    assert np.all(drafted >= iterations) and drafted.sum() < gamma * iterations.sum()
+    assert int(stats.draft_steps) < gamma * int(stats.target_calls)
+
+  def check_equals_baseline(self, draft_kind, batch, gamma, verification, draft_threshold=0.0):
+    """Greedy speculative tokens == greedy baseline tokens; returns the stats."""
     inputs = padded_inputs(batch, batch, 9, TARGET.vocab_size)
     kwargs = dict(temperature=0.0, max_decode_len=12)
     baseline = models.generate(TARGET, None, inputs, **kwargs)
@@ -61,7 +75,15 @@ class TestGreedyEquality:
       draft = drafts.NgramDraft.fit(list(inputs), TARGET.vocab_size)
     else:
       draft = drafts.PromptLookupDraft(vocab_size=TARGET.vocab_size)
-    out = models.generate(TARGET, draft, inputs, gamma=gamma, verification=verification, **kwargs)
+    out = models.generate(
+      TARGET,
+      draft,
+      inputs,
+      gamma=gamma,
+      verification=verification,
+      draft_threshold=draft_threshold,
+      **kwargs,
+    )
     np.testing.assert_array_equal(out.tokens, baseline.tokens)
     emitted, iterations = np.asarray(out.stats.emitted), np.asarray(out.stats.iterations)
     if draft_kind == 'target':
@@ -69,6 +91,7 @@ class TestGreedyEquality:
       np.testing.assert_array_equal(iterations, -(-emitted // (gamma + 1)))
     if draft_kind == 'wrong':
       np.testing.assert_array_equal(emitted, iterations)
+    return out.stats
 
   def test_baseline_is_one_token_per_call_greedy_argmax(self):
     """The baseline's first token is the argmax of a teacher-forced forward pass."""
@@ -115,10 +138,12 @@ def exact_sequence_distribution(model, input_tokens, length, **sample_args):
 
 
 @pytest.mark.parametrize(
-  'batch, calls',
+  'gamma, draft_threshold, batch, calls',
   [
-    pytest.param(2_048, 2, id='4096_sequences'),
-    pytest.param(12_800, 8, id='102400_sequences', marks=pytest.mark.slow),
+    pytest.param(3, 0.0, 2_048, 2, id='4096_sequences'),
+    pytest.param(3, 0.0, 12_800, 8, id='102400_sequences', marks=pytest.mark.slow),
+    pytest.param(3, 0.9, 2_048, 2, id='adaptive-4096_sequences'),
+    pytest.param(7, 0.9, 12_800, 16, id='adaptive-gamma7-204800_sequences', marks=pytest.mark.slow),
   ],
 )
 @pytest.mark.parametrize('verification', ['token', 'block'])
@@ -127,9 +152,14 @@ def exact_sequence_distribution(model, input_tokens, length, **sample_args):
   [dict(temperature=1.0), dict(temperature=1.0, topk=3), dict(temperature=0.8, topp=0.7)],
   ids=['temperature1', 'topk3', 'topp0.7'],
 )
-def test_sampled_sequences_follow_the_target(sample_args, batch, calls, verification):
-  """batch * calls sequences from a tiny network pair vs the target's exact distribution."""
-  vocab, length, gamma = 6, 3, 3
+def test_sampled_sequences_follow_the_target(
+  sample_args, gamma, draft_threshold, batch, calls, verification
+):
+  """batch * calls sequences from a tiny network pair vs the target's exact distribution.
+
+  With a draft threshold, rows draft 1..gamma tokens (the adaptive draft length).
+  """
+  vocab, length = 6, 3
   target = tiny_model(seed=2, vocab_size=vocab, emb_dim=16, scale=2.0)
   draft = tiny_model(seed=3, vocab_size=vocab, emb_dim=16, scale=2.0)
   input_row = np.array([3, 4, 2, EOS, 0], np.int32)
@@ -144,17 +174,20 @@ def test_sampled_sequences_follow_the_target(sample_args, batch, calls, verifica
       max_decode_len=length,
       rng=jax.random.PRNGKey(call),
       verification=verification,
+      draft_threshold=draft_threshold,
       **sample_args,
     )
     samples += outputs_as_tuples(out.tokens)
   exact = exact_sequence_distribution(target, input_row, length, **sample_args)
   p_value = sequence_chi_square_p_value(samples, exact)
+  drafted = float(out.stats.drafted_per_iteration)
   print(
     f'\nchi-square p-value, tiny networks, model draft, gamma={gamma}, {verification}, '
-    f'{sample_args}: '
-    f'{p_value:.4f} over {len(samples)} sequences, alpha={float(out.stats.mean_beta):.3f}'
+    f'draft_threshold={draft_threshold}, {sample_args}: {p_value:.4f} over {len(samples)} '
+    f'sequences, alpha={float(out.stats.mean_beta):.3f}, drafted/iteration={drafted:.2f}'
   )
   assert p_value > 1e-3
+  assert drafted < gamma if draft_threshold else drafted == gamma
 
 
 def test_second_call_with_new_inputs_does_not_recompile():
@@ -228,6 +261,18 @@ class TestArgumentsAtTheApiEdge:
         np.repeat(self.INPUTS, 2, axis=0),
         temperature=np.array([0.5, 1.0]),
       )
+
+  @pytest.mark.parametrize('value', [-0.1, 1.0, 2, True, '0.5', None])
+  def test_a_bad_draft_threshold_is_a_named_error(self, value):
+    with pytest.raises(
+      ValueError, match=f'draft_threshold must be a number in .0, 1.; got {value!r}'
+    ):
+      models.make_decoder(self.TARGET, self.TARGET, draft_threshold=value)
+
+  def test_a_draft_threshold_without_draft_probabilities_is_a_named_error(self):
+    lookup = drafts.PromptLookupDraft(vocab_size=self.TARGET.vocab_size)
+    with pytest.raises(ValueError, match='draft_threshold=0.5 needs a draft that stops.*Pass'):
+      models.generate(self.TARGET, lookup, self.INPUTS, draft_threshold=0.5)
 
   def test_block_verification_with_lenience_is_a_named_error(self):
     with pytest.raises(ValueError, match="verification='block' is exact only"):
