@@ -396,6 +396,7 @@ def _batch_records(
       'iterations': length if stats is None else int(stats.iterations[row]),
       'accepted': 0 if stats is None else int(stats.accepted[row]),
       'emitted': length if stats is None else int(stats.emitted[row]),
+      'drafted': 0 if stats is None else int(stats.drafted[row]),
       'truncated': bool(tokens[length - 1] != eos_id),
     }
     if stats is not None:
@@ -420,7 +421,9 @@ def summarize(records: Sequence[Record], task: seqio.Task, batch_size: int) -> D
 
   Returns:
     {'examples', 'tokens', 'alpha' (None for the baseline),
-    'tokens_per_target_call', 'truncated_predictions', 'metrics'}.
+    'tokens_per_target_call', 'mean_acceptance_length' (1 + accepted per
+    iteration, before cuts at EOS), 'drafted_per_iteration',
+    'truncated_predictions', 'metrics'}.
   """
   batch_betas = {
     record['index'] // batch_size: (record['batch_beta_sum'], record['batch_beta_count'])
@@ -429,6 +432,7 @@ def summarize(records: Sequence[Record], task: seqio.Task, batch_size: int) -> D
   }
   beta_sum, beta_count = np.sum(list(batch_betas.values()) or [(0.0, 0)], axis=0)
   tokens = sum(record['emitted'] for record in records)
+  iterations = max(sum(r['iterations'] for r in records), 1)
   targets = [record.get('postprocessed_targets', record['targets']) for record in records]
   predictions = [record.get('postprocessed_prediction', record['prediction']) for record in records]
   if task.score_metric_fns or task.predict_with_aux_metric_fns:
@@ -444,7 +448,9 @@ def summarize(records: Sequence[Record], task: seqio.Task, batch_size: int) -> D
     'examples': len(records),
     'tokens': tokens,
     'alpha': float(beta_sum / beta_count) if batch_betas else None,
-    'tokens_per_target_call': tokens / max(sum(r['iterations'] for r in records), 1),
+    'tokens_per_target_call': tokens / iterations,
+    'mean_acceptance_length': 1 + sum(r['accepted'] for r in records) / iterations,
+    'drafted_per_iteration': sum(r['drafted'] for r in records) / iterations,
     'truncated_predictions': sum(record['truncated'] for record in records),
     'metrics': metrics,
   }
@@ -468,6 +474,7 @@ def infer(
   topp: float = 0.0,
   lenience: float = 1.0,
   verification: str = 'token',
+  draft_threshold: float = 0.0,
   seed: int = 0,
   num_partitions: int = 1,
   logical_axis_rules: Optional[partitioning.LogicalRules] = None,
@@ -493,6 +500,9 @@ def infer(
     topp: nucleus mass (0: off).
     lenience: 1 is exact (see `speculative_sampling.verify`).
     verification: 'token' or 'block' (see `speculative_sampling.verify`).
+    draft_threshold: an adaptive draft length, 0 (off) to < 1: a row stops
+      drafting after a token its draft gave probability below it (see
+      `decoding.speculative_sample`); gamma is then the most per iteration.
     seed: batch k decodes with fold_in(PRNGKey(seed), k * batch_size).
     num_partitions: devices per model replica (model parallelism); all
       devices are used, the rest split the batch.
@@ -521,6 +531,7 @@ def infer(
     topp=topp,
     lenience=lenience if draft is not None else None,
     verification=verification if draft is not None else None,
+    draft_threshold=draft_threshold if draft is not None else None,
   )
   settings = dict(
     task=task.name,

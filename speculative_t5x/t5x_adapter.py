@@ -361,6 +361,7 @@ def speculative_predict_batch(
   gamma: int,
   lenience: float = 1.0,
   verification: str = 'token',
+  draft_threshold: float = 0.0,
   decode_fn: Callable[..., Tuple[Array, Array, decoding.SpeculativeStats]] = (
     decoding.speculative_sample
   ),
@@ -387,13 +388,15 @@ def speculative_predict_batch(
     gamma: draft tokens per iteration.
     lenience: 1 is exact; below 1 see `speculative_sampling.verify`.
     verification: 'token' or 'block' (see `speculative_sampling.verify`).
+    draft_threshold: an adaptive draft length (0: off; see
+      `decoding.speculative_sample`).
     decode_fn: a speculative decode function with the signature of
       `decoding.speculative_sample` (sampling settings bound in gin).
     rng: PRNG key for sampling, passed as `decode_rng`.
     decoder_params: more keyword arguments of `decode_fn` (e.g.
-      `temperature`, `max_decode_steps`); 'gamma', 'lenience' and
-      'verification' here override
-      the arguments of the same names.
+      `temperature`, `max_decode_steps`); 'gamma', 'lenience',
+      'verification' and 'draft_threshold' here override the arguments of
+      the same names.
     num_decodes: samples per input.
     return_all_decodes: return every sample, not only the most likely one.
 
@@ -404,8 +407,9 @@ def speculative_predict_batch(
     decode [B] (or [B, num_decodes]):
       scores: float32 log probability under the target's standardized
         distribution (0 for greedy decoding);
-      iterations, accepted, emitted: int32 loop iterations in which the row
-        was active, draft tokens accepted, tokens written;
+      iterations, accepted, emitted, drafted: int32 loop iterations in which
+        the row was active, draft tokens accepted, tokens written, draft
+        tokens proposed;
     and per batch, repeated for each input [B]:
       batch_target_calls: int32 target block calls (loop iterations);
       batch_mean_beta: float32 mean acceptance probability beta over the
@@ -416,6 +420,7 @@ def speculative_predict_batch(
     'gamma': gamma,
     'lenience': lenience,
     'verification': verification,
+    'draft_threshold': draft_threshold,
     **(decoder_params or {}),
   }
   if rng is not None:
@@ -429,6 +434,7 @@ def speculative_predict_batch(
   speculative_sampling.validate_verification(
     decoder_params['verification'], decoder_params['lenience']
   )
+  decoding.check_draft_threshold(decoder_params['draft_threshold'])
   target_params, draft_params = split_draft_params(params)
   draft = drafts.ModelDraft(params=draft_params, config=draft_module.config)
   decodes, scores, stats = models.speculative_decode(
@@ -447,6 +453,7 @@ def speculative_predict_batch(
     'iterations': stats.iterations,
     'accepted': stats.accepted,
     'emitted': stats.emitted,
+    'drafted': stats.drafted,
   }
   batch_size = decodes.shape[0]
   aux['batch_target_calls'] = jnp.full((batch_size,), stats.target_calls)
@@ -487,6 +494,9 @@ def _speculative_model_class() -> type:
         acceptance (Appendix A.5 of Leviathan et al.).
       verification: 'token' or 'block' (Sun et al.'s block verification; see
         `speculative_sampling.verify`).
+      draft_threshold: an adaptive draft length, 0 (off) to < 1: a row stops
+        drafting after a token the draft gave probability below it, so gamma
+        is the most per iteration (see `decoding.speculative_sample`).
     """
 
     def __init__(
@@ -506,11 +516,13 @@ def _speculative_model_class() -> type:
       gamma: int,
       lenience: float = 1.0,
       verification: str = 'token',
+      draft_threshold: float = 0.0,
     ):
       check_networks(module, draft_module)
       decoding.check_positive_int('gamma', gamma)
       speculative_sampling.validate_lenience(lenience)
       speculative_sampling.validate_verification(verification, lenience)
+      draft_threshold = decoding.check_draft_threshold(draft_threshold)
       decode_fn_args = inspect.signature(decode_fn).parameters
       if not {'score_block', 'draft', 'draft_cache', 'gamma'} <= decode_fn_args.keys():
         raise ValueError(
@@ -524,6 +536,7 @@ def _speculative_model_class() -> type:
       self.gamma = int(gamma)
       self.lenience = lenience
       self.verification = verification
+      self.draft_threshold = draft_threshold
       super().__init__(
         module=module,
         input_vocabulary=input_vocabulary,
@@ -584,6 +597,7 @@ def _speculative_model_class() -> type:
         gamma=self.gamma,
         lenience=self.lenience,
         verification=self.verification,
+        draft_threshold=self.draft_threshold,
         decode_fn=self._decode_fn,
         rng=rng,
         decoder_params=decoder_params,

@@ -212,8 +212,8 @@ def test_checkpoint_mismatch_names_both_sizes_and_the_fix():
 NUM_DECODES = 2
 
 
-@jax.jit
-def _predict_all(params, rng, temperature):
+@functools.partial(jax.jit, static_argnames='draft_threshold')
+def _predict_all(params, rng, temperature, draft_threshold=0.0):
   """Every decode of each input; temperature 0 is greedy. One program for all draft params."""
   return t5x_adapter.speculative_predict_batch(
     MODULE,
@@ -223,7 +223,7 @@ def _predict_all(params, rng, temperature):
     eos_id=EOS,
     gamma=GAMMA,
     rng=rng,
-    decoder_params={'topk': 0, 'temperature': temperature},
+    decoder_params={'topk': 0, 'temperature': temperature, 'draft_threshold': draft_threshold},
     num_decodes=NUM_DECODES,
     return_all_decodes=True,
   )
@@ -242,11 +242,12 @@ def test_greedy_predictions_equal_the_baseline():
     'accepted',
     'batch_mean_beta',
     'batch_target_calls',
+    'drafted',
     'emitted',
     'iterations',
     'scores',
   ]
-  for name in ('scores', 'iterations', 'accepted', 'emitted'):
+  for name in ('scores', 'iterations', 'accepted', 'emitted', 'drafted'):
     assert aux[name].shape == (len(INPUTS), NUM_DECODES), name
   assert aux['batch_mean_beta'].shape == aux['batch_target_calls'].shape == (len(INPUTS),)
   np.testing.assert_array_equal(aux['scores'], 0.0)  # log 1 under argmax.
@@ -254,6 +255,12 @@ def test_greedy_predictions_equal_the_baseline():
   assert np.all(aux['accepted'] + aux['iterations'] >= aux['emitted'])
   np.testing.assert_array_equal(aux['batch_target_calls'], np.max(aux['iterations']))
   assert np.all((0.0 <= aux['batch_mean_beta']) & (aux['batch_mean_beta'] < 1.0))
+  np.testing.assert_array_equal(aux['drafted'], GAMMA * aux['iterations'])
+
+  # An adaptive draft length: fewer draft tokens, the same outputs.
+  decodes, aux = _predict_all(_with_draft(DRAFT.params), jax.random.PRNGKey(0), 0.0, 0.5)
+  np.testing.assert_array_equal(decodes, expected)
+  assert np.all(aux['drafted'] < GAMMA * aux['iterations'])
 
   # The target as its own draft: every draft token accepted, one target call
   # per gamma + 1 tokens, beta = 1.
@@ -290,6 +297,8 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
     iterations=per_decode,
     accepted=2 * per_decode,
     emitted=3 * per_decode,
+    drafted=4 * per_decode,
+    draft_steps=np.int32(20),
     accepted_histogram=np.zeros(6, np.int32),
     position_reached=np.zeros(5, np.int32),
     position_accepted=np.zeros(5, np.int32),
@@ -315,7 +324,7 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
       lenience=0.5,
       decode_fn=decode_fn,
       rng=rng,
-      decoder_params={'gamma': 5, 'temperature': 0.7},
+      decoder_params={'gamma': 5, 'temperature': 0.7, 'draft_threshold': 0.3},
       num_decodes=num_decodes,
     )
     # The target's block scorer, and a teacher-forced forward pass to compare with.
@@ -334,6 +343,7 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
     'decode_rng',
     'draft',
     'draft_cache',
+    'draft_threshold',
     'eos_id',
     'gamma',
     'inputs',
@@ -345,6 +355,7 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
   ]
   assert (recorded['gamma'], recorded['lenience'], recorded['eos_id']) == (5, 0.5, EOS)
   assert (recorded['temperature'], recorded['num_decodes']) == (0.7, num_decodes)
+  assert recorded['draft_threshold'] == 0.3
   np.testing.assert_array_equal(decode_rng, rng)
   np.testing.assert_array_equal(inputs, np.zeros((batch_size, MAX_DECODE_LEN)))
   assert recorded['draft'].config == DRAFT.config
@@ -359,7 +370,7 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
   # Without return_all_decodes: the last (most likely) decode and its stats.
   np.testing.assert_array_equal(best, decodes[:, -1])
   np.testing.assert_array_equal(aux['scores'], -2.0)
-  for name, factor in (('iterations', 1), ('accepted', 2), ('emitted', 3)):
+  for name, factor in (('iterations', 1), ('accepted', 2), ('emitted', 3), ('drafted', 4)):
     np.testing.assert_array_equal(aux[name], factor * per_decode[:, -1])
   np.testing.assert_array_equal(aux['batch_target_calls'], [6] * batch_size)
   np.testing.assert_array_equal(aux['batch_mean_beta'], [0.75] * batch_size)
@@ -380,6 +391,8 @@ def test_predict_errors_name_the_problem():
     )
   with pytest.raises(ValueError, match=r'lenience must be a scalar in \(0, 1\]'):
     predict(MODULE, MODULE, _with_draft(DRAFT.params), BATCH, decoder_params={'lenience': 0.0})
+  with pytest.raises(ValueError, match=r'draft_threshold must be a number in \[0, 1\); got 1.5'):
+    predict(MODULE, MODULE, _with_draft(DRAFT.params), BATCH, draft_threshold=1.5)
   with pytest.raises(
     ValueError, match='draft_module must be a speculative_t5x.network.Transformer'
   ):
@@ -663,5 +676,7 @@ def test_t5x_model_rejects_bad_arguments(t5x_env):
     build(decode_fn=t5x_decoding.temperature_sample, draft_module=MODULE, gamma=GAMMA)
   with pytest.raises(ValueError, match='gamma must be an integer >= 1'):
     build(draft_module=MODULE, gamma=0)
+  with pytest.raises(ValueError, match=r'draft_threshold must be a number in \[0, 1\)'):
+    build(draft_module=MODULE, gamma=GAMMA, draft_threshold=-0.1)
   with pytest.raises(ValueError, match='draft_module must be a speculative_t5x.network'):
     build(draft_module=t5x_env['stock'].module, gamma=GAMMA)
