@@ -38,7 +38,7 @@ figures in `reports`.
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -568,7 +568,9 @@ def run_benchmark(
   temperatures: Sequence[float] = (0.0, 1.0),
   gammas: Sequence[int] = (1, 3, 5, 7),
   batch_sizes: Sequence[int] = (1,),
-  batch_size_gamma: Optional[int] = None,
+  batch_size_gamma: Optional[Union[int, str]] = None,
+  verification: str = 'token',
+  draft_threshold: float = 0.0,
   num_walltime_examples: int = 64,
   repetitions: int = 3,
   max_decode_len: int = 64,
@@ -593,7 +595,12 @@ def run_benchmark(
     temperatures: sampling temperatures (0 is greedy).
     gammas: the gamma sweep.
     batch_sizes: batch sizes of the batch-size sweep (1 always runs).
-    batch_size_gamma: gamma for the batch-size sweep (default: best at batch 1).
+    batch_size_gamma: gamma for the batch-size sweep (default: best at batch 1);
+      'auto': the gamma that alpha and the measured parts predict best
+      (`reports.gamma_choice`), which needs no walltime sweep to choose.
+    verification: 'token' or 'block' (see `speculative_sampling.verify`).
+    draft_threshold: an adaptive draft length (0: off; see
+      `decoding.speculative_sample`); each gamma is then the most drafted.
     num_walltime_examples: examples timed (a multiple of every batch size).
     repetitions: timed passes per configuration.
     max_decode_len: output length.
@@ -631,7 +638,7 @@ def run_benchmark(
     target,
     draft,
     temperatures,
-    sorted(set(gammas) | ({batch_size_gamma} if batch_size_gamma else set())),
+    sorted(set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())),
     input_length=walltime_inputs.shape[1],
     max_decode_len=max_decode_len,
     emulate_alpha=emulate_alpha,
@@ -701,6 +708,8 @@ def run_benchmark(
     max_decode_len=max_decode_len,
     eos_id=eos_id,
     progress=progress,
+    verification=verification,
+    draft_threshold=draft_threshold,
   )
   for temperature in temperatures:
     for gamma in gammas:
@@ -708,7 +717,10 @@ def run_benchmark(
     choice = reports.gamma_choice(records, temperature)
     if choice:
       records.append(dict(common, kind='gamma_choice', **choice))
-    sweep_gamma = batch_size_gamma or reports.best_gamma(records, temperature)
+    if batch_size_gamma == 'auto':
+      sweep_gamma = choice['chosen_gamma'] if choice else reports.best_gamma(records, temperature)
+    else:
+      sweep_gamma = batch_size_gamma or reports.best_gamma(records, temperature)
     for batch_size in sorted(set(batch_sizes) - {1}):
       records.append(
         measure_walltime(temperature, sweep_gamma, batch_size, alphas.get(temperature))
@@ -738,6 +750,8 @@ def _measure_walltime(
   max_decode_len,
   eos_id,
   progress,
+  verification='token',
+  draft_threshold=0.0,
 ):
   """Times the baseline and speculative decoding, passes interleaved; returns the record."""
   settings = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
@@ -747,7 +761,15 @@ def _measure_walltime(
   baseline, speculative = time_decodings(
     [
       models.make_decoder(target, None, **settings),
-      models.make_decoder(target, draft, gamma=gamma, emulate_alpha=emulate_alpha, **settings),
+      models.make_decoder(
+        target,
+        draft,
+        gamma=gamma,
+        emulate_alpha=emulate_alpha,
+        verification=verification,
+        draft_threshold=draft_threshold,
+        **settings,
+      ),
     ],
     inputs,
     batch_size=batch_size,
@@ -762,6 +784,8 @@ def _measure_walltime(
     temperature=temperature,
     gamma=gamma,
     batch_size=batch_size,
+    verification=verification,
+    draft_threshold=draft_threshold,
     num_examples=int(len(inputs)),
     alpha=alpha,
     alpha_loop=float(stats.mean_beta),
@@ -771,16 +795,17 @@ def _measure_walltime(
     ms_per_token_speculative=_summary(speculative.ms_per_token),
     speedup=_summary(speedups),
     tokens_per_call=float(stats.tokens_per_target_call),
+    mean_acceptance_length=float(stats.mean_acceptance_length),
+    drafted_per_iteration=float(stats.drafted_per_iteration),
+    draft_steps_per_call=int(stats.draft_steps) / max(int(stats.target_calls), 1),
     accepted_histogram=stats.accepted_histogram.tolist(),
-    acceptance_by_position=(
-      stats.position_accepted / np.maximum(stats.position_reached, 1)
-    ).tolist(),
+    acceptance_by_position=np.asarray(stats.acceptance_by_position).tolist(),
     memory=speculative.memory,
     device_peak_bytes=device_peak_bytes(),
   )
   if batch_size == 1:
     record['breakdown'] = iteration_breakdown(part, baseline, speculative)
-  if alpha is not None:
+  if alpha is not None and not draft_threshold:  # Eq. 1 is for a fixed gamma.
     # Emulated rows run to the full length: their last call is cut (Eq. 1 overstates).
     tokens_per_call = (
       max_decode_len / theory.expected_iterations(alpha, gamma, max_decode_len)
@@ -826,11 +851,13 @@ def iteration_breakdown(
   stats = speculative.stats
   iterations = max(int(stats.target_calls), 1)
   num_calls = len(speculative.outputs)  # Batch 1: one decode call per row.
-  catch_up_rate = float(stats.accepted_histogram[-1]) / iterations
+  catch_up_rate = float(stats.fully_accepted) / iterations
+  # The rollout was timed for gamma steps; an adaptive draft length runs fewer.
+  rollout_share = float(stats.draft_steps) / (part.gamma * iterations)
   ms = part.as_ms()
   breakdown = dict(
     draft_catch_up=ms['draft_catch_up'] * catch_up_rate,
-    draft_rollout=ms['draft_rollout'],
+    draft_rollout=ms['draft_rollout'] * rollout_share,
     target_block=ms['target_block'],
     judge=ms['judge'],
     emit=ms['emit'],

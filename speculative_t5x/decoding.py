@@ -323,6 +323,8 @@ class SpeculativeStats:
     draft_steps: int32 scalar, the draft's rollout steps summed over
       iterations (the batch steps together: each iteration's is the largest
       count drafted by an active row).
+    fully_accepted: int32 scalar, active (row, iteration) pairs that
+      accepted every drafted token (the draft then catches up one token).
     accepted_histogram: int32 [gamma + 1], how often 0..gamma were accepted.
     position_reached: int32 [gamma], how often draft position i was judged
       (drafted, and all earlier ones accepted).
@@ -338,6 +340,7 @@ class SpeculativeStats:
   emitted: Array
   drafted: Array
   draft_steps: Array
+  fully_accepted: Array
   accepted_histogram: Array
   position_reached: Array
   position_accepted: Array
@@ -357,6 +360,7 @@ class SpeculativeStats:
       emitted=zeros_rows,
       drafted=zeros_rows,
       draft_steps=jnp.zeros((), jnp.int32),
+      fully_accepted=jnp.zeros((), jnp.int32),
       accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
       position_reached=jnp.zeros((gamma,), jnp.int32),
       position_accepted=jnp.zeros((gamma,), jnp.int32),
@@ -557,6 +561,7 @@ def emit_block(
     emitted=stats.emitted + num_kept,
     drafted=stats.drafted + drafted,
     draft_steps=stats.draft_steps + jnp.max(drafted),
+    fully_accepted=stats.fully_accepted + jnp.sum(active & (num_accepted == drafted)),
     accepted_histogram=stats.accepted_histogram
     + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active[:, None], axis=0),
     position_reached=stats.position_reached + jnp.sum(judged, axis=0),

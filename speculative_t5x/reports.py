@@ -103,7 +103,35 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
         f'| {_fmt(mem.get("argument_bytes", 0) / 2**20, 1)} '
         f'| {" ".join(f"{a:.2f}" for a in r["acceptance_by_position"])} |'
       )
+  lines += _drafting_lines(walltime)
   return '\n'.join(lines) + '\n'
+
+
+def _drafting_lines(walltime: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown: what was drafted and accepted per iteration (batch 1)."""
+  rows = [r for r in walltime if r['batch_size'] == 1 and 'drafted_per_iteration' in r]
+  if not rows:
+    return []
+  lines = [
+    '',
+    '## Drafted and accepted per iteration (batch 1)',
+    '',
+    'Mean acceptance length = 1 + accepted / iterations (vLLM); tokens/call also '
+    'counts the cuts at EOS. With a draft threshold, gamma is the most drafted.',
+    '',
+    '| T | gamma | verification | draft threshold | drafted / iteration | draft steps / call '
+    '| mean acceptance length | tokens/call | speedup | accepted histogram |',
+    '|' + '---|' * 10,
+  ]
+  for r in rows:
+    lines.append(
+      f'| {r["temperature"]} | {r["gamma"]} | {r.get("verification", "token")} '
+      f'| {r.get("draft_threshold", 0.0)} | {_fmt(r["drafted_per_iteration"])} '
+      f'| {_fmt(r["draft_steps_per_call"])} | {_fmt(r["mean_acceptance_length"])} '
+      f'| {_fmt(r["tokens_per_call"])} | {_fmt(r["speedup"]["median"])}x '
+      f'| {" ".join(str(n) for n in r["accepted_histogram"])} |'
+    )
+  return lines
 
 
 _BREAKDOWN_PARTS = (

@@ -41,6 +41,7 @@ def records(tmp_path_factory):
     temperatures=(1.0,),
     gammas=(1, 3),
     batch_sizes=(1, 2),
+    batch_size_gamma='auto',
     num_walltime_examples=4,
     repetitions=2,
     max_decode_len=10,
@@ -82,6 +83,7 @@ def test_writes_json_markdown_and_figures(records):
   assert "## Where an iteration's time goes" in markdown
   assert '## One-token steps against the memory floor' in markdown
   assert '## gamma chosen from the measured parts' in markdown
+  assert '## Drafted and accepted per iteration (batch 1)' in markdown
 
 
 def test_every_record_has_its_fields(records):
@@ -110,11 +112,16 @@ def test_every_record_has_its_fields(records):
       'predicted_tokens_per_call',
       'accepted_histogram',
       'acceptance_by_position',
+      'mean_acceptance_length',
+      'drafted_per_iteration',
+      'draft_steps_per_call',
       'memory',
       'identical_outputs',
     ):
       assert r[field] is not None, field
     assert len(r['accepted_histogram']) == r['gamma'] + 1
+    assert r['drafted_per_iteration'] == r['draft_steps_per_call'] == r['gamma']
+    assert 1 <= r['mean_acceptance_length'] <= r['gamma'] + 1
     if r['batch_size'] == 1:
       breakdown = r['breakdown']
       parts = ('draft_catch_up', 'draft_rollout', 'target_block', 'judge', 'emit', 'encode')
@@ -137,6 +144,8 @@ def test_every_record_has_its_fields(records):
     r['predicted_speedup_parts'] for r in walltime if r['batch_size'] == 1
   )
   assert choice['chosen_measured_speedup'] == chosen['speedup']['median']
+  # batch_size_gamma='auto': the batch sweep runs at the chosen gamma.
+  assert {r['gamma'] for r in walltime if r['batch_size'] == 2} == {choice['chosen_gamma']}
   costs = next(r for r in result if r['kind'] == 'costs')
   assert set(costs['floors']) == {'target', 'draft', 'draft_bytes_over_target_bytes'}
   assert costs['floors']['target']['bytes'] > costs['floors']['draft']['bytes'] > 0

@@ -202,6 +202,7 @@ class TestLoopBehaviour:
     assert stats.position_reached[0] == stats.iterations.sum()
     assert stats.position_accepted.sum() == stats.accepted.sum()
     assert np.all(stats.position_accepted <= stats.position_reached)
+    assert int(stats.fully_accepted) == int(stats.accepted_histogram[-1])
     assert int(stats.target_calls) == int(stats.iterations.max())
     assert 0.0 < float(stats.mean_beta) < 1.0
 
@@ -237,6 +238,7 @@ class TestLoopBehaviour:
     )
     assert float(stats.drafted_per_iteration) == pytest.approx(drafted.sum() / iterations.sum())
     assert int(stats.beta_count) == int(stats.position_reached.sum())
+    assert 0 < int(stats.fully_accepted) < iterations.sum()
 
   def test_nonzero_decoder_prompt_is_rejected(self):
     target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))

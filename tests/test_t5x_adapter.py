@@ -299,6 +299,7 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
     emitted=3 * per_decode,
     drafted=4 * per_decode,
     draft_steps=np.int32(20),
+    fully_accepted=np.int32(1),
     accepted_histogram=np.zeros(6, np.int32),
     position_reached=np.zeros(5, np.int32),
     position_accepted=np.zeros(5, np.int32),
