@@ -136,6 +136,25 @@ def optimal_gamma(alpha, c, max_gamma: int = 64, verify_cost=1.0) -> np.ndarray:
   return gammas[np.argmax(improvement, axis=-1)]
 
 
+def choose_gamma(alpha: float, c, verify_cost) -> int:
+  """gamma='auto': the measured γ with the best predicted speedup, Eq. 1 / (γ·c(γ) + v(γ)).
+
+  Args:
+    alpha: the measured acceptance rate.
+    c: {γ: the measured draft/target step ratio at γ} (it varies a little
+      with γ: the rollout's sampling and bookkeeping).
+    verify_cost: {γ: the measured v(γ)}; the γs considered are its keys.
+
+  Returns:
+    The γ of largest `walltime_improvement`; ties go to the smaller γ.
+  """
+  gammas = sorted(verify_cost)
+  if not gammas:
+    raise ValueError('choose_gamma needs v(gamma) measured for at least one gamma.')
+  predicted = [float(walltime_improvement(alpha, g, c[g], verify_cost[g])) for g in gammas]
+  return gammas[int(np.argmax(predicted))]
+
+
 def oracle_expected_tokens(alpha) -> np.ndarray:
   """Expected tokens per iteration with a perfect γ-oracle: 1 / (1 − α).
 

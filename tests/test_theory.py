@@ -137,3 +137,15 @@ def test_expected_iterations_of_a_cut_row():
       iterations += 1
     counts.append(iterations)
   assert np.mean(counts) == pytest.approx(theory.expected_iterations(alpha, gamma, 32), abs=0.05)
+
+
+def test_choose_gamma_maximizes_the_predicted_speedup_over_the_measured_gammas():
+  # v grows with gamma: the free-verify optimum (7 for alpha 0.9, c 0.05) moves down.
+  verify_cost = {1: 1.0, 3: 1.2, 5: 2.0, 7: 3.0}
+  c = {g: 0.05 for g in verify_cost}
+  assert theory.choose_gamma(0.9, c, {g: 1.0 for g in verify_cost}) == 7
+  chosen = theory.choose_gamma(0.9, c, verify_cost)
+  predicted = {g: theory.walltime_improvement(0.9, g, 0.05, v) for g, v in verify_cost.items()}
+  assert chosen == 3 == max(predicted, key=predicted.get)
+  with pytest.raises(ValueError, match='at least one gamma'):
+    theory.choose_gamma(0.9, {}, {})
