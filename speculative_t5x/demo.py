@@ -8,26 +8,31 @@ to the measurements:
   1. an English->German corpus from the machine's gettext catalogs
      (`tasks_core.build_gettext_corpus`; 36k/2k/2k pairs on Debian);
   2. a SentencePiece vocabulary on its train split;
-  3. a target (6.0M parameters, configs/models/gettext_target.gin) and a
-     draft (1.3M, configs/models/gettext_draft.gin), trained by `train.train`;
-  4. `benchmark.run_benchmark` on the held-out test split at batch 1, greedy
-     and temperature 1: alpha (Table 3, also for unigram/bigram drafts), c and
-     the verify cost, ms/token of both decoders over a gamma sweep, the
-     Theorem 3.8 prediction, BLEU, speedup vs batch size, memory;
-  5. the peer comparison: the same pair exported to Hugging Face and run by
+  3. a target (47.9M parameters, configs/models/gettext_target.gin) and a
+     draft (configs/models/gettext_draft.gin), trained on the data by
+     `train.train`;
+  4. the draft distilled from the target (`distill.distill`, on-policy: the
+     draft's own samples), its held-out alpha curve kept;
+  5. `benchmark.run_benchmark` on the held-out test split at batch 1, greedy
+     and temperature 1: alpha (Table 3: the distilled draft, the draft before
+     distillation, unigram and bigram drafts), c and the verify cost, ms/token
+     of both decoders over a gamma sweep, the Theorem 3.8 prediction, where
+     each iteration's time goes, BLEU, speedup vs batch size, memory;
+  6. the peer comparison: the same pair exported to Hugging Face and run by
      transformers' greedy and assisted generation at batch 1, beside ours,
      outputs compared token for token (`peers.compare_with_huggingface`);
-  6. a Table-2-style report printed and written to <workdir>/report/
+  7. a Table-2-style report printed and written to <workdir>/report/
      (benchmark.json, benchmark.md, peers.json, peers.md, figures).
 
 The compiled programs are cached in <workdir>/jax_cache, which is what makes
-the second run fast. On a 2-core CPU, expect no speedup from this pair: its
-6.0M target and 1.3M draft fit the last-level cache together, so a target
-step is not memory-bound, a block of gamma+1 tokens costs it 1.4-1.8 single
-steps, and the draft a third of one; the report shows where each iteration's
-time goes. scripts/memory_bound_cpu.py times the regime where the paper's
-premise holds on a CPU (a target streaming its weights from DRAM); full-size
-walltime belongs to an accelerator: see scripts/gpu and scripts/tpu.
+the second run fast. The target is decoder-heavy (1 encoder, 4 decoder layers
+of width 768): a decoder step reads 163 MB of float32 weights, five times the
+32 MiB last-level cache of the 2-core CPUs this runs on, so, as on the paper's
+accelerators, a step is bound by memory bandwidth and a (gamma+1)-token block
+costs about 1.4-1.6 one-token steps, and the draft's step 0.05 of one.
+scripts/alpha_table.py adds alpha for every
+distillation loss; full-size walltime belongs to an accelerator: see
+scripts/gpu and scripts/tpu.
 """
 
 import dataclasses
@@ -48,22 +53,50 @@ from speculative_t5x import reports
 from speculative_t5x import tasks_core
 
 MAX_DECODE_LEN = 48  # Output length of the timed decodes: the training targets' length.
+TARGET_STEPS = 400
+DRAFT_STEPS = 400
+TEMPERATURES = (0.0, 1.0)  # The decoding modes measured, each with its own distilled draft.
+# Distillation steps per temperature. Greedy held-out alpha levels off after ~100 steps
+# (0.635 at 100, 0.637 at 200), while a greedy step costs more (it decodes the target);
+# at temperature 1 alpha still rises at 600 steps (0.62, 0.65, 0.66, 0.67, 0.68, 0.69 per
+# 100 steps).
+DISTILL_STEPS = (150, 400)
+# The distillation data per decoding mode, the better of draft or target samples for the
+# held-out greedy alpha of the demo's pair (forward KL from the data-trained draft, whose
+# alpha is 0.40): greedy, the target's greedy outputs, the prefixes greedy decoding
+# judges (alpha 0.64 after 100 steps, against 0.40 from the draft's greedy outputs);
+# temperature 1, the draft's own samples (DistillSpec's on-policy data; alpha 0.52 ->
+# 0.66 in 300 steps).
+DISTILLATION_DATA = {0.0: {'target': 1.0}, 1.0: {'draft': 1.0}}
 
 
 def _define_flags() -> None:
   """The demo's command line; defined only when the demo runs, not when it is imported."""
   flags.DEFINE_string('workdir', 'runs/demo', 'Where every step caches its result.')
-  flags.DEFINE_integer('target_steps', 400, 'Training steps of the target.')
-  flags.DEFINE_integer('draft_steps', 400, 'Training steps of the draft.')
+  flags.DEFINE_integer('target_steps', TARGET_STEPS, 'Training steps of the target.')
+  flags.DEFINE_integer('draft_steps', DRAFT_STEPS, 'Training steps of the draft on the data.')
+  flags.DEFINE_list(
+    'distill_steps',
+    [str(steps) for steps in DISTILL_STEPS],
+    f'Distillation steps of the draft from the target for each of the temperatures '
+    f'{TEMPERATURES} (0: no distillation, the data-trained draft).',
+  )
+  flags.DEFINE_enum(
+    'distill_divergence', 'forward_kl', ['forward_kl', 'reverse_kl', 'jsd', 'tvd'], 'The loss.'
+  )
   flags.DEFINE_integer('vocab_size', 4000, 'SentencePiece pieces.')
   flags.DEFINE_integer('num_examples', 16, 'Test examples timed at batch 1.')
-  flags.DEFINE_list('gammas', ['1', '2', '3'], 'The gamma sweep.')
+  flags.DEFINE_list('gammas', ['3', '5', '7'], 'The gamma sweep.')
   flags.DEFINE_list('batch_sizes', ['1', '8'], 'The batch-size sweep.')
   flags.DEFINE_integer('repetitions', 3, 'Timed passes per configuration.')
   flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per alpha.')
   flags.DEFINE_integer(
     'peer_examples', 8, 'Test examples of the Hugging Face comparison (0: skip it).'
   )
+
+
+def _millions(model: models.Model) -> str:
+  return f'{sum(x.size for x in jax.tree_util.tree_leaves(model.params)) / 1e6:.1f}M'
 
 
 def _step(message: str) -> None:
@@ -118,7 +151,65 @@ def trained_model(
         'train.train.keep_checkpoints = 1',
       ],
     )
-  return models.Model(config, checkpoints.restore_params(model_dir, step=steps))
+  return models.Model(config, checkpoints.restore_params(model_dir, step=steps, config=config))
+
+
+def distilled_model(
+  workdir: str,
+  steps: int,
+  divergence: str,
+  temperature: float,
+  corpus_dir: str,
+  vocabulary: str,
+  vocab_size: int,
+) -> tuple:
+  """Distills the data-trained draft from the target (or resumes/finds it): (model, record).
+
+  The run is `python -m speculative_t5x.distill` with the pair file
+  configs/pairs/gettext_tiny.gin (target and draft read from their training
+  directories in `workdir`), configs/tasks/gettext_ende.gin and
+  configs/runs/distill.gin. The record holds the run's settings and its
+  held-out alpha curve (read from the model directory, so a cached run
+  reports them too) for `benchmark.run_benchmark(distillation=...)`.
+  """
+  from speculative_t5x import checkpoints
+  from speculative_t5x import distill  # TensorFlow and seqio only here.
+  from speculative_t5x import train
+
+  config = gin_utils.model_config('gettext_draft', vocab_size)
+  model_dir = os.path.join(workdir, f'gettext_draft_{divergence}_T{temperature:g}')
+  bindings = {
+    'MODEL_DIR': model_dir,
+    'DISTILL_STEPS': steps,
+    'DIVERGENCE': divergence,
+    'TEMPERATURE': temperature,
+    'DATA_MIX': DISTILLATION_DATA[temperature],
+    'CHECKPOINT_PATH': os.path.join(workdir, 'gettext_target'),
+    'DRAFT_CHECKPOINT_PATH': os.path.join(workdir, 'gettext_draft'),
+    'CORPUS_DIR': corpus_dir,
+    'VOCABULARY': vocabulary,
+    'VOCAB_SIZE': vocab_size,
+  }
+  files = ['configs/pairs/gettext_tiny.gin', 'configs/tasks/gettext_ende.gin']
+  files.append('configs/runs/distill.gin')
+  if not os.path.isdir(os.path.join(model_dir, str(steps))):
+    _step(
+      f'Distilling the draft from the target for T={temperature:g} ({divergence}, {steps} '
+      f'steps, data {DISTILLATION_DATA[temperature]})'
+    )
+    gin_utils.call_configured(
+      distill.distill, files, [f'{name} = {value!r}' for name, value in bindings.items()]
+    )
+  with open(os.path.join(model_dir, distill.SETTINGS_FILE)) as f:
+    record = json.load(f)
+  with open(os.path.join(model_dir, train.METRICS_FILE)) as f:
+    curve = [json.loads(line) for line in f]
+  record.update(
+    steps=steps,
+    curve=[r for r in curve if r.pop('split') == 'validation' and r['step'] <= steps],
+  )
+  params = checkpoints.restore_params(model_dir, step=steps, config=config)
+  return models.Model(config, params), record
 
 
 def compare_with_huggingface(target, draft, inputs, gamma, workdir, report_dir) -> str:
@@ -195,9 +286,23 @@ def main(argv) -> None:
   target = trained_model(
     workdir, 'gettext_target', args.target_steps, corpus_dir, vocabulary, args.vocab_size
   )
-  draft = trained_model(
+  data_draft = trained_model(
     workdir, 'gettext_draft', args.draft_steps, corpus_dir, vocabulary, args.vocab_size
   )
+  # One draft per decoding mode, as DistillSpec distills: {temperature: (draft, record)}.
+  distill_steps = [int(steps) for steps in args.distill_steps]
+  if len(distill_steps) != len(TEMPERATURES) or min(distill_steps) < 0:
+    raise app.UsageError(
+      f'--distill_steps takes {len(TEMPERATURES)} counts >= 0, one for each of the '
+      f'temperatures {TEMPERATURES}; got {args.distill_steps}.'
+    )
+  distilled = {
+    temperature: distilled_model(
+      workdir, steps, args.distill_divergence, temperature, corpus_dir, vocabulary, args.vocab_size
+    )
+    for temperature, steps in zip(TEMPERATURES, distill_steps)
+    if steps
+  }
 
   _step('Benchmarking on the test split')
   progress = lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True)
@@ -207,25 +312,38 @@ def main(argv) -> None:
   ngram_corpus = benchmark.tsv_target_tokens(
     os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
   )
-  records = benchmark.run_benchmark(
-    target,
-    draft,
-    inputs,
-    references=references,
-    vocabulary_path=vocabulary,
-    pair_name='gettext target (6.0M) / draft (1.3M)',
-    task_name='gettext EnDe test',
-    temperatures=(0.0, 1.0),
-    gammas=[int(g) for g in args.gammas],
-    batch_sizes=[int(b) for b in args.batch_sizes],
-    num_walltime_examples=args.num_examples,
-    repetitions=args.repetitions,
-    max_decode_len=MAX_DECODE_LEN,
-    alpha_tokens=args.alpha_tokens,
-    ngram_corpus=ngram_corpus,
-    output_dir=os.path.join(workdir, 'report'),
-    progress=progress,
-  )
+  records, drafts_used = [], {}
+  for temperature in TEMPERATURES:
+    draft, distillation = distilled.get(temperature, (data_draft, None))
+    drafts_used[temperature] = draft
+    name = f'draft distilled for T={temperature:g}' if distillation else 'draft'
+    # alpha of every other draft on the same target samples: before distillation, and
+    # the draft distilled for the other temperature.
+    alpha_drafts = {'data-trained draft': data_draft} if distillation else {}
+    for other, (other_draft, _) in distilled.items():
+      if other != temperature:
+        alpha_drafts[f'draft distilled for T={other:g}'] = other_draft
+    records += benchmark.run_benchmark(
+      target,
+      draft,
+      inputs,
+      references=references,
+      vocabulary_path=vocabulary,
+      pair_name=f'gettext target ({_millions(target)}) / {name} ({_millions(draft)})',
+      task_name='gettext EnDe test',
+      temperatures=(temperature,),
+      gammas=[int(g) for g in args.gammas],
+      batch_sizes=[int(b) for b in args.batch_sizes],
+      num_walltime_examples=args.num_examples,
+      repetitions=args.repetitions,
+      max_decode_len=MAX_DECODE_LEN,
+      alpha_tokens=args.alpha_tokens,
+      ngram_corpus=ngram_corpus,
+      alpha_drafts=alpha_drafts,
+      distillation=distillation,
+      progress=progress,
+    )
+  reports.write_report(records, os.path.join(workdir, 'report'))
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None
   if args.peer_examples:
@@ -233,7 +351,7 @@ def main(argv) -> None:
     _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
     peers_markdown = compare_with_huggingface(
       target,
-      draft,
+      drafts_used[0.0],
       benchmark.trim_padding(inputs[: args.peer_examples]),
       greedy_gamma,
       workdir,

@@ -28,7 +28,6 @@ from absl import flags
 import gin
 
 from speculative_t5x import network
-from speculative_t5x import xla_flags
 
 # The checkout holding this package, if it carries the gin files (a source
 # checkout or an editable install).
@@ -158,18 +157,6 @@ def naming_checkpoint_owners() -> Iterator[None]:
     raise error.with_owner(owner) from error
 
 
-def bound_target_config() -> Optional[network.T5Config]:
-  """The unscoped `network.T5Config` the parsed gin files bind, or None if incomplete.
-
-  That is the model of a train run and the target of a pair (configs/pairs
-  bind the draft under `draft/`). Building it creates no arrays.
-  """
-  try:
-    return gin.get_configurable(network.T5Config)()
-  except (TypeError, ValueError, RuntimeError):  # Not bound, or a required value missing.
-    return None
-
-
 def run(main: Callable[[Sequence[str]], Any]) -> None:
   """Runs `main(argv)` after parsing T5X-style gin flags (see the module docstring)."""
   flags.DEFINE_multi_string('gin_file', [], 'Gin files, parsed in order.')
@@ -185,10 +172,6 @@ def run(main: Callable[[Sequence[str]], Any]) -> None:
 
   def parse_then_main(argv: Sequence[str]) -> None:
     parse_gin_flags(flags.FLAGS.gin_search_paths, flags.FLAGS.gin_file, flags.FLAGS.gin_bindings)
-    # Before gin builds a model (and JAX starts a backend): flags by the target's size.
-    config = bound_target_config()
-    if config is not None:
-      xla_flags.set_decode_flags(network.decoder_weight_bytes(config))
     main(argv)
 
   app.run(

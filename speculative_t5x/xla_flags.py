@@ -1,27 +1,31 @@
-"""The XLA flags this project's programs run with, set before JAX starts a backend.
+"""An XLA:CPU flag for memory-bound targets, set before JAX starts a backend.
 
-XLA reads `XLA_FLAGS` once, when the first backend starts, so the mains
-(`gin_utils.run`, the demo) and the scripts call `set_decode_flags()` first.
-The library itself never changes the process's flags, and the tests run on
-XLA's defaults.
+XLA reads `XLA_FLAGS` once, when the first backend starts, so a program that
+wants the flag calls `set_decode_flags()` first. Only
+scripts/memory_bound_cpu.py does: the library, the mains and the demo run on
+XLA's defaults (as do the tests), because the flag's effect depends on the
+pair, not only on the target's size.
 
 The one flag, `--xla_cpu_experimental_ynn_fusion_type=-individual_dot` (dot
 products through Eigen instead of YNNPACK, XLA:CPU's default for single
-dots), helps one kind of target and hurts another, so it is set by size:
+dots), measured on a 2-core AMD EPYC (jaxlib 0.10.2), batch 1, greedy:
 
-* a memory-bound target, whose decoder weights are far larger than the
-  last-level cache (scripts/memory_bound_cpu.py: T5 1.1 small-size float32,
-  168 MB per step, with a tiny draft; batch 1, greedy, emulated alpha 0.75,
-  two alternating runs each, 2-core AMD EPYC, jaxlib 0.10.2): a one-token
-  step unchanged (3.70-3.74 vs 3.68-3.72 ms), blocks of 6 / 8 tokens 10% / 7%
-  cheaper (5.54-5.61 vs 6.15-6.32 ms, 5.78-5.85 vs 6.22-6.24 ms), speedup at
-  gamma 5 / 7 from 1.37-1.38x / 1.33-1.34x to 1.45-1.48x / 1.40-1.42x;
-* the main job's cache-resident pair (6.0M target, 1.3M draft): speculative
-  decoding 2.4x slower (0.55 -> 1.30 ms/token at gamma 1), the baseline 10%
-  slower: Eigen's small matrix products cost more than YNNPACK's.
+* helps a T5 1.1 small-size float32 target (168 MB per step) with a T5 1.1
+  tiny draft, random weights, emulated alpha 0.75 (scripts/memory_bound_cpu.py,
+  two alternating runs each): a one-token step unchanged (3.70-3.74 vs
+  3.68-3.72 ms), blocks of 6 / 8 tokens 10% / 7% cheaper (5.54-5.61 vs
+  6.15-6.32 ms, 5.78-5.85 vs 6.22-6.24 ms), speedup at gamma 5 / 7 from
+  1.37-1.38x / 1.33-1.34x to 1.45-1.48x / 1.40-1.42x;
+* hurts the main job's pair (speculative_t5x.demo: a 47.9M target of width
+  768 reading 163 MB per step, a 2.9M distilled draft, alpha 0.66, 16 test
+  sentences): speedup at gamma 3 / 5 / 7 0.98x / 1.00x / 1.22x with the flag
+  against 1.44x / 1.44x / 1.35x without, run back to back. Its parts timed
+  alone barely change; the decode loop gains 2.5 ms per iteration of time no
+  part explains (0.8 ms at gamma 7);
+* hurts the earlier cache-resident demo pair (6.0M target, 1.3M draft):
+  speculative decoding 2.4x slower (0.55 -> 1.30 ms/token at gamma 1).
 
-Training steps are unchanged either way (134 vs 137 ms, 45 vs 45 ms for the
-main job's pair). Accelerator backends ignore the flag.
+Training steps are unchanged either way. Accelerator backends ignore the flag.
 """
 
 import logging

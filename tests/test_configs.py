@@ -39,7 +39,7 @@ PAIRS = [
   ('xxl_small', 'xxl', 'small', 7),
   ('xxl_base', 'xxl', 'base', 7),
   ('xxl_large', 'xxl', 'large', 7),
-  ('gettext_tiny', 'gettext_target', 'gettext_draft', 1),
+  ('gettext_tiny', 'gettext_target', 'gettext_draft', 5),
 ]
 
 

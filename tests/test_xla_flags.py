@@ -1,10 +1,8 @@
 """The mains' XLA flags: by the target's size, set before JAX starts, never over the user's."""
 
-import gin
 import jax
 import pytest
 
-from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import xla_flags
 from testing_utils import python_output
@@ -57,17 +55,3 @@ def test_decoder_weight_bytes_counts_the_decoder_and_the_logits(size):
   shapes, _ = network.abstract_params(config)
   leaves = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree))
   assert network.decoder_weight_bytes(config) == 4 * leaves(shapes['decoder'])
-
-
-def test_the_mains_read_the_target_config_from_gin():
-  gin_utils.parse_gin_flags(
-    [],
-    ['configs/models/small.gin', 'configs/pairs/pair.gin'],
-    ['DROPOUT_RATE = 0.0', "CHECKPOINT_PATH = '/unused'"],
-  )
-  config = gin_utils.bound_target_config()
-  assert network.decoder_weight_bytes(config) == network.decoder_weight_bytes(
-    network.t5_1_1_config('small')
-  )
-  gin.clear_config()
-  assert gin_utils.bound_target_config() is None  # Nothing bound: no flags decided.
