@@ -74,14 +74,10 @@ import dataclasses
 import functools
 import json
 import os
-import signal
-import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from absl import app
 from absl import logging
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -602,14 +598,9 @@ def distill(
 # ------------------------------------------------------------------------------
 def main(argv: Sequence[str]) -> None:
   """Runs the gin-configured `distill` (`gin_utils.run` has parsed the gin flags)."""
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
-  logging.info('Gin config:\n%s', gin.config_str())
-  # As in `train.main`: a SIGTERM finishes the saves in flight before exiting.
-  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
   from speculative_t5x import distill as distill_lib  # pylint: disable=g-import-not-at-top
 
-  gin.get_configurable(distill_lib.distill)()
+  gin_utils.run_configured(argv, distill_lib.distill)
 
 
 if __name__ == '__main__':

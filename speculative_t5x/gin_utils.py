@@ -21,10 +21,13 @@ network of a configs/models file).
 
 import contextlib
 import os
+import signal
+import sys
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from absl import app
 from absl import flags
+from absl import logging
 import gin
 
 from speculative_t5x import network
@@ -155,6 +158,23 @@ def naming_checkpoint_owners() -> Iterator[None]:
     if owner is None:
       raise
     raise error.with_owner(owner) from error
+
+
+def run_configured(argv: Sequence[str], function: Callable[..., Any]) -> Any:
+  """The body of a training-like main: calls the gin-configured `function`.
+
+  Rejects positional arguments, logs the gin config, and turns SIGTERM (a
+  preemption or a `kill`) into an exception that unwinds, so the function
+  finishes the checkpoint saves it started before the process exits. Pass
+  the function as imported from its module (`from speculative_t5x import
+  train as train_lib; train_lib.train`): run as `python -m`, the module's own
+  functions belong to `__main__`, which the gin files do not configure.
+  """
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
+  logging.info('Gin config:\n%s', gin.config_str())
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+  return gin.get_configurable(function)()
 
 
 def run(main: Callable[[Sequence[str]], Any]) -> None:

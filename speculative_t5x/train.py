@@ -52,15 +52,11 @@ import dataclasses
 import functools
 import json
 import os
-import signal
-import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from absl import app
 from absl import logging
 import flax
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -715,17 +711,9 @@ def train(
 # ------------------------------------------------------------------------------
 def main(argv: Sequence[str]) -> None:
   """Runs the gin-configured `train` (`gin_utils.run` has parsed the gin flags)."""
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
-  logging.info('Gin config:\n%s', gin.config_str())
-  # The SIGTERM of a preemption or a `kill` unwinds like an exception, so
-  # `train` finishes the saves it started before the process exits.
-  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-  # The gin files configure `speculative_t5x.train.train`, which is not this
-  # module's function when it runs as `python -m speculative_t5x.train`.
   from speculative_t5x import train as train_lib  # pylint: disable=g-import-not-at-top
 
-  gin.get_configurable(train_lib.train)()
+  gin_utils.run_configured(argv, train_lib.train)
 
 
 if __name__ == '__main__':
