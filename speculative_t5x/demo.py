@@ -130,7 +130,6 @@ def trained_model(
   """
   config = gin_utils.model_config(name, vocab_size)
   model_dir = os.path.join(workdir, name)
-  from speculative_t5x import checkpoints
 
   finished = os.path.isdir(model_dir) and os.path.isdir(os.path.join(model_dir, str(steps)))
   if not finished:
@@ -151,7 +150,21 @@ def trained_model(
         'train.train.keep_checkpoints = 1',
       ],
     )
-  return models.Model(config, checkpoints.restore_params(model_dir, step=steps, config=config))
+  return models.Model(config, _restore_cached(model_dir, steps, config))
+
+
+def _restore_cached(model_dir: str, steps: int, config: network.T5Config):
+  """The parameters a workdir caches, with a way out when they are another network's."""
+  from speculative_t5x import checkpoints
+
+  try:
+    return checkpoints.restore_params(model_dir, step=steps, config=config)
+  except ValueError as error:
+    raise ValueError(
+      f'{model_dir} holds a model trained with another configuration (an earlier version of '
+      f'the demo, or other flags): {error} Run the demo with a new --workdir, or delete '
+      f'{model_dir} to train it again.'
+    ) from error
 
 
 def distilled_model(
@@ -172,7 +185,6 @@ def distilled_model(
   held-out alpha curve (read from the model directory, so a cached run
   reports them too) for `benchmark.run_benchmark(distillation=...)`.
   """
-  from speculative_t5x import checkpoints
   from speculative_t5x import distill  # TensorFlow and seqio only here.
   from speculative_t5x import train
 
@@ -208,8 +220,7 @@ def distilled_model(
     steps=steps,
     curve=[r for r in curve if r.pop('split') == 'validation' and r['step'] <= steps],
   )
-  params = checkpoints.restore_params(model_dir, step=steps, config=config)
-  return models.Model(config, params), record
+  return models.Model(config, _restore_cached(model_dir, steps, config)), record
 
 
 def compare_with_huggingface(target, draft, inputs, gamma, workdir, report_dir) -> str:
