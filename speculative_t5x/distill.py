@@ -196,9 +196,6 @@ def _teacher_forced(config: network.T5Config, params: PyTree, batch) -> jax.Arra
   )
 
 
-_jitted_teacher_forced = jax.jit(_teacher_forced, static_argnums=0)
-
-
 def make_distill_step(config: DistillConfig, optimizer: optax.GradientTransformation):
   """The (unjitted) step `(state, target_params, batch) -> (state, metric sums)`.
 
@@ -308,7 +305,9 @@ def held_out_set(
   decode = models.make_decoder(target, None, max_decode_len=max_decode_len, **mode)
   outputs = np.asarray(decode(inputs, jax.random.PRNGKey(seed)).tokens)
   features = sequence_features(inputs, outputs)
-  logits = _jitted_teacher_forced(target.config, target.params, features)
+  logits = benchmark.teacher_forced_logits(
+    target.config, target.params, inputs, features['decoder_input_tokens']
+  )
   return HeldOutSet(temperature, inputs, features, sampling.standardize(logits, **mode))
 
 

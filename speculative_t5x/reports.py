@@ -226,6 +226,11 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   return lines
 
 
+def _alpha_keys(evaluation: Dict[str, Any]) -> List[str]:
+  """The held-out alpha names of a distillation evaluation record ('alpha_T0', ...)."""
+  return sorted(k for k in evaluation if k.startswith('alpha_T') and not k.endswith('_stderr'))
+
+
 def _distillation_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   """Markdown: held-out alpha of the draft before and after distillation (its curve's ends)."""
   lines = []
@@ -244,7 +249,7 @@ def _distillation_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       '| T | alpha before | alpha after | stderr after |',
       '|---|---|---|---|',
     ]
-    for key in sorted(k for k in last if k.startswith('alpha_T') and not k.endswith('_stderr')):
+    for key in _alpha_keys(last):
       lines.append(
         f'| {key[len("alpha_T") :]} | {_fmt(first.get(key), 3)} | {_fmt(last[key], 3)} '
         f'| {_fmt(last[key + "_stderr"], 3)} |'
@@ -263,7 +268,7 @@ def plot_distillation(record: Dict[str, Any], path: str) -> None:
 
   curve = record['curve']
   fig, ax = plt.subplots(figsize=(5, 3.5))
-  for key in sorted(k for k in curve[-1] if k.startswith('alpha_T') and not k.endswith('_stderr')):
+  for key in _alpha_keys(curve[-1]):
     points = [c for c in curve if key in c]
     ax.errorbar(
       [c['step'] for c in points],
