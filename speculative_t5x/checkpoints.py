@@ -1,9 +1,11 @@
-"""Model checkpoints for `network.Transformer`: reading, writing, recognizing.
+"""Model checkpoints for `network.Transformer` and `network.DecoderOnly`.
 
-Every reader returns the parameters as T5X's tree (`token_embedder/embedding`,
-`encoder/layers_0/attention/query/kernel`, ...) of host numpy arrays, in the
+Reading, writing, recognizing. Every reader returns the parameters as T5X's
+tree (`token_embedder/embedding`, `encoder/layers_0/attention/query/kernel`,
+...; a decoder-only model's all under `decoder/`) of host numpy arrays, in the
 stored dtype unless `dtype` asks for a cast; callers place or shard them. Four
-formats are read, and `load_params(path, config)` tells them apart:
+formats are read, and `load_params(path, config)` tells them apart (the
+Hugging Face importer reads T5 encoder-decoders only):
 
   * Ours (orbax), shared with the trainer: a `CheckpointManager` directory with
     one subdirectory per step (orbax's default names: `<directory>/<step>/`) and
@@ -126,26 +128,32 @@ _T5X_ORBAX_FORMAT = 'the orbax metadata of a T5X checkpoint (JSON)'
 # ------------------------------------------------------------------------------
 # Validation against the configured network.
 # ------------------------------------------------------------------------------
-def _describe(config: network.T5Config) -> str:
+def _describe(config: network.NetworkConfig) -> str:
+  if network.is_decoder_only(config):
+    layers = f'num_layers={config.num_layers}'
+  else:
+    layers = (
+      f'num_encoder_layers={config.num_encoder_layers}, '
+      f'num_decoder_layers={config.num_decoder_layers}'
+    )
   return (
     f'vocab_size={config.vocab_size}, emb_dim={config.emb_dim}, '
     f'num_heads={config.num_heads}, head_dim={config.head_dim}, '
-    f'mlp_dim={config.mlp_dim}, num_encoder_layers={config.num_encoder_layers}, '
-    f'num_decoder_layers={config.num_decoder_layers}, '
+    f'mlp_dim={config.mlp_dim}, {layers}, '
     f'mlp_activations={config.mlp_activations}, '
     f'logits_via_embedding={config.logits_via_embedding}'
   )
 
 
 @functools.lru_cache(maxsize=16)
-def _expected_shapes(config: network.T5Config) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
+def _expected_shapes(config: network.NetworkConfig) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
   return {
     path: leaf.shape
     for path, leaf in traverse_util.flatten_dict(network.abstract_params(config)[0]).items()
   }
 
 
-def _check_shapes(tree: Any, config: network.T5Config, source: str) -> None:
+def _check_shapes(tree: Any, config: network.NetworkConfig, source: str) -> None:
   """Raises ValueError unless `tree` has exactly the network's parameter shapes.
 
   Args:
@@ -172,15 +180,21 @@ def _check_shapes(tree: Any, config: network.T5Config, source: str) -> None:
     )
   if problems:
     more = f' (and {len(problems) - 1} more problems)' if len(problems) > 1 else ''
+    if network.is_decoder_only(config):
+      hint = 'an encoder-decoder checkpoint needs a network.T5Config'
+    else:
+      hint = (
+        'e.g. network.t5_1_1_config(size); a decoder-only one needs a network.DecoderOnlyConfig'
+      )
     raise ValueError(
       f'{source} does not match the configured network: {problems[0]}{more}. '
-      f'The config has {_describe(config)}; pass the config of the size '
-      'the checkpoint was trained with (e.g. network.t5_1_1_config(size)).'
+      f'The config has {_describe(config)}; pass the config of the size the '
+      f'checkpoint was trained with ({hint}).'
     )
 
 
-def check_params(params: Params, config: network.T5Config) -> None:
-  """Raises ValueError unless `params` has the tree and shapes of `Transformer(config)`.
+def check_params(params: Params, config: network.NetworkConfig) -> None:
+  """Raises ValueError unless `params` has the tree and shapes of `module_for(config)`.
 
   The message names the first missing, unexpected or mis-shaped parameter
   (with both shapes) and counts the rest. Dtypes are not checked: the network
@@ -264,7 +278,7 @@ def restore_params(
   step: Optional[int] = None,
   dtype: Optional[Any] = None,
   *,
-  config: Optional[network.T5Config] = None,
+  config: Optional[network.NetworkConfig] = None,
 ) -> Params:
   """Reads the `params` item of a checkpoint in the trainer's layout.
 
@@ -277,7 +291,7 @@ def restore_params(
     dtype: cast every array to this dtype on restore (e.g. 'bfloat16');
       None keeps the stored dtypes.
     config: if given, the stored shapes are checked against
-      `Transformer(config)` (see `check_params`) before anything is read.
+      `network.module_for(config)` (see `check_params`) before anything is read.
 
   Returns:
     Nested dict of numpy arrays.
@@ -401,7 +415,7 @@ def _t5x_target_leaves(
 
 
 def _load_t5x_legacy(
-  step_dir: epath.Path, config: Optional[network.T5Config], dtype: Optional[Any]
+  step_dir: epath.Path, config: Optional[network.NetworkConfig], dtype: Optional[Any]
 ) -> Params:
   checkpoint_file = step_dir / T5X_CHECKPOINT_FILE
   raw = checkpoint_file.read_bytes()
@@ -459,7 +473,7 @@ def _load_t5x_legacy(
 
 
 def _load_t5x_orbax(
-  item: epath.Path, config: Optional[network.T5Config], dtype: Optional[Any]
+  item: epath.Path, config: Optional[network.NetworkConfig], dtype: Optional[Any]
 ) -> Params:
   # The handler, not a Checkpointer: the step-level _CHECKPOINT_METADATA is one
   # directory up, and a Checkpointer on the item warns that it is missing.
@@ -486,7 +500,10 @@ def _load_t5x_orbax(
 
 
 def load_t5x_params(
-  path: PathLike, dtype: Optional[Any] = None, *, config: Optional[network.T5Config] = None
+  path: PathLike,
+  dtype: Optional[Any] = None,
+  *,
+  config: Optional[network.NetworkConfig] = None,
 ) -> Params:
   """Reads the parameters (`target`) of a T5X checkpoint.
 
@@ -500,7 +517,7 @@ def load_t5x_params(
     dtype: cast every parameter to this dtype (e.g. 'float32'); None keeps the
       stored dtypes.
     config: if given, the stored shapes are checked against
-      `Transformer(config)` (see `check_params`) before any array is read.
+      `network.module_for(config)` (see `check_params`) before any array is read.
 
   Returns:
     Nested dict of numpy arrays in the T5X tree.
@@ -528,6 +545,16 @@ def load_t5x_params(
 # ------------------------------------------------------------------------------
 # Hugging Face T5 checkpoints.
 # ------------------------------------------------------------------------------
+def _require_t5_config(config: network.NetworkConfig, subject: str) -> None:
+  """Raises ValueError unless `config` is a T5Config: the importer is T5-only."""
+  if network.is_decoder_only(config):
+    raise ValueError(
+      f'{subject} handles T5 encoder-decoders (transformers '
+      f'T5ForConditionalGeneration) only, not a {type(config).__name__}. '
+      'Decoder-only parameters load from T5X or orbax checkpoints.'
+    )
+
+
 HF_CONFIG_FILE = 'config.json'
 HF_WEIGHTS_FILE = 'model.safetensors'
 HF_WEIGHTS_INDEX_FILE = 'model.safetensors.index.json'
@@ -812,6 +839,7 @@ def save_huggingface_t5(config: network.T5Config, params: Params, output_dir: st
     output_dir: created if missing; existing files of the same names are
       overwritten.
   """
+  _require_t5_config(config, 'save_huggingface_t5')
   inverse = {activations: name for name, activations in _HF_FEED_FORWARD.items()}
   if config.mlp_activations not in inverse:
     raise ValueError(
@@ -890,7 +918,7 @@ def checkpoint_format(path: PathLike) -> str:
 
 
 def load_params(
-  path: PathLike, config: Optional[network.T5Config] = None, dtype: Optional[Any] = None
+  path: PathLike, config: Optional[network.NetworkConfig] = None, dtype: Optional[Any] = None
 ) -> Params:
   """Reads the parameters of any checkpoint this module knows (`checkpoint_format`).
 
@@ -899,7 +927,7 @@ def load_params(
       latest step is read); a T5X model directory (latest step) or
       `checkpoint_<step>` directory, legacy or orbax; or a Hugging Face
       directory.
-    config: if given, the parameters are checked against `Transformer(config)`
+    config: if given, the parameters are checked against `module_for(config)`
       (`check_params`; for T5X and orbax checkpoints before any array is read). A
       Hugging Face directory records its own architecture
       (`huggingface_config(path)` returns it); a given config must then agree
@@ -914,6 +942,8 @@ def load_params(
   kind = checkpoint_format(path)
   path = _directory(path)
   if kind == HUGGINGFACE:
+    if config is not None:
+      _require_t5_config(config, f'{path} is a Hugging Face directory; the importer')
     stored_config, params = load_huggingface_t5(os.fspath(path))
     if config is not None:
       _check_same_architecture(config, stored_config, path)

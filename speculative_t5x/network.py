@@ -1,44 +1,67 @@
-"""The T5 1.1 encoder-decoder (flax.linen) with block-cached decoding.
+"""T5X's T5 1.1 encoder-decoder and decoder-only networks (flax.linen), block-cached.
 
-The network is T5X's minimal T5 (`t5x/examples/t5/network.py`) rebuilt so that
-its parameter tree, shapes, initializers, logical axis annotations
-(`params_axes`), config field names and method signatures are T5X's: a T5X
-checkpoint loads without conversion and T5X's `EncoderDecoderModel` can train,
-score and decode with it (`decode=True` follows T5X's cache protocol).
+Two networks rebuilt from T5X so that their parameter trees, shapes,
+initializers, logical axis annotations (`params_axes`), config field names and
+method signatures are T5X's: a T5X checkpoint loads without conversion, and
+T5X's models can train, score and decode with them (`decode=True` follows
+T5X's cache protocol):
+
+  * `Transformer(T5Config)`: the minimal T5 (`t5x/examples/t5/network.py`),
+    for T5X's `EncoderDecoderModel`.
+  * `DecoderOnly(DecoderOnlyConfig)`: the decoder-only model
+    (`t5x/examples/decoder_only/network.py`, `DecoderWrapper`), for T5X's
+    `DecoderOnlyModel`, prefix LM (`decoder_causal_attention`, `prefill=True`)
+    included.
+One set of layers serves both: the decoder-only stack is the encoder-decoder's
+decoder without cross-attention and with its own token embedding.
 
 What is new is block-cached decoding for speculative decoding:
 
-  _, variables = module.apply({'params': params}, encoded, encoder_input_tokens,
-                              cache_length, method=Transformer.init_decoder_cache,
+  module = module_for(config)
+  # Transformer: (encoded, encoder_input_tokens, cache_length); DecoderOnly:
+  # (batch, cache_length).
+  _, variables = module.apply({'params': params}, ..., cache_length,
+                              method='init_decoder_cache', mutable=['cache'])
+  # Optional: write positions 0..W-1 (a decoder-only model's prompt).
+  _, variables = module.apply({'params': params, **variables}, block_tokens,
+                              prefix_lengths, bidirectional, method='prefill',
                               mutable=['cache'])
   logits, variables = module.apply({'params': params, **variables}, block_tokens,
-                                   start_positions, method=Transformer.decode_block,
+                                   start_positions, method='decode_block',
                                    mutable=['cache'])
 
 `decode_block` scores k >= 1 tokens per row at per-row positions, writes their
 keys and values there (overwriting), and attends to the cached positions before
 each row's start. A row is rolled back by passing a smaller start position next
-time: entries at positions >= the start are masked until overwritten.
+time: entries at positions >= the start are masked until overwritten. `prefill`
+writes a block's keys and values at positions 0..W-1 without computing logits;
+for a decoder-only model it can attend bidirectionally within the prompt (T5X's
+prefix LM). Sequence layout of both: position 0 holds BOS (token 0); a
+decoder-only prompt token i sits at position i, so after a prefill of a prompt
+of length P the loop feeds position P first.
 
-Cache layout (every leaf but the scalar `cache_index` has the batch first):
+Cache layout (every leaf but a scalar `cache_index` has the batch first):
   decoder/layers_{i}/self_attention/cached_{key,value}:
       [batch, cache_length, heads, head_dim], compute dtype. Position t of a row
       holds the key/value of the decoder input at t; a block write is one
       contiguous slice per row.
   decoder/layers_{i}/encoder_decoder_attention/cached_{key,value}:
       [batch, input_length, heads, head_dim], projected once from the encoder
-      output (block cache only).
+      output (encoder-decoder block cache only).
   decoder/encoder_mask: bool [batch, input_length], True at non-padding inputs
-      (block cache only).
-  decoder/cache_index: int32 scalar, the next position (T5X protocol only).
+      (encoder-decoder block cache only).
+  decoder/cache_index: int32, the next position (T5X protocol only): a scalar,
+      or [batch] after a decoder-only `prefill=True` call (per row, as T5X's).
 T5X's own cache is [batch, heads, head_dim, length] with one `cache_index` per
 layer; only T5X's decode functions touch it, and they do so by leaf name and
-leading batch axis, which this layout keeps. Logical axes for sharding:
-`KV_CACHE_AXES` and `ENCODER_MASK_AXES`.
+leading batch axis (expanding a [batch] `cache_index` too), which this layout
+keeps. Logical axes for sharding: `KV_CACHE_AXES` and `ENCODER_MASK_AXES`.
 
-`init_decoder_cache(config, params, encoder_input_tokens, cache_length)` and
-`apply_decode_block(config, params, cache, block_tokens, start_positions)` wrap
-the two methods as pure functions for decode loops.
+Pure functions that take either config: `module_for(config)`,
+`init_decoder_cache(config, params, input_tokens, cache_length)`,
+`prefill_decoder_cache(config, params, cache, block_tokens, prefix_lengths,
+bidirectional=...)`, `apply_decode_block(config, params, cache, block_tokens,
+start_positions)`, `abstract_params`, `random_params`, `decoder_weight_bytes`.
 """
 
 import dataclasses
@@ -65,9 +88,27 @@ KV_CACHE_AXES = ('batch', 'length', 'heads', 'kv')
 ENCODER_MASK_AXES = ('batch', 'length')
 
 
+def _check_config(config: Any, positive_fields: Sequence[str]) -> None:
+  """The checks `T5Config` and `DecoderOnlyConfig` share; messages name the class."""
+  cls = type(config).__name__
+  # gin binds sequences as lists; a tuple keeps the config hashable.
+  object.__setattr__(config, 'mlp_activations', tuple(config.mlp_activations))
+  for name in positive_fields:
+    value = getattr(config, name)
+    if not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f'{cls}.{name} must be a positive integer, got {value!r}.')
+  if not config.mlp_activations:
+    raise ValueError(f'{cls}.mlp_activations is empty; T5 1.1 uses ("gelu", "linear").')
+  for name in config.mlp_activations:
+    _activation(name)  # Raises for unknown names.
+  if not 0.0 <= config.dropout_rate < 1.0:
+    raise ValueError(f'{cls}.dropout_rate must be in [0, 1), got {config.dropout_rate}.')
+  jnp.dtype(config.dtype)  # Raises for unknown dtypes.
+
+
 @dataclasses.dataclass(frozen=True)
 class T5Config:
-  """Hyperparameters, with T5X's `T5Config` field names.
+  """Hyperparameters of `Transformer`, with T5X's `T5Config` field names.
 
   Defaults are T5X's except `dtype` (bfloat16) and `mlp_activations` (T5 1.1's
   gated GELU). `dtype` is the compute dtype (a dtype or its name, as gin binds
@@ -93,27 +134,62 @@ class T5Config:
   float32_attention_logits: bool = False
 
   def __post_init__(self):
-    # gin binds sequences as lists; a tuple keeps the config hashable.
-    object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
-    for name in (
-      'vocab_size',
-      'emb_dim',
-      'num_heads',
-      'num_encoder_layers',
-      'num_decoder_layers',
-      'head_dim',
-      'mlp_dim',
-    ):
-      value = getattr(self, name)
-      if not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f'T5Config.{name} must be a positive integer, got {value!r}.')
-    if not self.mlp_activations:
-      raise ValueError('T5Config.mlp_activations is empty; T5 1.1 uses ("gelu", "linear").')
-    for name in self.mlp_activations:
-      _activation(name)  # Raises for unknown names.
-    if not 0.0 <= self.dropout_rate < 1.0:
-      raise ValueError(f'T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate}.')
-    jnp.dtype(self.dtype)  # Raises for unknown dtypes.
+    _check_config(
+      self,
+      (
+        'vocab_size',
+        'emb_dim',
+        'num_heads',
+        'num_encoder_layers',
+        'num_decoder_layers',
+        'head_dim',
+        'mlp_dim',
+      ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderOnlyConfig:
+  """Hyperparameters of `DecoderOnly`, with T5X's decoder-only `TransformerConfig` names.
+
+  T5X's class is in t5x/examples/decoder_only/network.py.
+
+  As in `T5Config`, defaults are T5X's except `dtype` (bfloat16; T5X's default
+  is float32) and `mlp_activations` (gated GELU; T5X's default is ('relu',)):
+  the values of T5X's decoder-only gin files, which also set
+  `logits_via_embedding=True` (configs/models/decoder_only_*.gin). The fields
+  mean what `T5Config`'s do; `num_layers` is the depth of the one stack.
+  `float32_attention_logits` is ours: T5X's decoder-only attention has it off.
+  """
+
+  vocab_size: int
+  dtype: Any = jnp.bfloat16
+  emb_dim: int = 512
+  num_heads: int = 8
+  num_layers: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 2048
+  mlp_activations: Sequence[str] = ('gelu', 'linear')
+  dropout_rate: float = 0.1
+  logits_via_embedding: bool = False
+  float32_attention_logits: bool = False
+
+  def __post_init__(self):
+    _check_config(self, ('vocab_size', 'emb_dim', 'num_heads', 'num_layers', 'head_dim', 'mlp_dim'))
+
+
+# Either network's config; functions taking one dispatch on its type.
+NetworkConfig = T5Config | DecoderOnlyConfig
+
+
+def is_decoder_only(config: NetworkConfig) -> bool:
+  """Whether `config` is a `DecoderOnlyConfig` (else a `T5Config`, an encoder-decoder)."""
+  return isinstance(config, DecoderOnlyConfig)
+
+
+def _num_decoder_layers(config: NetworkConfig) -> int:
+  """The depth of the decoder stack (the only stack of a decoder-only model)."""
+  return config.num_layers if is_decoder_only(config) else config.num_decoder_layers
 
 
 # T5 1.1 sizes of T5X's gin files (t5x/examples/t5/t5_1_1/*.gin), plus small
@@ -157,6 +233,40 @@ def t5_1_1_config(size: str, **overrides) -> T5Config:
   )
   fields.update(overrides)
   return T5Config(**fields)
+
+
+# Decoder-only sizes: T5X's (t5x/examples/decoder_only/models/*.gin: gated GELU,
+# logits through the embedding) and the paper's GPT-like pair (Leviathan et
+# al. 2023, Table 3: one GELU layer, untied logits, an 8k vocabulary), as the
+# gin files configs/models/decoder_only_*.gin and gpt_like_*.gin bind them.
+_T5X_DECODER_ONLY = dict(mlp_activations=('gelu', 'linear'), logits_via_embedding=True)
+_GPT_LIKE = dict(vocab_size=8192, mlp_activations=('gelu',), logits_via_embedding=False)
+DECODER_ONLY_SIZES = {
+  size: dict(emb_dim=emb, num_heads=heads, num_layers=layers, head_dim=64, mlp_dim=mlp, **shared)
+  for size, (emb, heads, layers, mlp, shared) in {
+    'tiny': (128, 4, 2, 256, _T5X_DECODER_ONLY),
+    'base': (768, 12, 12, 2048, _T5X_DECODER_ONLY),
+    'large': (1024, 16, 24, 2816, _T5X_DECODER_ONLY),
+    'xl': (2048, 32, 24, 5120, _T5X_DECODER_ONLY),
+    'xxl': (4096, 64, 24, 10240, _T5X_DECODER_ONLY),
+    'gpt_like_target': (768, 12, 12, 3072, _GPT_LIKE),
+    'gpt_like_draft': (256, 4, 2, 1024, _GPT_LIKE),
+  }.items()
+}
+
+
+def decoder_only_config(size: str, **overrides) -> DecoderOnlyConfig:
+  """The decoder-only config of a named size (`DECODER_ONLY_SIZES`), with overrides.
+
+  Vocabulary 32128 (T5X's) unless the size sets its own, bfloat16. Example:
+  `decoder_only_config('gpt_like_draft', dtype='float32')`.
+  """
+  if size not in DECODER_ONLY_SIZES:
+    raise ValueError(
+      f'Unknown decoder-only size {size!r}; choose one of {sorted(DECODER_ONLY_SIZES)}.'
+    )
+  fields = {'vocab_size': 32128, 'dtype': jnp.bfloat16, **DECODER_ONLY_SIZES[size], **overrides}
+  return DecoderOnlyConfig(**fields)
 
 
 def _activation(name: str) -> Callable[[Array], Array]:
@@ -389,7 +499,7 @@ class MultiHeadDotProductAttention(nn.Module):
   not scaled; the query initializer is divided by sqrt(head_dim) instead.
   """
 
-  config: T5Config
+  config: NetworkConfig
 
   def setup(self):
     cfg = self.config
@@ -436,8 +546,9 @@ class MultiHeadDotProductAttention(nn.Module):
     self.put_variable('cache', 'cached_key', jnp.zeros(shape, self.config.dtype))
     self.put_variable('cache', 'cached_value', jnp.zeros(shape, self.config.dtype))
 
-  def cache_length(self) -> int:
-    return self.get_variable('cache', 'cached_key').shape[1]
+  def cache_shape(self) -> Tuple[int, int]:
+    """(batch, cache_length) of the self-attention cache."""
+    return self.get_variable('cache', 'cached_key').shape[:2]
 
   def attend_block(self, inputs: Array, bias: Array, start_positions: Array) -> Array:
     """Cached self-attention for a block of k positions per row.
@@ -453,15 +564,37 @@ class MultiHeadDotProductAttention(nn.Module):
     Returns:
       [B, k, emb].
     """
-    cached_key = _write_block(
-      self.get_variable('cache', 'cached_key'), self.key(inputs), start_positions
+    cached_key, cached_value = self._write_self_cache(
+      self.key(inputs), self.value(inputs), start_positions
     )
-    cached_value = _write_block(
-      self.get_variable('cache', 'cached_value'), self.value(inputs), start_positions
-    )
-    self.put_variable('cache', 'cached_key', cached_key)
-    self.put_variable('cache', 'cached_value', cached_value)
     return self._attend(self.query(inputs), cached_key, cached_value, bias, True)
+
+  def prefill_self_cache(self, inputs: Array, bias: Array) -> Array:
+    """Self-attention within a block at positions 0..W-1; caches its keys/values there.
+
+    The block's queries attend to the block's own keys (not to the cache), so
+    the cost is W x W whatever the cache length.
+
+    Args:
+      inputs: [B, W, emb].
+      bias: [B|1, heads, W, W], what each query of the block may see.
+
+    Returns:
+      [B, W, emb].
+    """
+    key, value = self.key(inputs), self.value(inputs)
+    self._write_self_cache(key, value, jnp.zeros(inputs.shape[:1], jnp.int32))
+    return self._attend(self.query(inputs), key, value, bias, True)
+
+  def _write_self_cache(
+    self, key: Array, value: Array, start_positions: Array
+  ) -> Tuple[Array, Array]:
+    """Overwrites positions start..start+k-1 of each row's cache; returns the new caches."""
+    cached = []
+    for name, new in (('cached_key', key), ('cached_value', value)):
+      cached.append(_write_block(self.get_variable('cache', name), new, start_positions))
+      self.put_variable('cache', name, cached[-1])
+    return cached[0], cached[1]
 
   def init_cross_cache(self, encoded: Array):
     """Caches the keys/values of the encoder output [B, input_length, emb]."""
@@ -499,7 +632,7 @@ class MultiHeadDotProductAttention(nn.Module):
 class MlpBlock(nn.Module):
   """T5's MLP: activations of `wi_*` (or `wi`) multiplied, then `wo`."""
 
-  config: T5Config
+  config: NetworkConfig
 
   @nn.compact
   def __call__(self, inputs: Array, deterministic: bool) -> Array:
@@ -578,28 +711,38 @@ class Encoder(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """Pre-norm causal self-attention, cross-attention and MLP blocks."""
+  """Pre-norm causal self-attention, optional cross-attention and MLP blocks.
 
-  config: T5Config
+  `cross_attention=False` is T5X's decoder-only layer: the same parameters
+  without `pre_cross_attention_layer_norm` and `encoder_decoder_attention`.
+  The three entry points differ only in how the self-attention sees keys.
+  """
+
+  config: NetworkConfig
+  cross_attention: bool = True
 
   def setup(self):
     cfg = self.config
     self.pre_self_attention_layer_norm = LayerNorm(cfg.dtype)
     self.self_attention = MultiHeadDotProductAttention(cfg)
-    self.pre_cross_attention_layer_norm = LayerNorm(cfg.dtype)
-    self.encoder_decoder_attention = MultiHeadDotProductAttention(cfg)
+    if self.cross_attention:
+      self.pre_cross_attention_layer_norm = LayerNorm(cfg.dtype)
+      self.encoder_decoder_attention = MultiHeadDotProductAttention(cfg)
     self.pre_mlp_layer_norm = LayerNorm(cfg.dtype)
     self.mlp = MlpBlock(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
   def __call__(
-    self, inputs: Array, encoded: Array, self_bias: Array, cross_bias: Array, deterministic: bool
+    self,
+    inputs: Array,
+    encoded: Optional[Array],
+    self_bias: Array,
+    cross_bias: Optional[Array],
+    deterministic: bool,
   ) -> Array:
     """Uncached: [B, L, emb] -> [B, L, emb]; biases [B|1, heads|1, L, L|input_length]."""
-    x = self.pre_self_attention_layer_norm(inputs)
-    x = self.self_attention(x, x, self_bias, deterministic=deterministic)
-    x = inputs + self.dropout(x, deterministic)
-    return self._cross_attention_and_mlp(x, encoded, cross_bias, deterministic)
+    attend = lambda x: self.self_attention(x, x, self_bias, deterministic=deterministic)
+    return self._layer(inputs, attend, encoded, cross_bias, deterministic)
 
   def init_cache(self, batch: int, cache_length: int, encoded: Optional[Array]):
     """Zero self-attention caches; cross-attention keys/values unless `encoded` is None."""
@@ -607,47 +750,72 @@ class DecoderLayer(nn.Module):
     if encoded is not None:
       self.encoder_decoder_attention.init_cross_cache(encoded)
 
-  def cache_length(self) -> int:
-    return self.self_attention.cache_length()
-
   def decode_block(
     self,
     inputs: Array,
     encoded: Optional[Array],
     self_bias: Array,
-    cross_bias: Array,
+    cross_bias: Optional[Array],
     start_positions: Array,
   ) -> Array:
     """Cached, deterministic: [B, k, emb] -> [B, k, emb].
 
-    `encoded` [B, input_length, emb] is re-projected for cross-attention (T5X's
+    Writes the block's keys/values at each row's start_positions and attends
+    over the cache (`self_bias` [B, heads, k, cache_length]). `encoded`
+    [B, input_length, emb] is re-projected for cross-attention (T5X's
     protocol); None uses the cross-attention keys/values cached by `init_cache`.
     """
-    x = self.pre_self_attention_layer_norm(inputs)
-    x = inputs + self.self_attention.attend_block(x, self_bias, start_positions)
-    return self._cross_attention_and_mlp(x, encoded, cross_bias, True)
+    attend = lambda x: self.self_attention.attend_block(x, self_bias, start_positions)
+    return self._layer(inputs, attend, encoded, cross_bias, True)
 
-  def _cross_attention_and_mlp(self, x, encoded, cross_bias, deterministic):
-    y = self.pre_cross_attention_layer_norm(x)
-    if encoded is None:
-      y = self.encoder_decoder_attention.attend_cached(y, cross_bias)
-    else:
-      y = self.encoder_decoder_attention(y, encoded, cross_bias, deterministic=deterministic)
-    y = x + self.dropout(y, deterministic)
-    z = self.mlp(self.pre_mlp_layer_norm(y), deterministic)
-    return y + self.dropout(z, deterministic)
+  def prefill(self, inputs: Array, self_bias: Array, cross_bias: Optional[Array]) -> Array:
+    """Deterministic [B, W, emb] -> [B, W, emb] of a block at positions 0..W-1.
+
+    Attends within the block (`self_bias` [B|1, heads, W, W]) and caches its
+    keys/values; cross-attention uses the cached encoder keys/values.
+    """
+    attend = lambda x: self.self_attention.prefill_self_cache(x, self_bias)
+    return self._layer(inputs, attend, None, cross_bias, True)
+
+  def _layer(self, inputs, self_attend, encoded, cross_bias, deterministic):
+    x = inputs + self.dropout(
+      self_attend(self.pre_self_attention_layer_norm(inputs)), deterministic
+    )
+    if self.cross_attention:
+      y = self.pre_cross_attention_layer_norm(x)
+      if encoded is None:
+        y = self.encoder_decoder_attention.attend_cached(y, cross_bias)
+      else:
+        y = self.encoder_decoder_attention(y, encoded, cross_bias, deterministic=deterministic)
+      x = x + self.dropout(y, deterministic)
+    z = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
+    return x + self.dropout(z, deterministic)
 
 
 class Decoder(nn.Module):
-  """Token embedding, decoder layers with causal relative biases, norm, logits."""
+  """Decoder layers with causal relative biases (one table), norm and logits.
 
-  config: T5Config
-  shared_embedding: nn.Module
+  With a `T5Config`, the encoder-decoder's decoder: layers with cross-attention,
+  embedding with the model's `shared_embedding`. With a `DecoderOnlyConfig`,
+  T5X's decoder-only stack: no cross-attention and its own `token_embedder`.
+  """
+
+  config: NetworkConfig
+  shared_embedding: Optional[nn.Module] = None
+
+  @property
+  def _decoder_only(self) -> bool:
+    return is_decoder_only(self.config)
 
   def setup(self):
     cfg = self.config
+    if self._decoder_only:
+      self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
     self.relpos_bias = RelativePositionBiases(cfg.num_heads, cfg.dtype)
-    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.layers = [
+      DecoderLayer(cfg, cross_attention=not self._decoder_only)
+      for _ in range(_num_decoder_layers(cfg))
+    ]
     self.decoder_norm = LayerNorm(cfg.dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
@@ -657,32 +825,42 @@ class Decoder(nn.Module):
 
   def __call__(
     self,
-    encoded: Array,
     decoder_input_tokens: Array,
     decoder_mask: Optional[Array],
-    encoder_decoder_mask: Array,
+    *,
+    encoded: Optional[Array] = None,
+    encoder_decoder_mask: Optional[Array] = None,
     deterministic: bool,
-    decode: bool,
+    decode: bool = False,
+    prefill_lengths: Optional[Array] = None,
   ) -> Array:
-    """Teacher-forced logits, or one T5X-protocol cached step if `decode`.
+    """Teacher-forced logits, or one call of T5X's cache protocol.
 
     Args:
-      encoded: [B, input_length, emb].
       decoder_input_tokens: int32 [B, L] (L == 1 for a cached step).
-      decoder_mask: bool [B, 1, L, L] padding/packing mask or None (causality
-        is always applied).
-      encoder_decoder_mask: bool [B, 1, L, input_length].
+      decoder_mask: bool [B, 1, L, L], which positions each position attends
+        to (`make_decoder_mask`); None is causal.
+      encoded: [B, input_length, emb], the encoder output (encoder-decoder).
+      encoder_decoder_mask: bool [B, 1, L, input_length] (encoder-decoder).
       deterministic: disables dropout.
       decode: T5X's cache protocol: the first call (no cache yet) creates zero
-        caches of length L and a `cache_index`; later calls feed one token at
-        `cache_index` and increment it.
+        caches of length L and a scalar `cache_index` and returns causal
+        logits; later calls feed one token per row at `cache_index` (a scalar,
+        or [B] after a prefill) and increment it.
+      prefill_lengths: T5X's prefill (decoder-only, after the creating call,
+        decode False): int32 [B]. The logits are computed with `decoder_mask`
+        while the keys/values of all L positions are cached; `cache_index`
+        becomes prefill_lengths (entries from there on are stale, masked until
+        overwritten).
 
     Returns:
       float32 logits [B, L, vocab].
     """
     batch, length = decoder_input_tokens.shape
-    cross_bias = _mask_to_bias(encoder_decoder_mask).astype(self.config.dtype)
-    y = self.dropout(self.shared_embedding(decoder_input_tokens), deterministic)
+    cross_bias = None
+    if encoder_decoder_mask is not None:
+      cross_bias = _mask_to_bias(encoder_decoder_mask).astype(self.config.dtype)
+    y = self.dropout(self._embedder()(decoder_input_tokens), deterministic)
     if decode and self.has_variable('cache', 'cache_index'):
       if length != 1:
         raise ValueError(
@@ -690,7 +868,7 @@ class Decoder(nn.Module):
           f'must be [batch, 1], got {decoder_input_tokens.shape}.'
         )
       index = self.get_variable('cache', 'cache_index')
-      start_positions = jnp.full((batch,), index, jnp.int32)
+      start_positions = jnp.broadcast_to(index, (batch,)).astype(jnp.int32)
       y = self._decode_block(y, encoded, cross_bias, start_positions)
       self.put_variable('cache', 'cache_index', index + 1)
       return self._logits(y, deterministic=True)
@@ -699,65 +877,132 @@ class Decoder(nn.Module):
         layer.init_cache(batch, length, encoded=None)
       self.put_variable('cache', 'cache_index', jnp.array(0, jnp.int32))
     positions = jnp.arange(length)[None]
-    self_bias = self._causal_bias(positions, positions, decoder_mask)
+    allowed = _causal_mask(positions, positions) if decoder_mask is None else decoder_mask
+    self_bias = self._self_bias(positions, positions, allowed)
+    if prefill_lengths is not None:
+      if not self.has_variable('cache', 'cache_index'):
+        raise ValueError(
+          'prefill=True fills the cache made by a first decode=True call (as '
+          "T5X's DecoderOnlyModel._compute_kv_cache makes it); there is none."
+        )
+      self._check_block(
+        decoder_input_tokens, prefill_lengths, 'prefill_lengths', 'decoder_input_tokens'
+      )
+      y = self._prefill(y, self_bias, cross_bias)
+      self.put_variable('cache', 'cache_index', jnp.asarray(prefill_lengths, jnp.int32))
+      return self._logits(y, deterministic=True)
     for layer in self.layers:
       y = layer(y, encoded, self_bias, cross_bias, deterministic)
     return self._logits(y, deterministic)
 
-  def init_block_cache(self, encoded: Array, encoder_mask: Array, cache_length: int):
-    """See `Transformer.init_decoder_cache`."""
+  def init_block_cache(
+    self,
+    batch: int,
+    cache_length: int,
+    encoded: Optional[Array] = None,
+    encoder_mask: Optional[Array] = None,
+  ):
+    """Zero self-attention caches [batch, cache_length, heads, head_dim] per layer.
+
+    With `encoded` [batch, input_length, emb] and `encoder_mask` bool
+    [batch, input_length] (encoder-decoder), also the cross-attention
+    keys/values and the mask.
+    """
     for layer in self.layers:
-      layer.init_cache(encoded.shape[0], cache_length, encoded)
-    self.put_variable('cache', 'encoder_mask', encoder_mask)
+      layer.init_cache(batch, cache_length, encoded)
+    if encoder_mask is not None:
+      self.put_variable('cache', 'encoder_mask', encoder_mask)
 
   def decode_block(self, block_tokens: Array, start_positions: Array) -> Array:
     """See `Transformer.decode_block`."""
-    if not self.has_variable('cache', 'encoder_mask'):
-      raise ValueError(
-        'decode_block needs the cache made by Transformer.init_decoder_cache '
-        "(apply it with mutable=['cache'] and pass {'cache': ...} here)."
-      )
-    encoder_mask = self.get_variable('cache', 'encoder_mask')
-    if (
-      block_tokens.ndim != 2
-      or start_positions.shape != block_tokens.shape[:1]
-      or block_tokens.shape[0] != encoder_mask.shape[0]
-    ):
-      raise ValueError(
-        f"Expected block_tokens [batch, k] and start_positions [batch] with the cache's "
-        f'batch {encoder_mask.shape[0]}; got {block_tokens.shape} and {start_positions.shape}.'
-      )
-    if block_tokens.shape[1] > self.layers[0].cache_length():
-      raise ValueError(
-        f'A block of {block_tokens.shape[1]} tokens does not fit a cache of '
-        f'length {self.layers[0].cache_length()}.'
-      )
-    cross_bias = _mask_to_bias(encoder_mask[:, None, None, :]).astype(self.config.dtype)
-    y = self.shared_embedding(block_tokens)
+    cross_bias = self._block_cross_bias('decode_block')
+    self._check_block(block_tokens, start_positions, 'start_positions')
+    y = self._embedder()(block_tokens)
     y = self._decode_block(y, None, cross_bias, start_positions.astype(jnp.int32))
     return self._logits(y, deterministic=True)
 
+  def prefill(self, block_tokens: Array, prefix_lengths: Array, bidirectional: bool):
+    """See `DecoderOnly.prefill`."""
+    cross_bias = self._block_cross_bias('prefill')
+    prefix_lengths = jnp.asarray(prefix_lengths, jnp.int32)
+    self._check_block(block_tokens, prefix_lengths, 'prefix_lengths')
+    positions = jnp.arange(block_tokens.shape[1])[None]
+    allowed = _causal_mask(positions, positions)
+    if bidirectional:
+      in_prefix = positions <= prefix_lengths[:, None]
+      allowed = jnp.logical_or(allowed, make_attention_mask(in_prefix, in_prefix))
+    self_bias = self._self_bias(positions, positions, allowed)
+    self._prefill(self._embedder()(block_tokens), self_bias, cross_bias)
+
+  def _block_cross_bias(self, method: str) -> Optional[Array]:
+    """Checks that the block cache exists; its cross-attention bias (None if decoder-only)."""
+    has_cache = self.layers[0].self_attention.has_variable('cache', 'cached_key')
+    if not self._decoder_only:
+      has_cache = has_cache and self.has_variable('cache', 'encoder_mask')
+    if not has_cache:
+      model = 'DecoderOnly' if self._decoder_only else 'Transformer'
+      raise ValueError(
+        f'{method} needs the cache made by {model}.init_decoder_cache '
+        "(apply it with mutable=['cache'] and pass {'cache': ...} here)."
+      )
+    if self._decoder_only:
+      return None
+    encoder_mask = self.get_variable('cache', 'encoder_mask')
+    return _mask_to_bias(encoder_mask[:, None, None, :]).astype(self.config.dtype)
+
+  def _check_block(
+    self, block_tokens: Array, positions: Array, positions_name: str, tokens_name='block_tokens'
+  ):
+    """Raises unless tokens [batch, k] and positions [batch] fit the cache."""
+    batch, cache_length = self.layers[0].self_attention.cache_shape()
+    if (
+      block_tokens.ndim != 2
+      or positions.shape != block_tokens.shape[:1]
+      or block_tokens.shape[0] != batch
+    ):
+      raise ValueError(
+        f"Expected {tokens_name} [batch, k] and {positions_name} [batch] with the cache's "
+        f'batch {batch}; got {block_tokens.shape} and {positions.shape}.'
+      )
+    if block_tokens.shape[1] > cache_length:
+      raise ValueError(
+        f'A block of {block_tokens.shape[1]} tokens does not fit a cache of length {cache_length}.'
+      )
+
   def _decode_block(self, y, encoded, cross_bias, start_positions):
     query_positions = start_positions[:, None] + jnp.arange(y.shape[1])
-    key_positions = jnp.arange(self.layers[0].cache_length())[None]
-    self_bias = self._causal_bias(query_positions, key_positions)
+    key_positions = jnp.arange(self.layers[0].self_attention.cache_shape()[1])[None]
+    self_bias = self._self_bias(
+      query_positions, key_positions, _causal_mask(query_positions, key_positions)
+    )
     for layer in self.layers:
       y = layer.decode_block(y, encoded, self_bias, cross_bias, start_positions)
     return y
 
-  def _causal_bias(self, query_positions, key_positions, mask=None):
-    """[B|1, heads, q, k]: relative biases where key <= query (and `mask`), else NEG_INF."""
-    allowed = key_positions[:, None, None, :] <= query_positions[:, None, :, None]
-    if mask is not None:
-      allowed = jnp.logical_and(allowed, mask)
+  def _prefill(self, y, self_bias, cross_bias):
+    # Only the caches are needed: under jit, XLA drops the last layer's
+    # attention output and MLP when the caller discards the result.
+    for layer in self.layers:
+      y = layer.prefill(y, self_bias, cross_bias)
+    return y
+
+  def _self_bias(self, query_positions, key_positions, allowed):
+    """[B|1, heads, q, k]: causal-bucket relative biases where `allowed`, else NEG_INF.
+
+    T5X's decoders use causal buckets even where a prefix LM attends forward:
+    a later key then shares bucket 0 with the query's own position.
+    """
     relative = self.relpos_bias(query_positions, key_positions, bidirectional=False)
     return _mask_to_bias(allowed, relative)
+
+  def _embedder(self) -> Embed:
+    return self.token_embedder if self._decoder_only else self.shared_embedding
 
   def _logits(self, y, deterministic):
     y = self.dropout(self.decoder_norm(y), deterministic)
     if self.config.logits_via_embedding:
       # The tied embedding needs 1/sqrt(emb) to keep logits at unit scale.
-      return self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
+      return self._embedder().attend(y) / jnp.sqrt(y.shape[-1])
     return self.logits_dense(y)
 
 
@@ -773,6 +1018,46 @@ def make_attention_mask(
   return pairwise_fn(query_input[:, None, :, None], key_input[:, None, None, :]).astype(bool)
 
 
+def _causal_mask(query_positions: Array, key_positions: Array) -> Array:
+  """bool [B|1, 1, q, k]: key position <= query position (int [B|1, q], [B|1, k])."""
+  return key_positions[:, None, None, :] <= query_positions[:, None, :, None]
+
+
+def make_decoder_mask(
+  decoder_target_tokens: Array,
+  decoder_causal_attention: Optional[Array] = None,
+  decoder_segment_ids: Optional[Array] = None,
+) -> Array:
+  """The decoder self-attention mask of T5X's `layers.make_decoder_mask`, as bool.
+
+  Position i attends to position j if j <= i, or if both are marked in
+  `decoder_causal_attention` (a prefix LM's bidirectional inputs); and both
+  are non-padding (target != 0); and, when packed, both are in one segment.
+
+  Args:
+    decoder_target_tokens: [B, L]; 0 is padding.
+    decoder_causal_attention: [B, L], 1 at positions that attend bidirectionally
+      among themselves, or None.
+    decoder_segment_ids: int [B, L] packing ids, or None.
+
+  Returns:
+    bool [B, 1, L, L].
+  """
+  positions = jnp.arange(decoder_target_tokens.shape[-1])[None]
+  mask = _causal_mask(positions, positions)
+  if decoder_causal_attention is not None:
+    mask = jnp.logical_or(
+      mask, make_attention_mask(decoder_causal_attention, decoder_causal_attention)
+    )
+  valid = decoder_target_tokens > 0
+  mask = jnp.logical_and(mask, make_attention_mask(valid, valid))
+  if decoder_segment_ids is not None:
+    mask = jnp.logical_and(
+      mask, make_attention_mask(decoder_segment_ids, decoder_segment_ids, jnp.equal)
+    )
+  return mask
+
+
 # ------------------------------------------------------------------------------
 # The model.
 # ------------------------------------------------------------------------------
@@ -783,6 +1068,11 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
+    if not isinstance(cfg, T5Config):
+      raise TypeError(
+        f'Transformer takes a T5Config, got {type(cfg).__name__}; '
+        'network.module_for(config) picks the module for either config.'
+      )
     self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
     self.encoder = Encoder(cfg, shared_embedding=self.token_embedder)
     self.decoder = Decoder(cfg, shared_embedding=self.token_embedder)
@@ -849,20 +1139,19 @@ class Transformer(nn.Module):
         jnp.ones_like(decoder_target_tokens, bool), encoder_input_tokens > 0
       )
     else:
-      targets_valid = decoder_target_tokens > 0
-      decoder_mask = make_attention_mask(targets_valid, targets_valid)
-      encoder_decoder_mask = make_attention_mask(targets_valid, encoder_input_tokens > 0)
-      if decoder_segment_ids is not None:
-        decoder_mask &= make_attention_mask(decoder_segment_ids, decoder_segment_ids, jnp.equal)
+      decoder_mask = make_decoder_mask(decoder_target_tokens, None, decoder_segment_ids)
+      encoder_decoder_mask = make_attention_mask(
+        decoder_target_tokens > 0, encoder_input_tokens > 0
+      )
       if encoder_segment_ids is not None:
         encoder_decoder_mask &= make_attention_mask(
           decoder_segment_ids, encoder_segment_ids, jnp.equal
         )
     return self.decoder(
-      encoded,
       decoder_input_tokens,
       decoder_mask,
-      encoder_decoder_mask,
+      encoded=encoded,
+      encoder_decoder_mask=encoder_decoder_mask,
       deterministic=not enable_dropout,
       decode=decode,
     )
@@ -929,9 +1218,34 @@ class Transformer(nn.Module):
         'encoder_input_tokens [batch, length]; got '
         f'{encoded.shape} and {encoder_input_tokens.shape}.'
       )
-    if not isinstance(cache_length, (int, np.integer)) or cache_length < 1:
-      raise ValueError(f'cache_length must be a positive int, got {cache_length!r}.')
-    self.decoder.init_block_cache(encoded, encoder_input_tokens > 0, int(cache_length))
+    _check_positive('cache_length', cache_length)
+    self.decoder.init_block_cache(
+      encoded.shape[0], int(cache_length), encoded, encoder_input_tokens > 0
+    )
+
+  def prefill(
+    self, block_tokens: Array, prefix_lengths: Array, bidirectional: bool = False
+  ) -> None:
+    """Writes the decoder keys/values of a block at positions 0..W-1; no logits.
+
+    Causal, as `decode_block` at start 0 would write them; the next call
+    continues at any position <= W. Apply with mutable=['cache'].
+
+    Args:
+      block_tokens: int32 [B, W], the decoder inputs (BOS = 0 first).
+      prefix_lengths: int32 [B]; unused (the signature is `DecoderOnly.prefill`'s).
+      bidirectional: must be False.
+
+    Returns:
+      None; `apply` returns `(None, {'cache': new_cache})`.
+    """
+    if bidirectional:
+      raise ValueError(
+        "T5X's encoder-decoder has no prefix-LM decoder: its decoder attends "
+        'causally. Use bidirectional=False (a DecoderOnly network has prefix-LM '
+        'prefills).'
+      )
+    self.decoder.prefill(block_tokens, prefix_lengths, bidirectional=False)
 
   def decode_block(self, block_tokens: Array, start_positions: Array) -> Array:
     """Scores a block of k tokens per row against the cache; updates the cache.
@@ -955,31 +1269,210 @@ class Transformer(nn.Module):
     return self.decoder.decode_block(block_tokens, start_positions)
 
 
+class DecoderOnly(nn.Module):
+  """T5X's decoder-only model (`DecoderWrapper`) plus block-cached decoding.
+
+  Parameters are T5X's, under its wrapper's `decoder/` scope:
+  `token_embedder/embedding`, `relpos_bias/rel_embedding` (one table, causal
+  buckets), `layers_{i}/{pre_self_attention_layer_norm, self_attention,
+  pre_mlp_layer_norm, mlp}`, `decoder_norm/scale` and `logits_dense/kernel`
+  (absent with `logits_via_embedding`).
+
+  Sequence layout (T5X's `DecoderFeatureConverter`): position 0 holds BOS (0)
+  and prompt token i sits at position i; a prefix LM marks positions 0..P of a
+  prompt of length P in `decoder_causal_attention`.
+  """
+
+  config: DecoderOnlyConfig
+
+  def setup(self):
+    if not isinstance(self.config, DecoderOnlyConfig):
+      raise TypeError(
+        f'DecoderOnly takes a DecoderOnlyConfig, got {type(self.config).__name__}; '
+        'network.module_for(config) picks the module for either config.'
+      )
+    self.decoder = Decoder(self.config)
+
+  def __call__(
+    self,
+    decoder_input_tokens: Array,
+    decoder_target_tokens: Array,
+    decoder_segment_ids: Optional[Array] = None,
+    decoder_positions: Optional[Array] = None,
+    decoder_causal_attention: Optional[Array] = None,
+    *,
+    enable_dropout: bool = True,
+    decode: bool = False,
+    max_decode_length: Optional[int] = None,
+    prefill: Optional[bool] = None,
+    prefill_lengths: Optional[Array] = None,
+  ) -> Array:
+    """Teacher-forced logits, or one call of T5X's cache protocol.
+
+    Args:
+      decoder_input_tokens: int32 [B, L], the targets shifted right (BOS = 0).
+      decoder_target_tokens: [B, L]; 0 marks padding (no attention to or from).
+      decoder_segment_ids: int32 [B, L] packing ids, or None.
+      decoder_positions: unused, as in T5X (relative biases need no positions).
+      decoder_causal_attention: [B, L], 1 where positions attend to each other
+        bidirectionally (a prefix LM's inputs), or None (causal).
+      enable_dropout: enables dropout (needs a 'dropout' rng).
+      decode: T5X's cache protocol, as T5X's `DecoderOnlyModel` drives it. The
+        first call (no cache yet; apply with mutable=['cache']) creates zero
+        caches of L positions and a scalar `cache_index`, and returns causal
+        logits. Each later call takes one token per row [B, 1], writes it at
+        the row's `cache_index` (a scalar, or [B] after a prefill), attends to
+        positions <= it and increments it. Masks are not used.
+      max_decode_length: accepted for T5X; the cache's length plays its role.
+      prefill: T5X's prefill (decode False, after the creating call): the
+        logits with the mask above while the keys/values of all L positions are
+        cached at positions 0..L-1; `cache_index` becomes `prefill_lengths`.
+        T5X passes the prompt with the mask `decoder_causal_attention` as
+        `decoder_target_tokens`, and prompt lengths P as `prefill_lengths`:
+        the cache is then valid at positions < P, and decoding feeds P next.
+      prefill_lengths: int32 [B], required with `prefill`.
+
+    Returns:
+      float32 logits [B, L, vocab].
+    """
+    del decoder_positions, max_decode_length
+    if decoder_input_tokens.ndim != 2:
+      raise ValueError(
+        f'decoder_input_tokens must be [batch, length], got shape {decoder_input_tokens.shape}.'
+      )
+    if prefill and decode:
+      raise ValueError(
+        'prefill and decode cannot both be True: fill the cache with one prefill=True '
+        'call, then decode with decode=True calls (as T5X).'
+      )
+    if prefill and prefill_lengths is None:
+      raise ValueError(
+        'prefill=True needs prefill_lengths [batch], the index each row continues at.'
+      )
+    decoder_mask = None
+    if not decode:
+      decoder_mask = make_decoder_mask(
+        decoder_target_tokens, decoder_causal_attention, decoder_segment_ids
+      )
+    return self.decoder(
+      decoder_input_tokens,
+      decoder_mask,
+      deterministic=not enable_dropout,
+      decode=decode,
+      prefill_lengths=prefill_lengths if prefill else None,
+    )
+
+  def init_decoder_cache(self, batch: int, cache_length: int) -> None:
+    """Builds the zero cache for `prefill` and `decode_block` (mutable=['cache']).
+
+    Self-attention keys/values of `cache_length` positions per layer. Size it
+    for the longest decode plus the largest block (positions start + k - 1
+    must stay below it).
+
+    Args:
+      batch: static number of rows.
+      cache_length: static number of positions.
+
+    Returns:
+      None; `apply` returns `(None, {'cache': cache})`.
+    """
+    _check_positive('batch', batch)
+    _check_positive('cache_length', cache_length)
+    self.decoder.init_block_cache(int(batch), int(cache_length))
+
+  def prefill(
+    self, block_tokens: Array, prefix_lengths: Array, bidirectional: bool = False
+  ) -> None:
+    """Writes the keys/values of a block at positions 0..W-1; computes no logits.
+
+    Causal, or with `bidirectional` T5X's prefix LM: a query at position
+    q <= prefix_lengths[b] also attends to every key at a position
+    <= prefix_lengths[b]. For a prompt of length P (BOS at 0, prompt tokens at
+    1..P) pass prefix_lengths = P and a block holding positions 0..P at least
+    (W > P; causally W >= P suffices): the cache is then what T5X's prefill
+    writes at positions < P, and the decode loop feeds position P next
+    (`decode_block` at start P). Later block positions are written too; they
+    are stale for decoding, masked until overwritten. Apply with
+    mutable=['cache'].
+
+    Args:
+      block_tokens: int32 [B, W], the inputs at positions 0..W-1.
+      prefix_lengths: int32 [B], P per row (only read if bidirectional).
+      bidirectional: prefix-LM attention among positions 0..P.
+
+    Returns:
+      None; `apply` returns `(None, {'cache': new_cache})`.
+    """
+    self.decoder.prefill(block_tokens, prefix_lengths, bidirectional)
+
+  def decode_block(self, block_tokens: Array, start_positions: Array) -> Array:
+    """Scores a block of k tokens per row against the cache; see `Transformer.decode_block`.
+
+    Args:
+      block_tokens: int32 [B, k], the inputs at start_positions[b] + j.
+      start_positions: int32 [B].
+
+    Returns:
+      float32 logits [B, k, vocab]; `apply` also returns `{'cache': new_cache}`.
+    """
+    return self.decoder.decode_block(block_tokens, start_positions)
+
+
+def _check_positive(name: str, value: Any):
+  if not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f'{name} must be a positive int, got {value!r}.')
+
+
 # ------------------------------------------------------------------------------
-# Pure-function entry points for decode loops.
+# Pure-function entry points for decode loops; each takes either config.
 # ------------------------------------------------------------------------------
+def module_for(config: NetworkConfig) -> nn.Module:
+  """`Transformer(config)` for a T5Config, `DecoderOnly(config)` for a DecoderOnlyConfig."""
+  if isinstance(config, T5Config):
+    return Transformer(config)
+  if isinstance(config, DecoderOnlyConfig):
+    return DecoderOnly(config)
+  raise TypeError(
+    f'Expected a network.T5Config or network.DecoderOnlyConfig, got {type(config).__name__}.'
+  )
+
+
 def init_decoder_cache(
-  config: T5Config, params: Any, encoder_input_tokens: Array, cache_length: int
+  config: NetworkConfig, params: Any, input_tokens: Array, cache_length: int
 ) -> Any:
-  """Encodes the inputs and returns the `decode_block` cache (no dropout).
+  """The cache for `apply_decode_block` and `prefill_decoder_cache` (no dropout).
+
+  For a T5Config, encodes `input_tokens` and caches the cross-attention
+  keys/values. For a DecoderOnlyConfig the tokens only give the batch size:
+  the self-attention caches start at zero and the prompt is written by
+  `prefill_decoder_cache`.
 
   Args:
     config: the network's config.
     params: its parameter tree.
-    encoder_input_tokens: int32 [B, input_length]; 0 is padding.
+    input_tokens: int32 [B, input_length]; 0 is padding.
     cache_length: static; the longest decode plus the largest block.
 
   Returns:
     The cache collection (see the module docstring for its layout).
   """
-  module = Transformer(config)
+  module = module_for(config)
+  if is_decoder_only(config):
+    _, variables = module.apply(
+      {'params': params},
+      input_tokens.shape[0],
+      cache_length,
+      method=DecoderOnly.init_decoder_cache,
+      mutable=['cache'],
+    )
+    return variables['cache']
   encoded = module.apply(
-    {'params': params}, encoder_input_tokens, enable_dropout=False, method=Transformer.encode
+    {'params': params}, input_tokens, enable_dropout=False, method=Transformer.encode
   )
   _, variables = module.apply(
     {'params': params},
     encoded,
-    encoder_input_tokens,
+    input_tokens,
     cache_length,
     method=Transformer.init_decoder_cache,
     mutable=['cache'],
@@ -988,9 +1481,9 @@ def init_decoder_cache(
 
 
 def apply_decode_block(
-  config: T5Config, params: Any, cache: Any, block_tokens: Array, start_positions: Array
+  config: NetworkConfig, params: Any, cache: Any, block_tokens: Array, start_positions: Array
 ) -> Tuple[Array, Any]:
-  """`Transformer.decode_block` as a function: (logits [B, k, vocab], new cache).
+  """`decode_block` as a function: (logits [B, k, vocab], new cache).
 
   Args:
     config: the network's config.
@@ -999,62 +1492,101 @@ def apply_decode_block(
     block_tokens: int32 [B, k].
     start_positions: int32 [B]; start + k <= cache_length.
   """
-  logits, variables = Transformer(config).apply(
+  logits, variables = module_for(config).apply(
     {'params': params, 'cache': cache},
     block_tokens,
     start_positions,
-    method=Transformer.decode_block,
+    method='decode_block',
     mutable=['cache'],
   )
   return logits, variables['cache']
 
 
+def prefill_decoder_cache(
+  config: NetworkConfig,
+  params: Any,
+  cache: Any,
+  block_tokens: Array,
+  prefix_lengths: Array,
+  *,
+  bidirectional: bool = False,
+) -> Any:
+  """`prefill` as a function: the cache with positions 0..W-1 written.
+
+  See `DecoderOnly.prefill` (bidirectional is T5X's prefix LM; an
+  encoder-decoder takes only bidirectional=False).
+
+  Args:
+    config: the network's config.
+    params: its parameter tree.
+    cache: from `init_decoder_cache`.
+    block_tokens: int32 [B, W]: BOS (0), then the prompt, at positions 0..W-1.
+    prefix_lengths: int32 [B], the prompt lengths P (the loop feeds P next).
+    bidirectional: prefix-LM attention among positions 0..P.
+
+  Returns:
+    The new cache.
+  """
+  _, variables = module_for(config).apply(
+    {'params': params, 'cache': cache},
+    block_tokens,
+    prefix_lengths,
+    bidirectional,
+    method='prefill',
+    mutable=['cache'],
+  )
+  return variables['cache']
+
+
 # ------------------------------------------------------------------------------
 # Parameter shapes and host-side random parameters.
 # ------------------------------------------------------------------------------
-def abstract_params(config: T5Config) -> Tuple[dict, dict]:
-  """Shapes of `Transformer(config)`'s parameters, computing nothing.
+def abstract_params(config: NetworkConfig) -> Tuple[dict, dict]:
+  """Shapes of `module_for(config)`'s parameters, computing nothing.
 
   Returns:
     (params, params_axes): `jax.ShapeDtypeStruct`s (float32) in the tree of
-    `Transformer.init(...)['params']`, and the logical axes `['params_axes']`.
+    `module_for(config).init(...)['params']`, and the logical axes
+    `['params_axes']`.
   """
+  module = module_for(config)
   tokens = jnp.ones((1, 1), jnp.int32)
+  # The encoder-decoder takes encoder inputs, decoder inputs and targets.
+  args = (tokens,) * (2 if is_decoder_only(config) else 3)
   variables = jax.eval_shape(
-    lambda: Transformer(config).init(
-      jax.random.PRNGKey(0), tokens, tokens, tokens, enable_dropout=False
-    )
+    lambda: module.init(jax.random.PRNGKey(0), *args, enable_dropout=False)
   )
   return variables['params'], variables['params_axes']
 
 
-def decoder_weight_bytes(config: T5Config, bytes_per_parameter: int = 4) -> int:
+def decoder_weight_bytes(config: NetworkConfig, bytes_per_parameter: int = 4) -> int:
   """Bytes of parameters one cached decoder step reads (float32 storage by default).
 
-  Every decoder layer's attention, cross-attention and MLP kernels, the layer
-  norms and position table, and the logits kernel (or, with
-  `logits_via_embedding`, the whole token embedding). Computed from the
+  Every decoder layer's attention (and, encoder-decoder, cross-attention) and
+  MLP kernels, the layer norms and position table, and the logits kernel (or,
+  with `logits_via_embedding`, the whole token embedding). Computed from the
   config alone, so it can be known before JAX starts (`xla_flags`).
   """
+  cross_attention = not is_decoder_only(config)
   attention = 4 * config.emb_dim * config.num_heads * config.head_dim
   mlp = (len(config.mlp_activations) + 1) * config.emb_dim * config.mlp_dim
-  layer = 2 * attention + mlp + 3 * config.emb_dim
+  layer = (1 + cross_attention) * attention + mlp + (2 + cross_attention) * config.emb_dim
   logits = config.vocab_size * config.emb_dim
   parameters = (
-    config.num_decoder_layers * layer + config.emb_dim + logits + config.num_heads * NUM_BUCKETS
+    _num_decoder_layers(config) * layer + config.emb_dim + logits + config.num_heads * NUM_BUCKETS
   )
   return parameters * bytes_per_parameter
 
 
-def random_params(config: T5Config, seed: int = 0) -> Tuple[dict, dict]:
+def random_params(config: NetworkConfig, seed: int = 0) -> Tuple[dict, dict]:
   """Random parameters drawn on the host, with no XLA compilation.
 
-  Same tree, shapes and per-parameter scales as `Transformer.init` (embedding
-  N(0, 1); kernels std 1/sqrt(fan_in), queries further / sqrt(head_dim);
-  relative position tables uniform with variance 2/(heads + buckets); layer norm
-  scales 1), but not its random stream or its truncation. `Transformer.init`
-  compiles one random-number program per parameter, which takes seconds on a
-  CPU even for tiny models; this is for tests and timing.
+  Same tree, shapes and per-parameter scales as `module_for(config).init`
+  (embedding N(0, 1); kernels std 1/sqrt(fan_in), queries further /
+  sqrt(head_dim); relative position tables uniform with variance
+  2/(heads + buckets); layer norm scales 1), but not its random stream or its
+  truncation. `init` compiles one random-number program per parameter, which
+  takes seconds on a CPU even for tiny models; this is for tests and timing.
 
   Args:
     config: the network's config.
@@ -1062,7 +1594,7 @@ def random_params(config: T5Config, seed: int = 0) -> Tuple[dict, dict]:
 
   Returns:
     (params, params_axes): float32 numpy arrays and their logical axes, as
-    `Transformer.init(...)['params']` and `['params_axes']`.
+    `module_for(config).init(...)['params']` and `['params_axes']`.
   """
   shapes, params_axes = abstract_params(config)
   rng = np.random.default_rng(seed)

@@ -21,7 +21,7 @@ import pytest
 
 from speculative_t5x import checkpoints
 from speculative_t5x import network
-from testing_utils import assert_trees_equal, write_t5x_legacy
+from testing_utils import assert_trees_equal, write_t5x_legacy, write_t5x_orbax
 
 # Two encoder layers and one decoder layer, so that a swap of the stacks shows.
 CONFIG = network.T5Config(
@@ -40,21 +40,6 @@ _assert_trees_equal = functools.partial(assert_trees_equal, numpy_leaves=True)
 
 def _params(seed=0, config=CONFIG):
   return network.random_params(config, seed)[0]
-
-
-def _write_t5x_orbax(model_dir, step, params, dtype=np.float32):
-  """Writes an orbax T5X checkpoint as `OrbaxCheckpointManagerInterface.save` does."""
-  state = {
-    'target': jax.tree.map(lambda x: np.asarray(x).astype(dtype), params),
-    'state': {'step': np.int32(step), 'param_states': jax.tree.map(np.zeros_like, params)},
-  }
-  with ocp.CheckpointManager(
-    model_dir,
-    item_handlers={'state': ocp.PyTreeCheckpointHandler(use_ocdbt=True)},
-    options=ocp.CheckpointManagerOptions(step_prefix='checkpoint'),
-  ) as manager:
-    manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)))
-  return model_dir / f'checkpoint_{step}'
 
 
 def _write_trainer_checkpoint(model_dir, step, params):
@@ -179,8 +164,8 @@ def test_t5x_errors_name_the_problem(tmp_path):
 @pytest.mark.parametrize('dtype', [np.float32, jnp.bfloat16])
 def test_t5x_orbax_round_trip(tmp_path, dtype):
   old, new = _params(seed=1), _params(seed=2)
-  _write_t5x_orbax(tmp_path, 3, old, dtype)
-  step_dir = _write_t5x_orbax(tmp_path, 12, new, dtype)
+  write_t5x_orbax(tmp_path, 3, old, dtype)
+  step_dir = write_t5x_orbax(tmp_path, 12, new, dtype)
   assert (step_dir / 'state' / '_METADATA').is_file()
   _assert_trees_equal(checkpoints.load_t5x_params(tmp_path, config=CONFIG), new, dtype)
   _assert_trees_equal(checkpoints.load_t5x_params(tmp_path / 'checkpoint_3'), old, dtype)
@@ -276,7 +261,7 @@ def test_load_params_dispatches_on_the_format(tmp_path, monkeypatch):
   params = _params()
   monkeypatch.chdir(tmp_path)
   write_t5x_legacy(tmp_path / 't5x_legacy', 1, params)
-  _write_t5x_orbax(tmp_path / 't5x_orbax', 1, params)
+  write_t5x_orbax(tmp_path / 't5x_orbax', 1, params)
   checkpoints.save_params(tmp_path / 'orbax', params, step=2)
   for kind, path in [
     (checkpoints.T5X_LEGACY, tmp_path / 't5x_legacy'),
@@ -333,7 +318,7 @@ def _corrupt_t5x_legacy(tmp_path):
 
 
 def _corrupt_t5x_orbax(tmp_path):
-  return _cut_in_half(_write_t5x_orbax(tmp_path, 1, _params()) / 'state' / '_METADATA'), 'orbax'
+  return _cut_in_half(write_t5x_orbax(tmp_path, 1, _params()) / 'state' / '_METADATA'), 'orbax'
 
 
 def _corrupt_orbax(tmp_path):

@@ -34,6 +34,22 @@ SIZES = {
   'xl': 2849.757,
   'xxl': 11135.332,
 }
+# T5X's decoder-only sizes (t5x/examples/decoder_only/models/*.gin): (emb_dim,
+# num_heads, num_layers, mlp_dim) and parameter counts (T5X's own network
+# builds these counts; the comments of T5X's gin files are stale).
+DECODER_ONLY_SIZES = {
+  'base': ((768, 12, 12, 2048), 109_628_544),
+  'large': ((1024, 16, 24, 2816), 341_231_104),
+  'xl': ((2048, 32, 24, 5120), 1_223_527_424),
+  'xxl': ((4096, 64, 24, 10240), 4_762_310_656),
+}
+# Leviathan et al. 2023, Table 3: the GPT-like 97M target and 6M draft
+# (emb_dim, num_heads, num_layers, mlp_dim), parameter counts, and the paper's
+# counts in millions.
+GPT_LIKE = {
+  'gpt_like_target': ((768, 12, 12, 3072), 97_537_152, 97),
+  'gpt_like_draft': ((256, 4, 2, 1024), 5_768_576, 6),
+}
 # (pair file, target model file, draft model file, gamma).
 PAIRS = [
   ('xxl_small', 'xxl', 'small', 7),
@@ -57,9 +73,9 @@ def _evaluate(files, bindings=(), **expressions):
   )
 
 
-def _model_config(model_file, bindings=()):
+def _model_config(model_file, bindings=(), config_class='T5Config'):
   return _evaluate(
-    [f'models/{model_file}'], [*RUN_MACROS, *bindings], config='@network.T5Config()'
+    [f'models/{model_file}'], [*RUN_MACROS, *bindings], config=f'@network.{config_class}()'
   )['config']
 
 
@@ -98,6 +114,49 @@ def test_model_files_are_the_t5_1_1_sizes(size):
   dtype = 'float32' if size == 'tiny' else 'bfloat16'
   assert config == network.t5_1_1_config(size, dtype=dtype, dropout_rate=0.0)
   assert _num_params(config) / 1e6 == pytest.approx(SIZES[size], abs=1e-3)
+
+
+@pytest.mark.parametrize('size', sorted(DECODER_ONLY_SIZES))
+def test_decoder_only_files_are_t5x_decoder_only_sizes(size):
+  (emb_dim, num_heads, num_layers, mlp_dim), count = DECODER_ONLY_SIZES[size]
+  config = _model_config(f'decoder_only_{size}', config_class='DecoderOnlyConfig')
+  # The values of T5X's decoder-only base.gin.
+  assert config == network.DecoderOnlyConfig(
+    vocab_size=32128,
+    dtype='bfloat16',
+    emb_dim=emb_dim,
+    num_heads=num_heads,
+    num_layers=num_layers,
+    head_dim=64,
+    mlp_dim=mlp_dim,
+    mlp_activations=('gelu', 'linear'),
+    dropout_rate=0.0,
+    logits_via_embedding=True,
+  )
+  assert _num_params(config) == count
+  # The named size of the T5X gin file (configs/t5x/speculative_decoder_only.gin) is the same.
+  assert config == network.decoder_only_config(size, dtype='bfloat16', dropout_rate=0.0)
+
+
+@pytest.mark.parametrize('model', sorted(GPT_LIKE))
+def test_gpt_like_files_are_the_papers_sizes(model):
+  (emb_dim, num_heads, num_layers, mlp_dim), count, paper_millions = GPT_LIKE[model]
+  config = _model_config(model, config_class='DecoderOnlyConfig')
+  assert config == network.DecoderOnlyConfig(
+    vocab_size=8192,
+    dtype='float32',
+    emb_dim=emb_dim,
+    num_heads=num_heads,
+    num_layers=num_layers,
+    head_dim=64,
+    mlp_dim=mlp_dim,
+    mlp_activations=('gelu',),
+    dropout_rate=0.0,
+    logits_via_embedding=False,
+  )
+  assert _num_params(config) == count
+  assert count / 1e6 == pytest.approx(paper_millions, abs=0.6)
+  assert config == network.decoder_only_config(model, dtype='float32', dropout_rate=0.0)
 
 
 def test_model_vocabulary_is_a_macro():
@@ -229,6 +288,8 @@ def test_run_files_bind_with_a_pair_and_a_task(tmp_path):
 COVERED = (
   {f'models/{size}' for size in SIZES}
   | {f'models/{model}' for _, target, draft, _ in PAIRS for model in (target, draft)}
+  | {f'models/decoder_only_{size}' for size in DECODER_ONLY_SIZES}
+  | {f'models/{model}' for model in GPT_LIKE}
   | {f'pairs/{pair}' for pair, _, _, _ in PAIRS}
   | {
     'pairs/pair',

@@ -260,6 +260,33 @@ def test_decode_block_matches_teacher_forcing_with_rollbacks():
   assert checked.all() and rejections > 5
 
 
+def test_prefill_then_decode_block_matches_teacher_forcing():
+  """The encoder-decoder's prefill writes a causal block; decoding continues at <= W."""
+  rng = np.random.default_rng(5)
+  params, _ = network.random_params(CONFIG, seed=5)
+  inputs, decoder_inputs, targets = _batch(rng)
+  full = np.asarray(_forward(CONFIG, params, inputs, decoder_inputs, targets))
+  prefill = jit(network.prefill_decoder_cache, static_argnums=0)
+  cache = _init_decoder_cache(CONFIG, params, inputs, 16)
+  width, k = 5, 3
+  cache = prefill(CONFIG, params, cache, decoder_inputs[:, :width], jnp.full(3, width - 1))
+  starts = np.array([width, 2, 4])
+  block = np.stack([decoder_inputs[b, s : s + k] for b, s in enumerate(starts)])
+  logits, _ = _apply_decode_block(
+    CONFIG, params, cache, jnp.asarray(block, jnp.int32), jnp.asarray(starts, jnp.int32)
+  )
+  for b, s in enumerate(starts):
+    np.testing.assert_allclose(logits[b], full[b, s : s + k], atol=1e-5)
+  with pytest.raises(ValueError, match='no prefix-LM decoder'):
+    jax.eval_shape(
+      functools.partial(network.prefill_decoder_cache, CONFIG, bidirectional=True),
+      params,
+      cache,
+      decoder_inputs[:, :width],
+      jnp.full(3, width - 1),
+    )
+
+
 def test_t5x_decode_protocol_matches_teacher_forcing_after_batch_expansion():
   """The cache protocol T5X's decoding.temperature_sample drives, num_decodes=2."""
   module = network.Transformer(CONFIG)

@@ -1,5 +1,5 @@
 """Helpers that several test modules use: fixtures' models and inputs, output lengths,
-chi-square tests, T5X legacy checkpoints written as T5X writes them, tree comparison,
+chi-square tests, T5X legacy and orbax checkpoints written as T5X writes them, tree comparison,
 GNU .mo catalogs written as msgfmt writes them, the output of code run in a fresh process,
 a phrase task a tiny network learns in a few dozen steps.
 
@@ -16,6 +16,7 @@ from flax import serialization
 from flax import traverse_util
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 from scipy import stats
 import tensorstore as ts
 
@@ -59,6 +60,27 @@ def tiny_model(seed, vocab_size=32, emb_dim=32, layers=1, scale=1.0):
   params, _ = network.random_params(config, seed=seed)
   params['decoder']['logits_dense']['kernel'] *= scale
   return models.Model(config, params)
+
+
+def tiny_decoder_only_model(
+  seed, vocab_size=32, emb_dim=32, layers=2, scale=1.0, inputs_bidirectional_attention=False
+):
+  """A float32 tiny `network.DecoderOnlyConfig` `models.Model` with random parameters.
+
+  `scale` multiplies the output layer, as in `tiny_model`.
+  """
+  config = network.DecoderOnlyConfig(
+    vocab_size=vocab_size,
+    emb_dim=emb_dim,
+    num_heads=2,
+    num_layers=layers,
+    head_dim=16,
+    mlp_dim=2 * emb_dim,
+    dtype='float32',
+  )
+  params, _ = network.random_params(config, seed=seed)
+  params['decoder']['logits_dense']['kernel'] *= scale
+  return models.Model(config, params, inputs_bidirectional_attention)
 
 
 def padded_inputs(seed, batch, length, vocab_size):
@@ -207,6 +229,28 @@ def write_t5x_legacy(model_dir, step, params, dtype=np.float32, kvstore_driver='
   }
   (step_dir / 'checkpoint').write_bytes(serialization.msgpack_serialize(contents))
   return step_dir
+
+
+def write_t5x_orbax(model_dir, step, params, dtype=np.float32):
+  """Writes an orbax T5X checkpoint as `OrbaxCheckpointManagerInterface.save` does.
+
+  `checkpoint_<step>/state/`, an OCDBT PyTree item holding `{'target': params,
+  'state': {'step', 'param_states'}}`, everything in `dtype`.
+
+  Returns:
+    The `checkpoint_<step>` directory.
+  """
+  state = {
+    'target': jax.tree.map(lambda x: np.asarray(x).astype(dtype), params),
+    'state': {'step': np.int32(step), 'param_states': jax.tree.map(np.zeros_like, params)},
+  }
+  with ocp.CheckpointManager(
+    model_dir,
+    item_handlers={'state': ocp.PyTreeCheckpointHandler(use_ocdbt=True)},
+    options=ocp.CheckpointManagerOptions(step_prefix='checkpoint'),
+  ) as manager:
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)))
+  return model_dir / f'checkpoint_{step}'
 
 
 def assert_trees_equal(actual, expected, dtype=None, *, numpy_leaves=False):
