@@ -23,6 +23,21 @@ Sequence layout shared by both loops: `sequences [BN, ...]` holds BOS (0) at
 index 0 and output token j at index j + 1; the decoder input at cache position
 t is `sequences[:, t]`. A row whose last emitted token sits at index s has a
 target cache that is valid for positions < s.
+
+Decoder prompts, as in T5X: `inputs [B, L]` is the decoder input already
+shifted right, so a row's P prompt tokens sit at indices 1..P (index 0 is the
+BOS slot and is ignored) followed by zeros, and the decodes keep them (T5X's
+decoder-only model strips them afterwards). `max_decode_steps` counts tokens
+after the prompt. There are two ways in, T5X's two:
+  * `initial_index=None`: the decode function writes the prompt itself.
+    `temperature_sample` teacher-forces it token by token (T5X's behaviour);
+    `speculative_sample` prefills the target and the draft with the whole
+    prompt in one block call each, causally.
+  * `initial_index` int32 [B] (T5X's decoder-only convention, normally the
+    prompt lengths P): the caches arrive prefilled below it (T5X's
+    `_compute_kv_cache`; bidirectionally over the prompt for a prefix LM) and
+    decoding feeds `inputs[:, initial_index]` first. For `speculative_sample`
+    the draft's state must be prefilled too (`drafts.Draft.prefill`).
 """
 
 import functools
@@ -175,6 +190,61 @@ def _row_limits(inputs: Array, max_decode_steps) -> Array:
   return jnp.minimum(max_decode_len, prompt_len + max_decode_steps).astype(jnp.int32)
 
 
+def prompt_lengths(inputs: Array) -> Array:
+  """int32 [B]: the prompt tokens of each row of `inputs [B, L]` (indices 1..P)."""
+  return jnp.sum(inputs[:, 1:] != 0, axis=1).astype(jnp.int32)
+
+
+def check_prompts(inputs) -> None:
+  """Host-side check of decoder prompts `inputs [B, L]`; skipped for traced values.
+
+  ValueError unless every row's prompt is contiguous: non-zero tokens at
+  indices 1..P, then only zeros. `temperature_sample` forces non-zero
+  entries wherever they are (T5X's teacher forcing), but the speculative
+  loop prefills each row's positions < P in one block, so a 0 inside a
+  prompt would be fed as a token there. There is always room to decode: the
+  output has L slots (indices 1..L) and a prompt at most L - 1 tokens.
+  """
+  if isinstance(inputs, jax.core.Tracer) or np.ndim(inputs) != 2:
+    return
+  inputs = np.asarray(inputs)
+  nonzero = inputs[:, 1:] != 0
+  lengths = nonzero.sum(axis=1)
+  contiguous = np.all(nonzero == (np.arange(nonzero.shape[1])[None] < lengths[:, None]), axis=1)
+  if not np.all(contiguous):
+    row = int(np.argmin(contiguous))
+    raise ValueError(
+      f'The decoder prompt of row {row} has a 0 (padding) between its tokens: '
+      f'{inputs[row].tolist()}. A prompt is its tokens at indices 1..P (index 0 is '
+      'the BOS slot) followed only by zeros; remove the padding inside it.'
+    )
+
+
+def check_initial_index(inputs, initial_index) -> None:
+  """Host-side check that `initial_index` (int [B] or None) fits `inputs [B, L]`.
+
+  ValueError unless there is one start per row and each leaves room for an
+  output token: it must lie in [0, L). Skipped for traced values.
+  """
+  if initial_index is None or isinstance(initial_index, jax.core.Tracer):
+    return
+  initial_index = np.asarray(initial_index)
+  if initial_index.shape != np.shape(inputs)[:1]:
+    raise ValueError(
+      f'initial_index must be int [batch] = {np.shape(inputs)[:1]}, one start per row; got '
+      f'shape {initial_index.shape}.'
+    )
+  length = np.shape(inputs)[1]
+  bad = (initial_index < 0) | (initial_index >= length)
+  if np.any(bad):
+    row = int(np.argmax(bad))
+    raise ValueError(
+      f'initial_index[{row}] = {int(initial_index[row])} leaves no room to decode: the '
+      f'output has length {length}, so a row must start at an index in [0, {length}) '
+      '(its prompt length). Make the output longer or the prompt shorter.'
+    )
+
+
 # ------------------------------------------------------------------------------
 # Baseline: temperature sampling, one target call per token.
 # ------------------------------------------------------------------------------
@@ -185,9 +255,9 @@ class SamplingLoopState:
   """Loop state of `temperature_sample`.
 
   Attributes:
-    cur_index: int32 scalar, cache position of the token being fed (all rows
-      share it, as without a prefilled prompt in T5X).
-    sequences: int32 [BN, L + 2] BOS, outputs, and one spare slot.
+    cur_index: int32 [BN] cache position of the token each row feeds next
+      (rows differ when started from `initial_index`; an ended row stays).
+    sequences: int32 [BN, L + 1] BOS, outputs, and one spare slot.
     cache: the target's decoder cache.
     ended: bool [BN].
     rng: PRNG key.
@@ -202,6 +272,11 @@ class SamplingLoopState:
   log_prob: Array
 
 
+def _take_column(x: Array, index: Array) -> Array:
+  """x[b, index[b]] for x [B, L] and index int32 [B]."""
+  return jnp.take_along_axis(x, index[:, None], axis=1)[:, 0]
+
+
 def temperature_sample(
   inputs: Array,
   cache: PyTree,
@@ -213,6 +288,7 @@ def temperature_sample(
   topk: int = 1,
   topp: float = 0.0,
   cache_offset: int = 0,
+  initial_index: Optional[Array] = None,
   max_decode_steps: Optional[Union[int, Array]] = None,
 ) -> Tuple[Array, Array]:
   """Samples one token per target call, as T5X's `temperature_sample`.
@@ -230,6 +306,9 @@ def temperature_sample(
     topk: keep the k most likely tokens (0: off). T5X's default 1 is greedy.
     topp: nucleus mass (0: off). At most one of topk/topp may be non-zero.
     cache_offset: batch axis of cache leaves (1 for scanned layers).
+    initial_index: optional int32 [B], where each row starts: the cache is
+      prefilled below it and `inputs[:, initial_index]` is fed first (T5X's
+      decoder-only convention; see the module docstring). None starts at 0.
     max_decode_steps: optional cap on tokens generated after the prompt.
 
   Returns:
@@ -237,6 +316,7 @@ def temperature_sample(
     sorted by ascending log probability.
   """
   _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
+  check_initial_index(inputs, initial_index)
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   batch_size, max_decode_len = inputs.shape
   inputs = flat_batch_expand(inputs, num_decodes)
@@ -244,6 +324,10 @@ def temperature_sample(
   temperature = _expand_temperature(temperature, num_decodes)
   limits = _row_limits(inputs, max_decode_steps)
   flat_size = inputs.shape[0]
+  if initial_index is None:
+    start = jnp.zeros((flat_size,), jnp.int32)
+  else:
+    start = flat_batch_expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
 
   def cond_fn(state: SamplingLoopState) -> Array:
     return ~jnp.all(state.ended)
@@ -251,31 +335,30 @@ def temperature_sample(
   def body_fn(state: SamplingLoopState) -> SamplingLoopState:
     rng, sample_rng = jax.random.split(state.rng)
     index = state.cur_index
-    cur_token = lax.dynamic_slice_in_dim(state.sequences, index, 1, axis=1)
     logits, new_cache = tokens_to_logits(
       DecodingState(
-        cur_index=jnp.full((flat_size,), index, jnp.int32),
+        cur_index=index,
         sequences=state.sequences[:, :max_decode_len],
-        cur_token=cur_token,
+        cur_token=_take_column(state.sequences, index)[:, None],
         cache=state.cache,
       )
     )
     sampled, probs = sampling.sample_logits(
       sample_rng, logits, temperature=temperature, topk=topk, topp=topp
     )
-    forced = lax.dynamic_index_in_dim(state.sequences, index + 1, axis=1, keepdims=False)
+    forced = _take_column(state.sequences, index + 1)
     in_prompt = forced != 0
-    next_token = jnp.where(in_prompt, forced, sampled)
-    next_token = jnp.where(state.ended, 0, next_token)
     generated = ~in_prompt & ~state.ended
+    # An ended row rewrites the token it holds at index + 1, and stays.
+    next_token = jnp.where(generated, sampled, forced)
     token_prob = jnp.take_along_axis(probs, sampled[:, None], axis=-1)[:, 0]
     log_prob = state.log_prob + jnp.where(generated, jnp.log(token_prob), 0.0)
-    sequences = lax.dynamic_update_slice_in_dim(
-      state.sequences, next_token[:, None], index + 1, axis=1
+    sequences = jax.vmap(lambda row, token, at: row.at[at].set(token))(
+      state.sequences, next_token, index + 1
     )
     ended = state.ended | (generated & (next_token == eos_id)) | (index + 1 >= limits)
     return SamplingLoopState(
-      cur_index=index + 1,
+      cur_index=jnp.where(ended, index, index + 1),
       sequences=sequences,
       cache=new_cache,
       ended=ended,
@@ -287,10 +370,10 @@ def temperature_sample(
   sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, 1)))
   sequences = sequences.at[:, 0].set(0)
   init_state = SamplingLoopState(
-    cur_index=jnp.zeros((), jnp.int32),
+    cur_index=start,
     sequences=sequences,
     cache=cache,
-    ended=limits <= 0,
+    ended=start >= limits,
     rng=decode_rng,
     log_prob=jnp.zeros((flat_size,), jnp.float32),
   )
@@ -591,6 +674,7 @@ def speculative_sample(
   topk: int = 1,
   topp: float = 0.0,
   cache_offset: int = 0,
+  initial_index: Optional[Array] = None,
   max_decode_steps: Optional[Union[int, Array]] = None,
   *,
   draft: drafts.Draft,
@@ -607,10 +691,12 @@ def speculative_sample(
   (exactly for `lenience=1`); with greedy settings it is the same tokens.
 
   Args:
-    inputs: int32 [B, L] decoder prompt slot, all zeros (decoder prompts are
-      not supported here; the output length L is its width).
+    inputs: int32 [B, L] decoder prompts as `temperature_sample`'s (shifted
+      right: prompt tokens at indices 1..P, then zeros; all zeros for none).
+      The output length L is its width. Rows may have different P.
     cache: the target's decoder cache for batch B, with at least
-      `speculative_cache_length(L, gamma)` positions.
+      `speculative_cache_length(L, gamma)` positions; prefilled below
+      `initial_index` if that is given.
     score_block: the target's block scorer (see `ScoreBlock`).
     eos_id: end-of-sequence id.
     decode_rng: PRNG key (default `PRNGKey(0)`).
@@ -619,9 +705,17 @@ def speculative_sample(
     topk: keep the k most likely tokens (0: off); applied to p and q.
     topp: nucleus mass (0: off); applied to p and q.
     cache_offset: batch axis of cache leaves (1 for scanned layers).
-    max_decode_steps: optional cap on generated tokens per row.
+    initial_index: optional int32 [B], the prompt lengths P when both caches
+      are already prefilled below them (T5X's decoder-only convention; the
+      caller's prefill may be bidirectional over the prompt). None: this
+      function prefills the target (through `score_block`, causally) and the
+      draft (`draft.prefill`) with positions 0..L-1 of `inputs` in one block
+      call each, skipped at run time when no row has a prompt.
+    max_decode_steps: optional cap on generated tokens per row, counted
+      after the prompt.
     draft: a `drafts.Draft` (model, n-gram or prompt lookup).
-    draft_cache: the draft's state for batch B, from `draft.init_cache`.
+    draft_cache: the draft's state for batch B, from `draft.init_cache`
+      (and `draft.prefill` if `initial_index` is given).
     gamma: draft tokens proposed per iteration, >= 1.
     lenience: in (0, 1]; below 1 trades exactness for acceptance
       (Appendix A.5, see `speculative_sampling.verify`).
@@ -648,13 +742,10 @@ def speculative_sample(
     per-row stats in the same order.
   """
   _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
+  check_prompts(inputs)
+  check_initial_index(inputs, initial_index)
   check_positive_int('gamma', gamma)
   draft_threshold = check_draft_threshold(draft_threshold)
-  if not isinstance(inputs, jax.core.Tracer) and np.any(np.asarray(inputs) != 0):
-    raise ValueError(
-      'speculative_sample decodes from BOS only: `inputs` must be all zeros '
-      '(decoder prompts are not supported; use temperature_sample for them).'
-    )
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   batch_size, max_decode_len = inputs.shape
   inputs = flat_batch_expand(inputs, num_decodes)
@@ -664,6 +755,22 @@ def speculative_sample(
   limits = _row_limits(inputs, max_decode_steps)
   flat_size = inputs.shape[0]
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
+  # BOS, the prompts, zeros; room for one block running past the end.
+  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, gamma + 2))).at[:, 0].set(0)
+  if initial_index is None:
+    position = prompt_lengths(inputs)
+
+    def prefill(caches):
+      cache, draft_cache = caches
+      prompt_block = sequences[:, :max_decode_len]
+      _, cache = score_block(prompt_block, jnp.zeros_like(position), cache)
+      return cache, draft.prefill(draft_cache, prompt_block, position)
+
+    cache, draft_cache = lax.cond(
+      jnp.any(position > 0), prefill, lambda caches: caches, (cache, draft_cache)
+    )
+  else:
+    position = flat_batch_expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
 
   def cond_fn(state: SpeculativeLoopState) -> Array:
     return ~jnp.all(state.ended)
@@ -712,11 +819,11 @@ def speculative_sample(
     )
 
   init_state = SpeculativeLoopState(
-    position=jnp.zeros((flat_size,), jnp.int32),
-    sequences=jnp.zeros((flat_size, max_decode_len + gamma + 2), jnp.int32),
+    position=position,
+    sequences=sequences,
     cache=cache,
     draft_cache=draft_cache,
-    ended=limits <= 0,
+    ended=position >= limits,
     rng=decode_rng,
     log_prob=jnp.zeros((flat_size,), jnp.float32),
     stats=SpeculativeStats.zeros(flat_size, gamma),

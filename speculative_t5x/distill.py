@@ -66,8 +66,9 @@ Command line (flags as in `gin_utils`; the pair file binds TARGET and DRAFT):
     --gin.CORPUS_DIR="'runs/demo/corpus'" \
     --gin.VOCABULARY="'runs/demo/vocabulary/spm_4000.model'"
 
-Decoder-only pairs are not supported yet (the project has no decoder-only
-network); the functions take encoder-decoder `models.Model`s.
+Encoder-decoder pairs only: the functions take encoder-decoder
+`models.Model`s. (Decoder-only networks decode and train, see `network` and
+`train`, but distilling one is not implemented.)
 """
 
 import dataclasses
@@ -444,6 +445,11 @@ def distill(
   for t in eval_temperatures:
     sampling.validate_sampling_args(t, topk, topp)
   sources, probabilities = validate_data_mix({'draft': 1.0} if data_mix is None else data_mix)
+  if network.is_decoder_only(target.config) or network.is_decoder_only(draft.config):
+    raise ValueError(
+      'distill takes encoder-decoder pairs (network.T5Config); distilling a decoder-only '
+      'pair is not implemented. Train the decoder-only draft with speculative_t5x.train.'
+    )
   if target.vocab_size != draft.vocab_size:
     raise ValueError(
       f'The target has {target.vocab_size} ids and the draft {draft.vocab_size}: a draft '

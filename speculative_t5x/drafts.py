@@ -3,7 +3,7 @@
 A draft is a `flax.struct.dataclass`: its arrays (network parameters, n-gram
 tables) are pytree leaves, traced as arguments of the jitted decode call, and
 its configuration is static. Every draft implements the `Draft` protocol
-below: `vocab_size`, `init_cache` and `propose`.
+below: `vocab_size`, `init_cache`, `prefill` and `propose`.
 
 `ModelDraft` is the traced view of a `models.Model` (`Model.as_draft()`): the
 `Model` is the host-side object a user loads, checkpoints and shards (target
@@ -52,7 +52,18 @@ class Draft(Protocol):
     """Per-row state for encoder inputs int32 [B, Lin] and `cache_length` positions.
 
     Every leaf has the batch as its leading axis, so that the decode function
-    can expand it for `num_decodes`.
+    can expand it for `num_decodes`. For a decoder-only pair the tokens are
+    the prompts (see `prefill`), which a model draft uses only for the batch.
+    """
+
+  def prefill(self, cache: PyTree, prompt_block: Array, prompt_lengths: Array) -> PyTree:
+    """The state after each row's decoder prompt, written in one block call.
+
+    `prompt_block` int32 [BN, W]: positions 0..W-1 of the decoder input (BOS,
+    prompt tokens at 1..P, anything after); `prompt_lengths` int32 [BN], P.
+    Afterwards the draft behaves as if it had fed positions < P, so that a
+    rollout from position P proposes what follows the prompt. Stateless
+    drafts return `cache` (they read the prompt from `sequences`).
     """
 
   def propose(
@@ -172,18 +183,21 @@ class ModelDraft:
 
   Attributes:
     params: the draft's parameter tree.
-    config: its `network.T5Config` (static).
+    config: its `network.T5Config` or `network.DecoderOnlyConfig` (static).
+    inputs_bidirectional_attention: a prefix-LM decoder-only draft, whose
+      prompt positions attend to each other (static; see `prefill`).
   """
 
   params: PyTree
-  config: network.T5Config = flax.struct.field(pytree_node=False)
+  config: Any = flax.struct.field(pytree_node=False)
+  inputs_bidirectional_attention: bool = flax.struct.field(pytree_node=False, default=False)
 
   @property
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
   def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
-    """Encodes the inputs; returns the draft's state [B, ...].
+    """Encodes the inputs (if the draft has an encoder); returns its state [B, ...].
 
     `{'decoder': the network's decoder cache, 'written_until': int32 [B]}`:
     row b's cached keys/values are those of its tokens at positions
@@ -195,6 +209,18 @@ class ModelDraft:
       ),
       'written_until': jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32),
     }
+
+  def prefill(self, cache, prompt_block, prompt_lengths):
+    """Writes the keys/values of the prompt block (see `Draft.prefill`)."""
+    decoder_cache = network.prefill_decoder_cache(
+      self.config,
+      self.params,
+      cache['decoder'],
+      prompt_block,
+      prompt_lengths,
+      bidirectional=self.inputs_bidirectional_attention,
+    )
+    return {'decoder': decoder_cache, 'written_until': prompt_lengths.astype(jnp.int32)}
 
   def decode_step(self, decoder_cache, tokens, positions):
     """One single-token cached step: (logits [BN, V], new decoder cache).
@@ -391,6 +417,10 @@ class NgramDraft:
     del encoder_input_tokens, cache_length  # An n-gram keeps no per-row state.
     return {}
 
+  def prefill(self, cache, prompt_block, prompt_lengths):
+    del prompt_block, prompt_lengths  # The context is the last token of `sequences`.
+    return cache
+
   def propose(self, cache, sequences, positions, rng, **rollout_args):
     """Samples from q(. | previous token) step by step (see `rollout_loop`)."""
     last_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
@@ -414,8 +444,10 @@ class NgramDraft:
 class PromptLookupDraft:
   """Copies what followed the longest recent match of the last tokens.
 
-  The search space is the encoder input followed by the generated prefix.
-  For the last `max_ngram` generated tokens, every earlier place where the
+  The search space is the encoder input (for a decoder-only pair, the
+  prompts given to `init_cache`) followed by the decoder's sequence: its
+  prompt, if any, then the generated tokens. For the last `max_ngram` tokens
+  of that sequence, every earlier place where the
   longest suffix (at least one token) occurs is a candidate; the most recent
   candidate with the longest match wins, and the gamma tokens that followed it
   are proposed (zeros past the known tokens). Without any match it proposes
@@ -433,6 +465,10 @@ class PromptLookupDraft:
   def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
     del cache_length
     return {'input_tokens': encoder_input_tokens.astype(jnp.int32)}
+
+  def prefill(self, cache, prompt_block, prompt_lengths):
+    del prompt_block, prompt_lengths  # The search reads the prompt from `sequences`.
+    return cache
 
   def propose(
     self,

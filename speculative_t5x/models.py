@@ -7,6 +7,12 @@
   out.tokens        # int32 [B, 64]: EOS, then zeros, as T5X
   out.stats         # acceptance statistics (None for draft=None)
 
+Encoder-decoder pairs (`network.T5Config`) take encoder inputs and optional
+`decoder_prompts`; decoder-only pairs (`network.DecoderOnlyConfig`, T5X's
+`DecoderOnlyModel`) take their prompts as `input_tokens`. Either way a prompt
+is prefilled in one block call per network and `tokens` is what follows it:
+`max_decode_len` tokens at most, the prompt not repeated.
+
 `generate(target, None, ...)` runs the baseline (`decoding.temperature_sample`)
 with the same network, so the two are directly comparable. Each distinct
 configuration (shapes, draft structure, gamma, sampling arguments, ...) is
@@ -42,17 +48,27 @@ EOS_ID = 1  # T5's SentencePiece vocabularies: PAD = BOS = 0, EOS = 1.
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """A `network.Transformer` configuration and its parameter tree.
+  """A network configuration and its parameter tree.
 
   Attributes:
-    config: the network's `T5Config`.
+    config: the network's `network.T5Config` (encoder-decoder) or
+      `network.DecoderOnlyConfig`.
     params: its parameters (T5X's tree: `token_embedder/embedding`, ...).
+    inputs_bidirectional_attention: a decoder-only prefix LM (T5X's
+      `DecoderOnlyModel.inputs_bidirectional_attention`): prompt positions
+      attend to each other when the prompt is prefilled.
   """
 
-  config: network.T5Config
+  config: Any
   params: PyTree
+  inputs_bidirectional_attention: bool = False
 
   def __post_init__(self):
+    if self.inputs_bidirectional_attention and not network.is_decoder_only(self.config):
+      raise ValueError(
+        'inputs_bidirectional_attention=True is for decoder-only prefix LMs (a '
+        'network.DecoderOnlyConfig); an encoder-decoder decoder attends causally.'
+      )
     # Host (numpy) leaves go to the device once, here: a jitted call given a
     # numpy array copies it on every call (for T5-small-size weights on CPU,
     # ~30 ms per decode call; the whole model per call on an accelerator).
@@ -66,7 +82,11 @@ class Model:
 
   def as_draft(self) -> drafts.ModelDraft:
     """This model as the draft of a speculative pair."""
-    return drafts.ModelDraft(params=self.params, config=self.config)
+    return drafts.ModelDraft(
+      params=self.params,
+      config=self.config,
+      inputs_bidirectional_attention=self.inputs_bidirectional_attention,
+    )
 
 
 @flax.struct.dataclass
@@ -74,7 +94,8 @@ class GenerateOutput:
   """What `generate` returns.
 
   Attributes:
-    tokens: int32 [B, max_decode_len], each row's decode: tokens, EOS, zeros.
+    tokens: int32 [B, max_decode_len], each row's decode after its prompt (if
+      any): tokens, EOS, zeros.
     scores: float32 [B], log probability of each decode under the target's
       standardized distribution (0 for greedy decoding).
     stats: `decoding.SpeculativeStats` with per-row fields [B], or None for
@@ -90,34 +111,90 @@ def _as_draft(draft: Draft):
   return draft.as_draft() if isinstance(draft, Model) else draft
 
 
+def prefilled_target_cache(
+  config: Any,
+  params: PyTree,
+  input_tokens: Array,
+  cache_length: int,
+  decoder_prompt: Optional[Array] = None,
+  *,
+  prefill_width: Optional[int] = None,
+  inputs_bidirectional_attention: bool = False,
+) -> Tuple[PyTree, Optional[Array]]:
+  """The target's block cache, prefilled with the decoder prompts if there are any.
+
+  Args:
+    config: the target's `network.T5Config` or `network.DecoderOnlyConfig`.
+    params: its parameters.
+    input_tokens: int32 [B, Lin]: encoder inputs (a decoder-only network uses
+      only the batch size).
+    cache_length: static cache positions.
+    decoder_prompt: optional int32 [B, L] prompts in T5X's layout (see
+      `decoding`: BOS slot, tokens at indices 1..P, zeros).
+    prefill_width: static W, positions 0..W-1 written by the prefill (default
+      L); must exceed every prompt length.
+    inputs_bidirectional_attention: a prefix LM (decoder-only only): the
+      prompt's positions 0..P attend to each other.
+
+  Returns:
+    (cache, initial_index): initial_index int32 [B] is each row's prompt
+    length P (where decoding starts), or None without `decoder_prompt`.
+  """
+  cache = network.init_decoder_cache(config, params, input_tokens, cache_length)
+  if decoder_prompt is None:
+    return cache, None
+  initial_index = decoding.prompt_lengths(decoder_prompt)
+  width = decoder_prompt.shape[1] if prefill_width is None else prefill_width
+  cache = network.prefill_decoder_cache(
+    config,
+    params,
+    cache,
+    decoder_prompt[:, :width],
+    initial_index,
+    bidirectional=inputs_bidirectional_attention,
+  )
+  return cache, initial_index
+
+
 def speculative_decode(
-  target_config: network.T5Config,
+  target_config: Any,
   target_params: PyTree,
   draft: Any,
   input_tokens: Array,
   max_decode_len: int,
   *,
   gamma: int,
+  decoder_prompt: Optional[Array] = None,
+  prefill_width: Optional[int] = None,
+  inputs_bidirectional_attention: bool = False,
   decode_fn: Callable[..., Tuple[Array, Array, decoding.SpeculativeStats]] = (
     decoding.speculative_sample
   ),
   best_only: bool = True,
   **decode_args,
 ) -> Tuple[Array, Array, decoding.SpeculativeStats]:
-  """One speculative decode call on this project's network: the set-up `generate` and T5X share.
+  """One speculative decode call on this project's networks: the set-up `generate` and T5X share.
 
   Builds the target's block cache and the draft's, both with room for the
-  output plus one block (`decoding.speculative_cache_length`), the target's
-  block scorer, and calls `decode_fn` from an all-zeros decoder prompt.
+  output plus one block (`decoding.speculative_cache_length`), prefills both
+  with the decoder prompts in one block call each (if any), and calls
+  `decode_fn` with the target's block scorer.
 
   Args:
-    target_config: the target network's config.
+    target_config: the target network's config (encoder-decoder or
+      decoder-only).
     target_params: its parameters (without a draft subtree).
     draft: a `drafts.Draft` (e.g. `drafts.ModelDraft`) over the target's
       vocabulary (the callers check it: `drafts.check_shared_vocabulary`).
-    input_tokens: int32 [B, Lin] encoder inputs, 0-padded.
-    max_decode_len: the output length L.
+    input_tokens: int32 [B, Lin] encoder inputs, 0-padded (for a decoder-only
+      target: what the draft's `init_cache` takes, e.g. the prompts).
+    max_decode_len: the output length L, the prompts included.
     gamma: draft tokens per iteration (it sizes the caches).
+    decoder_prompt: optional int32 [B, L] decoder prompts in T5X's layout
+      (see `decoding`); decoding starts after each row's prompt.
+    prefill_width: static width of the prompt block (see
+      `prefilled_target_cache`).
+    inputs_bidirectional_attention: the target is a prefix LM.
     decode_fn: a decode function with `decoding.speculative_sample`'s
       signature.
     best_only: keep only the most likely decode of each row (the last, as
@@ -126,13 +203,28 @@ def speculative_decode(
       `decode_rng`, `temperature`, `num_decodes`, `lenience`, ...).
 
   Returns:
-    `(decodes, scores, stats)`: int32 [B, L], float32 [B] and per-row stats
-    fields [B] with `best_only`; otherwise [B, num_decodes, L],
-    [B, num_decodes] and [B, num_decodes] (ascending log probability).
-    Aggregate stats fields are for the whole batch either way.
+    `(decodes, scores, stats)`: int32 [B, L] (prompts included, T5X's
+    layout), float32 [B] and per-row stats fields [B] with `best_only`;
+    otherwise [B, num_decodes, L], [B, num_decodes] and [B, num_decodes]
+    (ascending log probability). Aggregate stats fields are for the whole
+    batch either way.
   """
   cache_length = decoding.speculative_cache_length(max_decode_len, gamma)
-  cache = network.init_decoder_cache(target_config, target_params, input_tokens, cache_length)
+  cache, initial_index = prefilled_target_cache(
+    target_config,
+    target_params,
+    input_tokens,
+    cache_length,
+    decoder_prompt,
+    prefill_width=prefill_width,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+  )
+  draft_cache = draft.init_cache(input_tokens, cache_length)
+  if decoder_prompt is None:
+    decoder_prompt = jnp.zeros((input_tokens.shape[0], max_decode_len), jnp.int32)
+  else:
+    width = max_decode_len if prefill_width is None else prefill_width
+    draft_cache = draft.prefill(draft_cache, decoder_prompt[:, :width], initial_index)
 
   def score_block(block_tokens, start_positions, cache):
     return network.apply_decode_block(
@@ -140,12 +232,14 @@ def speculative_decode(
     )
 
   decodes, scores, stats = decode_fn(
-    inputs=jnp.zeros((input_tokens.shape[0], max_decode_len), jnp.int32),
+    inputs=decoder_prompt,
     cache=cache,
     score_block=score_block,
     draft=draft,
-    draft_cache=draft.init_cache(input_tokens, cache_length),
+    draft_cache=draft_cache,
     gamma=gamma,
+    # Only with a prompt, so that decode functions without prompts still fit.
+    **({} if initial_index is None else {'initial_index': initial_index}),
     **decode_args,
   )
   if best_only:
@@ -155,10 +249,33 @@ def speculative_decode(
   return decodes, scores, stats
 
 
+def strip_prompts(decodes: Array, prompt_lengths: Array, length: int) -> Array:
+  """int32 [B, length]: what follows each row's prompt in T5X-layout decodes [B, L].
+
+  decodes[b, P_b : P_b + length] (the output slot j holds decodes[:, j]).
+  """
+  padded = jnp.pad(decodes, ((0, 0), (0, length)))
+  return jax.vmap(lambda row, start: jax.lax.dynamic_slice(row, (start,), (length,)))(
+    padded, prompt_lengths
+  )
+
+
+def decoder_prompt_layout(prompts: Array, max_decode_len: int) -> Array:
+  """Prompts int32 [B, Lp] (tokens, then 0-padding) in T5X's layout [B, Lp + max_decode_len].
+
+  Index 0 is the BOS slot and prompt token i sits at index i + 1, so that
+  `max_decode_len` tokens fit after the longest prompt.
+  """
+  batch, prompt_width = prompts.shape
+  layout = jnp.zeros((batch, prompt_width + max_decode_len), jnp.int32)
+  return layout.at[:, 1 : prompt_width + 1].set(prompts.astype(jnp.int32))
+
+
 @functools.partial(
   jax.jit,
   static_argnames=(
     'target_config',
+    'inputs_bidirectional_attention',
     'gamma',
     'max_decode_len',
     'temperature',
@@ -175,9 +292,11 @@ def _generate(
   target_params,
   draft,
   input_tokens,
+  decoder_prompts,
   rng,
   *,
-  target_config: network.T5Config,
+  target_config: Any,
+  inputs_bidirectional_attention: bool,
   gamma: int,
   max_decode_len: int,
   temperature: float,
@@ -189,12 +308,26 @@ def _generate(
   verification: str,
   draft_threshold: float,
 ):
-  """The whole decode call, compiled once per static configuration."""
-  batch_size = input_tokens.shape[0]
-  decoder_prompt = jnp.zeros((batch_size, max_decode_len), jnp.int32)
-  sample_args = dict(decode_rng=rng, temperature=temperature, topk=topk, topp=topp)
+  """The whole decode call, compiled once per static configuration and prompt width."""
+  prompts = input_tokens if network.is_decoder_only(target_config) else decoder_prompts
+  if prompts is None:
+    decoder_prompt, prefill_width, length, max_decode_steps = None, None, max_decode_len, None
+  else:
+    # Room for max_decode_len tokens after the longest prompt; positions
+    # 0..Lp (BOS and the prompt slots) are prefilled.
+    decoder_prompt = decoder_prompt_layout(prompts, max_decode_len)
+    prefill_width, length = prompts.shape[1] + 1, decoder_prompt.shape[1]
+    max_decode_steps = max_decode_len
+  prefill_args = dict(
+    prefill_width=prefill_width, inputs_bidirectional_attention=inputs_bidirectional_attention
+  )
+  sample_args = dict(
+    decode_rng=rng, temperature=temperature, topk=topk, topp=topp, max_decode_steps=max_decode_steps
+  )
   if draft is None:
-    cache = network.init_decoder_cache(target_config, target_params, input_tokens, max_decode_len)
+    cache, initial_index = prefilled_target_cache(
+      target_config, target_params, input_tokens, length, decoder_prompt, **prefill_args
+    )
 
     def tokens_to_logits(state: decoding.DecodingState):
       logits, new_cache = network.apply_decode_block(
@@ -202,25 +335,31 @@ def _generate(
       )
       return logits[:, 0], new_cache
 
+    if decoder_prompt is None:
+      decoder_prompt = jnp.zeros((input_tokens.shape[0], length), jnp.int32)
     decodes, scores = decoding.temperature_sample(
-      decoder_prompt, cache, tokens_to_logits, eos_id, **sample_args
+      decoder_prompt, cache, tokens_to_logits, eos_id, initial_index=initial_index, **sample_args
     )
-    return GenerateOutput(tokens=decodes[:, -1], scores=scores[:, -1], stats=None)
-
-  decodes, scores, stats = speculative_decode(
-    target_config,
-    target_params,
-    draft,
-    input_tokens,
-    max_decode_len,
-    gamma=gamma,
-    eos_id=eos_id,
-    **sample_args,
-    lenience=lenience,
-    emulate_alpha=emulate_alpha,
-    verification=verification,
-    draft_threshold=draft_threshold,
-  )
+    decodes, scores, stats = decodes[:, -1], scores[:, -1], None
+  else:
+    decodes, scores, stats = speculative_decode(
+      target_config,
+      target_params,
+      draft,
+      input_tokens,
+      length,
+      gamma=gamma,
+      decoder_prompt=decoder_prompt,
+      **prefill_args,
+      eos_id=eos_id,
+      **sample_args,
+      lenience=lenience,
+      emulate_alpha=emulate_alpha,
+      verification=verification,
+      draft_threshold=draft_threshold,
+    )
+  if prompts is not None:
+    decodes = strip_prompts(decodes, decoding.prompt_lengths(decoder_prompt), max_decode_len)
   return GenerateOutput(tokens=decodes, scores=scores, stats=stats)
 
 
@@ -245,30 +384,71 @@ def check_input_tokens(input_tokens, vocab_size: int) -> np.ndarray:
   return input_tokens
 
 
+def check_prompt_tokens(prompts, vocab_size: int, batch_size: int, name: str) -> np.ndarray:
+  """Host-side check of prompts int [B, Lp]: ids < V, tokens first, then only 0-padding."""
+  prompts = check_input_tokens(prompts, vocab_size)
+  if prompts.shape[0] != batch_size:
+    raise ValueError(
+      f'{name} has {prompts.shape[0]} rows but the batch has {batch_size}; give one '
+      'prompt row per input row (an all-zero row for no prompt).'
+    )
+  try:
+    decoding.check_prompts(np.pad(prompts, ((0, 0), (1, 0))))
+  except ValueError as error:
+    raise ValueError(f'{name}: {error}') from None
+  return prompts
+
+
 @dataclasses.dataclass(frozen=True)
 class Decoder:
   """A validated decoding configuration: `decoder(input_tokens, rng) -> GenerateOutput`.
 
-  Calling it checks the input ids on the host (`check_input_tokens`), then runs
-  the compiled decode call. `compile(...)` gives the call alone, for loops
-  that time or stream batches already checked.
+  Calling it checks the input ids and prompts on the host
+  (`check_input_tokens`, `check_prompt_tokens`), then runs the compiled
+  decode call. `compile(...)` gives the call alone, for loops that time or
+  stream batches already checked.
   """
 
   target: Model
   draft: Any
   static_args: Mapping[str, Any]
 
-  def __call__(self, input_tokens: Array, rng: Array) -> GenerateOutput:
-    """input_tokens: int [B, Lin] ids of the target's vocabulary; rng: a PRNG key."""
-    input_tokens = check_input_tokens(input_tokens, self.target.vocab_size)
+  def __call__(
+    self, input_tokens: Array, rng: Array, decoder_prompts: Optional[Array] = None
+  ) -> GenerateOutput:
+    """Decodes a batch; see `generate` for `input_tokens` and `decoder_prompts`."""
+    input_tokens, decoder_prompts = self.check_inputs(input_tokens, decoder_prompts)
     return _generate(
-      self.target.params, self.draft, jnp.asarray(input_tokens, jnp.int32), rng, **self.static_args
+      self.target.params, self.draft, input_tokens, decoder_prompts, rng, **self.static_args
     )
 
-  def compile(self, input_tokens: Array, rng: Array) -> 'CompiledDecoder':
+  def check_inputs(self, input_tokens, decoder_prompts=None):
+    """(input_tokens, decoder_prompts) checked on the host, as int32 device arrays."""
+    vocab_size = self.target.vocab_size
+    if network.is_decoder_only(self.target.config):
+      if decoder_prompts is not None:
+        raise ValueError(
+          'A decoder-only target takes its prompts as input_tokens; decoder_prompts '
+          'is for encoder-decoder targets. Pass the prompts as input_tokens.'
+        )
+      input_tokens = check_prompt_tokens(
+        input_tokens, vocab_size, np.shape(input_tokens)[0], 'input_tokens (the prompts)'
+      )
+    else:
+      input_tokens = check_input_tokens(input_tokens, vocab_size)
+      if decoder_prompts is not None:
+        decoder_prompts = jnp.asarray(
+          check_prompt_tokens(decoder_prompts, vocab_size, len(input_tokens), 'decoder_prompts'),
+          jnp.int32,
+        )
+    return jnp.asarray(input_tokens, jnp.int32), decoder_prompts
+
+  def compile(
+    self, input_tokens: Array, rng: Array, decoder_prompts: Optional[Array] = None
+  ) -> 'CompiledDecoder':
     """Compiles ahead of time for the shapes of these arguments."""
     compiled = _generate.lower(
-      self.target.params, self.draft, input_tokens, rng, **self.static_args
+      self.target.params, self.draft, input_tokens, decoder_prompts, rng, **self.static_args
     ).compile()
     return CompiledDecoder(self, compiled)
 
@@ -280,12 +460,34 @@ class CompiledDecoder:
   decoder: Decoder
   compiled: Any  # jax.stages.Compiled
 
-  def __call__(self, input_tokens: Array, rng: Array) -> GenerateOutput:
-    return self.compiled(self.decoder.target.params, self.decoder.draft, input_tokens, rng)
+  def __call__(
+    self, input_tokens: Array, rng: Array, decoder_prompts: Optional[Array] = None
+  ) -> GenerateOutput:
+    return self.compiled(
+      self.decoder.target.params, self.decoder.draft, input_tokens, decoder_prompts, rng
+    )
 
   def memory_analysis(self):
     """XLA's memory analysis (argument, output, temporary sizes), or None."""
     return self.compiled.memory_analysis()
+
+
+def check_same_architecture(target: Model, draft: Any) -> None:
+  """ValueError unless a network draft has its target's architecture.
+
+  An encoder-decoder target needs an encoder-decoder draft and a decoder-only
+  target a decoder-only one (n-gram and prompt-lookup drafts fit both): the
+  prompt reaches the two networks the same way.
+  """
+  if not isinstance(draft, drafts.ModelDraft):
+    return
+  kind = lambda config: 'decoder-only' if network.is_decoder_only(config) else 'encoder-decoder'
+  if kind(draft.config) != kind(target.config):
+    raise ValueError(
+      f'The target is {kind(target.config)} but the draft network is '
+      f'{kind(draft.config)}; pair networks of one architecture (or use an n-gram or '
+      'prompt-lookup draft).'
+    )
 
 
 def make_decoder(
@@ -320,6 +522,7 @@ def make_decoder(
   if draft is not None:
     draft = _as_draft(draft)
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
+    check_same_architecture(target, draft)
     decoding.check_positive_int('gamma', gamma)
     speculative_sampling.validate_lenience(lenience)
     speculative_sampling.validate_verification(verification, lenience)
@@ -328,6 +531,7 @@ def make_decoder(
     gamma, lenience, emulate_alpha, verification, draft_threshold = 0, 1.0, None, 'token', 0.0
   static_args = dict(
     target_config=target.config,
+    inputs_bidirectional_attention=target.inputs_bidirectional_attention,
     gamma=int(gamma),
     max_decode_len=int(max_decode_len),
     temperature=float(temperature),
@@ -348,6 +552,7 @@ def generate(
   draft: Optional[Draft],
   input_tokens,
   *,
+  decoder_prompts=None,
   gamma: int = 4,
   temperature: float = 0.0,
   topk: int = 0,
@@ -365,12 +570,18 @@ def generate(
     target: the target model.
     draft: a `Model` with the target's vocabulary, an n-gram or prompt-lookup
       draft from `drafts`, or None for plain (baseline) decoding.
-    input_tokens: int [B, Lin] encoder inputs, 0-padded, EOS-terminated.
+    input_tokens: int [B, Lin] encoder inputs, 0-padded, EOS-terminated; for a
+      decoder-only target, the prompts: each row's tokens, then 0-padding (a
+      prefix LM's inputs keep their EOS, as seqio writes them).
+    decoder_prompts: optional int [B, Lp] decoder prompts of an
+      encoder-decoder target (T5X's `prompt_with_targets`): each row's
+      tokens, then 0-padding; decoding continues them. None starts from BOS.
     gamma: draft tokens per iteration (ignored without a draft).
     temperature: 0 (the default) is greedy.
     topk: keep the k most likely tokens (0: off).
     topp: nucleus mass (0: off).
-    max_decode_len: output length; decoding stops earlier at EOS.
+    max_decode_len: tokens generated after the prompt at most; decoding stops
+      earlier at EOS.
     rng: PRNG key (default `PRNGKey(0)`).
     lenience: 1 is exact; below 1 see `speculative_sampling.verify`.
     eos_id: end-of-sequence id.
@@ -398,10 +609,12 @@ def generate(
     verification=verification,
     draft_threshold=draft_threshold,
   )
-  return decode(input_tokens, jax.random.PRNGKey(0) if rng is None else rng)
+  return decode(input_tokens, jax.random.PRNGKey(0) if rng is None else rng, decoder_prompts)
 
 
-def load_model(config: network.T5Config, checkpoint_path: str, dtype=None) -> Model:
+def load_model(
+  config: Any, checkpoint_path: str, dtype=None, *, inputs_bidirectional_attention: bool = False
+) -> Model:
   """A `Model` from any checkpoint `checkpoints.load_params` reads.
 
   Args:
@@ -411,13 +624,17 @@ def load_model(config: network.T5Config, checkpoint_path: str, dtype=None) -> Mo
       a `checkpoint_<step>` directory or its parent), or a Hugging Face
       directory.
     dtype: optional parameter dtype to cast to (e.g. 'bfloat16').
+    inputs_bidirectional_attention: a decoder-only prefix LM (see `Model`).
   """
   from speculative_t5x import checkpoints  # orbax/tensorstore only when loading.
 
-  return Model(config, checkpoints.load_params(checkpoint_path, config=config, dtype=dtype))
+  params = checkpoints.load_params(checkpoint_path, config=config, dtype=dtype)
+  return Model(config, params, inputs_bidirectional_attention)
 
 
-def random_model(config: network.T5Config, seed: int = 0, dtype=None) -> Model:
+def random_model(
+  config: Any, seed: int = 0, dtype=None, *, inputs_bidirectional_attention: bool = False
+) -> Model:
   """A `Model` with random parameters (T5X's initializer scales), for timing only.
 
   `dtype` (e.g. 'bfloat16') casts the parameters, as `load_model` does.
@@ -425,4 +642,4 @@ def random_model(config: network.T5Config, seed: int = 0, dtype=None) -> Model:
   params, _ = network.random_params(config, seed=seed)
   if dtype is not None:
     params = jax.tree.map(lambda x: np.asarray(x).astype(jnp.dtype(dtype), copy=False), params)
-  return Model(config, params)
+  return Model(config, params, inputs_bidirectional_attention)

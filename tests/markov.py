@@ -43,13 +43,16 @@ class MarkovTarget:
     logits, cache = self.score_block(state.cur_token, state.cur_index, state.cache)
     return logits[:, 0], cache
 
-  def sequence_distribution(self, length, eos_id, row_shift=0, **sample_args):
+  def sequence_distribution(self, length, eos_id, row_shift=0, prompt=(), **sample_args):
     """Exact probabilities of every complete output (tokens then EOS or length).
 
+    With a decoder `prompt` (tokens at positions 1..P), the outputs are its
+    continuations: at most `length - P` tokens, the prompt itself not included.
     Returns a dict {output tuple (without trailing padding): probability}.
     """
     probs = np.asarray(sampling.standardize(self.table, **sample_args), np.float64)
     result = {}
+    length -= len(prompt)
 
     def extend(prefix, token, position, prob):
       if prob == 0.0:
@@ -61,7 +64,7 @@ class MarkovTarget:
       for next_token in range(self.vocab_size):
         extend(prefix + [next_token], next_token, position + 1, prob * row[next_token])
 
-    extend([], 0, 0, 1.0)
+    extend([], prompt[-1] if len(prompt) else 0, len(prompt), 1.0)
     return result
 
 
@@ -100,6 +103,9 @@ class MarkovDraft:
   def init_cache(self, row_shift):
     return {'row_shift': jnp.asarray(row_shift, jnp.int32)}
 
+  def prefill(self, cache, prompt_block, prompt_lengths):
+    return cache  # Markov: the next token depends only on the position and the last token.
+
   def propose(self, cache, sequences, positions, rng, **rollout_args):
     last = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
 
@@ -122,6 +128,9 @@ class ConstantDraft:
 
   def init_cache(self, encoder_input_tokens, cache_length):
     return {}
+
+  def prefill(self, cache, prompt_block, prompt_lengths):
+    return cache
 
   def propose(self, cache, sequences, positions, rng, *, gamma, **sampling_args):
     del sampling_args  # Deterministic; always gamma tokens (num_drafted None).

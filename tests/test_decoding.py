@@ -11,8 +11,12 @@ import markov
 from testing_utils import EOS, decoded_lengths, outputs_as_tuples, sequence_chi_square_p_value
 
 
-def run_baseline(target, row_shift, length, rng=None, num_decodes=1, **sample_args):
-  inputs = jnp.zeros((len(row_shift), length), jnp.int32)
+def run_baseline(
+  target, row_shift, length, rng=None, num_decodes=1, inputs=None, initial_index=None, **sample_args
+):
+  """`temperature_sample` from BOS, or from decoder prompts `inputs` [B, length]."""
+  if inputs is None:
+    inputs = jnp.zeros((len(row_shift), length), jnp.int32)
   return jax.jit(
     lambda rng: decoding.temperature_sample(
       inputs,
@@ -21,16 +25,29 @@ def run_baseline(target, row_shift, length, rng=None, num_decodes=1, **sample_ar
       EOS,
       decode_rng=rng,
       num_decodes=num_decodes,
+      initial_index=initial_index,
       **sample_args,
     )
   )(jax.random.PRNGKey(0) if rng is None else rng)
 
 
 def speculative_fn(
-  target, draft_cache, row_shift, length, gamma, num_decodes=1, draft_threshold=0.0, **sample_args
+  target,
+  draft_cache,
+  row_shift,
+  length,
+  gamma,
+  num_decodes=1,
+  draft_threshold=0.0,
+  inputs=None,
+  **sample_args,
 ):
-  """A jitted `(rng, draft) -> (decodes, log_probs, stats)`, compiled once per draft structure."""
-  inputs = jnp.zeros((len(row_shift), length), jnp.int32)
+  """A jitted `(rng, draft) -> (decodes, log_probs, stats)`, compiled once per draft structure.
+
+  Decodes from BOS, or from decoder prompts `inputs` [B, length].
+  """
+  if inputs is None:
+    inputs = jnp.zeros((len(row_shift), length), jnp.int32)
 
   @jax.jit
   def run(rng, draft):
@@ -240,19 +257,6 @@ class TestLoopBehaviour:
     assert int(stats.beta_count) == int(stats.position_reached.sum())
     assert 0 < int(stats.fully_accepted) < iterations.sum()
 
-  def test_nonzero_decoder_prompt_is_rejected(self):
-    target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))
-    with pytest.raises(ValueError, match='all zeros'):
-      decoding.speculative_sample(
-        jnp.ones((1, 4), jnp.int32),
-        target.cache([0]),
-        target.score_block,
-        EOS,
-        draft=drafts.NgramDraft.fit([[2]], 4),
-        draft_cache={},
-        gamma=2,
-      )
-
   @pytest.mark.parametrize('gamma', [0, -1, 2.5])
   def test_bad_gamma(self, gamma):
     target = markov.MarkovTarget(markov.random_table(seed=1, num_positions=10, vocab_size=4))
@@ -336,3 +340,153 @@ def test_whole_sequences_match_the_target_distribution(
   )
   assert p_value > 1e-3
   assert drafted < gamma * iterations if draft_threshold else drafted == gamma * iterations
+
+
+def ragged_prompts(seed, batch, length, vocab, max_prompt=None):
+  """int32 [batch, length] decoder prompts (shifted right) of lengths 0..max_prompt.
+
+  Tokens in [2, vocab): no PAD inside and no EOS, so every row decodes after it.
+  """
+  rng = np.random.default_rng(seed)
+  max_prompt = length - 1 if max_prompt is None else max_prompt
+  lengths = rng.integers(0, max_prompt + 1, batch)
+  lengths[0] = max_prompt  # The longest prompt the output allows is always there.
+  inputs = np.zeros((batch, length), np.int32)
+  for row, prompt_length in enumerate(lengths):
+    inputs[row, 1 : prompt_length + 1] = rng.integers(2, vocab, prompt_length)
+  return inputs, lengths
+
+
+class TestPrompts:
+  """Decoder prompts: teacher-forced baseline == prefilled speculative loop."""
+
+  @pytest.mark.parametrize('batch', [1, 3, 8])
+  @pytest.mark.parametrize('gamma', [1, 3, 7])
+  @pytest.mark.parametrize('draft_kind', ['perfect', 'wrong', 'bigram', 'lookup'])
+  def test_greedy_speculative_equals_baseline_with_ragged_prompts(self, draft_kind, gamma, batch):
+    vocab, length = 7, 12
+    table = markov.random_table(seed=gamma + batch, num_positions=40, vocab_size=vocab)
+    table[..., vocab - 1] -= 100.0  # The target never emits the last id: a wrong draft's token.
+    target = markov.MarkovTarget(table)
+    row_shift = np.arange(batch) % 4
+    inputs, lengths = ragged_prompts(batch, batch, length, vocab - 1, max_prompt=length - 1)
+    baseline, _ = run_baseline(target, row_shift, length, inputs=inputs, **GREEDY)
+    draft_cache = {}
+    if draft_kind == 'perfect':
+      draft, draft_cache = markov.MarkovDraft(target.table), target.cache(row_shift)
+    elif draft_kind == 'wrong':
+      draft = markov.ConstantDraft(token=vocab - 1, vocab_size=vocab)
+    elif draft_kind == 'bigram':
+      draft = drafts.NgramDraft.fit(list(inputs[:, 1:]), vocab)
+    else:
+      draft = drafts.PromptLookupDraft(vocab_size=vocab, max_ngram=2)
+      draft_cache = draft.init_cache(jnp.zeros((batch, 1), jnp.int32), cache_length=0)
+    decodes, _, stats = run_speculative(
+      target, draft, draft_cache, row_shift, length, gamma, inputs=inputs, **GREEDY
+    )
+    np.testing.assert_array_equal(decodes, baseline)
+    # The prompts are kept (T5X's convention) and only what follows is counted.
+    np.testing.assert_array_equal(
+      np.asarray(decodes)[:, 0, : length - 1] * (inputs[:, 1:] != 0), inputs[:, 1:]
+    )
+    emitted = np.asarray(stats.emitted)[:, 0]
+    assert np.all(emitted >= 1) and np.all(emitted <= length - lengths)
+    assert emitted[0] == 1  # The longest prompt leaves room for exactly one token.
+
+  def test_initial_index_starts_from_prefilled_caches(self):
+    """T5X's decoder-only convention: the same decodes as teacher forcing the prompt."""
+    vocab, length = 6, 10
+    target = markov.MarkovTarget(markov.random_table(seed=4, num_positions=30, vocab_size=vocab))
+    row_shift = np.array([0, 2, 1])
+    inputs, lengths = ragged_prompts(0, 3, length, vocab, max_prompt=6)
+    forced, _ = run_baseline(target, row_shift, length, inputs=inputs, **GREEDY)
+    prefilled, _ = run_baseline(
+      target, row_shift, length, inputs=inputs, initial_index=lengths, **GREEDY
+    )
+    np.testing.assert_array_equal(prefilled, forced)
+    decodes, _, _ = run_speculative(
+      target,
+      markov.MarkovDraft(target.table),
+      target.cache(row_shift),
+      row_shift,
+      length,
+      3,
+      inputs=inputs,
+      initial_index=jnp.asarray(lengths),
+      **GREEDY,
+    )
+    np.testing.assert_array_equal(decodes, forced)
+
+  def test_max_decode_steps_count_after_the_prompt(self):
+    vocab, length = 6, 12
+    table = markov.random_table(seed=3, num_positions=30, vocab_size=vocab)
+    table[..., [0, EOS]] = -1e9  # never ends early, never emits PAD
+    target = markov.MarkovTarget(table)
+    inputs, lengths = ragged_prompts(1, 4, length, vocab, max_prompt=5)
+    decodes, _, stats = run_speculative(
+      target,
+      drafts.NgramDraft.fit([[2, 3, 4]], vocab),
+      {},
+      np.zeros(4, np.int32),
+      length,
+      3,
+      inputs=inputs,
+      max_decode_steps=4,
+      **GREEDY,
+    )
+    np.testing.assert_array_equal(stats.emitted[:, 0], 4)
+    np.testing.assert_array_equal((np.asarray(decodes)[:, 0] != 0).sum(1), lengths + 4)
+
+  @pytest.mark.parametrize(
+    'sample_args',
+    [
+      dict(temperature=1.0, topk=0),
+      dict(temperature=1.0, topk=3),
+      dict(temperature=0.8, topk=0, topp=0.7),
+    ],
+    ids=['temperature1', 'topk3', 'topp0.7'],
+  )
+  def test_continuations_of_a_prompt_follow_the_target(self, sample_args):
+    """Chi-square over whole continuations after a 3-token prompt (bigram draft)."""
+    vocab, length, batch, calls = 5, 6, 4096, 12
+    target = markov.MarkovTarget(markov.random_table(seed=8, num_positions=20, vocab_size=vocab))
+    prompt = (3, 2, 4)
+    inputs = np.zeros((batch, length), np.int32)
+    inputs[:, 1 : len(prompt) + 1] = prompt
+    run = speculative_fn(
+      target, {}, np.zeros(batch, np.int32), length, 3, inputs=inputs, **sample_args
+    )
+    draft = drafts.NgramDraft.fit([[2, 3, 4, 2, 1], [3, 3, 1]], vocab)
+    samples = []
+    for seed in range(calls):
+      decodes, _, _ = run(jax.random.PRNGKey(seed), draft)
+      samples += outputs_as_tuples(np.asarray(decodes)[:, 0, len(prompt) :])
+    exact = target.sequence_distribution(length, EOS, prompt=prompt, **sample_args)
+    p_value = sequence_chi_square_p_value(samples, exact)
+    print(f'\nchi-square p-value, Markov target after a prompt, {sample_args}: {p_value:.4f}')
+    assert p_value > 1e-3
+
+  def test_bad_prompts_are_named_errors(self):
+    target = markov.MarkovTarget(markov.random_table(seed=0, num_positions=10, vocab_size=4))
+    draft = drafts.NgramDraft.fit([[2, 3]], 4)
+    holes = np.array([[0, 2, 0, 3, 0]], np.int32)
+    with pytest.raises(ValueError, match='row 0 has a 0 \\(padding\\) between its tokens'):
+      decoding.speculative_sample(
+        holes, {}, target.score_block, EOS, draft=draft, draft_cache={}, gamma=2
+      )
+    prompt = np.array([[0, 2, 3, 0, 0]], np.int32)
+    with pytest.raises(ValueError, match='initial_index\\[0\\] = 5 leaves no room'):
+      decoding.speculative_sample(
+        prompt,
+        {},
+        target.score_block,
+        EOS,
+        initial_index=np.array([5]),
+        draft=draft,
+        draft_cache={},
+        gamma=2,
+      )
+    with pytest.raises(ValueError, match='initial_index must be int \\[batch\\]'):
+      decoding.temperature_sample(
+        prompt, {}, target.tokens_to_logits, EOS, initial_index=np.array([2, 2])
+      )
