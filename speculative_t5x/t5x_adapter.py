@@ -2,8 +2,12 @@
 
 `SpeculativeEncoderDecoderModel` is a `t5x.models.EncoderDecoderModel` whose
 `predict_batch_with_aux` runs `decoding.speculative_sample` with a draft
-network, so that a T5X inference command decodes speculatively by adding one
-gin file (`configs/t5x/speculative_xxl_small.gin` and its siblings):
+network (decoder prompts, T5X's `prompt_with_targets`, included), and
+`SpeculativeDecoderOnlyModel` the same for `t5x.models.DecoderOnlyModel`
+(prefix LMs: the prompt is prefilled, bidirectionally if the model says so),
+so that a T5X inference command decodes speculatively by adding one gin file
+(`configs/t5x/speculative_xxl_small.gin` and its siblings;
+`configs/t5x/speculative_decoder_only.gin` for decoder-only pairs):
 
   python -m t5x.infer \
     --gin_search_paths=/path/to/speculative_t5x \
@@ -34,8 +38,9 @@ Scoring and training see the target only: `loss_fn`, `eval_fn` and
 t5x is optional. This module imports without it, and so do its functions over
 arrays (`speculative_predict_batch`, `graft_draft_params`, ...), which the
 model class calls and which tests and notebooks use directly; only the class
-needs t5x: `t5x_adapter.SpeculativeEncoderDecoderModel` imports it on first
-access and raises ImportError with installation instructions if it is missing.
+need t5x: `t5x_adapter.SpeculativeEncoderDecoderModel` (or
+`SpeculativeDecoderOnlyModel`) imports it on first access and raises
+ImportError with installation instructions if it is missing.
 """
 
 import functools
@@ -125,14 +130,19 @@ def add_draft_variables(
 
 
 def init_network_variables(
-  module: network.Transformer, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]]
+  module: Any, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]]
 ) -> Dict[str, Any]:
-  """`module.init` on ones of T5X's input shapes (`encoder_input_tokens`, `decoder_input_tokens`)."""
-  encoder_tokens = jnp.ones(input_shapes['encoder_input_tokens'], jnp.int32)
+  """`module.init` on ones of T5X's input shapes.
+
+  A `network.Transformer` takes `encoder_input_tokens` and
+  `decoder_input_tokens`, a `network.DecoderOnly` the decoder's alone.
+  """
   decoder_tokens = jnp.ones(input_shapes['decoder_input_tokens'], jnp.int32)
-  return flax.core.unfreeze(
-    module.init(rng, encoder_tokens, decoder_tokens, decoder_tokens, enable_dropout=False)
-  )
+  if isinstance(module, network.DecoderOnly):
+    tokens = (decoder_tokens, decoder_tokens)
+  else:
+    tokens = (jnp.ones(input_shapes['encoder_input_tokens'], jnp.int32),) + (decoder_tokens,) * 2
+  return flax.core.unfreeze(module.init(rng, *tokens, enable_dropout=False))
 
 
 # ------------------------------------------------------------------------------
@@ -338,15 +348,21 @@ def graft_draft_checkpoint(
 # ------------------------------------------------------------------------------
 # Prediction: both encoders, both caches, the block scorer, speculative_sample.
 # ------------------------------------------------------------------------------
-def check_networks(module: Any, draft_module: Any) -> None:
-  """Raises ValueError unless both are `network.Transformer`s with one vocabulary."""
+def check_networks(
+  module: Any, draft_module: Any, network_class: type = network.Transformer
+) -> None:
+  """Raises ValueError unless both are `network_class` modules with one vocabulary.
+
+  `network_class`: `network.Transformer` (T5X's T5 1.1 encoder-decoder) or
+  `network.DecoderOnly` (T5X's decoder-only network).
+  """
   for name, value in (('module', module), ('draft_module', draft_module)):
-    if not isinstance(value, network.Transformer):
+    if not isinstance(value, network_class):
       raise ValueError(
-        f"{name} must be a speculative_t5x.network.Transformer (T5X's T5 1.1 parameter tree "
-        'plus the block-cached decoding that speculative decoding needs); got '
+        f"{name} must be a speculative_t5x.network.{network_class.__name__} (T5X's parameter "
+        'tree plus the block-cached decoding that speculative decoding needs); got '
         f'{type(value).__module__}.{type(value).__qualname__}. In gin: '
-        f'{name} = @speculative_network.Transformer().'
+        f'{name} = @speculative_network.{network_class.__name__}().'
       )
   drafts.check_shared_vocabulary(draft_module.config.vocab_size, module.config.vocab_size)
 
@@ -369,21 +385,23 @@ def speculative_predict_batch(
   decoder_params: Optional[Mapping[str, Any]] = None,
   num_decodes: int = 1,
   return_all_decodes: bool = False,
+  decoder_prompt: Optional[Array] = None,
+  inputs_bidirectional_attention: bool = False,
 ) -> Tuple[Array, Dict[str, Array]]:
   """Decodes a T5X batch speculatively: the computation of `predict_batch_with_aux`.
 
   Splits the draft's parameters off, then runs `models.speculative_decode`
-  (both caches, the target's block scorer, `decode_fn`) with a
-  `drafts.ModelDraft`.
+  (both caches, prefilled with the decoder prompts if any, the target's block
+  scorer, `decode_fn`) with a `drafts.ModelDraft`.
 
   Args:
-    module: the target network.
-    draft_module: the draft network (same vocabulary).
+    module: the target network (`network.Transformer` or `network.DecoderOnly`).
+    draft_module: the draft network (same kind, same vocabulary).
     params: the target's parameters with the draft's under 'draft'.
-    batch: T5X's encoder-decoder features: `encoder_input_tokens` int32
-      [B, input_length] (0 is padding) and `decoder_input_tokens` int32
-      [B, L], whose width L is the output length (its values are unused:
-      decoding starts from BOS).
+    batch: T5X's features: `decoder_input_tokens` int32 [B, L], whose width L
+      is the output length (its values are used only through
+      `decoder_prompt`), and for an encoder-decoder `encoder_input_tokens`
+      int32 [B, input_length] (0 is padding).
     eos_id: end-of-sequence id.
     gamma: draft tokens per iteration.
     lenience: 1 is exact; below 1 see `speculative_sampling.verify`.
@@ -399,10 +417,16 @@ def speculative_predict_batch(
       the same names.
     num_decodes: samples per input.
     return_all_decodes: return every sample, not only the most likely one.
+    decoder_prompt: optional int32 [B, L] decoder prompts in T5X's layout
+      (shifted right: BOS slot, prompt tokens, zeros), which a decoder-only
+      target needs (T5X's `decoder_input_tokens * decoder_causal_attention`).
+    inputs_bidirectional_attention: a decoder-only prefix LM: the prompt is
+      prefilled with bidirectional attention in both networks.
 
   Returns:
-    `(decodes, aux)`. decodes: int32 [B, L], or [B, num_decodes, L] with
-    `return_all_decodes` (ascending log probability). aux, arrays whose
+    `(decodes, aux)`. decodes: int32 [B, L] (the prompts included, in their
+    slots), or [B, num_decodes, L] with `return_all_decodes` (ascending log
+    probability). aux, arrays whose
     leading axis is the batch (as T5X's `predict_with_aux` output needs), per
     decode [B] (or [B, num_decodes]):
       scores: float32 log probability under the target's standardized
@@ -415,7 +439,11 @@ def speculative_predict_batch(
       batch_mean_beta: float32 mean acceptance probability beta over the
         batch's judged draft positions (alpha measured on the fly).
   """
-  check_networks(module, draft_module)
+  check_networks(
+    module,
+    draft_module,
+    network.DecoderOnly if isinstance(module, network.DecoderOnly) else network.Transformer,
+  )
   decoder_params = {
     'gamma': gamma,
     'lenience': lenience,
@@ -436,13 +464,25 @@ def speculative_predict_batch(
   )
   decoding.check_draft_threshold(decoder_params['draft_threshold'])
   target_params, draft_params = split_draft_params(params)
-  draft = drafts.ModelDraft(params=draft_params, config=draft_module.config)
+  draft = drafts.ModelDraft(
+    params=draft_params,
+    config=draft_module.config,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+  )
+  if network.is_decoder_only(module.config):
+    if decoder_prompt is None:
+      raise ValueError('A decoder-only target needs decoder_prompt (its prompts, T5X layout).')
+    input_tokens = decoder_prompt  # What the draft's init_cache takes: only its batch.
+  else:
+    input_tokens = batch['encoder_input_tokens']
   decodes, scores, stats = models.speculative_decode(
     module.config,
     target_params,
     draft,
-    batch['encoder_input_tokens'],
+    input_tokens,
     batch['decoder_input_tokens'].shape[1],
+    decoder_prompt=decoder_prompt,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
     decode_fn=decode_fn,
     num_decodes=num_decodes,
     best_only=not return_all_decodes,
@@ -472,21 +512,75 @@ def _import_t5x_models():
   return models
 
 
-@functools.cache
-def _speculative_model_class() -> type:
-  """Defines `SpeculativeEncoderDecoderModel` once t5x can be imported."""
-  t5x_models = _import_t5x_models()
+def _check_speculative_settings(decode_fn, gamma, lenience, verification, draft_threshold):
+  """The constructor checks both model classes share; returns the draft threshold."""
+  decoding.check_positive_int('gamma', gamma)
+  speculative_sampling.validate_lenience(lenience)
+  speculative_sampling.validate_verification(verification, lenience)
+  decode_fn_args = inspect.signature(decode_fn).parameters
+  if not {'score_block', 'draft', 'draft_cache', 'gamma'} <= decode_fn_args.keys():
+    raise ValueError(
+      f'decode_fn must be a speculative decode function such as '
+      'speculative_t5x.decoding.speculative_sample (taking score_block, draft, draft_cache '
+      f'and gamma); got {getattr(decode_fn, "__name__", decode_fn)!r}. Single-token decode '
+      "functions (t5x.decoding.temperature_sample, beam_search) belong to T5X's own "
+      'EncoderDecoderModel and DecoderOnlyModel.'
+    )
+  return decoding.check_draft_threshold(draft_threshold)
 
-  class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
-    """T5X's `EncoderDecoderModel` decoding speculatively with a draft network.
 
-    Arguments are T5X's, in T5X's order (so existing gin bindings apply), with
-    `decode_fn` defaulting to `decoding.speculative_sample`, plus the
-    keyword-only `draft_module`, `gamma` and `lenience`. Sampling settings
-    (`temperature`, `topk`, `topp`) are bound on the decode function in gin,
-    as T5X does for `decoding.temperature_sample`; T5X's default `topk=1` is
-    greedy. See the module docstring for where the draft's parameters live.
+class _SpeculativeMixin:
+  """What both speculative T5X models add to theirs: the draft's variables and settings.
 
+  Mixed in before T5X's model class, so that `super()` is T5X's.
+  """
+
+  def _set_speculative(self, draft_module, gamma, lenience, verification, draft_threshold):
+    self.draft_module = draft_module
+    self.gamma = int(gamma)
+    self.lenience = lenience
+    self.verification = verification
+    self.draft_threshold = draft_threshold
+
+  def get_initial_variables(self, rng, input_shapes, input_types=None):
+    """T5X's initial variables of the target, with the draft's under 'draft'."""
+    variables = super().get_initial_variables(rng, input_shapes, input_types)
+    # A key of its own, so that the draft's initialization is independent of
+    # the target's (which keeps T5X's).
+    draft_variables = init_network_variables(
+      self.draft_module, jax.random.fold_in(rng, 1), input_shapes
+    )
+    return flax.core.freeze(add_draft_variables(variables, draft_variables))
+
+  def _compute_logits(self, params, batch, dropout_rng=None, mutable=False, other_variables=None):
+    """The target's logits; the draft's parameters are dropped (loss, eval, score)."""
+    return super()._compute_logits(
+      strip_draft_params(params), batch, dropout_rng, mutable, other_variables
+    )
+
+  def _predict(self, params, batch, rng, decoder_params, num_decodes, return_all_decodes, **prompt):
+    """`speculative_predict_batch` with this model's settings."""
+    return speculative_predict_batch(
+      self.module,
+      self.draft_module,
+      params,
+      batch,
+      # T5X's fallback for vocabularies without an EOS id.
+      eos_id=self.output_vocabulary.eos_id or 1,
+      gamma=self.gamma,
+      lenience=self.lenience,
+      verification=self.verification,
+      draft_threshold=self.draft_threshold,
+      decode_fn=self._decode_fn,
+      rng=rng,
+      decoder_params=decoder_params,
+      num_decodes=num_decodes,
+      return_all_decodes=return_all_decodes,
+      **prompt,
+    )
+
+
+_SETTINGS_DOC = """
     Attributes:
       draft_module: the draft network.
       gamma: draft tokens per iteration (static: it sizes the caches).
@@ -497,6 +591,24 @@ def _speculative_model_class() -> type:
       draft_threshold: an adaptive draft length, 0 (off) to < 1: a row stops
         drafting after a token the draft gave probability below it, so gamma
         is the most per iteration (see `decoding.speculative_sample`).
+"""
+
+
+@functools.cache
+def _speculative_model_classes() -> Dict[str, type]:
+  """Defines both speculative model classes once t5x can be imported."""
+  t5x_models = _import_t5x_models()
+
+  class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecoderModel):
+    """T5X's `EncoderDecoderModel` decoding speculatively with a draft network.
+
+    Arguments are T5X's, in T5X's order (so existing gin bindings apply), with
+    `decode_fn` defaulting to `decoding.speculative_sample`, plus the
+    keyword-only `draft_module`, `gamma`, `lenience`, `verification` and
+    `draft_threshold`. Sampling settings (`temperature`, `topk`, `topp`) are
+    bound on the decode function in gin, as T5X does for
+    `decoding.temperature_sample`; T5X's default `topk=1` is greedy. See the
+    module docstring for where the draft's parameters live.
     """
 
     def __init__(
@@ -518,25 +630,11 @@ def _speculative_model_class() -> type:
       verification: str = 'token',
       draft_threshold: float = 0.0,
     ):
-      check_networks(module, draft_module)
-      decoding.check_positive_int('gamma', gamma)
-      speculative_sampling.validate_lenience(lenience)
-      speculative_sampling.validate_verification(verification, lenience)
-      draft_threshold = decoding.check_draft_threshold(draft_threshold)
-      decode_fn_args = inspect.signature(decode_fn).parameters
-      if not {'score_block', 'draft', 'draft_cache', 'gamma'} <= decode_fn_args.keys():
-        raise ValueError(
-          f'decode_fn must be a speculative decode function such as '
-          'speculative_t5x.decoding.speculative_sample (taking score_block, draft, draft_cache '
-          f'and gamma); got {getattr(decode_fn, "__name__", decode_fn)!r}. Single-token decode '
-          "functions (t5x.decoding.temperature_sample, beam_search) belong to T5X's "
-          'EncoderDecoderModel.'
-        )
-      self.draft_module = draft_module
-      self.gamma = int(gamma)
-      self.lenience = lenience
-      self.verification = verification
-      self.draft_threshold = draft_threshold
+      check_networks(module, draft_module, network.Transformer)
+      draft_threshold = _check_speculative_settings(
+        decode_fn, gamma, lenience, verification, draft_threshold
+      )
+      self._set_speculative(draft_module, gamma, lenience, verification, draft_threshold)
       super().__init__(
         module=module,
         input_vocabulary=input_vocabulary,
@@ -548,22 +646,6 @@ def _speculative_model_class() -> type:
         z_loss=z_loss,
         loss_normalizing_factor=loss_normalizing_factor,
         default_decoder_params=default_decoder_params,
-      )
-
-    def get_initial_variables(self, rng, input_shapes, input_types=None):
-      """T5X's initial variables of the target, with the draft's under 'draft'."""
-      variables = super().get_initial_variables(rng, input_shapes, input_types)
-      # A key of its own, so that the draft's initialization is independent of
-      # the target's (which keeps T5X's).
-      draft_variables = init_network_variables(
-        self.draft_module, jax.random.fold_in(rng, 1), input_shapes
-      )
-      return flax.core.freeze(add_draft_variables(variables, draft_variables))
-
-    def _compute_logits(self, params, batch, dropout_rng=None, mutable=False, other_variables=None):
-      """The target's logits; the draft's parameters are dropped (loss, eval, score)."""
-      return super()._compute_logits(
-        strip_draft_params(params), batch, dropout_rng, mutable, other_variables
       )
 
     def predict_batch_with_aux(
@@ -579,39 +661,126 @@ def _speculative_model_class() -> type:
       """Speculative decoding of a batch (see `speculative_predict_batch`).
 
       Arguments and results are T5X's, with acceptance statistics added to
-      the aux dict. `prompt_with_targets` (decoder prompts) is not supported.
+      the aux dict. With `prompt_with_targets`, `decoder_input_tokens` is
+      the decoder prompt, its EOS ids removed (T5X's rule), prefilled in one
+      block call per network; the decodes keep the prompt, as T5X's do.
       """
+      decoder_prompt = None
       if prompt_with_targets:
-        raise ValueError(
-          'SpeculativeEncoderDecoderModel decodes from BOS: prompt_with_targets '
-          '(decoder prompts) is not supported.'
-        )
+        tokens = batch['decoder_input_tokens']
+        decoder_prompt = tokens * (tokens != self.output_vocabulary.eos_id)
       defaults = self._default_decoder_params
-      return speculative_predict_batch(
-        self.module,
-        self.draft_module,
+      return self._predict(
         params,
         batch,
-        # T5X's fallback for vocabularies without an EOS id.
-        eos_id=self.output_vocabulary.eos_id or 1,
-        gamma=self.gamma,
-        lenience=self.lenience,
-        verification=self.verification,
-        draft_threshold=self.draft_threshold,
-        decode_fn=self._decode_fn,
-        rng=rng,
-        decoder_params=decoder_params,
-        num_decodes=defaults.num_decodes if num_decodes is None else num_decodes,
-        return_all_decodes=(
-          defaults.return_all_decodes if return_all_decodes is None else return_all_decodes
-        ),
+        rng,
+        decoder_params,
+        defaults.num_decodes if num_decodes is None else num_decodes,
+        defaults.return_all_decodes if return_all_decodes is None else return_all_decodes,
+        decoder_prompt=decoder_prompt,
       )
 
-  SpeculativeEncoderDecoderModel.__qualname__ = SpeculativeEncoderDecoderModel.__name__
-  return SpeculativeEncoderDecoderModel
+  class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel):
+    """T5X's `DecoderOnlyModel` decoding speculatively with a decoder-only draft.
+
+    Arguments are T5X's, in T5X's order, with `decode_fn` defaulting to
+    `decoding.speculative_sample`, plus the keyword-only settings of
+    `SpeculativeEncoderDecoderModel`. Decoding follows T5X's
+    `DecoderOnlyModel.predict_batch_with_aux`: the prompt is
+    `decoder_input_tokens * decoder_causal_attention`, both networks are
+    prefilled with it in one block call each (bidirectionally if
+    `inputs_bidirectional_attention`, T5X's prefix LM), and the decodes are
+    returned without it (T5X's `remove_prefix`). The draft's parameters live
+    under `params['draft']`, as for the encoder-decoder model.
+    """
+
+    def __init__(
+      self,
+      module: network.DecoderOnly,
+      vocabulary,
+      optimizer_def,
+      decode_fn=decoding.speculative_sample,
+      inputs_bidirectional_attention: bool = False,
+      feature_converter_cls=None,
+      label_smoothing: float = 0.0,
+      z_loss: float = 0.0,
+      loss_normalizing_factor=None,
+      *,
+      draft_module: network.DecoderOnly,
+      gamma: int,
+      lenience: float = 1.0,
+      verification: str = 'token',
+      draft_threshold: float = 0.0,
+    ):
+      check_networks(module, draft_module, network.DecoderOnly)
+      draft_threshold = _check_speculative_settings(
+        decode_fn, gamma, lenience, verification, draft_threshold
+      )
+      self._set_speculative(draft_module, gamma, lenience, verification, draft_threshold)
+      super().__init__(
+        module=module,
+        vocabulary=vocabulary,
+        optimizer_def=optimizer_def,
+        decode_fn=decode_fn,
+        inputs_bidirectional_attention=inputs_bidirectional_attention,
+        feature_converter_cls=feature_converter_cls,
+        label_smoothing=label_smoothing,
+        z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor,
+      )
+
+    def predict_batch_with_aux(
+      self,
+      params,
+      batch: Mapping[str, Array],
+      rng: Optional[Array] = None,
+      *,
+      return_all_decodes: bool = False,
+      num_decodes: int = 1,
+      decoder_params: Optional[MutableMapping[str, Any]] = None,
+    ) -> Tuple[Array, Mapping[str, Array]]:
+      """Speculative decoding of a prefix-LM batch; T5X's arguments and results."""
+      if 'decoder_causal_attention' not in batch:
+        raise ValueError(
+          'The batch has no decoder_causal_attention feature, so there is no prompt to '
+          "continue: give the task both 'inputs' and 'targets' (seqio's "
+          "DecoderFeatureConverter then marks the inputs), as for T5X's DecoderOnlyModel."
+        )
+      decoder_prompt = batch['decoder_input_tokens'] * batch['decoder_causal_attention']
+      decodes, aux = self._predict(
+        params,
+        batch,
+        rng,
+        decoder_params,
+        num_decodes,
+        return_all_decodes,
+        decoder_prompt=decoder_prompt,
+        inputs_bidirectional_attention=self._inputs_bidirectional_attention,
+      )
+      return remove_prompts(decodes, decoding.prompt_lengths(decoder_prompt)), aux
+
+  for cls in (SpeculativeEncoderDecoderModel, SpeculativeDecoderOnlyModel):
+    cls.__qualname__ = cls.__name__
+    cls.__doc__ += _SETTINGS_DOC
+  return {
+    cls.__name__: cls for cls in (SpeculativeEncoderDecoderModel, SpeculativeDecoderOnlyModel)
+  }
+
+
+def remove_prompts(decodes: Array, prompt_lengths: Array) -> Array:
+  """T5X's `remove_prefix`: each row shifted left by its prompt length, zeros after.
+
+  Args:
+    decodes: int32 [B, L] or [B, num_decodes, L].
+    prompt_lengths: int32 [B].
+  """
+  length = decodes.shape[-1]
+  if decodes.ndim == 3:
+    return jax.vmap(remove_prompts, in_axes=(1, None), out_axes=1)(decodes, prompt_lengths)
+  return models.strip_prompts(decodes, prompt_lengths, length)
 
 
 def __getattr__(name: str):
-  if name == 'SpeculativeEncoderDecoderModel':
-    return _speculative_model_class()
+  if name in ('SpeculativeEncoderDecoderModel', 'SpeculativeDecoderOnlyModel'):
+    return _speculative_model_classes()[name]
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

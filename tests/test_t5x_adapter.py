@@ -407,7 +407,7 @@ def test_missing_t5x_raises_import_error_with_instructions(monkeypatch):
   monkeypatch.setitem(sys.modules, 't5x', None)
   monkeypatch.setitem(sys.modules, 't5x.models', None)
   with pytest.raises(ImportError, match='t5x is not on PyPI.*google-research/t5x'):
-    t5x_adapter._speculative_model_class.__wrapped__()
+    t5x_adapter._speculative_model_classes.__wrapped__()
   with pytest.raises(AttributeError, match='no attribute'):
     t5x_adapter.NotAModel  # pylint: disable=pointless-statement
 
@@ -500,8 +500,28 @@ def test_t5x_predictions_equal_stock_t5x_greedy(t5x_env):
   assert 'accuracy' in metrics
   assert all(np.all(np.asarray(grad) == 0) for grad in jax.tree.leaves(grads['draft']))
   assert any(np.any(np.asarray(grad) != 0) for grad in jax.tree.leaves(grads['decoder']))
-  with pytest.raises(ValueError, match='prompt_with_targets'):
-    model.predict_batch_with_aux(params, batch, prompt_with_targets=True)
+
+
+def test_t5x_decoder_prompts_equal_stock_t5x_greedy(t5x_env):
+  """prompt_with_targets: T5X prefills its own network's cache; we prefill both of ours."""
+  stock, model = t5x_env['stock'], t5x_env['model']
+  prompts = np.zeros((len(INPUTS), MAX_DECODE_LEN), np.int32)
+  for row, prompt_length in enumerate([0, 3, 5, MAX_DECODE_LEN - 1]):
+    prompts[row, 1 : prompt_length + 1] = (np.arange(prompt_length) * (row + 2)) % 20 + 2
+  prompts[2, 5] = EOS  # An EOS in a prompt is removed (T5X's rule), so it does not end the row.
+  batch = {**BATCH, 'decoder_input_tokens': prompts}
+  expected, expected_aux = jax.jit(
+    functools.partial(stock.predict_batch_with_aux, prompt_with_targets=True)
+  )(TARGET.params, batch)
+  decodes, aux = jax.jit(functools.partial(model.predict_batch_with_aux, prompt_with_targets=True))(
+    _with_draft(DRAFT.params), batch
+  )
+  np.testing.assert_array_equal(decodes, expected)
+  np.testing.assert_allclose(aux['scores'], expected_aux['scores'], atol=1e-6)
+  # The decodes keep each prompt (EOS removed) in its slots, as T5X's do.
+  stripped = prompts * (prompts != EOS)
+  in_prompt = stripped[:, 1:] != 0
+  np.testing.assert_array_equal(np.asarray(decodes)[:, :-1][in_prompt], stripped[:, 1:][in_prompt])
 
 
 def test_t5x_initial_variables_are_partitioned_like_the_target(t5x_env):
