@@ -242,3 +242,126 @@ def test_t5x_model_rejects_bad_arguments(t5x):
   batch = {k: v for k, v in prefix_lm_batch().items() if k != 'decoder_causal_attention'}
   with pytest.raises(ValueError, match='no decoder_causal_attention feature'):
     ours.predict_batch_with_aux(params_with_draft(), batch)
+
+
+# ------------------------------------------------------------------------------
+# The real `python -m t5x.infer`, stock vs speculative, on a tiny prefix-LM task.
+# ------------------------------------------------------------------------------
+TASK_MODULE = """
+from speculative_t5x import tasks
+
+tasks.register_tsv_task(
+    'st5x_decoder_only_infer', {{'test': {test!r}}}, {vocabulary!r}, extra_ids=0, prefix='translate: ')
+"""
+
+
+def _save_t5x_checkpoint(params, directory):
+  """T5X's own legacy checkpoint of an InferenceState holding `params`; returns its path."""
+  from t5x import checkpoints as t5x_checkpoints  # pylint: disable=g-import-not-at-top
+  from t5x import partitioning as t5x_partitioning  # pylint: disable=g-import-not-at-top
+  from t5x import train_state as t5x_train_state  # pylint: disable=g-import-not-at-top
+
+  _, params_axes = network.abstract_params(network.decoder_only_config('tiny', vocab_size=64))
+  state = t5x_train_state.InferenceState.create({'params': params, 'params_axes': params_axes})
+  directory.mkdir()
+  t5x_checkpoints.Checkpointer(
+    state, t5x_partitioning.PjitPartitioner(num_partitions=1), directory
+  ).save(state)
+  return os.fspath(directory / 'checkpoint_0')
+
+
+def _t5x_infer(t5x_root, gin_files, bindings, tmp_path, output_name):
+  """Runs `python -m t5x.infer`; returns the records it wrote, in order."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+
+  output_dir = tmp_path / output_name
+  command = [
+    sys.executable,
+    '-m',
+    't5x.infer',
+    f'--gin_search_paths={REPO_ROOT},{t5x_root}',
+    *(f'--gin_file={path}' for path in gin_files),
+    *(f'--gin.{binding}' for binding in bindings),
+    f"--gin.INFER_OUTPUT_DIR='{output_dir}'",
+  ]
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join([os.fspath(tmp_path), *sys.path])}
+  result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  (path,) = [p for p in output_dir.iterdir() if p.name.endswith('.jsonl-00000-of-00001')]
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('bidirectional', [False, True], ids=['causal', 'prefix_lm'])
+def test_t5x_infer_command_equals_stock_t5x_greedy(t5x, tmp_path, bidirectional):
+  """`python -m t5x.infer` with configs/t5x/speculative_decoder_only.gin == stock T5X, greedy."""
+  import t5x as t5x_package  # pylint: disable=g-import-not-at-top
+  from testing_utils import phrase_task  # pylint: disable=g-import-not-at-top
+
+  t5x_root = os.path.dirname(os.path.dirname(os.path.abspath(t5x_package.__file__)))
+  _, directory, vocabulary = phrase_task(os.fspath(tmp_path), 'st5x_phrases', 'translate: ')
+  os.rename(os.path.join(directory, 'validation.tsv'), os.path.join(directory, 'test.tsv'))
+  (tmp_path / 'st5x_infer_task.py').write_text(
+    TASK_MODULE.format(test=os.path.join(directory, 'test.tsv'), vocabulary=vocabulary)
+  )
+  config = network.decoder_only_config('tiny', vocab_size=64, dtype='float32')
+  params = {
+    role: network.random_params(config, seed=seed)[0]
+    for role, seed in (('target', 0), ('draft', 1))
+  }
+  for role in params:  # Logits through the embedding: PAD and EOS never win, so text comes out.
+    params[role]['decoder']['token_embedder']['embedding'][:2] = 0.0
+  paths = {role: _save_t5x_checkpoint(p, tmp_path / role) for role, p in params.items()}
+  common = [
+    os.path.join(t5x_root, 't5x/examples/decoder_only/models/base.gin'),
+    't5x/configs/runs/infer.gin',
+  ]
+  bindings = [
+    f"CHECKPOINT_PATH='{paths['target']}'",
+    "MIXTURE_OR_TASK_NAME='st5x_decoder_only_infer'",
+    "MIXTURE_OR_TASK_MODULE='st5x_infer_task'",
+    "TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 16}",
+    'DROPOUT_RATE=0.0',
+    f"seqio.SentencePieceVocabulary.sentencepiece_model_file='{vocabulary}'",
+    'seqio.SentencePieceVocabulary.extra_ids=0',
+    "utils.RestoreCheckpointConfig.dtype='float32'",
+    'utils.DatasetConfig.batch_size=4',
+    f'models.DecoderOnlyModel.inputs_bidirectional_attention={bidirectional}',
+  ]
+  stock = _t5x_infer(
+    t5x_root,
+    common,
+    bindings
+    + [
+      f'network.TransformerConfig.{field}={value!r}'
+      for field, value in dataclasses.asdict(config).items()
+      if field not in ('float32_attention_logits', 'dtype', 'dropout_rate')
+    ]
+    + ["network.TransformerConfig.dtype='float32'", 'decoding.temperature_sample.topk=1'],
+    tmp_path,
+    'stock',
+  )
+  ours = _t5x_infer(
+    t5x_root,
+    common + ['configs/t5x/speculative_decoder_only.gin'],
+    bindings
+    + [
+      "TARGET_SIZE='tiny'",
+      "DRAFT_SIZE='tiny'",
+      'VOCAB_SIZE=64',
+      f"DRAFT_CHECKPOINT_PATH='{paths['draft']}'",
+      f'INPUTS_BIDIRECTIONAL_ATTENTION={bidirectional}',
+      "speculative_network.decoder_only_config.dtype='float32'",
+      "infer.mode='predict_with_aux'",
+    ],
+    tmp_path,
+    'speculative',
+  )
+  predictions = [record['prediction'] for record in stock]
+  assert len(predictions) == 8 and len(set(predictions)) > 1  # Varied, non-empty outputs.
+  assert [record['prediction'] for record in ours] == predictions
+  # Decoded speculatively: the acceptance statistics come with each output.
+  assert all(record['aux']['emitted'] > 0 for record in ours)
+  assert sum(record['aux']['accepted'] for record in ours) > 0
