@@ -535,12 +535,15 @@ class _SpeculativeMixin:
   Mixed in before T5X's model class, so that `super()` is T5X's.
   """
 
-  def _set_speculative(self, draft_module, gamma, lenience, verification, draft_threshold):
+  def _set_speculative(self, network_class, module, draft_module, decode_fn, **settings):
+    """Checks both networks and the settings (`gamma`, `lenience`, ...); keeps them."""
+    check_networks(module, draft_module, network_class)
+    settings['draft_threshold'] = _check_speculative_settings(decode_fn, **settings)
     self.draft_module = draft_module
-    self.gamma = int(gamma)
-    self.lenience = lenience
-    self.verification = verification
-    self.draft_threshold = draft_threshold
+    self.gamma = int(settings['gamma'])
+    self.lenience = settings['lenience']
+    self.verification = settings['verification']
+    self.draft_threshold = settings['draft_threshold']
 
   def get_initial_variables(self, rng, input_shapes, input_types=None):
     """T5X's initial variables of the target, with the draft's under 'draft'."""
@@ -630,11 +633,16 @@ def _speculative_model_classes() -> Dict[str, type]:
       verification: str = 'token',
       draft_threshold: float = 0.0,
     ):
-      check_networks(module, draft_module, network.Transformer)
-      draft_threshold = _check_speculative_settings(
-        decode_fn, gamma, lenience, verification, draft_threshold
+      self._set_speculative(
+        network.Transformer,
+        module,
+        draft_module,
+        decode_fn,
+        gamma=gamma,
+        lenience=lenience,
+        verification=verification,
+        draft_threshold=draft_threshold,
       )
-      self._set_speculative(draft_module, gamma, lenience, verification, draft_threshold)
       super().__init__(
         module=module,
         input_vocabulary=input_vocabulary,
@@ -712,11 +720,16 @@ def _speculative_model_classes() -> Dict[str, type]:
       verification: str = 'token',
       draft_threshold: float = 0.0,
     ):
-      check_networks(module, draft_module, network.DecoderOnly)
-      draft_threshold = _check_speculative_settings(
-        decode_fn, gamma, lenience, verification, draft_threshold
+      self._set_speculative(
+        network.DecoderOnly,
+        module,
+        draft_module,
+        decode_fn,
+        gamma=gamma,
+        lenience=lenience,
+        verification=verification,
+        draft_threshold=draft_threshold,
       )
-      self._set_speculative(draft_module, gamma, lenience, verification, draft_threshold)
       super().__init__(
         module=module,
         vocabulary=vocabulary,
