@@ -248,6 +248,19 @@ def test_sampled_continuations_follow_the_target(architecture, sample_args):
   assert len(exact) > 20 and p_value > 1e-3  # Many outcomes: a test that can fail.
 
 
+@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
+def test_new_prompts_of_the_same_width_do_not_recompile(architecture):
+  kwargs = dict(gamma=3, temperature=1.0, max_decode_len=6)
+  draft = PAIRS[architecture][1]
+  input_tokens, prompts, _ = pair_inputs(architecture, 0, 3, 5)
+  generate(architecture, draft, input_tokens, prompts, **kwargs)
+  compiled = models._generate._cache_size()
+  input_tokens, prompts, lengths = pair_inputs(architecture, 1, 3, 5)
+  out = generate(architecture, draft, input_tokens, prompts, rng=jax.random.PRNGKey(3), **kwargs)
+  assert models._generate._cache_size() == compiled
+  assert out.tokens.shape == (3, 6)
+
+
 class TestBadPrompts:
   def test_padding_inside_a_prompt(self):
     inputs, prompts, _ = pair_inputs('encoder_decoder', 0, 2, 4)
