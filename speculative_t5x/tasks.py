@@ -1,7 +1,8 @@
 """seqio tasks and vocabularies: the TensorFlow side of the data layer.
 
-Three kinds of task, all text-to-text with T5's output features (`inputs` and
-`targets`, each tokenized with one vocabulary and ended with EOS):
+Four kinds of task, text-to-text with T5's output features (`inputs` and
+`targets`, each tokenized with one vocabulary and ended with EOS; the English
+LM task's inputs are prompts, without EOS):
 
 * TFDS tasks equivalent to the `t5` package's `wmt_t2t_ende_v003` and
   `cnn_dailymail_v002`: same TFDS datasets, prefixes, preprocessing chain
@@ -15,8 +16,11 @@ Three kinds of task, all text-to-text with T5's output features (`inputs` and
   bring their own data.
 * `speculative_t5x:gettext_ende`, over an English->German corpus built offline
   from the machine's gettext catalogs (`tasks_core.build_gettext_corpus`).
+* `speculative_t5x:english_lm`, a language-model task (prefix-LM pairs: a
+  sentence's first words, then the rest) over English sentences built offline
+  (`tasks_core.build_english_corpus`).
 
-The names, prefixes, metrics, TSV reader and corpus builder are
+The names, prefixes, metrics, TSV reader and corpus builders are
 `tasks_core`'s, which imports no TensorFlow; this module adds seqio.
 
 Importing this module registers the TFDS tasks with T5's vocabulary
@@ -233,6 +237,83 @@ def register_gettext_task(
     extra_ids=extra_ids,
     prefix=tasks_core.EN_DE_PREFIX,
     metric_fns=[tasks_core.bleu],
+  )
+
+
+def _prompt_and_continuation(dataset: tf.data.Dataset, prompt_words: int) -> tf.data.Dataset:
+  """Lines (one sentence each) -> {'inputs': the first prompt_words words, 'targets': the rest}.
+
+  Words are split at whitespace and joined by one space. Sentences of at most
+  prompt_words words are dropped (no continuation). prompt_words=0 gives
+  {'targets': line}.
+  """
+  if not prompt_words:
+    return dataset.map(lambda line: {'targets': line}, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def split(line):
+    words = tf.strings.split(line)
+    return {
+      'inputs': tf.strings.reduce_join(words[:prompt_words], separator=' '),
+      'targets': tf.strings.reduce_join(words[prompt_words:], separator=' '),
+    }
+
+  longer = lambda line: tf.size(tf.strings.split(line)) > prompt_words
+  return dataset.filter(longer).map(split, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def register_english_lm_task(
+  corpus_dir: str,
+  vocabulary: VocabularyOrPath,
+  *,
+  extra_ids: int = 0,
+  prompt_words: int = tasks_core.ENGLISH_LM_PROMPT_WORDS,
+  name: str = tasks_core.ENGLISH_LM_TASK,
+) -> seqio.Task:
+  """(Re)registers the English LM task over a `build_english_corpus` directory.
+
+  Each sentence of train.txt / validation.txt / test.txt becomes one example:
+  'inputs' = its first `prompt_words` words (the prompt; no EOS, so that
+  inputs then targets is the sentence itself), 'targets' = the rest of it,
+  EOS-terminated. Decoder-only networks train on it as a prefix LM
+  (`train.train` with feature lengths for 'inputs' and 'targets': the loss on
+  the continuation) and decode continuations of the prompts; an
+  encoder-decoder can train on it too. The split is at whitespace, and
+  SentencePiece starts every word with its own piece, so the prompt's pieces
+  followed by the continuation's are the sentence's pieces. With
+  `prompt_words=0` an example is only 'targets' = the whole sentence (a plain
+  language model, the paper's LM1B setting).
+
+  Args:
+    corpus_dir: the directory holding the three .txt files.
+    vocabulary: a `seqio.Vocabulary` or the path of a SentencePiece model.
+    extra_ids: extra ids for a vocabulary given by path.
+    prompt_words: the prompt's length in words (4: the sentences average 13
+      words, so ~9 remain to continue); sentences of at most this many words
+      are skipped. 0: no prompt.
+    name: the task name.
+
+  Returns:
+    The registered task (no metrics).
+  """
+  if not isinstance(prompt_words, int) or prompt_words < 0:
+    raise ValueError(f'prompt_words must be an int >= 0 (0: targets only), got {prompt_words!r}.')
+  vocabulary = get_vocabulary(vocabulary, extra_ids)
+  features = {'targets': seqio.Feature(vocabulary, add_eos=True)}
+  if prompt_words:
+    features = {'inputs': seqio.Feature(vocabulary, add_eos=False), **features}
+  return _register(
+    name,
+    source=seqio.TextLineDataSource(
+      {split: os.path.join(corpus_dir, f'{split}.txt') for split in tasks_core.SPLITS}
+    ),
+    preprocessors=[
+      functools.partial(_prompt_and_continuation, prompt_words=prompt_words),
+      seqio.preprocessors.tokenize,
+      seqio.CacheDatasetPlaceholder(),
+      seqio.preprocessors.append_eos_after_trim,
+    ],
+    output_features=features,
+    metric_fns=[],
   )
 
 

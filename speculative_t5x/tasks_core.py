@@ -1,5 +1,5 @@
 """The TensorFlow-free core of the data layer: names, prefixes, metrics, TSV files,
-SentencePiece training and the offline EnDe corpus.
+SentencePiece training and the offline EnDe and English corpora.
 
 `tasks` registers seqio tasks (and imports TensorFlow); everything the tasks
 share with the TensorFlow-free paths (benchmark, demo, peers, the input
@@ -11,16 +11,24 @@ readers of accelerator machines) lives here, once:
 * TSV files of `source<TAB>target` lines (`read_tsv`);
 * `train_sentencepiece_model`, T5's special ids (pad=0, eos=1, unk=2, no bos);
 * `build_gettext_corpus`, an English->German corpus from the machine's
-  gettext catalogs.
+  gettext catalogs;
+* `build_english_corpus`, English sentences for a language model from the
+  machine's gettext catalogs and Python sources (an offline stand-in for
+  LM1B).
 """
 
+import ast
 import collections
 import gettext
 import glob
 import hashlib
+import io
+import json
 import os
 import re
 import struct
+import sysconfig
+import tokenize
 import unicodedata
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -39,6 +47,10 @@ TASK_NAMESPACE = 'speculative_t5x'
 WMT_ENDE_TASK = f'{TASK_NAMESPACE}:wmt_t2t_ende_v003'
 CNN_DAILYMAIL_TASK = f'{TASK_NAMESPACE}:cnn_dailymail_v002'
 GETTEXT_ENDE_TASK = f'{TASK_NAMESPACE}:gettext_ende'
+ENGLISH_LM_TASK = f'{TASK_NAMESPACE}:english_lm'
+# The prompt of an English LM example: its sentence's first words (see
+# `tasks.register_english_lm_task`).
+ENGLISH_LM_PROMPT_WORDS = 4
 
 DEFAULT_VOCAB_PATH = 'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'
 DEFAULT_EXTRA_IDS = 100
@@ -510,3 +522,292 @@ def build_gettext_corpus(
     dict(rule_counts),
   )
   return counts
+
+
+# ---------------------------------------------------------------------------
+# The offline English corpus for language models.
+# ---------------------------------------------------------------------------
+
+ENGLISH_CORPUS_INFO_FILE = 'corpus_info.json'
+# The sources of `build_english_corpus`, in the order that attributes a
+# sentence found in several of them.
+ENGLISH_SOURCES = ('docstring', 'comment', 'gettext')
+
+# A sentence ends at ., ! or ? followed by whitespace and an upper-case letter,
+# unless the word before is one of these abbreviations.
+_SENTENCE_BOUNDARY = re.compile(r'(?<=[.!?])\s+(?=[A-Z])')
+_ABBREVIATIONS = ('e.g.', 'i.e.', 'etc.', 'vs.', 'cf.', 'Mr.', 'Dr.', 'No.')
+# reST roles (`:func:`, `:py:class:`) before a backquoted name.
+_REST_ROLE = re.compile(r':[\w.+-]+(?::[\w.+-]+)*:(?=`)')
+# Characters of code, markup and format strings rather than prose.
+_NON_PROSE_CHARACTERS = frozenset('=<>{}[]|\\#$@^~*_`%')
+# A prose word: letters (capitalized, lower case, or all capitals as in
+# "HTTP"), optionally hyphenated or with an apostrophe, in quotes or
+# parentheses, with trailing punctuation.
+_PROSE_WORD = re.compile(
+  r"""^[("']?(?:[A-Z]?[a-z]+|[A-Z]+)(?:[-'][A-Za-z]+)*[)"']?[,.;:!?]?[)"']?$"""
+)
+# The least fraction of a sentence's words that must be prose words.
+_MIN_PROSE_FRACTION = 0.8
+# Directories of third-party packages inside a Python installation.
+_THIRD_PARTY_DIRS = frozenset({'site-packages', 'dist-packages'})
+
+
+def _split_sentences(text: str) -> list[str]:
+  sentences = []
+  for part in _SENTENCE_BOUNDARY.split(text):
+    if sentences and sentences[-1].endswith(_ABBREVIATIONS):
+      sentences[-1] += ' ' + part
+    else:
+      sentences.append(part)
+  return sentences
+
+
+def _is_prose_sentence(sentence: str, min_words: int, max_words: int) -> bool:
+  words = sentence.split()
+  return (
+    min_words <= len(words) <= max_words
+    and sentence.isascii()
+    and sentence.isprintable()
+    and sentence[0].isupper()
+    and sentence[-1] in '.!?'
+    and not _NON_PROSE_CHARACTERS.intersection(sentence)
+    and sum(bool(_PROSE_WORD.match(word)) for word in words) >= _MIN_PROSE_FRACTION * len(words)
+  )
+
+
+def english_sentences(text: str, min_words: int = 6, max_words: int = 40) -> list[str]:
+  r"""The English prose sentences of a paragraph, cleaned, in order.
+
+  Cleaning: reST roles are dropped and backquotes removed (":func:`len`" and
+  "``len``" become "len"); runs of whitespace, newlines included, become one
+  space. The text is split into sentences at ., ! or ? followed by an
+  upper-case letter (not after "e.g.", "i.e.", "etc.", ...). A sentence is
+  kept if it has min_words to max_words words, is printable ASCII, starts with
+  an upper-case letter and ends with ., ! or ?, contains none of
+  ``=<>{}[]|\#$@^~*_`%`` (code, markup, format strings), and at least 80% of
+  its words are words of letters (not identifiers, numbers or paths).
+
+  Args:
+    text: a paragraph (a docstring paragraph, a comment block, a message).
+    min_words: the fewest whitespace-separated words of a kept sentence.
+    max_words: the most.
+
+  Returns:
+    The kept sentences.
+  """
+  text = ' '.join(_REST_ROLE.sub('', text).replace('`', '').split())
+  return [s for s in _split_sentences(text) if _is_prose_sentence(s, min_words, max_words)]
+
+
+def _docstring_paragraphs(docstring: str) -> Iterator[str]:
+  """The prose paragraphs of a cleaned docstring (`ast.get_docstring`'s).
+
+  Paragraphs are separated by blank lines. Paragraphs with an indented line
+  (literal blocks, code, "Args:" sections and other lists with hanging
+  indents) or a doctest (`>>>`, `...`) or reST directive (`.. `) line are
+  skipped.
+  """
+  paragraph = []
+  for line in [*docstring.splitlines(), '']:
+    if line.strip():
+      paragraph.append(line)
+      continue
+    if paragraph and not any(
+      ln[:1].isspace() or ln.startswith(('>>>', '...', '.. ')) for ln in paragraph
+    ):
+      yield ' '.join(paragraph)
+    paragraph = []
+
+
+def _comment_blocks(source: bytes) -> Iterator[str]:
+  """The comments of Python source, consecutive comment lines joined into one block."""
+  block, last_line = [], -1
+  for token in tokenize.tokenize(io.BytesIO(source).readline):
+    if token.type != tokenize.COMMENT:
+      continue
+    line = token.start[0]
+    if block and line != last_line + 1:
+      yield ' '.join(block)
+      block = []
+    block.append(token.string.lstrip('#').strip())
+    last_line = line
+  if block:
+    yield ' '.join(block)
+
+
+def _python_texts(path: str) -> Iterator[tuple[str, str]]:
+  """(source, text) of a Python file: its docstring paragraphs, then its comments.
+
+  A file that does not parse (Python 2, templates, bad encodings) gives
+  nothing.
+  """
+  with open(path, 'rb') as f:
+    source = f.read()
+  try:
+    tree = ast.parse(source)
+  except (SyntaxError, ValueError):
+    return
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      docstring = ast.get_docstring(node)
+      if docstring:
+        yield from (('docstring', p) for p in _docstring_paragraphs(docstring))
+  try:
+    yield from (('comment', block) for block in _comment_blocks(source))
+  except (tokenize.TokenError, SyntaxError):
+    return
+
+
+def _python_files(directory: str) -> list[str]:
+  """The .py files under directory, sorted, without third-party package directories."""
+  paths = []
+  for path in glob.glob(os.path.join(glob.escape(directory), '**', '*.py'), recursive=True):
+    parts = os.path.relpath(path, directory).split(os.sep)
+    if not _THIRD_PARTY_DIRS.intersection(parts[:-1]):
+      paths.append(path)
+  return sorted(paths)
+
+
+def _catalog_texts(path: str) -> Iterator[tuple[str, str]]:
+  """('gettext', English message) of a .mo catalog: msgids and plural msgids.
+
+  The header and translator credits are skipped; an unreadable catalog gives
+  nothing.
+  """
+  try:
+    catalog = _read_catalog(path)
+  except ValueError as e:
+    logging.warning('Skipping a catalog that cannot be read: %s', e)
+    return
+  for entry in catalog:
+    if entry.msgid and entry.msgid.lower() not in _TRANSLATOR_CREDIT_IDS:
+      yield 'gettext', entry.msgid
+      if entry.msgid_plural:
+        yield 'gettext', entry.msgid_plural
+
+
+def build_english_corpus(
+  output_dir: str,
+  python_dirs: Optional[Sequence[str]] = None,
+  catalog_dir: Optional[str] = '/usr/share/locale',
+  *,
+  min_words: int = 6,
+  max_words: int = 40,
+) -> dict[str, int]:
+  """Builds an English sentence corpus from this machine's Python sources and catalogs.
+
+  An offline stand-in for LM1B (the paper's GPT-like pair was trained on it;
+  TFDS cannot download it without the internet): English prose written by
+  people, one sentence a line, from
+    * 'docstring': the docstrings of every module, class and function of the
+      .py files under `python_dirs` (default: the running Python's standard
+      library), paragraph by paragraph (see `_docstring_paragraphs`);
+    * 'comment': their comments, consecutive comment lines joined;
+    * 'gettext': the English messages (msgid, and msgid_plural) of every .mo
+      catalog of every language under `catalog_dir` (`*/LC_MESSAGES/*.mo`):
+      the English side of the gettext corpus, from all translated programs.
+  Third-party packages (site-packages, dist-packages) are not read: the
+  corpus then depends only on the Python version and the installed
+  programs. On this project's development machine (Python 3.11, Debian's
+  catalogs) it holds ~24k sentences, ~0.3M words (`corpus_info.json`).
+
+  Cleaning and filtering: `english_sentences` (prose sentences of min_words
+  to max_words words, ASCII, no code or markup). Deduplication: one sentence
+  per case-insensitive text, the lexicographically smallest spelling.
+  Split: by a SHA-256 hash of the lower-cased sentence (90% train, 5%
+  validation, 5% test), so it does not depend on file order; within a file
+  sentences are ordered by that hash.
+
+  Writes `train.txt`, `validation.txt` and `test.txt` (UTF-8, one sentence a
+  line) and `ENGLISH_CORPUS_INFO_FILE` (the sources read and, per split, the
+  sentences, words and characters, and sentences per source) into
+  output_dir, ready for `tasks.register_english_lm_task`.
+
+  Args:
+    output_dir: where to write the files (created if missing).
+    python_dirs: directories searched recursively for .py files; None for the
+      standard library (`sysconfig`'s 'stdlib'); () for none.
+    catalog_dir: the locale directory; None for no catalogs.
+    min_words: the fewest words of a sentence.
+    max_words: the most (longer ones are rarely single sentences).
+
+  Returns:
+    The number of sentences written per split.
+
+  Raises:
+    FileNotFoundError: no .py file and no catalog was found.
+    ValueError: no sentence passed the filters.
+  """
+  if not 1 <= min_words <= max_words:
+    raise ValueError(
+      f'Need 1 <= min_words <= max_words, got min_words={min_words}, max_words={max_words}.'
+    )
+  if python_dirs is None:
+    python_dirs = [sysconfig.get_paths()['stdlib']]
+  python_paths = [path for directory in python_dirs for path in _python_files(directory)]
+  catalog_paths = []
+  if catalog_dir is not None:
+    catalog_glob = os.path.join(glob.escape(catalog_dir), '*', 'LC_MESSAGES', '*.mo')
+    catalog_paths = sorted(glob.glob(catalog_glob))
+  if not python_paths and not catalog_paths:
+    raise FileNotFoundError(
+      f'No .py file under {list(python_dirs)} and no .mo catalog under {catalog_dir}/*/'
+      'LC_MESSAGES: pass python_dirs (e.g. a Python installation) or catalog_dir.'
+    )
+
+  spellings = collections.defaultdict(set)  # Lower-cased sentence -> its spellings.
+  sources = collections.defaultdict(set)  # Lower-cased sentence -> its sources.
+  texts = [(_python_texts, path) for path in python_paths]
+  texts += [(_catalog_texts, path) for path in catalog_paths]
+  for read, path in texts:
+    for source, text in read(path):
+      for sentence in english_sentences(text, min_words, max_words):
+        spellings[sentence.lower()].add(sentence)
+        sources[sentence.lower()].add(source)
+  if not spellings:
+    raise ValueError(
+      f'No English sentence of {min_words} to {max_words} words in {len(python_paths)} Python '
+      f'files and {len(catalog_paths)} catalogs; lower min_words or add sources.'
+    )
+
+  by_split = {split: [] for split in SPLITS}
+  for key in spellings:
+    by_split[_split_of(key)].append(key)
+  os.makedirs(output_dir, exist_ok=True)
+  info = {
+    'sources': {'python_dirs': list(python_dirs), 'catalog_dir': catalog_dir},
+    'python_files': len(python_paths),
+    'catalogs': len(catalog_paths),
+    'min_words': min_words,
+    'max_words': max_words,
+    'splits': {},
+  }
+  first_source = lambda key: next(s for s in ENGLISH_SOURCES if s in sources[key])
+  for split, keys in by_split.items():
+    keys.sort(key=lambda key: (hashlib.sha256(key.encode()).digest(), key))
+    sentences = [min(spellings[key]) for key in keys]
+    with open(os.path.join(output_dir, f'{split}.txt'), 'w', encoding='utf-8', newline='\n') as f:
+      f.writelines(sentence + '\n' for sentence in sentences)
+    info['splits'][split] = {
+      'sentences': len(sentences),
+      'words': sum(len(sentence.split()) for sentence in sentences),
+      'characters': sum(len(sentence) for sentence in sentences),
+      'by_source': dict(collections.Counter(first_source(key) for key in keys)),
+    }
+  with open(os.path.join(output_dir, ENGLISH_CORPUS_INFO_FILE), 'w') as f:
+    json.dump(info, f, indent=1)
+  counts = {split: len(keys) for split, keys in by_split.items()}
+  logging.info(
+    'English corpus from %d Python files and %d catalogs: %s.',
+    len(python_paths),
+    len(catalog_paths),
+    counts,
+  )
+  return counts
+
+
+def read_lines(path: str) -> list[str]:
+  """The lines of a UTF-8 text file (e.g. a `build_english_corpus` split), newlines removed."""
+  with epath.Path(path).open('rb') as f:
+    return [line.decode('utf-8').rstrip('\n') for line in f]

@@ -1,20 +1,34 @@
-r"""Training `network.Transformer` on a seqio task: optax, orbax, resumable.
+r"""Training T5X's networks on a seqio task: optax, orbax, resumable.
 
 `train` trains a network of any size on any registered task; a speculative
 pair's target and draft are trained by the same call with different configs.
-The loss is T5X's (`t5x/losses.py`): cross entropy against label-smoothed
-targets minus the smoothed targets' entropy, plus `z_loss * log(Z)^2`, summed
-over real target tokens and divided by an optional `loss_normalizing_factor`.
-The optimizer defaults to Adafactor, whose optax defaults are T5X's (decay
-rate 0.8, factored second moments, parameter-scaled updates clipped at RMS 1).
+The network is `network.module_for(config)`: the encoder-decoder
+`network.Transformer` for a `network.T5Config` (T5X's `EncoderDecoderModel`)
+or `network.DecoderOnly` for a `network.DecoderOnlyConfig` (T5X's
+`DecoderOnlyModel`; see Data). The loss is T5X's (`t5x/losses.py`): cross
+entropy against label-smoothed targets minus the smoothed targets' entropy,
+plus `z_loss * log(Z)^2`, summed over the tokens of 'decoder_loss_weights'
+and divided by an optional `loss_normalizing_factor`. The optimizer defaults
+to Adafactor, whose optax defaults are T5X's (decay rate 0.8, factored second
+moments, parameter-scaled updates clipped at RMS 1).
 
 Data. The training stream is seqio's: the train split repeated, shuffled with
-`seed`, packed (or padded) by `seqio.EncDecFeatureConverter` and batched
-without remainder. It depends only on the task, feature lengths, batch size,
-packing and seed, so a run resumed at step s skips the stream's first s
-batches and then sees the batches an uninterrupted run sees. Skipping re-reads,
-re-tokenizes and re-packs those examples (about 20 s per 1e5 examples on a
-2-core CPU), which keeps the checkpoint to the model's state alone.
+`seed`, packed (or padded) by the model's feature converter and batched
+without remainder. The converter is T5X's choice: `seqio.EncDecFeatureConverter`
+for an encoder-decoder; `seqio.DecoderFeatureConverter` for a decoder-only
+network, which by the keys of `feature_lengths` makes LM features
+({'targets': L}: a plain language model of the targets) or prefix-LM features
+({'inputs': Lin, 'targets': L}: rows of Lin + L tokens, each example its
+inputs then its targets, the loss on the targets only, and
+'decoder_causal_attention' marking the inputs). As in T5X, a prefix LM attends
+causally unless `inputs_bidirectional_attention` is set, which passes
+'decoder_causal_attention' to the network: the inputs then attend to each
+other bidirectionally. The stream depends only on the task, feature lengths,
+batch size, packing, converter and seed, so a run resumed at step s skips the
+stream's first s batches and then sees the batches an uninterrupted run sees.
+Skipping re-reads, re-tokenizes and re-packs those examples (about 20 s per
+1e5 examples on a 2-core CPU), which keeps the checkpoint to the model's state
+alone.
 
 Checkpoints. `model_dir` is an `orbax.checkpoint.CheckpointManager` directory
 with items 'params' (the T5X parameter tree, float32) and 'opt_state' (the
@@ -25,7 +39,11 @@ temporary directory and renames it when complete, so an interruption leaves no
 half-written step that could be restored; a run picks up the latest complete
 step. Besides the steps, `metrics.jsonl` logs training and validation metrics
 (one JSON object per line; a resumed run appends, so steps after the last
-checkpoint of an interrupted run appear twice).
+checkpoint of an interrupted run appear twice), and `SETTINGS_FILE` records
+the run's network, task and settings (`inputs_bidirectional_attention`
+included, which decoding a prefix LM must repeat: `models.Model`'s argument of
+that name); a resumed run must use the recorded
+`inputs_bidirectional_attention`.
 
 Determinism. Parameters are drawn from `seed` on the host
 (`network.random_params`), dropout keys are `fold_in(PRNGKey(seed), step)`,
@@ -43,9 +61,10 @@ Command line, T5X style (flags as in `gin_utils`):
     --gin.MODEL_DIR="'/tmp/gettext_target'" --gin.TRAIN_STEPS=600 \
     --gin.CORPUS_DIR="'/tmp/gettext_ende'" --gin.VOCABULARY="'/tmp/spm/ende_4000.model'"
 
-The model file binds `network.T5Config`, the task file `TASK` (a task name or
-a registering call), the run file `train`'s arguments. SIGTERM ends the run
-after the saves it started are complete.
+The model file binds `network.T5Config` (or `network.DecoderOnlyConfig`, with
+configs/runs/train_decoder_only.gin as the run file), the task file `TASK` (a
+task name or a registering call), the run file `train`'s arguments. SIGTERM
+ends the run after the saves it started are complete.
 """
 
 import dataclasses
@@ -76,6 +95,7 @@ LossNormalizingFactor = Union[None, float, str]
 
 ITEM_NAMES = ('params', 'opt_state')
 METRICS_FILE = 'metrics.jsonl'
+SETTINGS_FILE = 'train_settings.json'
 # T5X's special loss normalizing factors (`t5x.losses.SpecialLossNormalizingFactor`).
 SPECIAL_LOSS_NORMALIZING_FACTORS = (
   'NUM_REAL_TARGET_TOKENS',
@@ -205,22 +225,55 @@ class TrainState:
   opt_state: PyTree
 
 
-def _logits(
-  module: network.Transformer,
-  params: PyTree,
-  batch: Mapping[str, jax.Array],
-  dropout_key: Optional[jax.Array],
-) -> jax.Array:
-  return module.apply(
-    {'params': params},
-    batch['encoder_input_tokens'],
-    batch['decoder_input_tokens'],
-    batch['decoder_target_tokens'],
-    batch.get('encoder_segment_ids'),
-    batch.get('decoder_segment_ids'),
-    enable_dropout=dropout_key is not None,
-    rngs=None if dropout_key is None else {'dropout': dropout_key},
-  )
+def _check_bidirectional(config: network.NetworkConfig, inputs_bidirectional_attention: bool):
+  if inputs_bidirectional_attention and not isinstance(config, network.DecoderOnlyConfig):
+    raise ValueError(
+      "inputs_bidirectional_attention=True is for decoder-only prefix LMs (T5X's "
+      f'DecoderOnlyModel), but the network is a {type(config).__name__}, an encoder-decoder '
+      'whose decoder attends causally. Pass inputs_bidirectional_attention=False, or train a '
+      'network.DecoderOnlyConfig.'
+    )
+
+
+def make_logits_fn(config: network.NetworkConfig, inputs_bidirectional_attention: bool = False):
+  """`(params, batch, dropout_key) -> float32 logits [B, L, V]`, T5X's forward pass.
+
+  `batch` holds the features of `feature_converter_cls(config)` (int32
+  [B, Lin] 'encoder_*' and [B, L] 'decoder_*' arrays); dropout is on when
+  `dropout_key` is not None. As T5X's `DecoderOnlyModel`, a decoder-only
+  network gets 'decoder_causal_attention' only with
+  `inputs_bidirectional_attention` (a prefix LM whose inputs attend
+  bidirectionally); otherwise it attends causally.
+  """
+  _check_bidirectional(config, inputs_bidirectional_attention)
+  module = network.module_for(config)
+
+  def logits_fn(params: PyTree, batch: Mapping[str, jax.Array], dropout_key: Optional[jax.Array]):
+    options = dict(
+      enable_dropout=dropout_key is not None,
+      rngs=None if dropout_key is None else {'dropout': dropout_key},
+    )
+    if isinstance(config, network.T5Config):
+      return module.apply(
+        {'params': params},
+        batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'],
+        batch['decoder_target_tokens'],
+        batch.get('encoder_segment_ids'),
+        batch.get('decoder_segment_ids'),
+        **options,
+      )
+    return module.apply(
+      {'params': params},
+      batch['decoder_input_tokens'],
+      batch['decoder_target_tokens'],
+      batch.get('decoder_segment_ids'),
+      batch.get('decoder_positions'),
+      batch['decoder_causal_attention'] if inputs_bidirectional_attention else None,
+      **options,
+    )
+
+  return logits_fn
 
 
 def _metric_sums(per_token: Mapping[str, jax.Array], weights: jax.Array) -> Dict[str, jax.Array]:
@@ -230,29 +283,31 @@ def _metric_sums(per_token: Mapping[str, jax.Array], weights: jax.Array) -> Dict
 
 
 def make_train_step(
-  config: network.T5Config,
+  config: network.NetworkConfig,
   optimizer: optax.GradientTransformation,
   *,
   label_smoothing: float,
   z_loss: float,
   loss_normalizing_factor: LossNormalizingFactor,
+  inputs_bidirectional_attention: bool = False,
 ) -> Callable:
   """The (unjitted) training step `(state, batch, key) -> (state, metric sums)`.
 
-  `batch` holds `seqio.EncDecFeatureConverter`'s features as int32 [B, L]
+  `batch` holds `feature_converter_cls(config)`'s features as int32 [B, L]
   arrays; `key` is the run's PRNG key, folded with the step for dropout
   (used only when `config.dropout_rate > 0`). The metric sums (float32
-  scalars) are the loss terms and correct predictions summed over real target
-  tokens, and their count 'weight'.
+  scalars) are the loss terms and correct predictions summed over the tokens
+  of 'decoder_loss_weights' (a prefix LM's targets), and their count
+  'weight'. `inputs_bidirectional_attention`: see `make_logits_fn`.
   """
-  module = network.Transformer(config)
+  logits_fn = make_logits_fn(config, inputs_bidirectional_attention)
   use_dropout = config.dropout_rate > 0.0
 
   def step(state: TrainState, batch: Mapping[str, jax.Array], key: jax.Array):
     dropout_key = jax.random.fold_in(key, state.step) if use_dropout else None
 
     def objective(params):
-      logits = _logits(module, params, batch, dropout_key)
+      logits = logits_fn(params, batch, dropout_key)
       per_token = cross_entropy_with_logits(
         logits, batch['decoder_target_tokens'], label_smoothing=label_smoothing, z_loss=z_loss
       )
@@ -268,12 +323,18 @@ def make_train_step(
   return step
 
 
-def make_eval_step(config: network.T5Config, *, label_smoothing: float, z_loss: float) -> Callable:
+def make_eval_step(
+  config: network.NetworkConfig,
+  *,
+  label_smoothing: float,
+  z_loss: float,
+  inputs_bidirectional_attention: bool = False,
+) -> Callable:
   """The (unjitted) evaluation step `(params, batch) -> metric sums`, no dropout."""
-  module = network.Transformer(config)
+  logits_fn = make_logits_fn(config, inputs_bidirectional_attention)
 
   def step(params: PyTree, batch: Mapping[str, jax.Array]):
-    logits = _logits(module, params, batch, None)
+    logits = logits_fn(params, batch, None)
     per_token = cross_entropy_with_logits(
       logits, batch['decoder_target_tokens'], label_smoothing=label_smoothing, z_loss=z_loss
     )
@@ -284,12 +345,13 @@ def make_eval_step(config: network.T5Config, *, label_smoothing: float, z_loss: 
 
 @functools.lru_cache(maxsize=8)
 def _jitted_steps(
-  config: network.T5Config,
+  config: network.NetworkConfig,
   optimizer: Callable[..., optax.GradientTransformation],
   learning_rate: optax.ScalarOrSchedule,
   label_smoothing: float,
   z_loss: float,
   loss_normalizing_factor: LossNormalizingFactor,
+  inputs_bidirectional_attention: bool,
 ) -> tuple:
   """(optax transformation, jitted train step, jitted eval step).
 
@@ -303,8 +365,14 @@ def _jitted_steps(
     label_smoothing=label_smoothing,
     z_loss=z_loss,
     loss_normalizing_factor=loss_normalizing_factor,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
   )
-  eval_step = make_eval_step(config, label_smoothing=label_smoothing, z_loss=z_loss)
+  eval_step = make_eval_step(
+    config,
+    label_smoothing=label_smoothing,
+    z_loss=z_loss,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+  )
   return tx, jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
 
 
@@ -321,6 +389,18 @@ def _per_token(sums: Mapping[str, float]) -> Dict[str, float]:
 # ------------------------------------------------------------------------------
 # Data.
 # ------------------------------------------------------------------------------
+def feature_converter_cls(config: network.NetworkConfig) -> Callable[..., seqio.FeatureConverter]:
+  """The seqio feature converter of T5X's model for `config` (its FEATURE_CONVERTER_CLS).
+
+  `seqio.EncDecFeatureConverter` for a `network.T5Config`,
+  `seqio.DecoderFeatureConverter` (LM or prefix LM by the feature lengths'
+  keys) for a `network.DecoderOnlyConfig`.
+  """
+  if isinstance(config, network.DecoderOnlyConfig):
+    return seqio.DecoderFeatureConverter
+  return seqio.EncDecFeatureConverter
+
+
 def get_dataset(
   task: Union[str, seqio.Task],
   split: str,
@@ -332,33 +412,38 @@ def get_dataset(
   seed: Optional[int] = None,
   repeat: bool = False,
   skip_batches: int = 0,
+  converter_cls: Callable[..., seqio.FeatureConverter] = seqio.EncDecFeatureConverter,
 ) -> tf.data.Dataset:
   """Batches of model features from a seqio task.
 
   seqio's pipeline (the split's examples tokenized, EOS-terminated and
   truncated to `feature_lengths`; repeated if `repeat`; shuffled with `seed`
-  if `shuffle`), then `seqio.EncDecFeatureConverter(pack=pack)`, then batches
-  of `batch_size` rows (the last, partial one dropped if `repeat`).
+  if `shuffle`), then `converter_cls(pack=pack)`, then batches of
+  `batch_size` rows (the last, partial one dropped if `repeat`).
 
   Args:
     task: a registered task name or a `seqio.Task`.
     split: the split, e.g. 'train' or 'validation'.
-    feature_lengths: {'inputs': Lin, 'targets': L}, the task feature lengths.
+    feature_lengths: the task feature lengths: {'inputs': Lin, 'targets': L},
+      or {'targets': L} for a decoder-only LM.
     batch_size: rows per batch.
     pack: pack several examples per row (T5X's default for training).
     shuffle: shuffle examples (buffer of the task's shuffle_buffer_size).
     seed: the shuffle seed; with it the order is deterministic.
     repeat: repeat the split indefinitely.
     skip_batches: batches to drop from the start (resuming).
+    converter_cls: the feature converter (`feature_converter_cls(config)`).
 
   Returns:
-    A `tf.data.Dataset` of dicts of int32 [rows, Lin] 'encoder_*' and
-    [rows, L] 'decoder_*' arrays (segment ids and positions when packed).
+    A `tf.data.Dataset` of dicts of int32 arrays: encoder-decoder, [rows, Lin]
+    'encoder_*' and [rows, L] 'decoder_*'; decoder-only, [rows, Lin + L] (or
+    [rows, L]) 'decoder_*', with 'decoder_causal_attention' for a prefix LM;
+    segment ids and positions when packed.
   """
   dataset = seqio.get_dataset(
     task,
     dict(feature_lengths),
-    seqio.EncDecFeatureConverter(pack=pack),
+    converter_cls(pack=pack),
     dataset_split=split,
     shuffle=shuffle,
     num_epochs=None if repeat else 1,
@@ -381,9 +466,11 @@ def _padded(batch: Batch, batch_size: int) -> Batch:
 
 
 def _real_tokens(batch: Batch) -> int:
-  return int(
-    np.count_nonzero(batch['encoder_input_tokens'])
-    + np.count_nonzero(batch['decoder_target_tokens'])
+  # A decoder-only row holds its inputs (if any) among its target tokens.
+  return sum(
+    int(np.count_nonzero(batch[name]))
+    for name in ('encoder_input_tokens', 'decoder_target_tokens')
+    if name in batch
   )
 
 
@@ -475,8 +562,9 @@ class TrainResult:
     step: the final step.
     train_metrics: per logging interval, {'step', 'loss', 'cross_entropy',
       'z_loss', 'accuracy' (per real target token), 'learning_rate',
-      'tokens_per_second' (real input + target tokens), 'seconds' (since the
-      run started)}.
+      'tokens' (the real input + target tokens of the interval's batches),
+      'tokens_per_second' (of those, after the run's first step),
+      'seconds' (since the run started)}.
     eval_metrics: per evaluation, {'step', 'loss', 'cross_entropy', 'z_loss',
       'accuracy', 'seconds'} on the validation split.
   """
@@ -494,15 +582,40 @@ def check_positive(**values) -> None:
 
 
 def check_task(
-  task: Union[str, seqio.Task], config: network.T5Config, feature_lengths: Mapping[str, int]
+  task: Union[str, seqio.Task],
+  config: network.NetworkConfig,
+  feature_lengths: Mapping[str, int],
+  *,
+  inputs_bidirectional_attention: bool = False,
 ) -> seqio.Task:
+  """The task, checked against the network and the feature lengths (see `train`)."""
   task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
   if 'train' not in task.splits:
     raise ValueError(f'Task {task.name!r} has no train split (splits: {task.splits}).')
-  if set(feature_lengths) != {'inputs', 'targets'}:
+  _check_bidirectional(config, inputs_bidirectional_attention)
+  if isinstance(config, network.T5Config):
+    if set(feature_lengths) != {'inputs', 'targets'}:
+      raise ValueError(
+        "feature_lengths must map exactly 'inputs' and 'targets' to lengths, got "
+        f'{dict(feature_lengths)}.'
+      )
+  elif set(feature_lengths) not in ({'targets'}, {'inputs', 'targets'}):
     raise ValueError(
-      "feature_lengths must map exactly 'inputs' and 'targets' to lengths, got "
-      f'{dict(feature_lengths)}.'
+      "A decoder-only network's feature_lengths map 'targets' (a language model) or "
+      f"'inputs' and 'targets' (a prefix LM) to lengths, got {dict(feature_lengths)}."
+    )
+  elif 'inputs' in feature_lengths and 'inputs' not in task.output_features:
+    raise ValueError(
+      f"feature_lengths has 'inputs' but task {task.name!r} has only the features "
+      f"{sorted(task.output_features)}; pass feature_lengths={{'targets': L}} to train a "
+      'language model of its targets.'
+    )
+  elif inputs_bidirectional_attention and 'inputs' not in feature_lengths:
+    raise ValueError(
+      'inputs_bidirectional_attention=True makes the inputs of a prefix LM attend '
+      f"bidirectionally, but feature_lengths={dict(feature_lengths)} has no 'inputs' (a "
+      "plain LM). Add an 'inputs' length (the task must have inputs), or pass "
+      'inputs_bidirectional_attention=False.'
     )
   check_positive(**{f'feature_lengths[{k!r}]': v for k, v in feature_lengths.items()})
   for name, feature in task.output_features.items():
@@ -510,7 +623,8 @@ def check_task(
       raise ValueError(
         f'Task {task.name!r} feature {name!r} has a vocabulary of '
         f'{feature.vocabulary.vocab_size} ids but the network has vocab_size='
-        f'{config.vocab_size}; set T5Config.vocab_size >= {feature.vocabulary.vocab_size}.'
+        f'{config.vocab_size}; set {type(config).__name__}.vocab_size >= '
+        f'{feature.vocabulary.vocab_size}.'
       )
   return task
 
@@ -523,14 +637,47 @@ def _evaluate(eval_step: Callable, params: PyTree, batches: Sequence[Batch]) -> 
   return _per_token(totals)
 
 
+def _settings(config: network.NetworkConfig, task: seqio.Task, **settings: Any) -> Dict[str, Any]:
+  fields = dataclasses.asdict(config)
+  fields['dtype'] = jnp.dtype(config.dtype).name
+  fields['mlp_activations'] = list(config.mlp_activations)
+  return {'network': type(config).__name__, 'config': fields, 'task': task.name, **settings}
+
+
+def read_settings(model_dir: str) -> Optional[Dict[str, Any]]:
+  """The settings `train` recorded in `model_dir` (`SETTINGS_FILE`), or None if none.
+
+  {'network': 'T5Config' or 'DecoderOnlyConfig', 'config': its fields (dtype
+  by name), 'task', 'feature_lengths', 'batch_size', 'pack', 'seed',
+  'inputs_bidirectional_attention'}.
+  """
+  path = os.path.join(model_dir, SETTINGS_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _check_resumed_settings(model_dir: str, inputs_bidirectional_attention: bool) -> None:
+  recorded = (read_settings(model_dir) or {}).get('inputs_bidirectional_attention')
+  if recorded is not None and recorded != inputs_bidirectional_attention:
+    raise ValueError(
+      f'{model_dir} was trained with inputs_bidirectional_attention={recorded} '
+      f'({SETTINGS_FILE}), but this run passes {inputs_bidirectional_attention}: a resumed '
+      f'run must attend as it did. Pass inputs_bidirectional_attention={recorded}, or train '
+      'into a new model_dir.'
+    )
+
+
 def train(
   model_dir: str,
-  config: network.T5Config,
+  config: network.NetworkConfig,
   task: Union[str, seqio.Task],
   *,
   feature_lengths: Mapping[str, int],
   batch_size: int,
   num_steps: int,
+  inputs_bidirectional_attention: bool = False,
   learning_rate: optax.ScalarOrSchedule = 0.01,
   optimizer: Callable[..., optax.GradientTransformation] = optax.adafactor,
   pack: bool = True,
@@ -549,14 +696,25 @@ def train(
 
   Args:
     model_dir: the checkpoint directory; the latest checkpoint in it is resumed.
-    config: the network (`dtype` is the compute dtype; parameters are float32;
-      dropout is on when `config.dropout_rate > 0`).
+    config: the network, a `network.T5Config` (encoder-decoder) or a
+      `network.DecoderOnlyConfig` (`dtype` is the compute dtype; parameters
+      are float32; dropout is on when `config.dropout_rate > 0`).
     task: a registered seqio task name or a `seqio.Task` with 'inputs' and
-      'targets' features and 'train' (and, to evaluate, 'validation') splits.
-    feature_lengths: {'inputs': Lin, 'targets': L}; longer examples are
-      truncated (seqio's trimming), packed rows hold several examples.
+      'targets' features (a decoder-only LM: 'targets' at least) and 'train'
+      (and, to evaluate, 'validation') splits.
+    feature_lengths: {'inputs': Lin, 'targets': L}; for a decoder-only
+      network, {'targets': L} trains a language model of the targets alone
+      (rows of L tokens; a task's 'inputs' are then unused) and
+      {'inputs': Lin, 'targets': L} a prefix LM (rows of Lin + L tokens, the
+      loss on the targets). Longer examples are truncated (seqio's trimming),
+      packed rows hold several examples.
     batch_size: rows per step.
     num_steps: the step to train to (a resumed run continues up to it).
+    inputs_bidirectional_attention: T5X's `DecoderOnlyModel` argument: a
+      prefix LM's inputs attend to each other bidirectionally (the network
+      gets 'decoder_causal_attention'); False attends causally. Decoder-only
+      prefix LMs only; recorded in `SETTINGS_FILE`, and decoding must repeat
+      it (`models.Model(..., inputs_bidirectional_attention=...)`).
     learning_rate: a float or an optax schedule of the step (e.g.
       `optax.warmup_cosine_decay_schedule(...)`).
     optimizer: called as `optimizer(learning_rate)`; default Adafactor.
@@ -591,13 +749,23 @@ def train(
   if z_loss < 0:
     raise ValueError(f'z_loss must be >= 0, got {z_loss}.')
   loss_normalizing_factor = _check_loss_normalizing_factor(loss_normalizing_factor)
-  task = check_task(task, config, feature_lengths)
+  task = check_task(
+    task, config, feature_lengths, inputs_bidirectional_attention=inputs_bidirectional_attention
+  )
   if eval_every is not None and 'validation' not in task.splits:
     raise ValueError(
       f'Task {task.name!r} has no validation split to evaluate on; pass eval_every=None.'
     )
   tasks.hide_gpus_from_tensorflow()
-  step_args = (config, optimizer, learning_rate, label_smoothing, z_loss, loss_normalizing_factor)
+  step_args = (
+    config,
+    optimizer,
+    learning_rate,
+    label_smoothing,
+    z_loss,
+    loss_normalizing_factor,
+    bool(inputs_bidirectional_attention),
+  )
   try:
     tx, train_step, eval_step = _jitted_steps(*step_args)
   except TypeError:  # An unhashable argument (e.g. an array learning rate): no caching.
@@ -610,19 +778,35 @@ def train(
   try:
     start_step = manager.latest_step() or 0
     if start_step:
+      _check_resumed_settings(model_dir, bool(inputs_bidirectional_attention))
       params = network.abstract_params(config)[0]
       state = restore_state(manager, start_step, params, jax.eval_shape(tx.init, params))
       logging.info('Resuming %s from step %d.', model_dir, start_step)
     else:
+      os.makedirs(model_dir, exist_ok=True)
+      with open(os.path.join(model_dir, SETTINGS_FILE), 'w') as f:
+        settings = _settings(
+          config,
+          task,
+          feature_lengths=dict(feature_lengths),
+          batch_size=batch_size,
+          pack=pack,
+          seed=seed,
+          inputs_bidirectional_attention=bool(inputs_bidirectional_attention),
+        )
+        json.dump(settings, f, indent=1)
       params = jax.device_put(network.random_params(config, seed)[0])
       state = TrainState(step=jnp.int32(0), params=params, opt_state=jax.jit(tx.init)(params))
     if start_step >= num_steps:
       logging.info('%s is already at step %d >= num_steps=%d.', model_dir, start_step, num_steps)
       return TrainResult(state.params, start_step, [], [])
 
+    converter_cls = feature_converter_cls(config)
     eval_sets = []
     if eval_every is not None:
-      validation = get_dataset(task, 'validation', feature_lengths, batch_size, pack=pack)
+      validation = get_dataset(
+        task, 'validation', feature_lengths, batch_size, pack=pack, converter_cls=converter_cls
+      )
       if eval_batches is not None:
         validation = validation.take(eval_batches)
       eval_sets = [_padded(batch, batch_size) for batch in validation.as_numpy_iterator()]
@@ -636,6 +820,7 @@ def train(
       seed=seed,
       repeat=True,
       skip_batches=start_step,
+      converter_cls=converter_cls,
     ).as_numpy_iterator()
     key = jax.random.PRNGKey(seed)
 
@@ -652,11 +837,13 @@ def train(
       desc=os.path.basename(os.path.normpath(model_dir)),
       dynamic_ncols=True,
     )
-    pending, tokens, interval_start = [], 0, time.perf_counter()
+    pending, tokens, timed_tokens, interval_start = [], 0, 0, time.perf_counter()
     in_flight = None  # The previous step's sums, set after the first step.
     batch = next(batches)
     for step in range(start_step + 1, num_steps + 1):
       state, sums = train_step(state, batch, key)
+      batch_tokens = _real_tokens(batch)
+      tokens += batch_tokens
       if step == start_step + 1:
         # Throughput is measured from the end of the first step (compilation).
         jax.block_until_ready(sums)
@@ -667,7 +854,7 @@ def train(
           interval_start - start_time,
         )
       else:
-        tokens += _real_tokens(batch)
+        timed_tokens += batch_tokens
         # One step in flight: the host prepares the next batch while the device
         # computes, and the progress bar stays within a step of the truth.
         jax.block_until_ready(in_flight)
@@ -685,11 +872,12 @@ def train(
           'learning_rate': float(
             learning_rate(step - 1) if callable(learning_rate) else learning_rate
           ),
-          'tokens_per_second': tokens / (now - interval_start),
+          'tokens': tokens,
+          'tokens_per_second': timed_tokens / (now - interval_start),
         }
         bar.set_postfix(loss=f'{record["loss"]:.3f}', tok_s=f'{record["tokens_per_second"]:.0f}')
         log(train_metrics, 'train', record)
-        pending, tokens, interval_start = [], 0, now
+        pending, tokens, timed_tokens, interval_start = [], 0, 0, now
       if step % checkpoint_every == 0 or step == num_steps:
         save_state(manager, state)
       if eval_sets and (step % eval_every == 0 or step == num_steps):

@@ -301,6 +301,9 @@ COVERED = (
     'runs/train',
     'runs/benchmark',
     'runs/distill',
+    # Parsed by tests/test_train.py and tests/test_tasks_english.py.
+    'runs/train_decoder_only',
+    'tasks/english_lm',
   }
 )
 

@@ -2,7 +2,8 @@
 
 The fixture task is a TSV task over systematic English/German phrases written
 here, with a SentencePiece vocabulary trained on them, so that a tiny network
-learns it in a few dozen steps.
+learns it in a few dozen steps: an encoder-decoder, and a decoder-only network
+as a prefix LM and as a language model of the targets.
 """
 
 import os
@@ -15,10 +16,13 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
+import seqio
 
 from speculative_t5x import network
+from speculative_t5x import tasks
 from speculative_t5x import train
 import testing_utils
 
@@ -330,3 +334,265 @@ def test_finished_run_resumes_to_nothing_and_checks_the_network(gin_config, refe
       files,
       {**bindings, 'MODEL_DIR': model_dir, 'TRAIN_STEPS': 200, 'network.T5Config.emb_dim': 48},
     )
+
+
+# ------------------------------------------------------------------------------
+# Decoder-only networks: T5X's DecoderOnlyModel data path (LM and prefix LM).
+# ------------------------------------------------------------------------------
+PREFIX_LM_LENGTHS = {'inputs': 24, 'targets': 16}
+LM_LENGTHS = {'targets': 16}
+
+
+def _decoder_only_config(**overrides):
+  fields = dict(
+    vocab_size=64,
+    dtype='float32',
+    emb_dim=32,
+    num_heads=2,
+    head_dim=16,
+    mlp_dim=64,
+    num_layers=2,
+    dropout_rate=0.0,
+  )
+  fields.update(overrides)
+  return network.DecoderOnlyConfig(**fields)
+
+
+def _first_batch(task, feature_lengths, config, pack=True):
+  dataset = train.get_dataset(
+    task,
+    'validation',
+    feature_lengths,
+    3,
+    pack=pack,
+    converter_cls=train.feature_converter_cls(config),
+  )
+  return next(dataset.as_numpy_iterator())
+
+
+def test_decoder_only_features_are_t5x_lm_and_prefix_lm(fixture_task):
+  task, _, _ = fixture_task
+  config = _decoder_only_config()
+  assert train.feature_converter_cls(config) is seqio.DecoderFeatureConverter
+  assert train.feature_converter_cls(_config(64)) is seqio.EncDecFeatureConverter
+  # Prefix LM: one row per example, inputs (with the prefix) then targets.
+  prefix_lm = _first_batch(task, PREFIX_LM_LENGTHS, config, pack=False)
+  assert 'encoder_input_tokens' not in prefix_lm
+  assert prefix_lm['decoder_target_tokens'].shape == (3, 40)
+  for row in range(3):
+    targets = prefix_lm['decoder_target_tokens'][row]
+    inputs_end = list(targets).index(1) + 1  # The inputs end with their EOS.
+    # Causal attention (bidirectional when asked) over the inputs and BOS; loss on targets only.
+    np.testing.assert_array_equal(
+      prefix_lm['decoder_causal_attention'][row], np.arange(40) <= inputs_end
+    )
+    np.testing.assert_array_equal(
+      prefix_lm['decoder_loss_weights'][row], (np.arange(40) >= inputs_end) & (targets > 0)
+    )
+  # LM of the targets alone: no causal-attention feature, loss on every token.
+  lm = _first_batch(task, LM_LENGTHS, config, pack=False)
+  assert 'decoder_causal_attention' not in lm
+  np.testing.assert_array_equal(lm['decoder_loss_weights'], lm['decoder_target_tokens'] > 0)
+  assert train._real_tokens(lm) == np.count_nonzero(lm['decoder_target_tokens'])
+
+
+def test_decoder_only_logits_attend_bidirectionally_only_when_asked(fixture_task):
+  task, _, _ = fixture_task
+  config = _decoder_only_config()
+  batch = _first_batch(task, PREFIX_LM_LENGTHS, config)
+  params = network.random_params(config, 1)[0]
+  causal = train.make_logits_fn(config)(params, batch, None)
+  bidirectional = train.make_logits_fn(config, True)(params, batch, None)
+  module = network.DecoderOnly(config)
+  args = (batch['decoder_input_tokens'], batch['decoder_target_tokens'])
+  segments = (batch['decoder_segment_ids'], batch['decoder_positions'])
+  expected = lambda attention: module.apply(
+    {'params': params}, *args, *segments, attention, enable_dropout=False
+  )
+  np.testing.assert_array_equal(causal, expected(None))
+  np.testing.assert_array_equal(bidirectional, expected(batch['decoder_causal_attention']))
+  assert not np.allclose(causal, bidirectional)
+
+
+@pytest.fixture(scope='module')
+def decoder_only_gin(fixture_task, tmp_path_factory):
+  """(gin files, bindings) of a tiny decoder-only prefix LM, through train_decoder_only.gin."""
+  task, directory, vocabulary_path = fixture_task
+  configs = tmp_path_factory.mktemp('decoder_only_configs')
+  model_gin = configs / 'model.gin'
+  model_gin.write_text("""
+from __gin__ import dynamic_registration
+from speculative_t5x import network
+
+network.DecoderOnlyConfig:
+  vocab_size = 64
+  dtype = 'float32'
+  emb_dim = 32
+  num_heads = 2
+  head_dim = 16
+  mlp_dim = 64
+  num_layers = 2
+  dropout_rate = %DROPOUT_RATE
+""")
+  task_gin = configs / 'task.gin'
+  task_gin.write_text(f"""
+from __gin__ import dynamic_registration
+from speculative_t5x import train
+
+TASK = {task!r}
+train.train.eval_every = 40
+train.train.log_every = 10
+train.train.progress = False
+""")
+  files = [str(model_gin), os.path.join(REPO, 'configs/runs/train_decoder_only.gin'), str(task_gin)]
+  bindings = {
+    'TASK_FEATURE_LENGTHS': PREFIX_LM_LENGTHS,
+    'INPUTS_BIDIRECTIONAL_ATTENTION': True,
+    'TRAIN_STEPS': 80,
+    'CHECKPOINT_PERIOD': 40,
+    'BATCH_SIZE': 4,
+    'DROPOUT_RATE': 0.1,  # The resumed run must reproduce the dropout masks too.
+    'RANDOM_SEED': 2,
+  }
+  return files, bindings
+
+
+@pytest.fixture(scope='module')
+def prefix_lm_reference(decoder_only_gin, tmp_path_factory):
+  """(TrainResult, model_dir) of an uninterrupted bidirectional prefix-LM run."""
+  files, bindings = decoder_only_gin
+  model_dir = str(tmp_path_factory.mktemp('prefix_lm') / 'model')
+  return _train_with_gin(files, {**bindings, 'MODEL_DIR': model_dir}), model_dir
+
+
+def _assert_learned(result, steps):
+  losses = [record['loss'] for record in result.train_metrics]
+  assert result.step == steps and losses[-1] < 0.5 * losses[0], losses
+  first_eval, last_eval = result.eval_metrics[0], result.eval_metrics[-1]
+  assert last_eval['cross_entropy'] < first_eval['cross_entropy'], result.eval_metrics
+
+
+def test_decoder_only_prefix_lm_learns_and_records_its_settings(prefix_lm_reference):
+  result, model_dir = prefix_lm_reference
+  _assert_learned(result, 80)
+  assert jax.tree_util.tree_structure(result.params) == jax.tree_util.tree_structure(
+    network.random_params(_decoder_only_config())[0]
+  )
+  settings = train.read_settings(model_dir)
+  assert settings['network'] == 'DecoderOnlyConfig'
+  assert settings['config']['num_layers'] == 2 and settings['config']['dtype'] == 'float32'
+  assert settings['feature_lengths'] == PREFIX_LM_LENGTHS
+  assert settings['inputs_bidirectional_attention'] is True
+  assert _complete_steps(model_dir) == [40, 80]
+
+
+def test_decoder_only_plain_lm_learns(fixture_task, tmp_path):
+  task, _, _ = fixture_task
+  result = train.train(
+    str(tmp_path),
+    _decoder_only_config(),
+    task,
+    feature_lengths=LM_LENGTHS,
+    batch_size=4,
+    num_steps=60,
+    learning_rate=0.03,
+    eval_every=30,
+    log_every=10,
+    progress=False,
+  )
+  _assert_learned(result, 60)
+  assert train.read_settings(str(tmp_path))['inputs_bidirectional_attention'] is False
+  # 'tokens' counts every real token trained on: those of the stream's first 60 batches.
+  stream = train.get_dataset(
+    task,
+    'train',
+    LM_LENGTHS,
+    4,
+    shuffle=True,
+    seed=0,
+    repeat=True,
+    converter_cls=seqio.DecoderFeatureConverter,
+  )
+  assert sum(record['tokens'] for record in result.train_metrics) == sum(
+    np.count_nonzero(batch['decoder_target_tokens'])
+    for batch in stream.take(60).as_numpy_iterator()
+  )
+
+
+def test_decoder_only_resumed_run_equals_the_uninterrupted_one(
+  decoder_only_gin, prefix_lm_reference, tmp_path
+):
+  files, bindings = decoder_only_gin
+  reference_result, reference_dir = prefix_lm_reference
+  model_dir = str(tmp_path / 'model')
+  # Stopped after its first checkpoint (a resumed run restarts from the latest one).
+  first = _train_with_gin(files, {**bindings, 'MODEL_DIR': model_dir, 'TRAIN_STEPS': 40})
+  assert first.step == 40 and _complete_steps(model_dir) == [40]
+  with pytest.raises(ValueError, match='inputs_bidirectional_attention=True'):
+    _train_with_gin(
+      files, {**bindings, 'MODEL_DIR': model_dir, 'INPUTS_BIDIRECTIONAL_ATTENTION': False}
+    )
+  resumed = _train_with_gin(files, {**bindings, 'MODEL_DIR': model_dir})
+  assert resumed.train_metrics[0]['step'] == 50
+  assert sorted(os.listdir(model_dir)) == sorted(os.listdir(reference_dir))
+  jax.tree_util.tree_map(
+    np.testing.assert_array_equal,
+    jax.device_get(resumed.params),
+    jax.device_get(reference_result.params),
+  )
+
+
+def test_bad_decoder_only_combinations_name_the_problem(fixture_task, tmp_path):
+  task, directory, vocabulary_path = fixture_task
+  args = dict(batch_size=2, num_steps=2, progress=False)
+  decoder_only = _decoder_only_config()
+  with pytest.raises(ValueError, match='encoder-decoder.*inputs_bidirectional_attention=False'):
+    train.train(
+      str(tmp_path),
+      _config(64),
+      task,
+      feature_lengths=FEATURE_LENGTHS,
+      inputs_bidirectional_attention=True,
+      **args,
+    )
+  with pytest.raises(ValueError, match="has no 'inputs' \\(a plain LM\\)"):
+    train.train(
+      str(tmp_path),
+      decoder_only,
+      task,
+      feature_lengths=LM_LENGTHS,
+      inputs_bidirectional_attention=True,
+      **args,
+    )
+  with pytest.raises(ValueError, match="map 'targets' \\(a language model\\) or"):
+    train.train(str(tmp_path), decoder_only, task, feature_lengths={'inputs': 8}, **args)
+  with pytest.raises(ValueError, match='set DecoderOnlyConfig.vocab_size >= 64'):
+    train.train(
+      str(tmp_path),
+      _decoder_only_config(vocab_size=32),
+      task,
+      feature_lengths=PREFIX_LM_LENGTHS,
+      **args,
+    )
+  # A task of targets alone has no inputs for a prefix LM.
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  for split in ('train', 'validation', 'test'):
+    (corpus / f'{split}.txt').write_text('Die Datei wurde gespeichert .\n')
+  lm_task = tasks.register_english_lm_task(
+    str(corpus), vocabulary_path, prompt_words=0, name='speculative_t5x:train_test_lm'
+  )
+  with pytest.raises(ValueError, match="feature_lengths=\\{'targets': L\\}"):
+    train.train(
+      str(tmp_path / 'model'), decoder_only, lm_task, feature_lengths=PREFIX_LM_LENGTHS, **args
+    )
+  with pytest.raises(ValueError, match='DecoderOnlyConfig'):
+    train.make_train_step(
+      _config(64),
+      optax.adafactor(0.01),
+      label_smoothing=0.0,
+      z_loss=0.0,
+      loss_normalizing_factor=None,
+      inputs_bidirectional_attention=True,
+    )
+  assert sorted(os.listdir(tmp_path)) == ['corpus']
