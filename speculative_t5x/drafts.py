@@ -496,9 +496,12 @@ class PromptLookupDraft:
     known = jnp.where(
       seq_index < 0, context != 0, (seq_index >= 1) & (seq_index <= positions[:, None])
     )
-    # A candidate j proposes context[j:]; it must start at or before the row's
-    # position, so that at least its first token is known.
-    candidate = jnp.where(seq_index < 0, True, (seq_index >= 1) & (seq_index <= positions[:, None]))
+    # A candidate j proposes context[j:]; its first token must be known (at or
+    # before the row's position, or a non-padding input token). Otherwise the
+    # end of an input would win whenever the output repeats its last tokens,
+    # e.g. after a decoder-only prompt, which is both the input and the
+    # sequence's start, and propose padding.
+    candidate = known
     match_len = jnp.zeros(context.shape, jnp.int32)
     still_matching = candidate
     for k in range(self.max_ngram):

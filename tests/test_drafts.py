@@ -100,6 +100,13 @@ class TestPromptLookupDraft:
   def test_no_match_proposes_padding(self):
     assert self.propose([5, 6, 1], [7], gamma=2) == [0, 0]
 
+  def test_a_match_followed_by_padding_is_no_candidate(self):
+    # A decoder-only prompt is both the (0-padded) input and the sequence's
+    # start: its own end ("... 5 7 8", then padding) must not win over the
+    # earlier "7 8 9".
+    prompt = [7, 8, 9, 5, 7, 8]
+    assert self.propose(prompt + [0, 0], prompt, gamma=3) == [9, 5, 7]
+
 
 class TestModelDraft:
   """The draft's cache stays exact across the loop's position moves, with catch-ups."""
