@@ -1,10 +1,14 @@
 """Benchmarks: the paper's Tables 2-4 for any pair, and what the paper left out.
 
-For a target/draft pair and a set of encoder inputs, measured in one run:
+For a target/draft pair of either architecture and a set of inputs (an
+encoder-decoder's encoder inputs, optionally with decoder prompts; a
+decoder-only pair's prompts), measured in one run:
 
   * alpha (Table 3): the mean of beta = sum_x min(p, q) over >= `alpha_tokens`
-    tokens sampled from the target, teacher forcing the draft on them, per
-    temperature; the same for unigram/bigram drafts fitted on a corpus.
+    tokens sampled from the target after the prompts, teacher forcing the
+    draft on them (a prefix LM's prompt attending to itself), per
+    temperature; the same for unigram/bigram drafts fitted on a corpus and
+    for prompt lookup (its first guess at each position).
   * c (draft time per token / target step time) and the verify cost v(gamma)
     (a (gamma+1)-token target call / a one-token call), from compiled steps
     timed inside a loop, warmed up, median of repetitions, per temperature.
@@ -111,6 +115,13 @@ def tsv_inputs(
   return pad_rows(sources, input_length), [target for _, target in pairs]
 
 
+def _get_task(task):
+  """The `seqio.Task` of a registered name, or the task itself."""
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  return seqio.get_mixture_or_task(task) if isinstance(task, str) else task
+
+
 def task_inputs(
   task, split: str, *, num_examples: Optional[int] = None, input_length: Optional[int] = None
 ):
@@ -127,9 +138,7 @@ def task_inputs(
     (inputs int32 [N, input_length] as the task tokenizes them, EOS
     included; list of N target strings).
   """
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
+  task = _get_task(task)
   dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
   if num_examples is not None:
     dataset = dataset.take(num_examples)
@@ -144,6 +153,28 @@ def task_inputs(
   if not rows:
     raise ValueError(f'{task.name}:{split} has no examples.')
   return pad_rows(rows, input_length), references
+
+
+def reference_prompts(references: Sequence[str], vocabulary, prompt_length: int):
+  """Decoder prompts from references: each one's first tokens, and the rest as its reference.
+
+  Args:
+    references: N target strings.
+    vocabulary: encodes a string to ids and decodes ids to a string (a
+      `seqio.Vocabulary` or a `sentencepiece.SentencePieceProcessor`).
+    prompt_length: tokens per prompt; a reference keeps at least one token.
+
+  Returns:
+    (prompts int32 [N, prompt_length], tokens then 0-padding; the N
+    remaining references).
+  """
+  rows, rest = [], []
+  for reference in references:
+    ids = list(vocabulary.encode(reference))
+    cut = max(min(prompt_length, len(ids) - 1), 0)
+    rows.append(ids[:cut])
+    rest.append(vocabulary.decode(ids[cut:]))
+  return pad_rows(rows, prompt_length), rest
 
 
 def tsv_target_tokens(
@@ -199,40 +230,170 @@ def shift_right(output_tokens: np.ndarray) -> np.ndarray:
   return np.pad(np.asarray(output_tokens)[:, :-1], ((0, 0), (1, 0)))
 
 
+def continuation_layout(prompts: Optional[np.ndarray], output_tokens: np.ndarray):
+  """The decoder inputs along prompted continuations, and where each output is predicted.
+
+  T5X's layout (see `decoding`): BOS, each row's P prompt tokens at 1..P,
+  then its outputs; the decoder's logits at position P + j predict output j.
+
+  Args:
+    prompts: int [N, Lp] prompts (each row's tokens, then 0-padding), or
+      None (every row starts from BOS).
+    output_tokens: int [N, L], what follows each prompt.
+
+  Returns:
+    (decoder_input_tokens int32 [N, Lp + L], BOS, the prompt, then the
+    outputs but the last, 0-padded; positions int32 [N, L], P + j). Without
+    prompts they are `shift_right(output_tokens)` and 0..L-1.
+  """
+  outputs = np.asarray(output_tokens, np.int32)
+  num_rows, length = outputs.shape
+  prompts = np.zeros((num_rows, 0), np.int32) if prompts is None else np.asarray(prompts, np.int32)
+  sequences = np.zeros((num_rows, prompts.shape[1] + length), np.int32)
+  sequences[:, : prompts.shape[1]] = prompts
+  positions = (prompts != 0).sum(axis=1, dtype=np.int32)[:, None] + np.arange(
+    length, dtype=np.int32
+  )
+  np.put_along_axis(sequences, positions, outputs, axis=1)
+  return shift_right(sequences), positions
+
+
+def _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths):
+  """`teacher_forced_logits`, unjitted: either architecture's module, dispatched on the config."""
+  targets = jnp.ones_like(decoder_input_tokens)  # Every position is real.
+  if network.is_decoder_only(config):
+    causal_attention = None
+    if prefix_lengths is not None:
+      width = decoder_input_tokens.shape[1]
+      causal_attention = (jnp.arange(width)[None] <= prefix_lengths[:, None]).astype(jnp.int32)
+    return network.DecoderOnly(config).apply(
+      {'params': params},
+      decoder_input_tokens,
+      targets,
+      decoder_causal_attention=causal_attention,
+      enable_dropout=False,
+    )
+  if prefix_lengths is not None:
+    raise ValueError(
+      "prefix_lengths is for decoder-only prefix LMs; an encoder-decoder's decoder "
+      'attends causally. Pass prefix_lengths=None.'
+    )
+  return network.Transformer(config).apply(
+    {'params': params}, input_tokens, decoder_input_tokens, targets, enable_dropout=False
+  )
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def teacher_forced_logits(
-  config: network.T5Config, params, input_tokens, decoder_input_tokens
+  config: network.NetworkConfig,
+  params,
+  input_tokens,
+  decoder_input_tokens,
+  prefix_lengths=None,
 ) -> jax.Array:
   """float32 [N, L, V]: next-token logits at every decoder position, all valid.
 
   Args:
-    config: the network's configuration.
+    config: the network's configuration, either architecture.
     params: its parameters.
-    input_tokens: int [N, Lin] encoder inputs.
-    decoder_input_tokens: int [N, L], e.g. `shift_right(outputs)`.
+    input_tokens: int [N, Lin] encoder inputs (unused by a decoder-only
+      network).
+    decoder_input_tokens: int [N, L], e.g. `shift_right(outputs)` or
+      `continuation_layout`'s.
+    prefix_lengths: for a decoder-only prefix LM, int [N] prompt lengths P:
+      positions 0..P attend to each other (T5X's
+      `decoder_causal_attention`); None: causal.
   """
-  return network.Transformer(config).apply(
-    {'params': params},
-    input_tokens,
-    decoder_input_tokens,
-    jnp.ones_like(decoder_input_tokens),
-    enable_dropout=False,
+  return _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits_at(config, params, input_tokens, decoder_input_tokens, positions, prefix_lengths):
+  logits = _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths)
+  return jnp.take_along_axis(logits, positions[..., None], axis=1)
+
+
+def continuation_logits(
+  model: models.Model,
+  input_tokens: np.ndarray,
+  output_tokens: np.ndarray,
+  prompts: Optional[np.ndarray] = None,
+) -> jax.Array:
+  """float32 [N, L, V]: a network's next-token logits along outputs [N, L] after the prompts.
+
+  Teacher forcing on BOS, the prompt and the outputs (`continuation_layout`);
+  a prefix LM's prompt attends to itself, as when it is prefilled.
+
+  Args:
+    model: the network (target or draft).
+    input_tokens: int [N, Lin] encoder inputs (a decoder-only network's:
+      its prompts, unused here beyond `prompts`).
+    output_tokens: int [N, L], what follows each prompt.
+    prompts: int [N, Lp] prompts (tokens, then 0-padding), or None.
+  """
+  decoder_inputs, positions = continuation_layout(prompts, output_tokens)
+  prefix_lengths = positions[:, 0] if model.inputs_bidirectional_attention else None
+  return _logits_at(
+    model.config, model.params, input_tokens, decoder_inputs, positions, prefix_lengths
   )
 
 
-def draft_logits(draft, input_tokens: np.ndarray, output_tokens: np.ndarray) -> jax.Array:
-  """float32 [N, L, V]: the draft's next-token logits along target outputs."""
+@jax.jit
+def _prompt_lookup_logits(draft, input_tokens, decoder_inputs, positions):
+  """float32 [N, L, V]: 0 at the draft's first guess at each position, NEG_INF elsewhere."""
+  num_rows, length = positions.shape
+  cache = draft.init_cache(jnp.repeat(input_tokens, length, axis=0), 0)
+  tokens, _, _, _ = draft.propose(
+    cache,
+    jnp.repeat(decoder_inputs, length, axis=0),
+    positions.reshape(-1),
+    jax.random.PRNGKey(0),  # Unused: prompt lookup is deterministic.
+    gamma=1,
+    temperature=0.0,
+    topk=0,
+    topp=0.0,
+  )
+  guess = jax.nn.one_hot(tokens[:, 0], draft.vocab_size, dtype=bool)
+  return jnp.where(guess, 0.0, network.NEG_INF).reshape(num_rows, length, draft.vocab_size)
+
+
+def draft_logits(
+  draft,
+  input_tokens: np.ndarray,
+  output_tokens: np.ndarray,
+  prompts: Optional[np.ndarray] = None,
+) -> jax.Array:
+  """float32 [N, L, V]: a draft's next-token logits along target outputs after the prompts.
+
+  A model draft by teacher forcing (`continuation_logits`), an n-gram draft
+  from each output's previous token (the prompt's last for the first
+  output), a prompt-lookup draft one-hot (as logits) at the token it would
+  propose first from that context: its acceptance there is p(guess). The
+  tokens after the first of a drafted block continue the same match, so
+  prompt lookup's beta in the loop (`alpha_loop`) can differ from this.
+
+  Args:
+    draft: a `models.Model`, `drafts.NgramDraft` or `drafts.PromptLookupDraft`.
+    input_tokens: int [N, Lin] encoder inputs (a decoder-only pair's: its
+      prompts), as the decode call's.
+    output_tokens: int [N, L] target outputs.
+    prompts: int [N, Lp] prompts, or None.
+  """
   if isinstance(draft, models.Model):
-    return teacher_forced_logits(
-      draft.config, draft.params, input_tokens, shift_right(output_tokens)
-    )
+    return continuation_logits(draft, input_tokens, output_tokens, prompts)
+  decoder_inputs, positions = continuation_layout(prompts, output_tokens)
   if isinstance(draft, drafts.NgramDraft):
-    previous = shift_right(output_tokens)
+    previous = np.take_along_axis(decoder_inputs, positions, axis=1)
     logits = draft.log_probs(jnp.asarray(previous.reshape(-1)))
     return logits.reshape(previous.shape + (draft.vocab_size,))
+  if isinstance(draft, drafts.PromptLookupDraft):
+    return _prompt_lookup_logits(
+      draft, jnp.asarray(input_tokens, jnp.int32), decoder_inputs, positions
+    )
   raise ValueError(
-    f'alpha by teacher forcing needs a model or n-gram draft; a {type(draft).__name__} '
-    'proposes from the context, so its acceptance comes from the decode loop (alpha_loop).'
+    f'alpha by teacher forcing takes a models.Model, drafts.NgramDraft or '
+    f'drafts.PromptLookupDraft draft; got a {type(draft).__name__}. Measure its '
+    "acceptance in the decode loop (the walltime records' alpha_loop)."
   )
 
 
@@ -265,11 +426,17 @@ class AlphaResult:
   beta_by_token: Dict[int, tuple]
 
 
+def prompts_of(target: models.Model, inputs, decoder_prompts=None):
+  """The prompts [N, Lp] of a decode call: a decoder-only target's inputs, else decoder_prompts."""
+  return inputs if network.is_decoder_only(target.config) else decoder_prompts
+
+
 def measure_alpha(
   target: models.Model,
   candidates: Mapping[str, Any],
   inputs: np.ndarray,
   *,
+  decoder_prompts: Optional[np.ndarray] = None,
   temperature: float,
   topk: int = 0,
   topp: float = 0.0,
@@ -280,13 +447,22 @@ def measure_alpha(
 ) -> Dict[str, AlphaResult]:
   """alpha of each draft: beta averaged over the same >= `min_tokens` target samples.
 
+  The target samples continuations of the inputs (after the prompts, if
+  any); target and drafts are teacher-forced along them (`continuation_logits`,
+  `draft_logits`), and beta = sum_x min(p, q) of their standardized
+  distributions is averaged over the continuations' tokens.
+
   Args:
-    target: the target.
-    candidates: name -> a `models.Model` or `drafts.NgramDraft` draft.
-    inputs: int32 [N, Lin] encoder inputs, cycled through in batches.
+    target: the target (encoder-decoder or decoder-only).
+    candidates: name -> a `models.Model`, `drafts.NgramDraft` or
+      `drafts.PromptLookupDraft` draft.
+    inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's
+      prompts [N, Lp] (tokens, then 0-padding), cycled through in batches.
+    decoder_prompts: optional int32 [N, Lp] decoder prompts of an
+      encoder-decoder target.
     temperature, topk, topp: the sampling mode (of the target's samples and
       of both standardized distributions).
-    max_decode_len: output length of the target's samples.
+    max_decode_len: tokens sampled after each prompt at most.
     min_tokens: sample batches until this many target tokens (EOS included).
     batch_size: rows per sampled batch.
     seed: PRNG seed of the target's samples.
@@ -303,16 +479,19 @@ def measure_alpha(
   tokens = []
   num_tokens, start, key = 0, 0, jax.random.PRNGKey(seed)
   while num_tokens < min_tokens:
-    batch = trim_padding(
-      np.take(inputs, np.arange(start, start + batch_size), axis=0, mode='wrap'), multiple=16
-    )
+    rows = np.arange(start, start + batch_size)
+    take = lambda x: trim_padding(np.take(x, rows, axis=0, mode='wrap'), multiple=16)
+    batch = take(inputs)
+    batch_prompts = None if decoder_prompts is None else take(decoder_prompts)
     start += batch_size
     key, step_key = jax.random.split(key)
-    outputs = np.asarray(decode(jnp.asarray(batch), step_key).tokens)
-    target_logits = teacher_forced_logits(target.config, target.params, batch, shift_right(outputs))
+    outputs = np.asarray(decode(batch, step_key, batch_prompts).tokens)
+    prompts = prompts_of(target, batch, batch_prompts)
+    target_logits = continuation_logits(target, batch, outputs, prompts)
     valid = np.arange(outputs.shape[1])[None] < output_lengths(outputs)[:, None]
     for name, draft in candidates.items():
-      beta = np.asarray(_beta(target_logits, draft_logits(draft, batch, outputs), **sample_args))
+      q_logits = draft_logits(draft, batch, outputs, prompts)
+      beta = np.asarray(_beta(target_logits, q_logits, **sample_args))
       betas[name].append(beta[valid])
       sequence_means[name].extend((beta * valid).sum(1) / valid.sum(1))
     tokens.append(outputs[valid])
@@ -386,6 +565,7 @@ def time_decodings(
   decoders: Sequence[models.Decoder],
   inputs: np.ndarray,
   *,
+  decoder_prompts: Optional[np.ndarray] = None,
   batch_size: int = 1,
   repetitions: int = 3,
   seed: int = 0,
@@ -398,23 +578,38 @@ def time_decodings(
   `len(inputs)` must be a multiple of `batch_size` (no row is dropped). Each
   call is compiled ahead of time and warmed up; each run carries its compiled
   program's memory analysis.
+
+  Args:
+    decoders: from `models.make_decoder`, all for the same target.
+    inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's
+      prompts [N, Lp].
+    decoder_prompts: optional int32 [N, Lp] decoder prompts of an
+      encoder-decoder target.
+    batch_size: rows per decode call.
+    repetitions: timed passes per decoder.
+    seed: batch k decodes with the k-th of `seed`'s split keys.
   """
   if len(inputs) % batch_size:
     raise ValueError(
       f'{len(inputs)} inputs do not split into batches of {batch_size}; '
       'pass a multiple of the batch size.'
     )
-  batches = [jnp.asarray(inputs[i : i + batch_size]) for i in range(0, len(inputs), batch_size)]
+  split = lambda x: [
+    None if x is None else jnp.asarray(x[i : i + batch_size])
+    for i in range(0, len(inputs), batch_size)
+  ]
+  batches = list(zip(split(inputs), split(decoder_prompts)))
   keys = list(jax.random.split(jax.random.PRNGKey(seed), len(batches)))
-  compiled = [decode.compile(batches[0], keys[0]) for decode in decoders]
+  first_batch, first_prompts = batches[0]
+  compiled = [decode.compile(first_batch, keys[0], first_prompts) for decode in decoders]
   for call in compiled:
-    jax.block_until_ready(call(batches[0], keys[0]))  # Warm up.
+    jax.block_until_ready(call(first_batch, keys[0], first_prompts))  # Warm up.
   seconds = [[] for _ in decoders]
   first_pass = [None for _ in decoders]
   for _ in range(repetitions):
     for index, call in enumerate(compiled):
       start = time.perf_counter()
-      results = [call(batch, key) for batch, key in zip(batches, keys)]
+      results = [call(batch, key, prompts) for (batch, prompts), key in zip(batches, keys)]
       jax.block_until_ready(results)
       seconds[index].append(time.perf_counter() - start)
       first_pass[index] = first_pass[index] or results
@@ -456,15 +651,20 @@ def device_peak_bytes() -> Optional[int]:
 def corpus_bleu(
   vocabulary_path: Optional[str], outputs: np.ndarray, references: Optional[Sequence[str]]
 ) -> Optional[float]:
-  """sacrebleu corpus BLEU (T5's settings) of decodes against references."""
+  """sacrebleu corpus BLEU (T5's settings) of decodes against references.
+
+  Ids past the SentencePiece model's pieces (a vocabulary padded to a
+  multiple of 128) decode as UNK, as seqio's vocabularies decode them.
+  """
   if vocabulary_path is None or references is None:
     return None
   import sentencepiece  # pylint: disable=g-import-not-at-top
   from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
+  pieces, unk = processor.get_piece_size(), processor.unk_id()
   texts = [
-    processor.decode([int(t) for t in row[:n] if t != EOS_ID])
+    processor.decode([int(t) if t < pieces else unk for t in row[:n] if t != EOS_ID])
     for row, n in zip(outputs, output_lengths(outputs))
   ]
   return float(tasks_core.bleu(list(references), texts)['bleu'])
@@ -483,10 +683,15 @@ def measure_parts(
   *,
   input_length: int,
   max_decode_len: int,
+  prompt_length: int = 0,
   emulate_alpha: Optional[float] = None,
   repetitions: int = 7,
 ) -> Dict[Any, measure.IterationParts]:
-  """`measure.iteration_parts` at batch 1 for every (temperature, gamma)."""
+  """`measure.iteration_parts` at batch 1 for every (temperature, gamma).
+
+  `prompt_length` is the prompts' width (a decoder-only target's inputs, or
+  decoder prompts; 0: none), `input_length` the input tokens'.
+  """
   parts, target_step = {}, None
   for temperature in temperatures:
     for gamma in gammas:
@@ -498,6 +703,8 @@ def measure_parts(
         batch_size=1,
         input_length=input_length,
         max_decode_len=max_decode_len,
+        prompt_length=prompt_length,
+        inputs_bidirectional_attention=target.inputs_bidirectional_attention,
         temperature=temperature,
         emulate_alpha=emulate_alpha,
         target_step=target_step,
@@ -513,6 +720,7 @@ def costs_record(
   parts: Mapping[Any, measure.IterationParts],
   input_length: int,
   max_decode_len: int,
+  prompt_length: int = 0,
 ) -> Dict[str, Any]:
   """c, v(gamma), each part's milliseconds, and the steps against the memory floor."""
   bandwidth = measure.memory_bandwidth()
@@ -521,7 +729,7 @@ def costs_record(
     batch_size=1,
     block_size=1,
     input_length=input_length,
-    cache_length=decoding.speculative_cache_length(max_decode_len, first.gamma),
+    cache_length=decoding.speculative_cache_length(prompt_length + max_decode_len, first.gamma),
   )
   floors = {
     'target': measure.step_floor(
@@ -548,6 +756,23 @@ def costs_record(
   )
 
 
+def architecture(model: models.Model) -> str:
+  """'encoder-decoder', 'decoder-only' or 'decoder-only prefix LM': how a prompt reaches it."""
+  if not network.is_decoder_only(model.config):
+    return 'encoder-decoder'
+  return 'decoder-only prefix LM' if model.inputs_bidirectional_attention else 'decoder-only'
+
+
+def prompts_record(prompts: Optional[np.ndarray]) -> Optional[Dict[str, Any]]:
+  """{'width', 'mean_tokens', 'max_tokens'} of prompts int [N, Lp], or None without."""
+  if prompts is None:
+    return None
+  lengths = (np.asarray(prompts) != 0).sum(axis=1)
+  return dict(
+    width=int(prompts.shape[1]), mean_tokens=float(lengths.mean()), max_tokens=int(lengths.max())
+  )
+
+
 def _summary(values: Sequence[float]) -> Dict[str, float]:
   return {
     'median': float(np.median(values)),
@@ -561,6 +786,7 @@ def run_benchmark(
   draft,
   inputs: np.ndarray,
   *,
+  decoder_prompts: Optional[np.ndarray] = None,
   references: Optional[Sequence[str]] = None,
   vocabulary_path: Optional[str] = None,
   pair_name: str = 'pair',
@@ -585,11 +811,18 @@ def run_benchmark(
   """Measures everything in the module docstring; returns JSON-ready records.
 
   Args:
-    target: the target model.
-    draft: a `models.Model` or a draft from `drafts`.
-    inputs: int32 [N, Lin] encoder inputs; the first `num_walltime_examples`
-      are timed, all of them feed the alpha measurement.
-    references: optional N reference strings, for BLEU.
+    target: the target model, encoder-decoder or decoder-only.
+    draft: a `models.Model` of the target's architecture or a draft from
+      `drafts` (n-gram, prompt lookup).
+    inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's
+      prompts [N, Lp] (each row's tokens, then 0-padding; a prefix LM's keep
+      their EOS); the first `num_walltime_examples` are timed, all of them
+      feed the alpha measurement.
+    decoder_prompts: optional int32 [N, Lp] decoder prompts of an
+      encoder-decoder target (T5X's `prompt_with_targets`); decoding, alpha
+      and the timed parts continue them.
+    references: optional N reference strings (of what follows the prompts),
+      for BLEU.
     vocabulary_path: SentencePiece model, for BLEU and token strings.
     pair_name, task_name: labels of the records.
     temperatures: sampling temperatures (0 is greedy).
@@ -608,9 +841,9 @@ def run_benchmark(
       paper).
     ngram_corpus: target-side token sequences; if given, unigram and bigram
       drafts are fitted on them and their alpha measured (Table 3).
-    alpha_drafts: more drafts (name -> `models.Model` or `drafts.NgramDraft`)
-      whose alpha is measured on the same target samples, e.g. the draft
-      before distillation.
+    alpha_drafts: more drafts (name -> a draft `draft_logits` takes) whose
+      alpha is measured on the same target samples, e.g. the draft before
+      distillation.
     distillation: if given, a record of the draft's distillation ({'divergence',
       'steps', 'temperature', 'data_mix', 'eval_examples', 'curve': the
       held-out alpha records of `distill.DistillResult.eval_metrics`}),
@@ -623,14 +856,28 @@ def run_benchmark(
   Returns:
     A list of records (dicts): kind 'alpha' (per draft and temperature),
     'costs', 'walltime' (per temperature, gamma and batch size), and
-    'distillation' if given.
+    'distillation' if given. Every record names the target's `architecture`.
   """
   emulated = emulate_alpha is not None
   draft = draft.as_draft() if isinstance(draft, models.Model) else draft
+  drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
+  models.check_same_architecture(target, draft)
+  if decoder_prompts is not None and network.is_decoder_only(target.config):
+    raise ValueError(
+      'A decoder-only target takes its prompts as the inputs; decoder_prompts is for '
+      'encoder-decoder targets. Pass the prompts as inputs.'
+    )
   draft_name = type(draft).__name__
   walltime_inputs = trim_padding(inputs[:num_walltime_examples])
+  walltime_prompts = None
+  if decoder_prompts is not None:
+    walltime_prompts = trim_padding(decoder_prompts[:num_walltime_examples])
+  prompts = prompts_of(target, walltime_inputs, walltime_prompts)
+  prompt_length = 0 if prompts is None else prompts.shape[1]
   walltime_refs = None if references is None else list(references)[:num_walltime_examples]
-  common = dict(pair=pair_name, task=task_name, emulated=emulated)
+  common = dict(
+    pair=pair_name, task=task_name, emulated=emulated, architecture=architecture(target)
+  )
   records: List[Dict[str, Any]] = []
 
   progress('Measuring the parts of an iteration, bytes and bandwidth ...')
@@ -641,6 +888,7 @@ def run_benchmark(
     sorted(set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())),
     input_length=walltime_inputs.shape[1],
     max_decode_len=max_decode_len,
+    prompt_length=prompt_length,
     emulate_alpha=emulate_alpha,
     repetitions=max(5, repetitions),
   )
@@ -648,16 +896,19 @@ def run_benchmark(
     dict(
       common,
       kind='costs',
-      **costs_record(target, draft, parts, walltime_inputs.shape[1], max_decode_len),
+      prompts=prompts_record(prompts),
+      **costs_record(target, draft, parts, walltime_inputs.shape[1], max_decode_len, prompt_length),
     )
   )
 
   # alpha of the draft (and of n-gram drafts) on target samples, per temperature.
   alphas = {temperature: emulate_alpha for temperature in temperatures} if emulated else {}
   candidates = {}
-  if not emulated and not isinstance(draft, drafts.PromptLookupDraft):
+  if not emulated:
     candidates[draft_name] = (
-      models.Model(draft.config, draft.params) if isinstance(draft, drafts.ModelDraft) else draft
+      models.Model(draft.config, draft.params, draft.inputs_bidirectional_attention)
+      if isinstance(draft, drafts.ModelDraft)
+      else draft
     )
   if not emulated:
     candidates.update(alpha_drafts or {})
@@ -672,6 +923,7 @@ def run_benchmark(
       target,
       candidates,
       inputs,
+      decoder_prompts=decoder_prompts,
       temperature=temperature,
       max_decode_len=max_decode_len,
       min_tokens=alpha_tokens,
@@ -699,6 +951,7 @@ def run_benchmark(
     target,
     draft,
     walltime_inputs,
+    walltime_prompts,
     common=common,
     parts=parts,
     repetitions=repetitions,
@@ -736,6 +989,7 @@ def _measure_walltime(
   target,
   draft,
   inputs,
+  decoder_prompts,
   temperature,
   gamma,
   batch_size,
@@ -772,6 +1026,7 @@ def _measure_walltime(
       ),
     ],
     inputs,
+    decoder_prompts=decoder_prompts,
     batch_size=batch_size,
     repetitions=repetitions,
   )
@@ -899,9 +1154,14 @@ def benchmark_pair(
   ngram_tsv_path: Optional[str] = None,
   ngram_examples: int = 20_000,
   random_input_length: int = 64,
+  decoder_prompt_length: int = 0,
   **settings,
 ) -> List[Dict[str, Any]]:
   """`run_benchmark` on a task split, a TSV file, or random inputs (emulation).
+
+  Either architecture: an encoder-decoder pair encodes the inputs, a
+  decoder-only pair continues them (a prefix-LM task's inputs are the
+  prompts, its targets the references).
 
   Args:
     target, draft: the pair (configs/pairs/*.gin bind them).
@@ -920,11 +1180,22 @@ def benchmark_pair(
       Table 3 (the task's train split); None skips them.
     ngram_examples: lines of `ngram_tsv_path` read.
     random_input_length: input length in the emulation mode.
+    decoder_prompt_length: for an encoder-decoder pair, the first this many
+      tokens of each reference (at most all but one) become its decoder
+      prompt and the rest its reference (T5X's `prompt_with_targets`); in the
+      emulation mode, random prompts of this length. 0: no decoder prompts.
     **settings: `run_benchmark`'s keyword arguments (gammas, temperatures,
       batch_sizes, emulate_alpha, ...).
   """
+  if decoder_prompt_length and network.is_decoder_only(target.config):
+    raise ValueError(
+      f'decoder_prompt_length={decoder_prompt_length} is for encoder-decoder pairs; a '
+      "decoder-only pair's prompts are the task's inputs. Set DECODER_PROMPT_LENGTH = 0."
+    )
+  vocabulary = None  # What tokenizes the references into decoder prompts.
   if task is not None:
     inputs, references = task_inputs(task, split, num_examples=num_examples)
+    vocabulary = _get_task(task).output_features['targets'].vocabulary
   elif tsv_path is not None:
     if vocabulary_path is None:
       raise ValueError(
@@ -939,6 +1210,9 @@ def benchmark_pair(
       prefix=tasks_core.EN_DE_PREFIX if prefix is None else prefix,
       num_examples=num_examples,
     )
+    import sentencepiece  # pylint: disable=g-import-not-at-top
+
+    vocabulary = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
   elif settings.get('emulate_alpha') is not None:
     inputs, references = random_inputs(
       num_examples or settings.get('num_walltime_examples', 64),
@@ -951,6 +1225,13 @@ def benchmark_pair(
       'source<TAB>target lines, or set EMULATE_ALPHA to time random inputs '
       'with emulated acceptance.'
     )
+  decoder_prompts = None
+  if decoder_prompt_length and vocabulary is None:
+    decoder_prompts = np.asarray(
+      measure.random_encoder_inputs(len(inputs), decoder_prompt_length, target.vocab_size, seed=1)
+    )
+  elif decoder_prompt_length:
+    decoder_prompts, references = reference_prompts(references, vocabulary, decoder_prompt_length)
   ngram_corpus = (
     None
     if ngram_tsv_path is None
@@ -960,6 +1241,7 @@ def benchmark_pair(
     target,
     draft,
     inputs,
+    decoder_prompts=decoder_prompts,
     references=references,
     vocabulary_path=vocabulary_path,
     ngram_corpus=ngram_corpus,

@@ -16,12 +16,25 @@ The pair file binds the target and draft (`--gin.DRAFT=None` decodes with the
 target alone, the baseline), the task file the task, the run file `infer`'s
 arguments (configs/runs/infer.gin lists the common overrides).
 
+Both architectures. An encoder-decoder pair encodes the task's inputs
+(`seqio.EncDecFeatureConverter`, as T5X's `EncoderDecoderModel`); a
+decoder-only pair is a prefix LM, as T5X's `DecoderOnlyModel` with
+`seqio.DecoderFeatureConverter`: the task's inputs as it writes them (with
+their EOS if its 'inputs' feature adds one; the English LM task's have none)
+are the prompt (`decoder_input_tokens * decoder_causal_attention`),
+prefilled in one block call (bidirectionally if the model's
+`inputs_bidirectional_attention`), and the targets are generated after it:
+at most feature_lengths['targets'] tokens, as T5X's `max_decode_steps`.
+Target and draft networks must share one architecture (n-gram and
+prompt-lookup drafts fit both).
+
 `infer` reads the split in its stored order (no shuffling), one example a row
-(`seqio.EncDecFeatureConverter(pack=False)`), decodes it in batches with
+(the converter with pack=False), decodes it in batches with
 `models.make_decoder`, and writes, for a task T and split S:
 
   <output_dir>/T-S.jsonl         one JSON object a line, per example in order:
-      index, inputs, targets, prediction (texts; with the task's postprocessed
+      index, inputs, targets, prediction (texts, the prediction being what
+      follows a decoder-only pair's prompt; with the task's postprocessed
       values too when it has a postprocessor), score (log probability under the
       distribution sampled from, 0 when greedy), iterations (target calls
       while the row was active), accepted (draft tokens accepted), emitted
@@ -107,15 +120,42 @@ def _get_task(task: Union[str, seqio.Task]) -> seqio.Task:
   if missing:
     raise ValueError(
       f'Task {task.name!r} has no {sorted(missing)} features; infer needs '
-      "text-to-text tasks with 'inputs' and 'targets'."
+      "text-to-text tasks with 'inputs' and 'targets' (a decoder-only pair's prompts are "
+      "the 'inputs': for configs/tasks/english_lm.gin keep PROMPT_WORDS > 0)."
     )
   return task
 
 
-def check_vocabularies(
-  task: seqio.Task, target: models.Model, draft: Optional[models.Draft]
-) -> None:
-  """Raises ValueError unless the task's ids fit the target and the draft shares its vocabulary."""
+def check_pair(target: models.Model, draft: Optional[models.Draft]) -> None:
+  """Raises ValueError unless the draft fits the target: one vocabulary, one architecture.
+
+  Warns when a prefix-LM target has a causal decoder-only draft or the other
+  way round: exact all the same, but the draft reads the prompt differently,
+  which costs acceptance.
+  """
+  if draft is None:
+    return
+  draft = draft.as_draft() if isinstance(draft, models.Model) else draft
+  drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
+  models.check_same_architecture(target, draft)
+  if (
+    isinstance(draft, drafts.ModelDraft)
+    and draft.inputs_bidirectional_attention != target.inputs_bidirectional_attention
+  ):
+    logging.warning(
+      'The target has inputs_bidirectional_attention=%s but the draft %s: outputs stay '
+      'exact, but the draft reads the prompt unlike the target (lower alpha). Bind the '
+      "pair's INPUTS_BIDIRECTIONAL_ATTENTION for both.",
+      target.inputs_bidirectional_attention,
+      draft.inputs_bidirectional_attention,
+    )
+
+
+def check_vocabularies(task: seqio.Task, target: models.Model) -> None:
+  """Raises ValueError unless the task's ids fit the target's vocabulary.
+
+  (`check_pair` checks the draft's against the target's.)
+  """
   for name in ('inputs', 'targets'):
     size = task.output_features[name].vocabulary.vocab_size
     if size > target.vocab_size:
@@ -124,8 +164,6 @@ def check_vocabularies(
         f'has vocab_size={target.vocab_size}: the checkpoint belongs to another vocabulary '
         "(check the task file's VOCABULARY and the model file's VOCAB_SIZE)."
       )
-  if draft is not None:
-    drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
 
 
 def _check_arguments(
@@ -187,7 +225,7 @@ def _count_and_check_inputs(
 # ------------------------------------------------------------------------------
 # Settings and records on disk.
 # ------------------------------------------------------------------------------
-def _jsonable_config(config: network.T5Config) -> Dict[str, Any]:
+def _jsonable_config(config: network.NetworkConfig) -> Dict[str, Any]:
   return dict(
     dataclasses.asdict(config),
     dtype=jnp.dtype(config.dtype).name,
@@ -217,7 +255,9 @@ def _describe(model_or_draft: Any) -> Optional[Dict[str, Any]]:
     if not field.metadata.get('pytree_node', True)
   }
   static = {
-    name: _jsonable_config(value) if isinstance(value, network.T5Config) else value
+    name: _jsonable_config(value)
+    if isinstance(value, (network.T5Config, network.DecoderOnlyConfig))
+    else value
     for name, value in static.items()
   }
   return {
@@ -293,14 +333,19 @@ def read_records(path: str) -> List[Record]:
 # Data.
 # ------------------------------------------------------------------------------
 def _datasets(
-  task: seqio.Task, split: str, feature_lengths: Mapping[str, int], num_examples: Optional[int]
+  task: seqio.Task,
+  split: str,
+  feature_lengths: Mapping[str, int],
+  num_examples: Optional[int],
+  decoder_only: bool,
 ) -> Tuple[tf.data.Dataset, tf.data.Dataset]:
-  """(untrimmed examples, model features), both in the split's order."""
+  """(untrimmed examples, model features of T5X's converter for the architecture), in order."""
   raw = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
+  converter = seqio.DecoderFeatureConverter if decoder_only else seqio.EncDecFeatureConverter
   features = seqio.get_dataset(
     task,
     dict(feature_lengths),
-    seqio.EncDecFeatureConverter(pack=False),
+    converter(pack=False),
     dataset_split=split,
     shuffle=False,
     num_epochs=1,
@@ -317,8 +362,9 @@ class _Batch:
 
   Attributes:
     start: the index of the first row.
-    inputs: int32 [batch_size, Lin] encoder inputs; rows past the examples
-      repeat the last one (so the batch ends with them).
+    inputs: int32 [batch_size, Lin] encoder inputs, or a decoder-only pair's
+      prompts (tokens, 0-padding); rows past the examples repeat the last
+      one (so the batch ends with them).
     examples: the untrimmed seqio examples of the real rows (numpy values).
   """
 
@@ -327,14 +373,32 @@ class _Batch:
   examples: List[Dict[str, Any]]
 
 
+def input_row(feature: Mapping[str, np.ndarray], input_length: int) -> np.ndarray:
+  """The decode call's input row of one converted example: int [input_length].
+
+  `seqio.EncDecFeatureConverter`'s encoder inputs, or, from
+  `seqio.DecoderFeatureConverter`'s features, the prompt as T5X's
+  `DecoderOnlyModel` takes it: `decoder_input_tokens * decoder_causal_attention`
+  (BOS, then the inputs as the task writes them) without the BOS slot.
+  """
+  if 'encoder_input_tokens' in feature:
+    return feature['encoder_input_tokens']
+  prompt = feature['decoder_input_tokens'] * feature['decoder_causal_attention']
+  return prompt[1 : input_length + 1]
+
+
 def _batches(
-  raw: tf.data.Dataset, features: tf.data.Dataset, start: int, batch_size: int
+  raw: tf.data.Dataset,
+  features: tf.data.Dataset,
+  start: int,
+  batch_size: int,
+  input_length: int,
 ) -> Iterator[_Batch]:
   pairs = tf.data.Dataset.zip((raw, features)).skip(start).prefetch(tf.data.AUTOTUNE)
   examples, rows = [], []
   for example, feature in pairs.as_numpy_iterator():
     examples.append(example)
-    rows.append(feature['encoder_input_tokens'])
+    rows.append(input_row(feature, input_length))
     if len(rows) == batch_size:
       yield _Batch(start, np.stack(rows).astype(np.int32), examples)
       start, examples, rows = start + batch_size, [], []
@@ -515,15 +579,18 @@ def infer(
 
   Returns:
     The summary written to `<task>-<split>.summary.json`: `summarize`'s
-    fields plus task, split, speculative, gamma, mesh ({'data': ..., 'model':
-    ...}) and this process's decoded_examples, decoded_tokens,
-    compile_seconds, decode_seconds and tokens_per_second.
+    fields plus task, split, architecture (`benchmark.architecture`),
+    speculative, gamma, mesh ({'data': ..., 'model': ...}) and this
+    process's decoded_examples, decoded_tokens, compile_seconds,
+    decode_seconds and tokens_per_second.
   """
   mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
   if draft is not None and gamma is None:
     raise ValueError('gamma is required with a draft (the pair file sets GAMMA).')
+  check_pair(target, draft)
   task = _get_task(task)
-  check_vocabularies(task, target, draft)
+  check_vocabularies(task, target)
+  decoder_only = network.is_decoder_only(target.config)
   decoding_args = dict(
     gamma=gamma if draft is not None else None,
     temperature=temperature,
@@ -550,7 +617,7 @@ def infer(
   done = len(read_records(records_path))
 
   tasks.hide_gpus_from_tensorflow()
-  raw, features = _datasets(task, split, feature_lengths, num_examples)
+  raw, features = _datasets(task, split, feature_lengths, num_examples, decoder_only)
   total = _count_and_check_inputs(
     raw, feature_lengths['inputs'], truncate_inputs, f'{task.name}:{split}'
   )
@@ -603,7 +670,10 @@ def infer(
 
     # One batch in flight: the host writes batch k while the devices decode k + 1.
     pending = None
-    for batch in _batches(raw, features, done - done % batch_size, batch_size):
+    batches = _batches(
+      raw, features, done - done % batch_size, batch_size, feature_lengths['inputs']
+    )
+    for batch in batches:
       output = decode(batch)
       if pending is not None:
         write(*pending)
@@ -616,6 +686,7 @@ def infer(
   summary = dict(
     task=task.name,
     split=split,
+    architecture=benchmark.architecture(target),
     speculative=draft is not None,
     gamma=decoding_args['gamma'],
     mesh=dict(mesh.shape),

@@ -20,6 +20,14 @@ and of one baseline step, `target_step` (one token) and `sampling`
 (`sampling.sample_logits`). What a decode call measures beyond their sum is
 reported as unexplained, never folded into a part.
 
+Both architectures go through the same code: the network functions dispatch
+on the config (`network.init_decoder_cache`, `apply_decode_block`,
+`prefill_decoder_cache`). With prompts (a decoder-only network's, or an
+encoder-decoder's decoder prompts) the caches are prefilled with random
+prompts of the given width first, as `models.prefilled_target_cache` does in
+a decode call, the steps run right after them, and the per-call set-up
+(`target_encode`, `draft_encode`) includes the prefill.
+
 `decoder_step_bytes` counts what a cached decoder step must read and
 `memory_bandwidth` measures what this machine streams, so a step's time can
 be set against its floor (bytes / bandwidth) in the same run.
@@ -38,6 +46,7 @@ import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import xla_flags
@@ -140,38 +149,81 @@ def random_encoder_inputs(
 # ------------------------------------------------------------------------------
 
 
-def _target_block_step(params, i, carry, *, config, block_size):
+def _target_block_step(params, i, carry, *, config, block_size, start):
   cache, checksum = carry
   batch_size = checksum.shape[0]
   tokens = _vary(jnp.full((batch_size, block_size), 2, jnp.int32), checksum[0])
   # The same start each step: the cache (carried, so written in place as in
   # the decode loop) is attended to over its whole length.
   logits, cache = network.apply_decode_block(
-    config, params, cache, tokens, jnp.zeros((batch_size,), jnp.int32)
+    config, params, cache, tokens, jnp.full((batch_size,), start, jnp.int32)
   )
   return cache, checksum + jnp.sum(logits, axis=(1, 2)) * 1e-9
 
 
+def random_prompt_block(batch_size: int, prompt_length: int, vocab_size: int) -> Optional[Array]:
+  """int32 [batch_size, prompt_length + 1]: BOS, then a full random prompt (T5X's layout).
+
+  None for `prompt_length` 0 (no prompt, nothing to prefill).
+  """
+  if not prompt_length:
+    return None
+  prompts = random_encoder_inputs(batch_size, prompt_length, vocab_size, seed=1)
+  return models.decoder_prompt_layout(prompts, 1)
+
+
+@functools.partial(
+  jax.jit, static_argnames=('config', 'cache_length', 'inputs_bidirectional_attention')
+)
+def _target_encode(
+  params, inputs, prompt_block, *, config, cache_length, inputs_bidirectional_attention
+):
+  """A decode call's set-up of the target's cache: the encoder, then the prompt's prefill."""
+  cache, _ = models.prefilled_target_cache(
+    config,
+    params,
+    inputs,
+    cache_length,
+    prompt_block,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+  )
+  return cache
+
+
 def network_step_seconds(
-  config: network.T5Config,
+  config: network.NetworkConfig,
   params: PyTree,
   *,
   batch_size: int,
   input_length: int,
   block_size: int,
   cache_length: int,
+  prompt_length: int = 0,
+  inputs_bidirectional_attention: bool = False,
   repetitions: int = 7,
 ) -> float:
   """Seconds of one cached decoder call on `block_size` tokens per row.
 
-  The whole cache (`cache_length` positions) is attended to, as in a decode
-  call of that length; the logits are fully read.
+  Either architecture. The cache is a decode call's: `input_length` random
+  encoder inputs encoded (a decoder-only network takes only the batch from
+  them) and, with `prompt_length` > 0, a random prompt of that many tokens
+  prefilled (a decoder-only network's prompt, or decoder prompts); the block
+  then sits right after the prompt. The whole cache (`cache_length`
+  positions) is attended to, as in a decode call of that length; the logits
+  are fully read.
   """
   inputs = random_encoder_inputs(batch_size, input_length, config.vocab_size)
-  cache = jax.jit(network.init_decoder_cache, static_argnums=(0, 3))(
-    config, params, inputs, cache_length
+  cache = _target_encode(
+    params,
+    inputs,
+    random_prompt_block(batch_size, prompt_length, config.vocab_size),
+    config=config,
+    cache_length=cache_length,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
   )
-  step = functools.partial(_target_block_step, config=config, block_size=block_size)
+  step = functools.partial(
+    _target_block_step, config=config, block_size=block_size, start=prompt_length
+  )
   return step_seconds(
     step, params, (cache, jnp.zeros((batch_size,), jnp.float32)), repetitions=repetitions
   )
@@ -196,8 +248,9 @@ class IterationParts:
     emit: writes, positions and statistics.
     target_step: one target call on one token (the baseline's step).
     sampling: the baseline's sampling of one token.
-    target_encode: per decode call, the target's encoder and cache set-up.
-    draft_encode: per decode call, the draft's `init_cache`.
+    target_encode: per decode call, the target's encoder (if any), cache
+      set-up and prompt prefill (if any).
+    draft_encode: per decode call, the draft's `init_cache` and `prefill`.
 
     draft_timed_cold: whether the draft's parts were timed with flushed
       caches (`cold_step_seconds`): when target and draft together exceed the
@@ -320,18 +373,17 @@ def _sampling_step(operands, i, checksum, *, sample_args):
   return checksum + _checksum(token) + _checksum(probs) * 1e-9
 
 
-@functools.partial(jax.jit, static_argnames=('config', 'cache_length'))
-def _target_encode(params, inputs, *, config, cache_length):
-  return network.init_decoder_cache(config, params, inputs, cache_length)
-
-
 @functools.partial(jax.jit, static_argnames=('cache_length',))
-def _draft_encode(draft, inputs, *, cache_length):
-  return draft.init_cache(inputs, cache_length)
+def _draft_encode(draft, inputs, prompt_block, *, cache_length):
+  """A decode call's set-up of the draft's state: `init_cache`, then the prompt's prefill."""
+  cache = draft.init_cache(inputs, cache_length)
+  if prompt_block is None:
+    return cache
+  return draft.prefill(cache, prompt_block, decoding.prompt_lengths(prompt_block))
 
 
 def iteration_parts(
-  target_config: network.T5Config,
+  target_config: network.NetworkConfig,
   target_params: PyTree,
   draft,
   *,
@@ -339,6 +391,8 @@ def iteration_parts(
   batch_size: int,
   input_length: int,
   max_decode_len: int,
+  prompt_length: int = 0,
+  inputs_bidirectional_attention: bool = False,
   temperature: float = 0.0,
   topk: int = 0,
   topp: float = 0.0,
@@ -349,31 +403,41 @@ def iteration_parts(
 ) -> IterationParts:
   """Times each part of one iteration of `speculative_sample` at these settings.
 
-  Shapes are the decode call's: the caches have
-  `decoding.speculative_cache_length(max_decode_len, gamma)` positions, the
-  logits the target's vocabulary. Random logits stand in for the networks'
-  where only their shapes matter (verification, sampling).
+  Shapes are the decode call's (`models.make_decoder`'s): the caches have
+  `decoding.speculative_cache_length(prompt_length + max_decode_len, gamma)`
+  positions, prefilled with a random prompt of `prompt_length` tokens when
+  it is > 0, the logits the target's vocabulary. Random logits stand in for
+  the networks' where only their shapes matter (verification, sampling).
 
   Args:
-    target_config, target_params: the target network.
+    target_config, target_params: the target network (either architecture).
     draft: a draft from `drafts` (a `models.Model` as `.as_draft()`).
-    gamma, batch_size, input_length, max_decode_len: the decode call's shape.
-    temperature, topk, topp, lenience, emulate_alpha: its settings.
+    gamma, batch_size, max_decode_len: the decode call's shape.
+    input_length: Lin, the width of the input tokens (a decoder-only
+      network's input tokens are its prompts: Lin = prompt_length).
+    prompt_length: Lp, the width of the prompts (a decoder-only network's,
+      or an encoder-decoder's decoder prompts); 0: none.
+    inputs_bidirectional_attention: the target is a prefix LM (its prefill).
+    temperature, topk, topp, lenience, emulate_alpha: the call's settings.
     target_step: seconds of a one-token target step, if already measured
       (it does not depend on gamma).
     repetitions: timed runs per part (median).
   """
   vocab_size = target_config.vocab_size
-  cache_length = decoding.speculative_cache_length(max_decode_len, gamma)
+  length = prompt_length + max_decode_len
+  cache_length = decoding.speculative_cache_length(length, gamma)
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
   shape = dict(
     batch_size=batch_size,
     input_length=input_length,
     cache_length=cache_length,
+    prompt_length=prompt_length,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
     repetitions=repetitions,
   )
   rng = jax.random.PRNGKey(0)
   inputs = random_encoder_inputs(batch_size, input_length, vocab_size)
+  prompt_block = random_prompt_block(batch_size, prompt_length, vocab_size)
   time_steps = functools.partial(step_seconds, repetitions=repetitions)
   zero = jnp.zeros((), jnp.float32)
 
@@ -381,9 +445,9 @@ def iteration_parts(
     target_step = network_step_seconds(target_config, target_params, block_size=1, **shape)
   target_block = network_step_seconds(target_config, target_params, block_size=gamma + 1, **shape)
 
-  draft_cache = jax.jit(draft.init_cache, static_argnums=(1,))(inputs, cache_length)
+  draft_cache = _draft_encode(draft, inputs, prompt_block, cache_length=cache_length)
   sequences = jnp.full((batch_size, cache_length + 1), 2, jnp.int32)
-  positions = jnp.full((batch_size,), max_decode_len // 2, jnp.int32)
+  positions = jnp.full((batch_size,), prompt_length + max_decode_len // 2, jnp.int32)
   if isinstance(draft_cache, dict) and 'written_until' in draft_cache:
     draft_cache = dict(draft_cache, written_until=positions)  # No catch-up inside.
   # The draft runs after the target in the loop: its weights are evicted when
@@ -406,11 +470,18 @@ def iteration_parts(
       functools.partial(_draft_catch_up_step, draft=draft), (draft_cache, sequences, positions)
     )
   target_encode = median_seconds(
-    lambda: _target_encode(target_params, inputs, config=target_config, cache_length=cache_length),
+    lambda: _target_encode(
+      target_params,
+      inputs,
+      prompt_block,
+      config=target_config,
+      cache_length=cache_length,
+      inputs_bidirectional_attention=inputs_bidirectional_attention,
+    ),
     repetitions,
   )
   draft_encode = median_seconds(
-    lambda: _draft_encode(draft, inputs, cache_length=cache_length), repetitions
+    lambda: _draft_encode(draft, inputs, prompt_block, cache_length=cache_length), repetitions
   )
 
   keys = jax.random.split(rng, 3)
@@ -439,7 +510,7 @@ def iteration_parts(
   )
   state = decoding.SpeculativeLoopState(
     position=jnp.zeros((batch_size,), jnp.int32),
-    sequences=jnp.zeros((batch_size, max_decode_len + gamma + 2), jnp.int32),
+    sequences=jnp.zeros((batch_size, length + gamma + 2), jnp.int32),
     cache={},
     draft_cache={},
     ended=jnp.zeros((batch_size,), bool),
@@ -447,7 +518,7 @@ def iteration_parts(
     log_prob=jnp.zeros((batch_size,), jnp.float32),
     stats=decoding.SpeculativeStats.zeros(batch_size, gamma),
   )
-  limits = jnp.full((batch_size,), max_decode_len, jnp.int32)
+  limits = jnp.full((batch_size,), length, jnp.int32)
   emit = time_steps(
     functools.partial(_emit_step, eos_id=-1), (draft_tokens, judgement, limits), state
   )
@@ -476,7 +547,7 @@ def iteration_parts(
 
 
 def decoder_step_bytes(
-  config: network.T5Config,
+  config: network.NetworkConfig,
   params: PyTree,
   *,
   batch_size: int,
@@ -488,21 +559,29 @@ def decoder_step_bytes(
 
   Every decoder parameter (in its stored dtype; the token embedding whole
   when it also computes the logits, else only the block's rows), and each
-  layer's self-attention keys/values over the whole cache and cross-attention
-  keys/values over the input, in the compute dtype. Activations are left
-  out: at decoding sizes they stay in cache.
+  layer's self-attention keys/values over the whole cache and, for an
+  encoder-decoder, cross-attention keys/values over the `input_length`
+  inputs, in the compute dtype. Activations are left out: at decoding sizes
+  they stay in cache.
   """
-  decoder_params = sum(
-    int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
-    for x in jax.tree_util.tree_leaves(params['decoder'])
+  decoder_only = network.is_decoder_only(config)
+  # A decoder-only network keeps its embedding inside `decoder/`; T5 shares it.
+  embedding = (params['decoder'] if decoder_only else params)['token_embedder']['embedding']
+  embedding_itemsize = jnp.dtype(embedding.dtype).itemsize
+  decoder_params = (
+    sum(
+      int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
+      for x in jax.tree_util.tree_leaves(params['decoder'])
+    )
+    - decoder_only * int(np.prod(embedding.shape)) * embedding_itemsize
   )
-  embedding = params['token_embedder']['embedding']
   rows = embedding.shape[0] if config.logits_via_embedding else batch_size * block_size
-  embedding_bytes = rows * embedding.shape[1] * jnp.dtype(embedding.dtype).itemsize
+  embedding_bytes = rows * embedding.shape[1] * embedding_itemsize
   kv_width = config.num_heads * config.head_dim * jnp.dtype(config.dtype).itemsize
-  cache_bytes = (
-    2 * config.num_decoder_layers * batch_size * kv_width * (cache_length + input_length)
+  num_layers, cross_length = (
+    (config.num_layers, 0) if decoder_only else (config.num_decoder_layers, input_length)
   )
+  cache_bytes = 2 * num_layers * batch_size * kv_width * (cache_length + cross_length)
   return decoder_params + embedding_bytes + cache_bytes
 
 

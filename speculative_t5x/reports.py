@@ -2,8 +2,9 @@
 
 The records are `benchmark.run_benchmark`'s: JSON-ready dicts of kind 'alpha'
 (per draft and temperature), 'costs' and 'walltime' (per temperature, gamma
-and batch size). This module reads them only; matplotlib is imported when a
-figure is asked for.
+and batch size), each naming the target's architecture (encoder-decoder,
+decoder-only, decoder-only prefix LM). This module reads them only;
+matplotlib is imported when a figure is asked for.
 """
 
 import json
@@ -20,7 +21,7 @@ def _fmt(value, digits=2):
 def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
   """Markdown tables: walltime and prediction (Tables 2 and 4), alpha (Table 3),
   distillation, batch size, memory, acceptance by position."""
-  lines = []
+  lines = _pair_lines(records)
   walltime = [r for r in records if r['kind'] == 'walltime']
   if any(r['emulated'] for r in records):
     lines += [
@@ -60,6 +61,9 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
     lines += [
       '',
       '## alpha (Table 3)',
+      '',
+      'On target samples (after the prompts); a prompt-lookup draft is judged by its '
+      'first guess at each position.',
       '',
       '| draft | T | alpha | stderr | tokens |',
       '|---|---|---|---|---|',
@@ -105,6 +109,26 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
       )
   lines += _drafting_lines(walltime)
   return '\n'.join(lines) + '\n'
+
+
+def _pair_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown: the pair, its architecture and the prompts (from the costs record)."""
+  costs = next((r for r in records if r['kind'] == 'costs'), None)
+  if costs is None:
+    return []
+  prompts = costs.get('prompts')
+  described = (
+    'none (decoding starts at BOS)'
+    if prompts is None
+    else f'{prompts["mean_tokens"]:.1f} tokens on average (at most {prompts["max_tokens"]}, '
+    f'width {prompts["width"]})'
+  )
+  # Records written before decoder-only pairs existed are all encoder-decoder.
+  return [
+    f'Pair **{costs["pair"]}** ({costs.get("architecture", "encoder-decoder")}), task '
+    f'**{costs["task"]}**; prompts of the timed examples: {described}.',
+    '',
+  ]
 
 
 def _drafting_lines(walltime: Sequence[Dict[str, Any]]) -> List[str]:

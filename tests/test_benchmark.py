@@ -1,16 +1,27 @@
-"""The benchmark end to end on a tiny random pair, and the emulation mode."""
+"""The benchmark end to end on tiny random pairs, and the emulation mode.
+
+Encoder-decoder pairs with and without decoder prompts, decoder-only prefix
+LMs, every draft type (model, n-gram, prompt lookup).
+"""
 
 import json
 import os
 import subprocess
 import sys
 
+import gin
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from speculative_t5x import benchmark
+from speculative_t5x import drafts
+from speculative_t5x import gin_utils
+from speculative_t5x import measure
+from speculative_t5x import network
 from speculative_t5x import theory
-from testing_utils import padded_inputs, tiny_model
+from testing_utils import padded_inputs, tiny_decoder_only_model, tiny_model
 
 TARGET = tiny_model(seed=0, vocab_size=24, layers=2, scale=1.5)
 DRAFT = tiny_model(seed=0, vocab_size=24, scale=1.5)
@@ -225,3 +236,311 @@ def test_trim_padding_drops_only_all_zero_columns():
   np.testing.assert_array_equal(benchmark.trim_padding(inputs), inputs[:, :3])
   np.testing.assert_array_equal(benchmark.trim_padding(inputs, multiple=2), inputs[:, :4])
   np.testing.assert_array_equal(benchmark.trim_padding(inputs, multiple=16), inputs)
+
+
+# ------------------------------------------------------------------------------
+# Prompts: decoder-only pairs, and encoder-decoder pairs with decoder prompts.
+# ------------------------------------------------------------------------------
+PREFIX_LM_TARGET = tiny_decoder_only_model(
+  seed=0, vocab_size=24, layers=2, scale=1.5, inputs_bidirectional_attention=True
+)
+PREFIX_LM_DRAFT = tiny_decoder_only_model(
+  seed=1, vocab_size=24, layers=1, scale=1.5, inputs_bidirectional_attention=True
+)
+
+
+def ragged_prompts(seed, batch, width, vocab_size=24):
+  """int32 [batch, width]: prompts of 1..width tokens (ids >= 2), then 0-padding."""
+  rng = np.random.default_rng(seed)
+  prompts = rng.integers(2, vocab_size, (batch, width))
+  lengths = rng.integers(1, width + 1, batch)
+  prompts[np.arange(width)[None] >= lengths[:, None]] = 0
+  return prompts.astype(np.int32)
+
+
+def _run(target, draft, inputs, output_dir, **overrides):
+  settings = dict(
+    temperatures=(0.0,),
+    gammas=(2,),
+    num_walltime_examples=4,
+    repetitions=1,
+    max_decode_len=8,
+    alpha_tokens=600,
+    ngram_corpus=list(padded_inputs(1, 20, 7, target.vocab_size)),
+    output_dir=str(output_dir),
+    progress=lambda line: None,
+  )
+  settings.update(overrides)
+  return benchmark.run_benchmark(target, draft, inputs, **settings)
+
+
+@pytest.fixture(scope='module')
+def decoder_only_records(tmp_path_factory):
+  output_dir = tmp_path_factory.mktemp('decoder_only')
+  lookup = drafts.PromptLookupDraft(vocab_size=24)
+  result = _run(
+    PREFIX_LM_TARGET,
+    PREFIX_LM_DRAFT,
+    ragged_prompts(0, 8, 6),
+    output_dir,
+    alpha_drafts={'prompt lookup': lookup},
+  )
+  return result, output_dir
+
+
+@pytest.fixture(scope='module')
+def decoder_prompt_records(tmp_path_factory):
+  """An encoder-decoder pair with decoder prompts, prompt lookup as the draft."""
+  output_dir = tmp_path_factory.mktemp('decoder_prompts')
+  result = _run(
+    TARGET,
+    drafts.PromptLookupDraft(vocab_size=24),
+    padded_inputs(0, 8, 7, TARGET.vocab_size),
+    output_dir,
+    decoder_prompts=ragged_prompts(1, 8, 5),
+    temperatures=(1.0,),
+    alpha_drafts={'model': DRAFT},
+  )
+  return result, output_dir
+
+
+@pytest.mark.parametrize(
+  'fixture, architecture, alpha_drafts',
+  [
+    (
+      'decoder_only_records',
+      'decoder-only prefix LM',
+      {'ModelDraft', 'prompt lookup', '1-gram', '2-gram'},
+    ),
+    (
+      'decoder_prompt_records',
+      'encoder-decoder',
+      {'PromptLookupDraft', 'model', '1-gram', '2-gram'},
+    ),
+  ],
+)
+def test_prompted_pairs_get_alpha_costs_walltime_and_the_report(
+  fixture, architecture, alpha_drafts, request
+):
+  result, output_dir = request.getfixturevalue(fixture)
+  assert all(r['architecture'] == architecture for r in result)
+  alpha = {r['draft']: r for r in result if r['kind'] == 'alpha'}
+  assert set(alpha) == alpha_drafts
+  assert all(0.0 <= r['alpha'] <= 1.0 and r['num_tokens'] >= 600 for r in alpha.values())
+  (costs,) = [r for r in result if r['kind'] == 'costs']
+  assert costs['prompts']['width'] > 0 and costs['prompts']['mean_tokens'] > 0
+  assert costs['floors']['target']['bytes'] > 0
+  (walltime,) = [r for r in result if r['kind'] == 'walltime']
+  for field in ('alpha', 'alpha_loop', 'c', 'verify_cost', 'predicted_speedup'):
+    assert walltime[field] is not None, field
+  assert walltime['verify_cost'] > 0 and walltime['c'] >= 0
+  assert walltime['ms_per_token_baseline']['median'] > 0
+  assert walltime['ms_per_token_speculative']['median'] > 0
+  assert walltime['breakdown']['encode'] > 0  # The prompts' prefill, once per call.
+  if walltime['temperature'] == 0.0:
+    assert walltime['identical_outputs'] == 1.0
+  markdown = open(os.path.join(output_dir, 'benchmark.md')).read()
+  assert f'({architecture}), task' in markdown
+  assert '## Walltime at batch 1' in markdown and '## alpha (Table 3)' in markdown
+
+
+def test_measure_alpha_of_a_prefix_lm_agrees_with_the_decode_loop():
+  """Teacher-forced alpha after ragged prompts == the loop's mean beta, within their errors."""
+  prompts = ragged_prompts(2, 512, 6)
+  result = benchmark.measure_alpha(
+    PREFIX_LM_TARGET,
+    {'draft': PREFIX_LM_DRAFT},
+    prompts,
+    temperature=1.0,
+    max_decode_len=12,
+    min_tokens=4000,
+  )['draft']
+  decode = benchmark.models.make_decoder(
+    PREFIX_LM_TARGET, PREFIX_LM_DRAFT, gamma=3, temperature=1.0, max_decode_len=12
+  )
+  means, counts = [], []
+  for k in range(8):
+    stats = decode(prompts[64 * k : 64 * (k + 1)], jax.random.PRNGKey(k)).stats
+    means.append(float(stats.mean_beta))
+    counts.append(int(stats.beta_count))
+  loop = np.average(means, weights=counts)
+  loop_stderr = np.std(means) / np.sqrt(len(means))
+  assert abs(result.alpha - loop) < 4 * np.hypot(result.stderr, loop_stderr), (result, loop)
+
+
+@pytest.mark.parametrize('architecture', ['encoder-decoder', 'decoder-only', 'prefix LM'])
+def test_continuation_logits_equal_the_cached_decoders(architecture):
+  """Teacher forcing after the prompts == a prefilled cache scoring the continuation."""
+  prompts = ragged_prompts(3, 3, 5)
+  prompts[2] = 0  # A row without a prompt.
+  outputs = np.random.default_rng(4).integers(2, 24, (3, 6)).astype(np.int32)
+  model, inputs = {
+    'encoder-decoder': (TARGET, padded_inputs(0, 3, 7, 24)),
+    'decoder-only': (tiny_decoder_only_model(seed=0, vocab_size=24), prompts),
+    'prefix LM': (PREFIX_LM_TARGET, prompts),
+  }[architecture]
+  logits = benchmark.continuation_logits(model, inputs, outputs, prompts)
+  decoder_inputs, positions = benchmark.continuation_layout(prompts, outputs)
+  cache, prompt_lengths = benchmark.models.prefilled_target_cache(
+    model.config,
+    model.params,
+    jnp.asarray(inputs),
+    16,
+    benchmark.models.decoder_prompt_layout(jnp.asarray(prompts), 6),
+    prefill_width=6,
+    inputs_bidirectional_attention=model.inputs_bidirectional_attention,
+  )
+  np.testing.assert_array_equal(prompt_lengths, positions[:, 0])
+  expected, _ = network.apply_decode_block(
+    model.config,
+    model.params,
+    cache,
+    jnp.asarray(np.take_along_axis(decoder_inputs, positions, axis=1)),
+    prompt_lengths,
+  )
+  np.testing.assert_allclose(logits, expected, atol=1e-4)
+
+
+def test_continuation_layout_puts_the_outputs_after_each_prompt():
+  prompts = np.array([[5, 6, 0], [0, 0, 0]], np.int32)
+  outputs = np.array([[7, 8], [9, 1]], np.int32)
+  decoder_inputs, positions = benchmark.continuation_layout(prompts, outputs)
+  np.testing.assert_array_equal(decoder_inputs, [[0, 5, 6, 7, 8], [0, 9, 1, 0, 0]])
+  np.testing.assert_array_equal(positions, [[2, 3], [0, 1]])
+  # Without prompts: the decoder inputs of the outputs alone.
+  decoder_inputs, positions = benchmark.continuation_layout(None, outputs)
+  np.testing.assert_array_equal(decoder_inputs, benchmark.shift_right(outputs))
+  np.testing.assert_array_equal(positions, [[0, 1], [0, 1]])
+
+
+def test_draft_logits_of_ngram_and_prompt_lookup_drafts_continue_the_prompt():
+  prompts = np.array([[3, 4, 5, 3]], np.int32)
+  outputs = np.array([[4, 5, 9]], np.int32)
+  inputs = np.array([[7, 8, 1]], np.int32)  # Encoder inputs sharing nothing with the outputs.
+  # Prompt lookup's first guesses: 4 after '3' (from '3 4'), then 5, then 3 (from '3 4 5 3').
+  lookup = benchmark.draft_logits(drafts.PromptLookupDraft(vocab_size=24), inputs, outputs, prompts)
+  np.testing.assert_array_equal(np.argmax(lookup, -1), [[4, 5, 3]])
+  # A bigram conditions the first output on the prompt's last token.
+  bigram = drafts.NgramDraft.fit([np.array([3, 9, 4, 5, 1])], 24, order=2)
+  logits = benchmark.draft_logits(bigram, inputs, outputs, prompts)
+  np.testing.assert_allclose(logits, bigram.log_probs(jnp.array([3, 4, 5]))[None])
+
+
+def test_mismatched_pairs_and_misplaced_prompts_are_errors():
+  prompts = ragged_prompts(0, 4, 3)
+  with pytest.raises(ValueError, match='The target is decoder-only but the draft network is'):
+    benchmark.run_benchmark(PREFIX_LM_TARGET, DRAFT, prompts)
+  with pytest.raises(ValueError, match='A decoder-only target takes its prompts as the inputs'):
+    benchmark.run_benchmark(PREFIX_LM_TARGET, PREFIX_LM_DRAFT, prompts, decoder_prompts=prompts)
+  with pytest.raises(ValueError, match='decoder_prompt_length=3 is for encoder-decoder pairs'):
+    benchmark.benchmark_pair(
+      target=PREFIX_LM_TARGET,
+      draft=PREFIX_LM_DRAFT,
+      output_dir='/unused',
+      emulate_alpha=0.5,
+      decoder_prompt_length=3,
+    )
+
+
+def test_reference_prompts_split_each_reference():
+  class Characters:
+    """A vocabulary of one id per character (a = 2, b = 3, ...)."""
+
+    encode = staticmethod(lambda text: [ord(c) - ord('a') + 2 for c in text])
+    decode = staticmethod(lambda ids: ''.join(chr(i - 2 + ord('a')) for i in ids))
+
+  prompts, rest = benchmark.reference_prompts(['abcd', 'ab', 'a'], Characters, 3)
+  np.testing.assert_array_equal(prompts, [[2, 3, 4], [2, 0, 0], [0, 0, 0]])
+  assert rest == ['d', 'b', 'a']  # Every reference keeps at least one token.
+
+
+@gin.configurable('benchmark_test_values')
+def _values(**values):
+  return values
+
+
+def test_the_gpt_like_pair_file_binds_the_papers_models_and_benchmarks(tmp_path):
+  """configs/pairs/gpt_like.gin: the model files' networks; its main at a tiny size."""
+  macros = ["CHECKPOINT_PATH = '/target'", 'DROPOUT_RATE = 0.0']
+  configs = gin_utils.call_configured(
+    _values,
+    ['configs/pairs/gpt_like.gin'],
+    [
+      *macros,
+      'benchmark_test_values.target = @network.DecoderOnlyConfig()',
+      'benchmark_test_values.draft = @draft/network.DecoderOnlyConfig()',
+      'benchmark_test_values.gamma = %GAMMA',
+    ],
+  )
+  for name in ('target', 'draft'):
+    assert configs[name] == gin_utils.call_configured(
+      network.DecoderOnlyConfig, [f'configs/models/gpt_like_{name}.gin'], macros
+    )
+  dims = ['emb_dim = 32', 'num_heads = 2', 'head_dim = 16', 'mlp_dim = 64', 'num_layers = 1']
+  records = gin_utils.call_configured(
+    benchmark.benchmark_pair,
+    ['configs/pairs/gpt_like.gin', 'configs/runs/benchmark.gin'],
+    [
+      'VOCAB_SIZE = 64',
+      *[f'network.DecoderOnlyConfig.{dim}' for dim in dims],
+      *[f'draft/network.DecoderOnlyConfig.{dim}' for dim in dims],
+      'CHECKPOINT_PATH = None',
+      'TASK = None',
+      'TARGET = @target/models.random_model()',
+      'DRAFT = @draft/models.random_model()',
+      'EMULATE_ALPHA = 0.6',
+      'GAMMAS = [2]',
+      'NUM_EXAMPLES = 2',
+      'MAX_DECODE_LEN = 6',
+      'benchmark_pair.temperatures = [0.0]',
+      'benchmark_pair.batch_sizes = [1]',
+      'benchmark_pair.repetitions = 1',
+      'benchmark_pair.random_input_length = 5',
+      f"BENCHMARK_OUTPUT_DIR = '{tmp_path}'",
+    ],
+  )
+  (walltime,) = [r for r in records if r['kind'] == 'walltime']
+  assert walltime['architecture'] == 'decoder-only' and walltime['emulated']
+  (costs,) = [r for r in records if r['kind'] == 'costs']
+  assert costs['prompts']['width'] == 5  # The random inputs are the prompts.
+  assert '(decoder-only), task' in (tmp_path / 'benchmark.md').read_text()
+
+
+def test_gin_main_continues_decoder_prompts_of_an_encoder_decoder_pair():
+  records = benchmark.benchmark_pair(
+    target=TARGET,
+    draft=DRAFT,
+    output_dir=None,
+    emulate_alpha=0.6,
+    decoder_prompt_length=3,
+    num_examples=2,
+    random_input_length=5,
+    temperatures=(0.0,),
+    gammas=(2,),
+    num_walltime_examples=2,
+    repetitions=1,
+    max_decode_len=6,
+    progress=lambda line: None,
+  )
+  (costs,) = [r for r in records if r['kind'] == 'costs']
+  assert costs['architecture'] == 'encoder-decoder'
+  assert costs['prompts'] == {'width': 3, 'mean_tokens': 3.0, 'max_tokens': 3}
+
+
+@pytest.mark.parametrize(
+  'model', [TARGET, PREFIX_LM_TARGET], ids=['encoder-decoder', 'decoder-only']
+)
+def test_decoder_step_bytes_are_the_weights_one_embedding_row_and_the_caches(model):
+  """`measure.decoder_step_bytes` (from the parameters) against the config's weight bytes."""
+  config = model.config
+  one_row = 4 * config.emb_dim  # The gathered embedding row of one token (untied logits).
+  weights = network.decoder_weight_bytes(config) + one_row
+  step_bytes = lambda **shape: measure.decoder_step_bytes(
+    config, model.params, batch_size=1, block_size=1, **shape
+  )
+  assert step_bytes(input_length=0, cache_length=0) == weights
+  # Keys and values of every layer over the cache, and (encoder-decoder only) over the inputs.
+  kv_bytes = 2 * 4 * config.num_heads * config.head_dim
+  layers = config.num_layers if network.is_decoder_only(config) else config.num_decoder_layers
+  cross = 0 if network.is_decoder_only(config) else 7
+  assert step_bytes(input_length=7, cache_length=10) == weights + layers * kv_bytes * (10 + cross)

@@ -304,6 +304,8 @@ COVERED = (
     # Parsed by tests/test_train.py and tests/test_tasks_english.py.
     'runs/train_decoder_only',
     'tasks/english_lm',
+    # Bound and run by tests/test_benchmark.py and tests/test_infer.py.
+    'pairs/gpt_like',
   }
 )
 

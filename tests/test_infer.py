@@ -426,3 +426,185 @@ def test_benchmark_reads_a_task_split_as_the_tsv_reader_does(fixture):
   assert task_references == tsv_references == [target for _, target in PAIRS]
   with pytest.raises(ValueError, match='more than the input length 3'):
     benchmark.task_inputs(fixture['task'], 'test', input_length=3)
+
+
+# ------------------------------------------------------------------------------
+# Decoder-only pairs: prefix-LM tasks, the prompt prefilled, the targets generated.
+# ------------------------------------------------------------------------------
+LM_TASK_NAME = 'speculative_t5x:infer_test_english_lm'
+LM_TSV_TASK_NAME = 'speculative_t5x:infer_test_prompts_with_eos'
+LM_SENTENCES = [
+  f'{verb} {noun} and then {noun_de}.' for (verb, _), (noun, noun_de) in zip(VERBS, NOUNS)
+]
+LM_FEATURE_LENGTHS = {'inputs': 16, 'targets': 10}
+
+
+def _decoder_only_config(**overrides):
+  """A tiny configs/pairs/gpt_like.gin network (single-GELU MLP, untied logits), float32."""
+  fields = dict(
+    vocab_size=VOCAB_SIZE,
+    dtype='float32',
+    emb_dim=32,
+    num_heads=2,
+    num_layers=2,
+    head_dim=16,
+    mlp_dim=64,
+    mlp_activations=('gelu',),
+    dropout_rate=0.0,
+    logits_via_embedding=False,
+  )
+  return network.DecoderOnlyConfig(**{**fields, **overrides})
+
+
+@pytest.fixture(scope='module')
+def lm_fixture(fixture):
+  """An English-LM prefix task (prompts without EOS), a TSV task (prompts with EOS), a pair."""
+  directory = fixture['directory'] / 'lm'
+  directory.mkdir()
+  for split in ('train', 'validation', 'test'):
+    (directory / f'{split}.txt').write_text(''.join(s + '\n' for s in LM_SENTENCES))
+  lm_task = tasks.register_english_lm_task(
+    str(directory), fixture['vocabulary'], prompt_words=2, name=LM_TASK_NAME
+  )
+  tsv_task = tasks.register_tsv_task(
+    LM_TSV_TASK_NAME, {'test': fixture['test_tsv']}, fixture['vocabulary'], extra_ids=0, prefix=''
+  )
+  config = _decoder_only_config()
+  params = jax.tree_util.tree_map(np.array, models.random_model(config, seed=3).params)
+  params['decoder']['logits_dense']['kernel'][:, EOS_ID] *= 1.3
+  rng = np.random.default_rng(4)
+  draft_params = jax.tree_util.tree_map(
+    lambda x: x + 0.15 * x.std() * rng.standard_normal(x.shape).astype(np.float32), params
+  )
+  checkpoints.save_params(directory / 'target', params)
+  checkpoints.save_params(directory / 'draft', draft_params)
+  return dict(
+    directory=directory,
+    lm_task=lm_task,
+    tsv_task=tsv_task,
+    params=params,
+    draft_params=draft_params,
+    config=config,
+  )
+
+
+def _prompts(texts, vocabulary, eos):
+  """int32 [N, Lin]: each text tokenized (with EOS if `eos`), 0-padded."""
+  rows = np.zeros((len(texts), LM_FEATURE_LENGTHS['inputs']), np.int32)
+  for row, text in enumerate(texts):
+    tokens = vocabulary.encode(text) + ([EOS_ID] if eos else [])
+    rows[row, : len(tokens)] = tokens
+  return rows
+
+
+def test_decoder_only_prefix_lm_outputs_equal_generate(lm_fixture, tmp_path):
+  config = lm_fixture['config']
+  target = models.Model(config, lm_fixture['params'], inputs_bidirectional_attention=True)
+  draft = models.Model(config, lm_fixture['draft_params'], inputs_bidirectional_attention=True)
+  task = lm_fixture['lm_task']
+  run = lambda name, draft: infer.infer(
+    target=target,
+    draft=draft,
+    task=task,
+    feature_lengths=LM_FEATURE_LENGTHS,
+    output_dir=str(tmp_path / name),
+    batch_size=BATCH_SIZE,
+    gamma=3,
+    progress=False,
+  )
+  speculative, baseline = run('speculative', draft), run('baseline', None)
+  records = lambda name: [
+    json.loads(line) for line in open(tmp_path / name / f'{LM_TASK_NAME}-test.jsonl')
+  ]
+  vocabulary = task.output_features['targets'].vocabulary
+  prompts = [' '.join(sentence.split()[:2]) for sentence in LM_SENTENCES]
+  assert [r['inputs'] for r in records('speculative')] == prompts
+  assert [r['targets'] for r in records('speculative')] == [
+    ' '.join(sentence.split()[2:]) for sentence in LM_SENTENCES
+  ]
+  # The task's prompts have no EOS (inputs then targets is the sentence).
+  direct = models.generate(
+    target,
+    None,
+    _prompts(prompts, vocabulary, eos=False),
+    max_decode_len=LM_FEATURE_LENGTHS['targets'],
+  ).tokens
+  expected = [vocabulary.decode(row.tolist()) for row in direct]
+  assert [r['prediction'] for r in records('baseline')] == expected
+  assert [r['prediction'] for r in records('speculative')] == expected
+  assert [r['emitted'] for r in records('baseline')] == decoded_lengths(direct, EOS_ID).tolist()
+  assert speculative['architecture'] == baseline['architecture'] == 'decoder-only prefix LM'
+  assert speculative['examples'] == len(LM_SENTENCES) and 0 < speculative['alpha'] < 1
+  assert speculative['tokens_per_target_call'] > 1 and baseline['alpha'] is None
+  with open(tmp_path / 'speculative' / f'{LM_TASK_NAME}-test.settings.json') as f:
+    settings = json.load(f)
+  assert settings['target']['config']['num_layers'] == 2
+  assert settings['target']['inputs_bidirectional_attention'] is True
+
+
+def test_the_gpt_like_pair_file_runs_infer_on_a_prefix_task(fixture, lm_fixture, tmp_path):
+  """configs/pairs/gpt_like.gin at a tiny size: the task's inputs (with EOS) are the prompts."""
+  directory = lm_fixture['directory']
+  dims = ['emb_dim=32', 'num_heads=2', 'head_dim=16', 'mlp_dim=64', 'num_layers=2']
+  command = [
+    sys.executable,
+    '-m',
+    'speculative_t5x.infer',
+    '--gin_file=configs/pairs/gpt_like.gin',
+    '--gin_file=configs/tasks/tsv.gin',
+    '--gin_file=configs/runs/infer.gin',
+    f"--gin.CHECKPOINT_PATH='{directory / 'target'}'",
+    f"--gin.DRAFT_CHECKPOINT_PATH='{directory / 'draft'}'",
+    f'--gin.VOCAB_SIZE={VOCAB_SIZE}',
+    *[f'--gin.network.DecoderOnlyConfig.{dim}' for dim in dims],
+    *[f'--gin.draft/network.DecoderOnlyConfig.{dim}' for dim in dims],
+    f"--gin.TSV_FILES={{'test': '{fixture['test_tsv']}'}}",
+    f"--gin.VOCABULARY='{fixture['vocabulary']}'",
+    f"--gin.TASK_NAME='{LM_TSV_TASK_NAME}'",
+    "--gin.PREFIX=''",
+    f'--gin.TASK_FEATURE_LENGTHS={LM_FEATURE_LENGTHS}',
+    f"--gin.INFER_OUTPUT_DIR='{tmp_path}'",
+    f'--gin.BATCH_SIZE={BATCH_SIZE}',
+    '--gin.GAMMA=3',
+    '--gin.infer.infer.num_examples=8',
+  ]
+  _run_main_in_process(command)
+  records = [json.loads(line) for line in open(tmp_path / f'{LM_TSV_TASK_NAME}-test.jsonl')]
+  vocabulary = lm_fixture['tsv_task'].output_features['targets'].vocabulary
+  sources = [source for source, _ in PAIRS[:8]]
+  # A causal LM (INPUTS_BIDIRECTIONAL_ATTENTION = False); a TSV task's inputs keep their EOS.
+  target = models.Model(lm_fixture['config'], lm_fixture['params'])
+  direct = models.generate(
+    target, None, _prompts(sources, vocabulary, eos=True), max_decode_len=10
+  ).tokens
+  assert [r['inputs'] for r in records] == sources
+  assert [r['prediction'] for r in records] == [vocabulary.decode(row.tolist()) for row in direct]
+  assert sum(r['accepted'] for r in records) > 0
+
+
+def test_mismatched_decoder_only_pairs_name_the_problem(fixture, lm_fixture, tmp_path):
+  target = models.Model(lm_fixture['config'], lm_fixture['params'])
+  with pytest.raises(
+    ValueError, match='The target is decoder-only but the draft network is encoder-decoder'
+  ):
+    infer.infer(
+      target=target,
+      draft=fixture['draft'],
+      task=lm_fixture['lm_task'],
+      feature_lengths=LM_FEATURE_LENGTHS,
+      output_dir=str(tmp_path),
+      gamma=3,
+      progress=False,
+    )
+  other_vocabulary = models.random_model(_decoder_only_config(vocab_size=2 * VOCAB_SIZE))
+  with pytest.raises(ValueError, match='one shared vocabulary'):
+    infer.infer(
+      target=target,
+      draft=other_vocabulary,
+      task=lm_fixture['lm_task'],
+      feature_lengths=LM_FEATURE_LENGTHS,
+      output_dir=str(tmp_path),
+      gamma=3,
+      progress=False,
+    )
+  assert os.listdir(tmp_path) == []  # Checked before anything is written.
