@@ -16,3 +16,20 @@ os.environ['XLA_FLAGS'] = ' '.join(
     '--xla_llvm_disable_expensive_passes=true',
   ]
 ).strip()
+
+
+import jax  # noqa: E402  (after XLA_FLAGS: JAX reads them when its backend starts)
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _release_compiled_programs():
+  """Drops each test module's compiled programs when the module is done.
+
+  Every XLA:CPU executable keeps its own memory mappings, and one process
+  running the whole suite compiles thousands of programs: it passed the
+  kernel's limit of 65,530 mappings per process (vm.max_map_count), where
+  the next compilation dies with a segmentation fault.
+  """
+  yield
+  jax.clear_caches()
