@@ -45,7 +45,7 @@ import json
 import os
 import posixpath
 import re
-from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Set, Tuple
 
 from etils import epath
 from flax import serialization
@@ -145,12 +145,125 @@ def _describe(config: network.NetworkConfig) -> str:
   )
 
 
+Path = Tuple[str, ...]
+Shape = Tuple[int, ...]
+
+
 @functools.lru_cache(maxsize=16)
-def _expected_shapes(config: network.NetworkConfig) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
-  return {
-    path: leaf.shape
-    for path, leaf in traverse_util.flatten_dict(network.abstract_params(config)[0]).items()
-  }
+def _expected_params(config: network.NetworkConfig) -> Params:
+  """`network.abstract_params(config)[0]`, traced once per config (read-only)."""
+  return network.abstract_params(config)[0]
+
+
+def _leaf_shape(leaf: Any) -> Optional[Shape]:
+  """A parameter leaf's shape, or None where the leaf does not say.
+
+  Shape tuples are their own shape; arrays, `jax.ShapeDtypeStruct`s and
+  orbax's array metadata have `.shape`; T5X's legacy msgpack holds a
+  tensorstore spec dict (`{'driver', 'kvstore', 'metadata': {'shape'}}`) for
+  each large array. Leaves of T5X's restored orbax state hold no global shape.
+  """
+  if isinstance(leaf, tuple):
+    shape = leaf
+  elif isinstance(leaf, Mapping):
+    shape = leaf.get('metadata', {}).get('shape')
+  else:
+    shape = getattr(leaf, 'shape', None)
+  return None if shape is None else tuple(int(dim) for dim in shape)
+
+
+def flat_shapes(tree: Mapping[str, Any]) -> Dict[Path, Optional[Shape]]:
+  """{path: shape, or None where the leaf has none} over a parameter tree.
+
+  Args:
+    tree: nested mappings whose leaves are shape tuples, have `.shape`
+      (arrays, ShapeDtypeStructs, orbax array metadata) or are tensorstore
+      spec dicts (leaves, not subtrees).
+  """
+  flat = {}
+  for name, subtree in tree.items():
+    if isinstance(subtree, Mapping) and 'driver' not in subtree:
+      flat.update({(name, *path): shape for path, shape in flat_shapes(subtree).items()})
+    else:
+      flat[(name,)] = _leaf_shape(subtree)
+  return flat
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeDifferences:
+  """How a parameter tree differs from the tree a network needs (`compare_shapes`).
+
+  Each list is sorted by path; paths are tuples of names.
+
+  Attributes:
+    mis_shaped: (path, found shape, expected shape) of parameters of both trees.
+    missing: (path, expected shape) of parameters only the network has.
+    unexpected: (path, found shape or None) of parameters only the tree has.
+  """
+
+  mis_shaped: Tuple[Tuple[Path, Shape, Shape], ...]
+  missing: Tuple[Tuple[Path, Shape], ...]
+  unexpected: Tuple[Tuple[Path, Optional[Shape]], ...]
+
+  def __bool__(self) -> bool:
+    return bool(self.mis_shaped or self.missing or self.unexpected)
+
+  def summary(self, network_name: str) -> str:
+    """The first difference in words (a mis-shaped one first), then the counts.
+
+    Args:
+      network_name: what needs the expected tree, for the message (e.g. 'the
+        configured network', 'the draft network').
+
+    Returns:
+      e.g. 'encoder/layers_0/mlp/wi_0/kernel has shape (16, 48), but the
+      configured network needs (16, 32) (0 missing, 0 unexpected, 3 mis-shaped)'.
+    """
+    if self.mis_shaped:
+      path, found, want = self.mis_shaped[0]
+      first = f'{"/".join(path)} has shape {found}, but {network_name} needs {want}'
+    elif self.missing:
+      path, want = self.missing[0]
+      first = f'{"/".join(path)} (shape {want}) is missing'
+    else:
+      path, found = self.unexpected[0]
+      shape = '' if found is None else f' (shape {found})'
+      first = f'{"/".join(path)}{shape} is not part of {network_name}'
+    return f'{first} ({self.counts()})'
+
+  def counts(self) -> str:
+    """e.g. '0 missing, 9 unexpected, 27 mis-shaped'."""
+    return (
+      f'{len(self.missing)} missing, {len(self.unexpected)} unexpected, '
+      f'{len(self.mis_shaped)} mis-shaped'
+    )
+
+
+def compare_shapes(
+  found_tree: Mapping[str, Any], expected_tree: Mapping[str, Any]
+) -> ShapeDifferences:
+  """The parameters `found_tree` lacks, has in excess or has in another shape.
+
+  Leaves without a shape (see `flat_shapes`) are compared by path only.
+
+  Args:
+    found_tree: the parameters found (e.g. read from a checkpoint).
+    expected_tree: the parameters a network needs (e.g.
+      `network.abstract_params(config)[0]`).
+
+  Returns:
+    A `ShapeDifferences`, false when the trees match.
+  """
+  found, expected = flat_shapes(found_tree), flat_shapes(expected_tree)
+  return ShapeDifferences(
+    mis_shaped=tuple(
+      (path, found[path], expected[path])
+      for path in sorted(expected.keys() & found.keys())
+      if found[path] is not None and expected[path] is not None and found[path] != expected[path]
+    ),
+    missing=tuple((path, expected[path]) for path in sorted(expected.keys() - found.keys())),
+    unexpected=tuple((path, found[path]) for path in sorted(found.keys() - expected.keys())),
+  )
 
 
 def _check_shapes(tree: Any, config: network.NetworkConfig, source: str) -> None:
@@ -162,24 +275,8 @@ def _check_shapes(tree: Any, config: network.NetworkConfig, source: str) -> None
     config: the network's config.
     source: what `tree` came from, for the message.
   """
-  expected = _expected_shapes(config)
-  found = {
-    path: tuple(leaf) if isinstance(leaf, tuple) else tuple(leaf.shape)
-    for path, leaf in traverse_util.flatten_dict(tree).items()
-  }
-  problems = []
-  for path, want in expected.items():
-    name = '/'.join(path)
-    if path not in found:
-      problems.append(f'parameter {name} (shape {want}) is missing')
-    elif found[path] != want:
-      problems.append(f'parameter {name} has shape {found[path]}, but the config implies {want}')
-  for path in sorted(found.keys() - expected.keys()):
-    problems.append(
-      f'parameter {"/".join(path)} (shape {found[path]}) is not part of the configured network'
-    )
-  if problems:
-    more = f' (and {len(problems) - 1} more problems)' if len(problems) > 1 else ''
+  differences = compare_shapes(tree, _expected_params(config))
+  if differences:
     if network.is_decoder_only(config):
       hint = 'an encoder-decoder checkpoint needs a network.T5Config'
     else:
@@ -187,7 +284,8 @@ def _check_shapes(tree: Any, config: network.NetworkConfig, source: str) -> None
         'e.g. network.t5_1_1_config(size); a decoder-only one needs a network.DecoderOnlyConfig'
       )
     raise ValueError(
-      f'{source} does not match the configured network: {problems[0]}{more}. '
+      f'{source} does not match the configured network: '
+      f'{differences.summary("the configured network")}. '
       f'The config has {_describe(config)}; pass the config of the size the '
       f'checkpoint was trained with ({hint}).'
     )
@@ -204,7 +302,7 @@ def check_params(params: Params, config: network.NetworkConfig) -> None:
     params: nested dict of arrays (or of anything with a `.shape`).
     config: the network's config.
   """
-  _check_shapes(params, config, 'The parameters')
+  _check_shapes(params, config, 'The parameter tree')
 
 
 def _cast(params: Params, dtype: Optional[Any]) -> Params:
@@ -805,13 +903,12 @@ def load_huggingface_t5(model_dir: str) -> Tuple[network.T5Config, Params]:
     flat[('decoder', 'logits_dense', 'kernel')] = (
       head * np.float32(config.emb_dim**-0.5) if scale else head
     ).T
-  expected = _expected_shapes(config)
-  for path, value in flat.items():
-    if value.shape != expected[path]:
-      raise ValueError(
-        f'Tensor for {"/".join(path)} has shape {value.shape}, but config.json '
-        f'implies {expected[path]}.'
-      )
+  differences = compare_shapes(traverse_util.unflatten_dict(flat), _expected_params(config))
+  if differences:
+    raise ValueError(
+      f'The tensors of {model_dir} do not match its config.json: '
+      f'{differences.summary("the network of its config.json")}.'
+    )
   return config, traverse_util.unflatten_dict(
     {path: np.ascontiguousarray(value) for path, value in flat.items()}
   )

@@ -148,58 +148,60 @@ def init_network_variables(
 # ------------------------------------------------------------------------------
 # Restoring: graft a draft checkpoint into the restored state.
 # ------------------------------------------------------------------------------
-def _leaf_shape(leaf: Any) -> Optional[Tuple[int, ...]]:
-  """A checkpoint leaf's shape, or None where the leaf does not say.
-
-  Arrays have `.shape`; T5X's legacy msgpack holds a tensorstore spec dict
-  (`{'driver', 'kvstore', 'metadata': {'shape'}}`) for each large array.
-  Orbax's metadata entries hold no global shape (their `write_shape` is one
-  shard's), so orbax checkpoints are compared by path only.
-  """
-  if isinstance(leaf, Mapping):
-    shape = leaf.get('metadata', {}).get('shape')
-  else:
-    shape = getattr(leaf, 'shape', None)
-  return None if shape is None else tuple(int(dim) for dim in shape)
-
-
-def _flat_shapes(tree: Mapping[str, Any]) -> Dict[Tuple[str, ...], Optional[Tuple[int, ...]]]:
-  """{path: shape or None} over a parameter tree, tensorstore spec dicts as leaves."""
-  flat = {}
-  for name, subtree in tree.items():
-    if isinstance(subtree, Mapping) and 'driver' not in subtree:
-      flat.update({(name, *path): shape for path, shape in _flat_shapes(subtree).items()})
-    else:
-      flat[(name,)] = _leaf_shape(subtree)
-  return flat
-
-
 def _describe_network(shapes: Mapping[Tuple[str, ...], Optional[Tuple[int, ...]]]) -> str:
-  """'emb_dim 512, 8 encoder / 8 decoder layers, mlp_dim 1024 (T5 1.1 small)' from a tree's shapes."""
-  embedding = shapes.get(('token_embedder', 'embedding'))
-  mlp = shapes.get(('encoder', 'layers_0', 'mlp', 'wi_0', 'kernel'))
+  """'emb_dim 512, mlp_dim 1024, ... (T5 1.1 'small')' from a tree's shapes.
+
+  An encoder-decoder tree (T5 1.1) is described by its layers per stack, a
+  decoder-only one (everything under 'decoder/') by `num_layers`; the size of
+  `network.T5_1_1_SIZES` or `network.DECODER_ONLY_SIZES` they match, if one.
+  """
+  decoder_only = not any(path[0] == 'encoder' for path in shapes)
+  stacks = ('decoder',) if decoder_only else ('encoder', 'decoder')
   layers = {
     stack: len({path[1] for path in shapes if path[0] == stack and path[1].startswith('layers_')})
-    for stack in ('encoder', 'decoder')
+    for stack in stacks
   }
-  fields = {'num_encoder_layers': layers['encoder'], 'num_decoder_layers': layers['decoder']}
+  if decoder_only:
+    fields = {'num_layers': layers['decoder']}
+    embedding = shapes.get(('decoder', 'token_embedder', 'embedding'))
+  else:
+    fields = {'num_encoder_layers': layers['encoder'], 'num_decoder_layers': layers['decoder']}
+    embedding = shapes.get(('token_embedder', 'embedding'))
+  mlp = next(
+    (
+      shapes[path]
+      for name in ('wi_0', 'wi')
+      if (path := (stacks[0], 'layers_0', 'mlp', name, 'kernel')) in shapes
+    ),
+    None,
+  )
   if embedding is not None:
     fields['emb_dim'] = embedding[1]
   if mlp is not None:
     fields['mlp_dim'] = mlp[1]
-  sizes = [
+  family, sizes = (
+    ('decoder-only', network.DECODER_ONLY_SIZES)
+    if decoder_only
+    else ('T5 1.1', network.T5_1_1_SIZES)
+  )
+  matching = [
     size
-    for size, size_fields in network.T5_1_1_SIZES.items()
+    for size, size_fields in sizes.items()
     if all(size_fields[name] == value for name, value in fields.items())
   ]
   description = ', '.join(f'{name} {value}' for name, value in sorted(fields.items()))
-  return description + (f" (T5 1.1 '{sizes[0]}')" if len(sizes) == 1 else '')
+  return description + (f" ({family} '{matching[0]}')" if len(matching) == 1 else '')
 
 
 def check_checkpoint_matches(
   found_tree: Mapping[str, Any], expected_tree: Mapping[str, Any], *, role: str
 ) -> None:
   """Raises ValueError, naming the gin setting to change, unless the trees match.
+
+  The advice follows the architecture of `expected_tree`: T5 1.1 sizes and
+  `t5_1_1_config` for an encoder-decoder (configs/t5x/speculative.gin),
+  decoder-only sizes and `decoder_only_config` for a decoder-only network
+  (configs/t5x/speculative_decoder_only.gin).
 
   Args:
     found_tree: the parameters read from a checkpoint (arrays, tensorstore
@@ -209,56 +211,65 @@ def check_checkpoint_matches(
     role: 'target' (TARGET_SIZE, CHECKPOINT_PATH) or 'draft' (DRAFT_SIZE,
       DRAFT_CHECKPOINT_PATH).
   """
-  found = _flat_shapes(found_tree)
-  expected = _flat_shapes(expected_tree)
-  missing = sorted(expected.keys() - found.keys())
-  unexpected = sorted(found.keys() - expected.keys())
-  mis_shaped = sorted(
-    path
-    for path in expected.keys() & found.keys()
-    if found[path] is not None and found[path] != expected[path]
-  )
-  if not (missing or unexpected or mis_shaped):
+  differences = checkpoints.compare_shapes(found_tree, expected_tree)
+  if not differences:
     return
+  found, expected = checkpoints.flat_shapes(found_tree), checkpoints.flat_shapes(expected_tree)
   size_macro, path_macro = {
     'target': ('TARGET_SIZE', 'CHECKPOINT_PATH'),
     'draft': ('DRAFT_SIZE', 'DRAFT_CHECKPOINT_PATH'),
   }[role]
-  counts = f'({len(missing)} missing, {len(unexpected)} unexpected, {len(mis_shaped)} mis-shaped)'
-  embedding = ('token_embedder', 'embedding')
+  decoder_only = 'encoder' not in expected_tree
+  if decoder_only:
+    embedding = ('decoder', 'token_embedder', 'embedding')
+    config_fn, config_class, family, sizes = (
+      'decoder_only_config',
+      'DecoderOnlyConfig',
+      'decoder-only',
+      network.DECODER_ONLY_SIZES,
+    )
+  else:
+    embedding = ('token_embedder', 'embedding')
+    config_fn, config_class, family, sizes = (
+      't5_1_1_config',
+      'T5Config',
+      'T5 1.1',
+      network.T5_1_1_SIZES,
+    )
   found_vocab, expected_vocab = (
     shape[0] if shape else None for shape in (found.get(embedding), expected.get(embedding))
   )
   if found_vocab is not None and expected_vocab is not None and found_vocab != expected_vocab:
-    fix = (
-      "Speculative decoding needs a draft trained on the target's vocabulary: use such a "
-      'draft checkpoint.'
-      if role == 'draft'
-      else "Set vocab_size of both networks to the checkpoint's: "
-      f'--gin.target/speculative_network.t5_1_1_config.vocab_size={found_vocab} and the same '
-      'for draft/ (the draft must share the vocabulary).'
-    )
+    if role == 'draft':
+      fix = (
+        "Speculative decoding needs a draft trained on the target's vocabulary: use such a "
+        'draft checkpoint.'
+      )
+    elif decoder_only:
+      fix = (
+        f"Set the vocabulary of both networks to the checkpoint's: --gin.VOCAB_SIZE={found_vocab} "
+        '(the draft must share the vocabulary).'
+      )
+    else:
+      fix = (
+        "Set vocab_size of both networks to the checkpoint's: "
+        f'--gin.target/speculative_network.t5_1_1_config.vocab_size={found_vocab} and the same '
+        'for draft/ (the draft must share the vocabulary).'
+      )
     raise ValueError(
       f'The {role} checkpoint ({path_macro}) has a vocabulary of {found_vocab} entries '
-      f"(token_embedder/embedding {found[embedding]}) but the configured {role} network's has "
-      f'{expected_vocab} {counts}. {fix}'
+      f"({'/'.join(embedding)} {found[embedding]}) but the configured {role} network's has "
+      f'{expected_vocab} ({differences.counts()}). {fix}'
     )
-  if mis_shaped:
-    path = mis_shaped[0]
-    problem = (
-      f'{"/".join(path)} has shape {found[path]}, but the {role} network needs {expected[path]}'
-    )
-  elif missing:
-    problem = f'{"/".join(missing[0])} is missing'
-  else:
-    problem = f'{"/".join(unexpected[0])} is not a parameter of the {role} network'
+  example = 'gpt_like_draft' if decoder_only else 'small'
   raise ValueError(
     f'The {role} checkpoint ({path_macro}) does not match the configured {role} network: '
-    f'{problem} {counts}. The checkpoint has {_describe_network(found)}; the network is '
-    f"configured with {_describe_network(expected)}. Set {size_macro} to the checkpoint's "
-    f'T5 1.1 size (--gin.{size_macro}="\'small\'"; one of {", ".join(network.T5_1_1_SIZES)}), '
-    f'or give a custom size field by field (--gin.{role}/speculative_network.t5_1_1_config.'
-    '<field>=..., fields of network.T5Config).'
+    f'{differences.summary(f"the {role} network")}. The checkpoint has '
+    f'{_describe_network(found)}; the network is configured with '
+    f"{_describe_network(expected)}. Set {size_macro} to the checkpoint's {family} size "
+    f'(--gin.{size_macro}="\'{example}\'"; one of {", ".join(sizes)}), or give a custom size '
+    f'field by field (--gin.{role}/speculative_network.{config_fn}.<field>=..., fields of '
+    f'network.{config_class}).'
   )
 
 
@@ -266,6 +277,9 @@ def graft_draft_params(
   state_dict: Mapping[str, Any], draft_params: PyTree, target_state_dict: Mapping[str, Any]
 ) -> Dict[str, Any]:
   """`state_dict` with `draft_params` at `state_dict['target']['draft']`.
+
+  For either speculative T5X model (`SpeculativeEncoderDecoderModel` or
+  `SpeculativeDecoderOnlyModel`): the model being restored holds a draft.
 
   Args:
     state_dict: a T5X optimizer state dict read from a checkpoint
@@ -283,9 +297,10 @@ def graft_draft_params(
   if expected is None:
     raise ValueError(
       f"The model being restored has no '{DRAFT_KEY}' parameters: grafting a draft checkpoint "
-      'needs MODEL = @t5x_adapter.SpeculativeEncoderDecoderModel() (configs/t5x/*.gin). If '
-      "a pair file is given, a gin file after it (one including T5X's t5_1_1/base.gin) "
-      'rebinds MODEL: give the pair file last.'
+      'needs MODEL = @t5x_adapter.SpeculativeEncoderDecoderModel() (configs/t5x/speculative.gin) '
+      'or MODEL = @t5x_adapter.SpeculativeDecoderOnlyModel() '
+      '(configs/t5x/speculative_decoder_only.gin). If a pair file is given, a gin file after it '
+      "(one including T5X's base.gin) rebinds MODEL: give the pair file last."
     )
   check_checkpoint_matches(draft_params, expected, role='draft')
   return {**state_dict, 'target': {**state_dict['target'], DRAFT_KEY: draft_params}}

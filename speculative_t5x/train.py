@@ -85,6 +85,7 @@ import seqio
 import tensorflow as tf
 import tqdm
 
+from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import tasks
@@ -522,17 +523,12 @@ def restore_state(
     opt_state: the optimizer state's structure (`jax.ShapeDtypeStruct`s).
   """
   restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
-  shapes = lambda tree: {
-    jax.tree_util.keystr(path): (tuple(leaf.shape), np.dtype(leaf.dtype))
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
-  }
-  saved, expected = shapes(restored.params), shapes(params)
-  if saved != expected:
-    differing = sorted(set(saved.items()) ^ set(expected.items()), key=str)[:4]
+  differences = checkpoints.compare_shapes(restored.params, params)
+  if differences:
     raise ValueError(
       f'The checkpoint at step {step} in {manager.directory} holds the parameters of another '
-      f'network (first differences, (path, (shape, dtype))): {differing}. Resume with the '
-      'config it was trained with, or train into a new model_dir.'
+      f'network: {differences.summary("the configured network")}. Resume with the config it '
+      'was trained with, or train into a new model_dir.'
     )
   restored_opt_state = manager.restore(
     step, args=ocp.args.Composite(opt_state=ocp.args.StandardRestore(opt_state))

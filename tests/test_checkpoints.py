@@ -135,7 +135,7 @@ def test_t5x_errors_name_the_problem(tmp_path):
   with pytest.raises(
     ValueError,
     match=r'decoder/layers_0/mlp/wi_0/kernel has shape \(16, 48\), '
-    r'but the config implies \(16, 32\)',
+    r'but the configured network needs \(16, 32\)',
   ):
     checkpoints.load_t5x_params(step_dir, config=CONFIG)
   # A parameter the config needs but the checkpoint lacks.
@@ -236,7 +236,7 @@ def test_check_params_names_the_first_problem():
   with pytest.raises(
     ValueError,
     match=r'encoder/relpos_bias/rel_embedding \(shape \(2, 32\)\) '
-    r'is missing\. The config has vocab_size=64',
+    r'is missing \(1 missing, 0 unexpected, 0 mis-shaped\)\. The config has vocab_size=64',
   ):
     checkpoints.check_params(missing, CONFIG)
   extra = traverse_util.unflatten_dict(
@@ -251,8 +251,8 @@ def test_check_params_names_the_first_problem():
   fewer_heads = dataclasses.replace(CONFIG, num_heads=1)
   with pytest.raises(
     ValueError,
-    match=r'has shape \(16, 16\), but the config implies \(16, 8\) '
-    r'\(and \d+ more problems\)',
+    match=r'has shape \(16, 16\), but the configured network needs \(16, 8\) '
+    r'\(0 missing, 0 unexpected, \d+ mis-shaped\)',
   ):
     checkpoints.check_params(params, fewer_heads)
 

@@ -155,7 +155,7 @@ def test_graft_draft_checkpoint_into_a_legacy_t5x_state(tmp_path):
   with pytest.raises(
     ValueError,
     match=r'target checkpoint \(CHECKPOINT_PATH\) does not match.*'
-    r'decoder/layers_1/encoder_decoder_attention/key/kernel is missing '
+    r'decoder/layers_1/encoder_decoder_attention/key/kernel \(shape \(32, 32\)\) is missing '
     r'\(23 missing.*'
     r'num_encoder_layers 1.*num_encoder_layers 2.*TARGET_SIZE',
   ):
@@ -204,6 +204,28 @@ def test_checkpoint_mismatch_names_both_sizes_and_the_fix():
     t5x_adapter.check_checkpoint_matches(small, base, role='draft')
   # Leaves without a shape (orbax metadata) are compared by path only.
   t5x_adapter.check_checkpoint_matches(jax.tree.map(lambda _: object(), small), small, role='draft')
+
+
+def test_decoder_only_checkpoint_mismatch_gives_decoder_only_advice():
+  base, draft = (
+    network.abstract_params(network.decoder_only_config(size))[0]
+    for size in ('base', 'gpt_like_draft')
+  )
+  with pytest.raises(ValueError) as error:
+    t5x_adapter.check_checkpoint_matches(
+      draft,
+      network.abstract_params(network.decoder_only_config('gpt_like_target'))[0],
+      role='draft',
+    )
+  message = str(error.value)
+  assert "emb_dim 256, mlp_dim 1024, num_layers 2 (decoder-only 'gpt_like_draft')" in message
+  assert "num_layers 12 (decoder-only 'gpt_like_target')" in message
+  assert '--gin.draft/speculative_network.decoder_only_config.<field>=' in message
+  assert 'DecoderOnlyConfig' in message and 'gpt_like_target' in message
+  assert 't5_1_1' not in message and 'T5 1.1' not in message
+  # Another vocabulary: the decoder-only gin file binds it once, VOCAB_SIZE.
+  with pytest.raises(ValueError, match=r'vocabulary of 8192 entries.*--gin\.VOCAB_SIZE=8192'):
+    t5x_adapter.check_checkpoint_matches(draft, base, role='target')
 
 
 # ------------------------------------------------------------------------------
