@@ -4,8 +4,7 @@ Reading, writing, recognizing. Every reader returns the parameters as T5X's
 tree (`token_embedder/embedding`, `encoder/layers_0/attention/query/kernel`,
 ...; a decoder-only model's all under `decoder/`) of host numpy arrays, in the
 stored dtype unless `dtype` asks for a cast; callers place or shard them. Four
-formats are read, and `load_params(path, config)` tells them apart (the
-Hugging Face importer reads T5 encoder-decoders only):
+formats are read, and `load_params(path, config)` tells them apart:
 
   * Ours (orbax), shared with the trainer: a `CheckpointManager` directory with
     one subdirectory per step (orbax's default names: `<directory>/<step>/`) and
@@ -22,9 +21,8 @@ Hugging Face importer reads T5 encoder-decoders only):
     `_METADATA` file) holding `{'target': params, 'state': ...}`. Only
     `target` is read. `load_t5x_params`.
   * Hugging Face: a transformers `T5ForConditionalGeneration` directory
-    (`config.json` + safetensors). It records its architecture, which
-    `huggingface_config` returns. `load_huggingface_t5` /
-    `save_huggingface_t5`.
+    (`config.json` + safetensors; T5 encoder-decoders only), read and written
+    by the `huggingface` module, which `load_params` calls.
 
 `check_params(params, config)` compares a tree with the configured network and
 names the first missing, unexpected or mis-shaped parameter; the loaders run it
@@ -45,7 +43,7 @@ import json
 import os
 import posixpath
 import re
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from etils import epath
 from flax import serialization
@@ -53,9 +51,6 @@ from flax import traverse_util
 import jax
 import jax.numpy as jnp
 
-# Importing ml_dtypes registers numpy's 'bfloat16', which safetensors needs to
-# read BF16 tensors through its numpy API.
-import ml_dtypes  # noqa: F401  pylint: disable=unused-import
 import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
@@ -111,8 +106,14 @@ class CorruptCheckpointError(ValueError):
 
 
 @contextlib.contextmanager
-def _parsing(path: PathLike, expected: str, errors: Tuple[type, ...]) -> Iterator[None]:
-  """Turns a parser's `errors` raised inside the block into a CorruptCheckpointError."""
+def parsing(path: PathLike, expected: str, errors: Tuple[type, ...]) -> Iterator[None]:
+  """Turns a parser's `errors` raised inside the block into a CorruptCheckpointError.
+
+  Args:
+    path: the file being parsed.
+    expected: the format it should hold, in words.
+    errors: the exception types the parser raises for malformed input.
+  """
   try:
     yield
   except errors as error:
@@ -120,7 +121,7 @@ def _parsing(path: PathLike, expected: str, errors: Tuple[type, ...]) -> Iterato
 
 
 # JSON files that cannot be parsed raise these (a binary file: UnicodeDecodeError).
-_JSON_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
+JSON_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
 _ORBAX_FORMAT = 'orbax checkpoint metadata (JSON)'
 _T5X_ORBAX_FORMAT = 'the orbax metadata of a T5X checkpoint (JSON)'
 
@@ -150,7 +151,7 @@ Shape = Tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=16)
-def _expected_params(config: network.NetworkConfig) -> Params:
+def expected_params(config: network.NetworkConfig) -> Params:
   """`network.abstract_params(config)[0]`, traced once per config (read-only)."""
   return network.abstract_params(config)[0]
 
@@ -275,7 +276,7 @@ def _check_shapes(tree: Any, config: network.NetworkConfig, source: str) -> None
     config: the network's config.
     source: what `tree` came from, for the message.
   """
-  differences = compare_shapes(tree, _expected_params(config))
+  differences = compare_shapes(tree, expected_params(config))
   if differences:
     if network.is_decoder_only(config):
       hint = 'an encoder-decoder checkpoint needs a network.T5Config'
@@ -324,7 +325,7 @@ def _absolute(path: epath.Path) -> epath.Path:
   return path if '://' in os.fspath(path) else path.absolute()
 
 
-def _directory(path: PathLike) -> epath.Path:
+def checkpoint_directory(path: PathLike) -> epath.Path:
   """The absolute directory `path` names (T5X's `checkpoint` file names its step directory)."""
   path = _absolute(epath.Path(path))
   if path.name == T5X_CHECKPOINT_FILE and path.is_file():
@@ -394,7 +395,7 @@ def restore_params(
   Returns:
     Nested dict of numpy arrays.
   """
-  directory = _directory(directory)
+  directory = checkpoint_directory(directory)
   # Handlers for both items, though only `params` is read: orbax warns about
   # items it has no handler for.
   handlers = {name: ocp.PyTreeCheckpointHandler() for name in ITEM_NAMES}
@@ -411,8 +412,8 @@ def restore_params(
       raise ValueError(
         f'{directory} has no checkpoint for step {step}; it has steps {sorted(steps)}.'
       )
-    with _parsing(
-      directory / str(step) / PARAMS_ITEM / ORBAX_METADATA_FILE, _ORBAX_FORMAT, _JSON_ERRORS
+    with parsing(
+      directory / str(step) / PARAMS_ITEM / ORBAX_METADATA_FILE, _ORBAX_FORMAT, JSON_ERRORS
     ):
       metadata = manager.item_metadata(step).get(PARAMS_ITEM)
     if metadata is None:
@@ -523,7 +524,7 @@ def _load_t5x_legacy(
       'a T5X checkpoint; convert it with t5x/scripts/convert_tf_checkpoint.py.'
     )
   # msgpack's errors for truncated or foreign bytes are all ValueErrors.
-  with _parsing(checkpoint_file, 'a T5X legacy checkpoint (msgpack)', (ValueError,)):
+  with parsing(checkpoint_file, 'a T5X legacy checkpoint (msgpack)', (ValueError,)):
     contents = serialization.msgpack_restore(raw)
   if not isinstance(contents, dict) or 'optimizer' not in contents:
     keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
@@ -576,7 +577,7 @@ def _load_t5x_orbax(
   # The handler, not a Checkpointer: the step-level _CHECKPOINT_METADATA is one
   # directory up, and a Checkpointer on the item warns that it is missing.
   handler = ocp.PyTreeCheckpointHandler()
-  with _parsing(item / ORBAX_METADATA_FILE, _T5X_ORBAX_FORMAT, _JSON_ERRORS):
+  with parsing(item / ORBAX_METADATA_FILE, _T5X_ORBAX_FORMAT, JSON_ERRORS):
     tree = handler.metadata(item).tree
   if 'target' not in tree:
     raise ValueError(
@@ -620,7 +621,7 @@ def load_t5x_params(
   Returns:
     Nested dict of numpy arrays in the T5X tree.
   """
-  path = _directory(path)
+  path = checkpoint_directory(path)
   step_dir = _t5x_latest_step_dir(path)
   if step_dir is None:
     raise FileNotFoundError(
@@ -641,349 +642,6 @@ def load_t5x_params(
 
 
 # ------------------------------------------------------------------------------
-# Hugging Face T5 checkpoints.
-# ------------------------------------------------------------------------------
-def _require_t5_config(config: network.NetworkConfig, subject: str) -> None:
-  """Raises ValueError unless `config` is a T5Config: the importer is T5-only."""
-  if network.is_decoder_only(config):
-    raise ValueError(
-      f'{subject} handles T5 encoder-decoders (transformers '
-      f'T5ForConditionalGeneration) only, not a {type(config).__name__}. '
-      'Decoder-only parameters load from T5X or orbax checkpoints.'
-    )
-
-
-HF_CONFIG_FILE = 'config.json'
-HF_WEIGHTS_FILE = 'model.safetensors'
-HF_WEIGHTS_INDEX_FILE = 'model.safetensors.index.json'
-
-# Hugging Face `feed_forward_proj` <-> T5X `mlp_activations`. HF's gated-gelu
-# uses the tanh approximation ("gelu_new"), which is flax's `nn.gelu` default.
-_HF_FEED_FORWARD = {'gated-gelu': ('gelu', 'linear'), 'relu': ('relu',)}
-# Checkpoint entries that duplicate `shared.weight` (tied by transformers).
-_HF_TIED_COPIES = ('encoder.embed_tokens.weight', 'decoder.embed_tokens.weight')
-
-
-def _hf_names(config: network.T5Config) -> Iterator[Tuple[Tuple[str, ...], str, bool]]:
-  """(T5X parameter path, HF tensor name, transposed) for all but the logits.
-
-  torch's Linear stores [out, in], T5X kernels [in, out]; HF's relative
-  attention tables are [buckets, heads], T5X's [heads, buckets]. Both order
-  attention features head-major, so kernels only need a transpose.
-  """
-  yield ('token_embedder', 'embedding'), 'shared.weight', False
-  num_wi = len(config.mlp_activations)
-  wi = ('wi',) if num_wi == 1 else tuple(f'wi_{i}' for i in range(num_wi))
-  mlp = tuple((name, name) for name in wi + ('wo',))  # Same names in both.
-  attention = (('query', 'q'), ('key', 'k'), ('value', 'v'), ('out', 'o'))
-  stacks = (
-    (
-      'encoder',
-      config.num_encoder_layers,
-      (
-        ('pre_attention_layer_norm', 'attention', 'SelfAttention'),
-        ('pre_mlp_layer_norm', 'mlp', 'DenseReluDense'),
-      ),
-    ),
-    (
-      'decoder',
-      config.num_decoder_layers,
-      (
-        ('pre_self_attention_layer_norm', 'self_attention', 'SelfAttention'),
-        ('pre_cross_attention_layer_norm', 'encoder_decoder_attention', 'EncDecAttention'),
-        ('pre_mlp_layer_norm', 'mlp', 'DenseReluDense'),
-      ),
-    ),
-  )
-  for stack, num_layers, sublayers in stacks:
-    yield (
-      (stack, 'relpos_bias', 'rel_embedding'),
-      f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight',
-      True,
-    )
-    for i in range(num_layers):
-      for j, (norm, block, hf_block) in enumerate(sublayers):
-        prefix = f'{stack}.block.{i}.layer.{j}'
-        yield (stack, f'layers_{i}', norm, 'scale'), f'{prefix}.layer_norm.weight', False
-        for ours, theirs in mlp if block == 'mlp' else attention:
-          yield (
-            (stack, f'layers_{i}', block, ours, 'kernel'),
-            f'{prefix}.{hf_block}.{theirs}.weight',
-            True,
-          )
-    yield ((stack, f'{stack}_norm', 'scale'), f'{stack}.final_layer_norm.weight', False)
-
-
-def _safetensors():
-  try:
-    import safetensors.numpy  # pylint: disable=g-import-not-at-top
-  except ImportError as error:
-    raise ImportError(
-      'Hugging Face checkpoints need the safetensors package: '
-      'pip install "speculative_t5x[hf]" (or safetensors).'
-    ) from error
-  return safetensors
-
-
-def _read_json(path: str, what: str) -> Dict[str, Any]:
-  """The JSON object in `path`, which should hold `what` (for the messages)."""
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'No {os.path.basename(path)} at {path}: expected {what}.')
-  with open(path, 'rb') as f, _parsing(path, f'{what} (JSON)', _JSON_ERRORS):
-    contents = json.loads(f.read())
-  if not isinstance(contents, dict):
-    raise CorruptCheckpointError(
-      path, f'{what} (a JSON object)', f'it holds a JSON {type(contents).__name__}'
-    )
-  return contents
-
-
-def _safe_open(path: str):
-  """safetensors' `safe_open(path)`, its errors for a damaged file naming it."""
-  safetensors = _safetensors()
-  with _parsing(path, 'safetensors weights', (safetensors.SafetensorError,)):
-    return safetensors.safe_open(path, framework='np')
-
-
-def _hf_tensor_files(model_dir: str) -> Dict[str, str]:
-  """Maps each tensor name to the safetensors file that holds it."""
-  single = os.path.join(model_dir, HF_WEIGHTS_FILE)
-  index = os.path.join(model_dir, HF_WEIGHTS_INDEX_FILE)
-  if os.path.isfile(single):
-    with _safe_open(single) as f:
-      return {name: single for name in f.keys()}
-  if os.path.isfile(index):
-    weight_map = _read_json(index, 'a sharded safetensors index')['weight_map']
-    files = {name: os.path.join(model_dir, file) for name, file in weight_map.items()}
-    for path in set(files.values()):
-      if not os.path.isfile(path):
-        raise FileNotFoundError(f'{index} lists {path}, which does not exist.')
-    return files
-  found = sorted(os.listdir(model_dir))
-  hint = (
-    ' Only safetensors weights are read; convert PyTorch .bin weights by loading '
-    'the model with transformers and calling save_pretrained().'
-    if any(name.endswith('.bin') for name in found)
-    else ''
-  )
-  raise FileNotFoundError(
-    f'No {HF_WEIGHTS_FILE} or {HF_WEIGHTS_INDEX_FILE} in {model_dir} (found {found}).{hint}'
-  )
-
-
-def _t5_config_from_hf(hf: Dict[str, Any], logits_via_embedding: bool) -> network.T5Config:
-  """Checks that a transformers config.json describes a model this network computes."""
-  if hf.get('model_type') not in ('t5', 'mt5') or not hf.get('is_encoder_decoder', True):
-    raise ValueError(
-      f'Expected a T5 encoder-decoder (model_type "t5" or "mt5"), got '
-      f'model_type={hf.get("model_type")!r}; UMT5, LongT5 and decoder-only '
-      'models have other architectures.'
-    )
-  feed_forward = hf.get('feed_forward_proj', 'relu')
-  if feed_forward not in _HF_FEED_FORWARD:
-    raise ValueError(
-      f'Unsupported feed_forward_proj {feed_forward!r}: supported are '
-      f'{sorted(_HF_FEED_FORWARD)} (T5 1.1 / Flan-T5 / mT5, and T5 1.0).'
-    )
-  fixed = {
-    'relative_attention_num_buckets': network.NUM_BUCKETS,
-    'relative_attention_max_distance': network.MAX_DISTANCE,
-    'layer_norm_epsilon': 1e-6,
-  }
-  for key, value in fixed.items():
-    if hf.get(key, value) != value:
-      raise ValueError(f'Unsupported {key}={hf[key]}: this network (like T5X) uses {value}.')
-  missing = [
-    key
-    for key in ('vocab_size', 'd_model', 'num_heads', 'd_kv', 'd_ff', 'num_layers')
-    if key not in hf
-  ]
-  if missing:
-    raise ValueError(f'config.json lacks {missing}; it is not a transformers T5 config.')
-  num_layers = hf['num_layers']
-  num_decoder_layers = hf.get('num_decoder_layers')
-  return network.T5Config(
-    vocab_size=hf['vocab_size'],
-    emb_dim=hf['d_model'],
-    num_heads=hf['num_heads'],
-    num_encoder_layers=num_layers,
-    num_decoder_layers=num_layers if num_decoder_layers is None else num_decoder_layers,
-    head_dim=hf['d_kv'],
-    mlp_dim=hf['d_ff'],
-    mlp_activations=_HF_FEED_FORWARD[feed_forward],
-    dropout_rate=hf.get('dropout_rate', 0.1),
-    logits_via_embedding=logits_via_embedding,
-  )
-
-
-@contextlib.contextmanager
-def _open_huggingface(model_dir: str):
-  """Yields (config.json contents, tensor names, read(name) -> float32 array)."""
-  model_dir = os.fspath(_directory(model_dir))
-  hf = _read_json(
-    os.path.join(model_dir, HF_CONFIG_FILE), 'the config.json of a transformers T5 model'
-  )
-  files = _hf_tensor_files(model_dir)
-  with contextlib.ExitStack() as stack:
-    handles = {path: stack.enter_context(_safe_open(path)) for path in set(files.values())}
-
-    def read(name):
-      if name not in files:
-        raise ValueError(f'{model_dir} lacks tensor {name}, which its config.json implies.')
-      return np.asarray(handles[files[name]].get_tensor(name), np.float32)
-
-    yield hf, set(files), read
-
-
-def _hf_head(
-  hf: Dict[str, Any], names: Set[str], read: Callable[[str], np.ndarray]
-) -> Tuple[network.T5Config, np.ndarray, np.ndarray, bool]:
-  """(config, shared embedding, output embedding, whether outputs are scaled)."""
-  tie = hf.get('tie_word_embeddings', True)
-  scale = bool(hf.get('scale_decoder_outputs', tie))
-  shared = read('shared.weight')
-  head = read('lm_head.weight') if 'lm_head.weight' in names else shared
-  config = _t5_config_from_hf(hf, logits_via_embedding=scale and np.array_equal(head, shared))
-  return config, shared, head, scale
-
-
-def huggingface_config(model_dir: str) -> network.T5Config:
-  """The T5Config that `load_huggingface_t5` returns for a transformers T5 directory.
-
-  Reads config.json and, to tell a tied output layer from an untied one, the
-  embedding tensors.
-  """
-  with _open_huggingface(model_dir) as (hf, names, read):
-    return _hf_head(hf, names, read)[0]
-
-
-def load_huggingface_t5(model_dir: str) -> Tuple[network.T5Config, Params]:
-  """Reads a transformers T5 directory into a T5Config and a T5X parameter tree.
-
-  Reads `config.json` and `model.safetensors` (or the shards listed in
-  `model.safetensors.index.json`) of a `T5ForConditionalGeneration`: T5 1.1,
-  Flan-T5 and mT5 (gated GELU) and T5 1.0 (ReLU, `mlp/wi`).
-
-  The output layer follows what transformers computes: `lm_head.weight` if the
-  checkpoint has one, else the shared embedding; decoder outputs are scaled by
-  d_model**-0.5 if config.json says `scale_decoder_outputs` (transformers 5)
-  or, lacking that key, `tie_word_embeddings` (transformers 4; default true).
-  A tied, scaled head becomes `logits_via_embedding=True` (T5X's
-  attend(y) / sqrt(emb_dim)); an untied scaled head has the scale folded into
-  `logits_dense`.
-
-  Args:
-    model_dir: the directory `save_pretrained` wrote.
-
-  Returns:
-    (config, params): config with the default compute dtype (bfloat16; use
-    `dataclasses.replace(config, dtype=...)`), params a nested dict of float32
-    numpy arrays in the T5X tree.
-
-  Raises:
-    FileNotFoundError: config or weights missing.
-    ValueError: an unsupported variant, or tensors that do not match the config.
-  """
-  with _open_huggingface(model_dir) as (hf, names, read):
-    config, shared, head, scale = _hf_head(hf, names, read)
-    used = {name for _, name, _ in _hf_names(config)} | {'lm_head.weight', *_HF_TIED_COPIES}
-    unused = sorted(names - used)
-    if unused:
-      raise ValueError(
-        f'{model_dir} has tensors this T5 architecture does not use: '
-        f'{unused[:5]}{"..." if len(unused) > 5 else ""}.'
-      )
-    flat = {}
-    for path, name, transposed in _hf_names(config):
-      value = shared if name == 'shared.weight' else read(name)
-      flat[path] = value.T if transposed else value
-  if not config.logits_via_embedding:
-    # An untied head that transformers scales (never the case for T5 1.1) has
-    # the scale folded in.
-    flat[('decoder', 'logits_dense', 'kernel')] = (
-      head * np.float32(config.emb_dim**-0.5) if scale else head
-    ).T
-  differences = compare_shapes(traverse_util.unflatten_dict(flat), _expected_params(config))
-  if differences:
-    raise ValueError(
-      f'The tensors of {model_dir} do not match its config.json: '
-      f'{differences.summary("the network of its config.json")}.'
-    )
-  return config, traverse_util.unflatten_dict(
-    {path: np.ascontiguousarray(value) for path, value in flat.items()}
-  )
-
-
-def save_huggingface_t5(config: network.T5Config, params: Params, output_dir: str) -> None:
-  """Writes config.json and model.safetensors that transformers loads.
-
-  `T5ForConditionalGeneration.from_pretrained(output_dir)` reproduces the
-  network's logits (transformers 4 and 5), and `load_huggingface_t5` reads the
-  directory back into the same parameters.
-
-  A tied head (`logits_via_embedding=True`) is written as transformers' tied,
-  scaled T5: `shared.weight` only, `tie_word_embeddings` and
-  `scale_decoder_outputs` true. An untied head (T5 1.1) is written the way
-  transformers 4 saved T5 1.1 and Flan-T5: a separate `lm_head.weight` and
-  `"tie_word_embeddings": false`. transformers 5 forces tying in its T5Config
-  but, when a checkpoint holds both tensors with different values, keeps them
-  untied (it logs a warning saying it will not tie them) and does not scale,
-  which is exactly this model; checked with transformers 5.24.
-
-  Args:
-    config: the network's config.
-    params: the T5X parameter tree (arrays of any float dtype).
-    output_dir: created if missing; existing files of the same names are
-      overwritten.
-  """
-  _require_t5_config(config, 'save_huggingface_t5')
-  inverse = {activations: name for name, activations in _HF_FEED_FORWARD.items()}
-  if config.mlp_activations not in inverse:
-    raise ValueError(
-      f'transformers T5 has no MLP with activations {config.mlp_activations}; '
-      f'exportable are {sorted(inverse)}.'
-    )
-  flat = traverse_util.flatten_dict(params)
-  tensors = {}
-  for path, name, transposed in _hf_names(config):
-    value = np.asarray(flat[path], np.float32)
-    tensors[name] = np.ascontiguousarray(value.T if transposed else value)
-  if not config.logits_via_embedding:
-    tensors['lm_head.weight'] = np.ascontiguousarray(
-      np.asarray(flat[('decoder', 'logits_dense', 'kernel')], np.float32).T
-    )
-  hf = {
-    'architectures': ['T5ForConditionalGeneration'],
-    'model_type': 't5',
-    'is_encoder_decoder': True,
-    'vocab_size': config.vocab_size,
-    'd_model': config.emb_dim,
-    'd_kv': config.head_dim,
-    'd_ff': config.mlp_dim,
-    'num_heads': config.num_heads,
-    'num_layers': config.num_encoder_layers,
-    'num_decoder_layers': config.num_decoder_layers,
-    'feed_forward_proj': inverse[config.mlp_activations],
-    'relative_attention_num_buckets': network.NUM_BUCKETS,
-    'relative_attention_max_distance': network.MAX_DISTANCE,
-    'layer_norm_epsilon': 1e-6,
-    'dropout_rate': config.dropout_rate,
-    'pad_token_id': 0,
-    'eos_token_id': 1,
-    'decoder_start_token_id': 0,
-    'tie_word_embeddings': config.logits_via_embedding,
-    'scale_decoder_outputs': config.logits_via_embedding,
-    'dtype': 'float32',
-  }
-  os.makedirs(output_dir, exist_ok=True)
-  with open(os.path.join(output_dir, HF_CONFIG_FILE), 'w') as f:
-    json.dump(hf, f, indent=2, sort_keys=True)
-  _safetensors().numpy.save_file(
-    tensors, os.path.join(output_dir, HF_WEIGHTS_FILE), metadata={'format': 'pt'}
-  )
-
-
-# ------------------------------------------------------------------------------
 # One entry point for inference.
 # ------------------------------------------------------------------------------
 def _is_orbax_step_dir(path: epath.Path) -> bool:
@@ -998,8 +656,10 @@ def checkpoint_format(path: PathLike) -> str:
   directory); a T5X checkpoint (`checkpoint_<step>` directories below `path`,
   or `path` itself one; the latest step decides legacy or orbax).
   """
-  path = _directory(path)
-  if (path / HF_CONFIG_FILE).is_file():
+  from speculative_t5x import huggingface  # pylint: disable=g-import-not-at-top
+
+  path = checkpoint_directory(path)
+  if (path / huggingface.CONFIG_FILE).is_file():
     return HUGGINGFACE
   if _is_orbax_step_dir(path) or any(_is_orbax_step_dir(child) for child in path.iterdir()):
     return ORBAX
@@ -1007,8 +667,8 @@ def checkpoint_format(path: PathLike) -> str:
   if step_dir is not None and _is_t5x_step_dir(step_dir):
     return T5X_LEGACY if _t5x_orbax_item(step_dir) is None else T5X_ORBAX
   raise FileNotFoundError(
-    f'No checkpoint at {path}. Looked for a Hugging Face directory ({HF_CONFIG_FILE} + '
-    f'{HF_WEIGHTS_FILE}), orbax steps (<step>/{PARAMS_ITEM}/, written by save_params or the '
+    f'No checkpoint at {path}. Looked for a Hugging Face directory ({huggingface.CONFIG_FILE} + '
+    f'{huggingface.WEIGHTS_FILE}), orbax steps (<step>/{PARAMS_ITEM}/, written by save_params or the '
     f'trainer), and T5X checkpoints (checkpoint_<step>/{T5X_CHECKPOINT_FILE} or '
     f'checkpoint_<step>/{T5X_STATE_ITEM}/{ORBAX_METADATA_FILE}); found {_listing(path)}.'
   )
@@ -1027,7 +687,7 @@ def load_params(
     config: if given, the parameters are checked against `module_for(config)`
       (`check_params`; for T5X and orbax checkpoints before any array is read). A
       Hugging Face directory records its own architecture
-      (`huggingface_config(path)` returns it); a given config must then agree
+      (`huggingface.t5_config(path)` returns it); a given config must then agree
       with it in every field but the compute settings (dtype, dropout,
       float32 attention logits). T5X and orbax checkpoints record none.
     dtype: cast every parameter to this dtype; None keeps the stored dtypes
@@ -1037,35 +697,13 @@ def load_params(
     Nested dict of numpy arrays in the T5X tree.
   """
   kind = checkpoint_format(path)
-  path = _directory(path)
+  path = checkpoint_directory(path)
   if kind == HUGGINGFACE:
-    if config is not None:
-      _require_t5_config(config, f'{path} is a Hugging Face directory; the importer')
-    stored_config, params = load_huggingface_t5(os.fspath(path))
-    if config is not None:
-      _check_same_architecture(config, stored_config, path)
-    return _cast(params, dtype)
+    from speculative_t5x import huggingface  # pylint: disable=g-import-not-at-top
+
+    return _cast(huggingface.load_t5(os.fspath(path), config)[1], dtype)
   if kind == ORBAX:
     if _is_orbax_step_dir(path):
       return restore_params(path.parent, int(path.name), dtype, config=config)
     return restore_params(path, None, dtype, config=config)
   return load_t5x_params(path, dtype, config=config)
-
-
-# Settings of how the network computes, not of what the parameters mean.
-_COMPUTE_FIELDS = ('dtype', 'dropout_rate', 'float32_attention_logits')
-
-
-def _check_same_architecture(
-  config: network.T5Config, stored: network.T5Config, path: epath.Path
-) -> None:
-  for field in dataclasses.fields(network.T5Config):
-    if field.name in _COMPUTE_FIELDS:
-      continue
-    given, recorded = getattr(config, field.name), getattr(stored, field.name)
-    if given != recorded:
-      raise ValueError(
-        f'The config has {field.name}={given!r}, but the checkpoint at {path} '
-        f'has {field.name}={recorded!r}; use checkpoints.huggingface_config(path) '
-        '(with dataclasses.replace for the compute dtype).'
-      )

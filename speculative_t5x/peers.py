@@ -1,6 +1,6 @@
 """Peer comparison: our decoding next to Hugging Face assisted generation.
 
-The same target/draft pair is exported with `checkpoints.save_huggingface_t5`,
+The same target/draft pair is exported with `huggingface.save_t5`,
 loaded by transformers (PyTorch, CPU), and decoded greedily at batch 1 by four
 systems on the same inputs with the same maximum length:
 
@@ -75,7 +75,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import benchmark
-from speculative_t5x import checkpoints
+from speculative_t5x import huggingface
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import models
@@ -371,7 +371,7 @@ def _quiet(transformers):
 
 def _export(model: models.Model, directory: str, transformers):
   """Saves `model` in Hugging Face format and loads it back with transformers."""
-  checkpoints.save_huggingface_t5(model.config, model.params, directory)
+  huggingface.save_t5(model.config, model.params, directory)
   hf_model = transformers.T5ForConditionalGeneration.from_pretrained(
     directory, dtype='float32'
   ).eval()
@@ -392,7 +392,7 @@ def _logits_error(
     raise RuntimeError(
       f'The exported {role} does not reproduce our logits under transformers: max |difference| '
       f'{error:.3g} (logits up to {np.abs(ours).max():.3g}). The timing comparison would not '
-      'compare the same model; check the export (checkpoints.save_huggingface_t5) against '
+      'compare the same model; check the export (huggingface.save_t5) against '
       'this transformers version.'
     )
   return error

@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from speculative_t5x import checkpoints
+from speculative_t5x import huggingface
 from speculative_t5x import network
 from testing_utils import assert_trees_equal, write_t5x_legacy, write_t5x_orbax
 
@@ -282,12 +283,12 @@ def test_load_params_of_a_huggingface_directory(tmp_path):
   pytest.importorskip('safetensors', reason='Hugging Face checkpoints need safetensors')
   params = _params()
   hf_config = dataclasses.replace(CONFIG, dtype=jnp.bfloat16)
-  checkpoints.save_huggingface_t5(hf_config, params, str(tmp_path))
+  huggingface.save_t5(hf_config, params, str(tmp_path))
   assert checkpoints.checkpoint_format(tmp_path) == checkpoints.HUGGINGFACE
   _assert_trees_equal(checkpoints.load_params(tmp_path, CONFIG), params)
   _assert_trees_equal(checkpoints.load_params(tmp_path, dtype='bfloat16'), params, jnp.bfloat16)
   # The directory records its architecture; a given config must agree with it.
-  assert checkpoints.huggingface_config(str(tmp_path)) == hf_config
+  assert huggingface.t5_config(str(tmp_path)) == hf_config
   with pytest.raises(
     ValueError,
     match='logits_via_embedding=True, but the checkpoint .* has logits_via_embedding=False',
@@ -328,13 +329,13 @@ def _corrupt_orbax(tmp_path):
 
 def _corrupt_huggingface_config(tmp_path):
   pytest.importorskip('safetensors', reason='Hugging Face checkpoints need safetensors')
-  checkpoints.save_huggingface_t5(CONFIG, _params(), str(tmp_path))
+  huggingface.save_t5(CONFIG, _params(), str(tmp_path))
   return _cut_in_half(tmp_path / 'config.json'), 'JSON'
 
 
 def _corrupt_huggingface_weights(tmp_path):
   pytest.importorskip('safetensors', reason='Hugging Face checkpoints need safetensors')
-  checkpoints.save_huggingface_t5(CONFIG, _params(), str(tmp_path))
+  huggingface.save_t5(CONFIG, _params(), str(tmp_path))
   (tmp_path / 'model.safetensors').write_bytes(b'\xff' * 16)  # "header too large".
   return tmp_path / 'model.safetensors', 'safetensors'
 
@@ -365,7 +366,7 @@ def test_a_plain_file_is_not_called_a_missing_directory(tmp_path):
     checkpoints.load_params,
     checkpoints.load_t5x_params,
     checkpoints.restore_params,
-    lambda path: checkpoints.load_huggingface_t5(str(path)),
+    lambda path: huggingface.load_t5(str(path)),
   ):
     with pytest.raises(
       FileNotFoundError,

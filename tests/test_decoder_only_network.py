@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from speculative_t5x import checkpoints
+from speculative_t5x import huggingface
 from speculative_t5x import network
 from testing_utils import assert_trees_equal, write_t5x_legacy, write_t5x_orbax
 
@@ -459,11 +460,11 @@ def test_t5x_format_checkpoints_load_bit_identically(tmp_path):
 
 
 def test_huggingface_import_is_t5_only(tmp_path):
-  (tmp_path / checkpoints.HF_CONFIG_FILE).write_text(json.dumps({'model_type': 't5'}))
+  (tmp_path / huggingface.CONFIG_FILE).write_text(json.dumps({'model_type': 't5'}))
   with pytest.raises(ValueError, match='T5 encoder-decoders .* only, not a DecoderOnlyConfig'):
     checkpoints.load_params(tmp_path, CONFIG)
-  with pytest.raises(ValueError, match='save_huggingface_t5 handles T5 encoder-decoders'):
-    checkpoints.save_huggingface_t5(CONFIG, PARAMS, os.fspath(tmp_path / 'out'))
+  with pytest.raises(ValueError, match='huggingface.save_t5 handles T5 encoder-decoders'):
+    huggingface.save_t5(CONFIG, PARAMS, os.fspath(tmp_path / 'out'))
 
 
 # ------------------------------------------------------------------------------

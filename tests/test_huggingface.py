@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative_t5x import checkpoints
+from speculative_t5x import huggingface
 from speculative_t5x import network
 
 safetensors_numpy = pytest.importorskip(
@@ -90,7 +90,7 @@ def _our_outputs(config, params, inputs, decoder_inputs, targets):
 
 def _assert_parity(model_dir, expected, inputs, decoder_inputs, targets):
   """Loads model_dir and checks encoder outputs (at non-padding) and logits."""
-  config, params = checkpoints.load_huggingface_t5(model_dir)
+  config, params = huggingface.load_t5(model_dir)
   encoded, logits = _our_outputs(
     dataclasses.replace(config, dtype=jnp.float32), params, inputs, decoder_inputs, targets
   )
@@ -131,7 +131,7 @@ def test_transformers_5_layout_untied_unscaled(tmp_path):
   # The same model saved in shards loads to the same parameters.
   model.save_pretrained(tmp_path / 'sharded', max_shard_size='20KB')
   assert os.path.exists(tmp_path / 'sharded' / 'model.safetensors.index.json')
-  sharded_config, sharded_params = checkpoints.load_huggingface_t5(tmp_path / 'sharded')
+  sharded_config, sharded_params = huggingface.load_t5(tmp_path / 'sharded')
   assert sharded_config == config
   jax.tree.map(np.testing.assert_array_equal, sharded_params, params)
 
@@ -149,11 +149,11 @@ def test_transformers_4_layout_with_separate_lm_head_and_export(tmp_path):
 
   # Export: transformers 5 loads the untied head without scaling, and the
   # directory reads back to the same parameters.
-  checkpoints.save_huggingface_t5(config, params, tmp_path / 'export')
+  huggingface.save_t5(config, params, tmp_path / 'export')
   exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / 'export').eval()
   assert not exported.config.scale_decoder_outputs
   assert np.abs(_hf_outputs(exported, *data[:2])[1] - expected[1]).max() <= TOLERANCE
-  config_back, params_back = checkpoints.load_huggingface_t5(tmp_path / 'export')
+  config_back, params_back = huggingface.load_t5(tmp_path / 'export')
   assert config_back == config
   jax.tree.map(np.testing.assert_array_equal, params_back, params)
 
@@ -178,24 +178,24 @@ def test_tied_scaled_t5_1_0_is_logits_via_embedding_and_exports(tmp_path):
   assert 'wi' in params['encoder']['layers_0']['mlp']
   # transformers 4 layout with the tied lm_head.weight stored: the same model.
   _write_transformers_4_layout(model, tmp_path / 'hf4', tie_word_embeddings=True)
-  config4, params4 = checkpoints.load_huggingface_t5(tmp_path / 'hf4')
+  config4, params4 = huggingface.load_t5(tmp_path / 'hf4')
   assert config4 == config
   jax.tree.map(np.testing.assert_array_equal, params4, params)
 
-  checkpoints.save_huggingface_t5(config, params, tmp_path / 'export')
+  huggingface.save_t5(config, params, tmp_path / 'export')
   exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / 'export').eval()
   assert np.abs(_hf_outputs(exported, *data[:2])[1] - expected[1]).max() <= TOLERANCE
 
 
 def test_import_errors_name_the_problem(tmp_path):
   with pytest.raises(FileNotFoundError, match='config.json'):
-    checkpoints.load_huggingface_t5(tmp_path)
+    huggingface.load_t5(tmp_path)
   model = _hf_model()
   model.save_pretrained(tmp_path / 'hf')
   os.remove(tmp_path / 'hf' / 'model.safetensors')
   (tmp_path / 'hf' / 'pytorch_model.bin').write_bytes(b'')
   with pytest.raises(FileNotFoundError, match='model.safetensors.*save_pretrained'):
-    checkpoints.load_huggingface_t5(tmp_path / 'hf')
+    huggingface.load_t5(tmp_path / 'hf')
 
   def rewrite_config(directory, **changes):
     model.save_pretrained(directory)
@@ -207,19 +207,19 @@ def test_import_errors_name_the_problem(tmp_path):
 
   rewrite_config(tmp_path / 'silu', feed_forward_proj='gated-silu')
   with pytest.raises(ValueError, match='feed_forward_proj'):
-    checkpoints.load_huggingface_t5(tmp_path / 'silu')
+    huggingface.load_t5(tmp_path / 'silu')
   rewrite_config(tmp_path / 'umt5', model_type='umt5')
   with pytest.raises(ValueError, match='umt5'):
-    checkpoints.load_huggingface_t5(tmp_path / 'umt5')
+    huggingface.load_t5(tmp_path / 'umt5')
   rewrite_config(tmp_path / 'buckets', relative_attention_num_buckets=64)
   with pytest.raises(ValueError, match='relative_attention_num_buckets'):
-    checkpoints.load_huggingface_t5(tmp_path / 'buckets')
+    huggingface.load_t5(tmp_path / 'buckets')
   rewrite_config(tmp_path / 'wide', d_ff=64)
   with pytest.raises(ValueError, match='shape'):
-    checkpoints.load_huggingface_t5(tmp_path / 'wide')
+    huggingface.load_t5(tmp_path / 'wide')
   rewrite_config(tmp_path / 'shallow', num_layers=2)
   with pytest.raises(ValueError, match='does not use.*encoder.block.2'):
-    checkpoints.load_huggingface_t5(tmp_path / 'shallow')
+    huggingface.load_t5(tmp_path / 'shallow')
 
 
 def test_export_rejects_mlps_transformers_lacks(tmp_path):
@@ -235,4 +235,4 @@ def test_export_rejects_mlps_transformers_lacks(tmp_path):
   )
   params, _ = network.random_params(config)
   with pytest.raises(ValueError, match='silu'):
-    checkpoints.save_huggingface_t5(config, params, tmp_path)
+    huggingface.save_t5(config, params, tmp_path)
