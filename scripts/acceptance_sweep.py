@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, Sequence
 import numpy as np
 
 from speculative_t5x import benchmark
+from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import theory
 
@@ -74,7 +75,7 @@ def sweep(
     alpha_tokens: target tokens of each α measurement.
     progress: called with a line per step.
   """
-  inputs = benchmark.trim_padding(inputs)
+  inputs = layouts.trim_padding(inputs)
   gammas = sorted(gammas)
   progress('Measuring c and v(gamma) ...')
   parts = benchmark.measure_parts(

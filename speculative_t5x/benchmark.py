@@ -50,6 +50,7 @@ import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import layouts
 from speculative_t5x import measure
 from speculative_t5x import models
 from speculative_t5x import network
@@ -64,24 +65,6 @@ EOS_ID = models.EOS_ID
 # ------------------------------------------------------------------------------
 # Inputs.
 # ------------------------------------------------------------------------------
-
-
-def pad_rows(rows: Sequence[Sequence[int]], length: Optional[int] = None) -> np.ndarray:
-  """int32 [N, length]: token rows (each ending in EOS), 0-padded.
-
-  `length` None fits the longest row. A row longer than `length` is a
-  ValueError naming it: inputs are never silently cut.
-  """
-  length = max(map(len, rows)) if length is None else length
-  out = np.zeros((len(rows), length), np.int32)
-  for i, row in enumerate(rows):
-    if len(row) > length:
-      raise ValueError(
-        f'Input {i} has {len(row)} tokens, more than the input length {length}; '
-        'raise the input length (feature length "inputs").'
-      )
-    out[i, : len(row)] = row
-  return out
 
 
 def tsv_inputs(
@@ -112,7 +95,7 @@ def tsv_inputs(
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
   pairs = tasks_core.read_tsv(path, num_examples)
   sources = [processor.encode(prefix + source) + [EOS_ID] for source, _ in pairs]
-  return pad_rows(sources, input_length), [target for _, target in pairs]
+  return layouts.pad_rows(sources, input_length), [target for _, target in pairs]
 
 
 def _get_task(task):
@@ -152,7 +135,7 @@ def task_inputs(
     )
   if not rows:
     raise ValueError(f'{task.name}:{split} has no examples.')
-  return pad_rows(rows, input_length), references
+  return layouts.pad_rows(rows, input_length), references
 
 
 def reference_prompts(references: Sequence[str], vocabulary, prompt_length: int):
@@ -174,7 +157,7 @@ def reference_prompts(references: Sequence[str], vocabulary, prompt_length: int)
     cut = max(min(prompt_length, len(ids) - 1), 0)
     rows.append(ids[:cut])
     rest.append(vocabulary.decode(ids[cut:]))
-  return pad_rows(rows, prompt_length), rest
+  return layouts.pad_rows(rows, prompt_length), rest
 
 
 def tsv_target_tokens(
@@ -194,18 +177,6 @@ def tsv_target_tokens(
   ]
 
 
-def trim_padding(inputs: np.ndarray, multiple: int = 1) -> np.ndarray:
-  """`inputs` [N, L] without the all-padding columns at the end.
-
-  The width is rounded up to a multiple of `multiple` (a few bucket widths
-  keep the number of compiled shapes small). Decodes do not change: padding
-  is masked; only the encoder's and cross-attention's wasted work goes.
-  """
-  used = np.flatnonzero(inputs.any(axis=0))
-  width = int(used[-1]) + 1 if used.size else 1
-  return inputs[:, : min(-(-width // multiple) * multiple, inputs.shape[1])]
-
-
 def random_inputs(num_examples: int, input_length: int, vocab_size: int, seed: int = 0):
   """Random full-length inputs (for the emulation mode): ([N, Lin], no targets)."""
   tokens = np.array(measure.random_encoder_inputs(num_examples, input_length, vocab_size, seed))
@@ -216,46 +187,6 @@ def random_inputs(num_examples: int, input_length: int, vocab_size: int, seed: i
 # ------------------------------------------------------------------------------
 # alpha by teacher forcing on target samples.
 # ------------------------------------------------------------------------------
-
-
-def output_lengths(tokens: np.ndarray, eos_id: int = EOS_ID) -> np.ndarray:
-  """int [N]: emitted tokens per row of decodes [N, L] (up to and incl. EOS; L if none)."""
-  tokens = np.asarray(tokens)
-  is_eos = tokens == eos_id
-  return np.where(is_eos.any(axis=1), np.argmax(is_eos, axis=1) + 1, tokens.shape[1])
-
-
-def shift_right(output_tokens: np.ndarray) -> np.ndarray:
-  """int [N, L]: the decoder inputs of outputs [N, L], BOS (0) then all but the last."""
-  return np.pad(np.asarray(output_tokens)[:, :-1], ((0, 0), (1, 0)))
-
-
-def continuation_layout(prompts: Optional[np.ndarray], output_tokens: np.ndarray):
-  """The decoder inputs along prompted continuations, and where each output is predicted.
-
-  T5X's layout (see `decoding`): BOS, each row's P prompt tokens at 1..P,
-  then its outputs; the decoder's logits at position P + j predict output j.
-
-  Args:
-    prompts: int [N, Lp] prompts (each row's tokens, then 0-padding), or
-      None (every row starts from BOS).
-    output_tokens: int [N, L], what follows each prompt.
-
-  Returns:
-    (decoder_input_tokens int32 [N, Lp + L], BOS, the prompt, then the
-    outputs but the last, 0-padded; positions int32 [N, L], P + j). Without
-    prompts they are `shift_right(output_tokens)` and 0..L-1.
-  """
-  outputs = np.asarray(output_tokens, np.int32)
-  num_rows, length = outputs.shape
-  prompts = np.zeros((num_rows, 0), np.int32) if prompts is None else np.asarray(prompts, np.int32)
-  sequences = np.zeros((num_rows, prompts.shape[1] + length), np.int32)
-  sequences[:, : prompts.shape[1]] = prompts
-  positions = (prompts != 0).sum(axis=1, dtype=np.int32)[:, None] + np.arange(
-    length, dtype=np.int32
-  )
-  np.put_along_axis(sequences, positions, outputs, axis=1)
-  return shift_right(sequences), positions
 
 
 def _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths):
@@ -298,7 +229,7 @@ def teacher_forced_logits(
     params: its parameters.
     input_tokens: int [N, Lin] encoder inputs (unused by a decoder-only
       network).
-    decoder_input_tokens: int [N, L], e.g. `shift_right(outputs)` or
+    decoder_input_tokens: int [N, L], e.g. `layouts.shift_right(outputs)` or
       `continuation_layout`'s.
     prefix_lengths: for a decoder-only prefix LM, int [N] prompt lengths P:
       positions 0..P attend to each other (T5X's
@@ -331,7 +262,7 @@ def continuation_logits(
     output_tokens: int [N, L], what follows each prompt.
     prompts: int [N, Lp] prompts (tokens, then 0-padding), or None.
   """
-  decoder_inputs, positions = continuation_layout(prompts, output_tokens)
+  decoder_inputs, positions = layouts.continuation_layout(prompts, output_tokens)
   prefix_lengths = positions[:, 0] if model.inputs_bidirectional_attention else None
   return _logits_at(
     model.config, model.params, input_tokens, decoder_inputs, positions, prefix_lengths
@@ -381,7 +312,7 @@ def draft_logits(
   """
   if isinstance(draft, models.Model):
     return continuation_logits(draft, input_tokens, output_tokens, prompts)
-  decoder_inputs, positions = continuation_layout(prompts, output_tokens)
+  decoder_inputs, positions = layouts.continuation_layout(prompts, output_tokens)
   if isinstance(draft, drafts.NgramDraft):
     previous = np.take_along_axis(decoder_inputs, positions, axis=1)
     logits = draft.log_probs(jnp.asarray(previous.reshape(-1)))
@@ -424,11 +355,6 @@ class AlphaResult:
   stderr: float
   num_tokens: int
   beta_by_token: Dict[int, tuple]
-
-
-def prompts_of(target: models.Model, inputs, decoder_prompts=None):
-  """The prompts [N, Lp] of a decode call: a decoder-only target's inputs, else decoder_prompts."""
-  return inputs if network.is_decoder_only(target.config) else decoder_prompts
 
 
 def measure_alpha(
@@ -480,15 +406,15 @@ def measure_alpha(
   num_tokens, start, key = 0, 0, jax.random.PRNGKey(seed)
   while num_tokens < min_tokens:
     rows = np.arange(start, start + batch_size)
-    take = lambda x: trim_padding(np.take(x, rows, axis=0, mode='wrap'), multiple=16)
+    take = lambda x: layouts.trim_padding(np.take(x, rows, axis=0, mode='wrap'), multiple=16)
     batch = take(inputs)
     batch_prompts = None if decoder_prompts is None else take(decoder_prompts)
     start += batch_size
     key, step_key = jax.random.split(key)
     outputs = np.asarray(decode(batch, step_key, batch_prompts).tokens)
-    prompts = prompts_of(target, batch, batch_prompts)
+    prompts = layouts.prompts_of(target, batch, batch_prompts)
     target_logits = continuation_logits(target, batch, outputs, prompts)
-    valid = np.arange(outputs.shape[1])[None] < output_lengths(outputs)[:, None]
+    valid = np.arange(outputs.shape[1])[None] < layouts.output_lengths(outputs)[:, None]
     for name, draft in candidates.items():
       q_logits = draft_logits(draft, batch, outputs, prompts)
       beta = np.asarray(_beta(target_logits, q_logits, **sample_args))
@@ -617,7 +543,7 @@ def time_decodings(
   for decode, call, times, results in zip(decoders, compiled, seconds, first_pass):
     outputs = np.concatenate([np.asarray(r.tokens) for r in results])
     stats = None if results[0].stats is None else _join_stats([r.stats for r in results])
-    tokens = int(output_lengths(outputs, decode.static_args['eos_id']).sum())
+    tokens = int(layouts.output_lengths(outputs, decode.static_args['eos_id']).sum())
     runs.append(
       DecodeRun(
         seconds=times, tokens=tokens, outputs=outputs, stats=stats, memory=_memory_bytes(call)
@@ -665,7 +591,7 @@ def corpus_bleu(
   pieces, unk = processor.get_piece_size(), processor.unk_id()
   texts = [
     processor.decode([int(t) if t < pieces else unk for t in row[:n] if t != EOS_ID])
-    for row, n in zip(outputs, output_lengths(outputs))
+    for row, n in zip(outputs, layouts.output_lengths(outputs))
   ]
   return float(tasks_core.bleu(list(references), texts)['bleu'])
 
@@ -868,11 +794,11 @@ def run_benchmark(
       'encoder-decoder targets. Pass the prompts as inputs.'
     )
   draft_name = type(draft).__name__
-  walltime_inputs = trim_padding(inputs[:num_walltime_examples])
+  walltime_inputs = layouts.trim_padding(inputs[:num_walltime_examples])
   walltime_prompts = None
   if decoder_prompts is not None:
-    walltime_prompts = trim_padding(decoder_prompts[:num_walltime_examples])
-  prompts = prompts_of(target, walltime_inputs, walltime_prompts)
+    walltime_prompts = layouts.trim_padding(decoder_prompts[:num_walltime_examples])
+  prompts = layouts.prompts_of(target, walltime_inputs, walltime_prompts)
   prompt_length = 0 if prompts is None else prompts.shape[1]
   walltime_refs = None if references is None else list(references)[:num_walltime_examples]
   common = dict(

@@ -47,6 +47,7 @@ import jax
 
 from speculative_t5x import benchmark
 from speculative_t5x import gin_utils
+from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import reports
@@ -363,7 +364,7 @@ def main(argv) -> None:
     peers_markdown = compare_with_huggingface(
       target,
       drafts_used[0.0],
-      benchmark.trim_padding(inputs[: args.peer_examples]),
+      layouts.trim_padding(inputs[: args.peer_examples]),
       greedy_gamma,
       workdir,
       report_dir,

@@ -88,6 +88,7 @@ import tqdm
 
 from speculative_t5x import benchmark
 from speculative_t5x import gin_utils
+from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -244,10 +245,10 @@ def _jitted_step(config: DistillConfig, optimizer, learning_rate) -> tuple:
 # ------------------------------------------------------------------------------
 def sequence_features(input_tokens: np.ndarray, sequences: np.ndarray) -> Dict[str, np.ndarray]:
   """The step's batch for output sequences [B, L] (tokens, EOS, zeros) of inputs [B, Lin]."""
-  lengths = benchmark.output_lengths(sequences)
+  lengths = layouts.output_lengths(sequences)
   return {
     'encoder_input_tokens': np.asarray(input_tokens, np.int32),
-    'decoder_input_tokens': benchmark.shift_right(sequences).astype(np.int32),
+    'decoder_input_tokens': layouts.shift_right(sequences).astype(np.int32),
     'decoder_target_tokens': np.asarray(sequences, np.int32),
     'decoder_loss_weights': (np.arange(sequences.shape[1])[None] < lengths[:, None]).astype(
       np.float32

@@ -101,6 +101,7 @@ import tqdm
 from speculative_t5x import benchmark
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
+from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import partitioning
@@ -444,7 +445,7 @@ def _batch_records(
   """One record per real row of a decoded batch (`output` on the host)."""
   vocabulary = task.output_features['targets'].vocabulary
   stats = output.stats
-  lengths = benchmark.output_lengths(output.tokens, eos_id)
+  lengths = layouts.output_lengths(output.tokens, eos_id)
   records = []
   for row, example in enumerate(batch.examples):
     tokens, length = output.tokens[row], int(lengths[row])

@@ -46,6 +46,7 @@ import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -169,7 +170,7 @@ def random_prompt_block(batch_size: int, prompt_length: int, vocab_size: int) ->
   if not prompt_length:
     return None
   prompts = random_encoder_inputs(batch_size, prompt_length, vocab_size, seed=1)
-  return models.decoder_prompt_layout(prompts, 1)
+  return layouts.decoder_prompt_layout(prompts, 1)
 
 
 @functools.partial(

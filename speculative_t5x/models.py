@@ -33,6 +33,7 @@ import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import layouts
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import speculative_sampling
@@ -43,7 +44,7 @@ Array = jax.Array
 # `Model.as_draft()`) or any `drafts.Draft`.
 Draft = Union['Model', drafts.Draft]
 
-EOS_ID = 1  # T5's SentencePiece vocabularies: PAD = BOS = 0, EOS = 1.
+EOS_ID = layouts.EOS_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,28 +250,6 @@ def speculative_decode(
   return decodes, scores, stats
 
 
-def strip_prompts(decodes: Array, prompt_lengths: Array, length: int) -> Array:
-  """int32 [B, length]: what follows each row's prompt in T5X-layout decodes [B, L].
-
-  decodes[b, P_b : P_b + length] (the output slot j holds decodes[:, j]).
-  """
-  padded = jnp.pad(decodes, ((0, 0), (0, length)))
-  return jax.vmap(lambda row, start: jax.lax.dynamic_slice(row, (start,), (length,)))(
-    padded, prompt_lengths
-  )
-
-
-def decoder_prompt_layout(prompts: Array, max_decode_len: int) -> Array:
-  """Prompts int32 [B, Lp] (tokens, then 0-padding) in T5X's layout [B, Lp + max_decode_len].
-
-  Index 0 is the BOS slot and prompt token i sits at index i + 1, so that
-  `max_decode_len` tokens fit after the longest prompt.
-  """
-  batch, prompt_width = prompts.shape
-  layout = jnp.zeros((batch, prompt_width + max_decode_len), jnp.int32)
-  return layout.at[:, 1 : prompt_width + 1].set(prompts.astype(jnp.int32))
-
-
 @functools.partial(
   jax.jit,
   static_argnames=(
@@ -315,7 +294,7 @@ def _generate(
   else:
     # Room for max_decode_len tokens after the longest prompt; positions
     # 0..Lp (BOS and the prompt slots) are prefilled.
-    decoder_prompt = decoder_prompt_layout(prompts, max_decode_len)
+    decoder_prompt = layouts.decoder_prompt_layout(prompts, max_decode_len)
     prefill_width, length = prompts.shape[1] + 1, decoder_prompt.shape[1]
     max_decode_steps = max_decode_len
   prefill_args = dict(
@@ -359,7 +338,9 @@ def _generate(
       draft_threshold=draft_threshold,
     )
   if prompts is not None:
-    decodes = strip_prompts(decodes, decoding.prompt_lengths(decoder_prompt), max_decode_len)
+    decodes = layouts.strip_prompts(
+      decodes, decoding.prompt_lengths(decoder_prompt), max_decode_len
+    )
   return GenerateOutput(tokens=decodes, scores=scores, stats=stats)
 
 

@@ -78,6 +78,7 @@ from speculative_t5x import benchmark
 from speculative_t5x import huggingface
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import layouts
 from speculative_t5x import models
 
 OURS_BASELINE = 'ours baseline'
@@ -244,7 +245,7 @@ def emitted_tokens(decode: np.ndarray, eos_id: int = models.EOS_ID) -> np.ndarra
       a real token).
     eos_id: end-of-sequence id.
   """
-  return decode[: benchmark.output_lengths(decode[None], eos_id)[0]]
+  return decode[: layouts.output_lengths(decode[None], eos_id)[0]]
 
 
 def _hf_logits(
@@ -261,7 +262,7 @@ def _hf_logits(
 
 def _shift_right(tokens: np.ndarray, length: int) -> np.ndarray:
   """Decoder inputs [1, length]: BOS (0), then `tokens`, cut or 0-padded."""
-  return benchmark.shift_right(benchmark.pad_rows([tokens[:length]], length))
+  return layouts.shift_right(layouts.pad_rows([tokens[:length]], length))
 
 
 def _divergence(

@@ -55,6 +55,7 @@ import jax.numpy as jnp
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import speculative_sampling
@@ -785,7 +786,7 @@ def _speculative_model_classes() -> Dict[str, type]:
         decoder_prompt=decoder_prompt,
         inputs_bidirectional_attention=self._inputs_bidirectional_attention,
       )
-      return remove_prompts(decodes, decoding.prompt_lengths(decoder_prompt)), aux
+      return layouts.remove_prompts(decodes, decoding.prompt_lengths(decoder_prompt)), aux
 
   for cls in (SpeculativeEncoderDecoderModel, SpeculativeDecoderOnlyModel):
     cls.__qualname__ = cls.__name__
@@ -793,19 +794,6 @@ def _speculative_model_classes() -> Dict[str, type]:
   return {
     cls.__name__: cls for cls in (SpeculativeEncoderDecoderModel, SpeculativeDecoderOnlyModel)
   }
-
-
-def remove_prompts(decodes: Array, prompt_lengths: Array) -> Array:
-  """T5X's `remove_prefix`: each row shifted left by its prompt length, zeros after.
-
-  Args:
-    decodes: int32 [B, L] or [B, num_decodes, L].
-    prompt_lengths: int32 [B].
-  """
-  length = decodes.shape[-1]
-  if decodes.ndim == 3:
-    return jax.vmap(remove_prompts, in_axes=(1, None), out_axes=1)(decodes, prompt_lengths)
-  return models.strip_prompts(decodes, prompt_lengths, length)
 
 
 def __getattr__(name: str):

@@ -18,6 +18,7 @@ import pytest
 from speculative_t5x import benchmark
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
+from speculative_t5x import layouts
 from speculative_t5x import measure
 from speculative_t5x import network
 from speculative_t5x import theory
@@ -231,13 +232,6 @@ def test_gin_main_needs_examples_or_the_emulation():
     benchmark.benchmark_pair(target=TARGET, draft=DRAFT, output_dir='/unused')
 
 
-def test_trim_padding_drops_only_all_zero_columns():
-  inputs = np.array([[5, 6, 1, 0, 0, 0, 0], [7, 1, 0, 0, 0, 0, 0]], np.int32)
-  np.testing.assert_array_equal(benchmark.trim_padding(inputs), inputs[:, :3])
-  np.testing.assert_array_equal(benchmark.trim_padding(inputs, multiple=2), inputs[:, :4])
-  np.testing.assert_array_equal(benchmark.trim_padding(inputs, multiple=16), inputs)
-
-
 # ------------------------------------------------------------------------------
 # Prompts: decoder-only pairs, and encoder-decoder pairs with decoder prompts.
 # ------------------------------------------------------------------------------
@@ -380,13 +374,13 @@ def test_continuation_logits_equal_the_cached_decoders(architecture):
     'prefix LM': (PREFIX_LM_TARGET, prompts),
   }[architecture]
   logits = benchmark.continuation_logits(model, inputs, outputs, prompts)
-  decoder_inputs, positions = benchmark.continuation_layout(prompts, outputs)
+  decoder_inputs, positions = layouts.continuation_layout(prompts, outputs)
   cache, prompt_lengths = benchmark.models.prefilled_target_cache(
     model.config,
     model.params,
     jnp.asarray(inputs),
     16,
-    benchmark.models.decoder_prompt_layout(jnp.asarray(prompts), 6),
+    layouts.decoder_prompt_layout(jnp.asarray(prompts), 6),
     prefill_width=6,
     inputs_bidirectional_attention=model.inputs_bidirectional_attention,
   )
@@ -399,18 +393,6 @@ def test_continuation_logits_equal_the_cached_decoders(architecture):
     prompt_lengths,
   )
   np.testing.assert_allclose(logits, expected, atol=1e-4)
-
-
-def test_continuation_layout_puts_the_outputs_after_each_prompt():
-  prompts = np.array([[5, 6, 0], [0, 0, 0]], np.int32)
-  outputs = np.array([[7, 8], [9, 1]], np.int32)
-  decoder_inputs, positions = benchmark.continuation_layout(prompts, outputs)
-  np.testing.assert_array_equal(decoder_inputs, [[0, 5, 6, 7, 8], [0, 9, 1, 0, 0]])
-  np.testing.assert_array_equal(positions, [[2, 3], [0, 1]])
-  # Without prompts: the decoder inputs of the outputs alone.
-  decoder_inputs, positions = benchmark.continuation_layout(None, outputs)
-  np.testing.assert_array_equal(decoder_inputs, benchmark.shift_right(outputs))
-  np.testing.assert_array_equal(positions, [[0, 1], [0, 1]])
 
 
 def test_draft_logits_of_ngram_and_prompt_lookup_drafts_continue_the_prompt():

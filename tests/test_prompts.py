@@ -17,6 +17,7 @@ import pytest
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -122,7 +123,7 @@ def test_prefilling_equals_t5x_teacher_forcing_of_the_prompt():
   target = ENCODER_DECODER[0]
   input_tokens, prompts, lengths = pair_inputs('encoder_decoder', 1, 4, 5)
   out = models.generate(target, None, input_tokens, decoder_prompts=prompts, max_decode_len=6)
-  layout = models.decoder_prompt_layout(jnp.asarray(prompts), 6)
+  layout = layouts.decoder_prompt_layout(jnp.asarray(prompts), 6)
   cache = network.init_decoder_cache(target.config, target.params, input_tokens, layout.shape[1])
 
   def tokens_to_logits(state):
@@ -135,7 +136,7 @@ def test_prefilling_equals_t5x_teacher_forcing_of_the_prompt():
     layout, cache, tokens_to_logits, EOS, temperature=0.0, max_decode_steps=6
   )
   np.testing.assert_array_equal(
-    models.strip_prompts(forced[:, -1], jnp.asarray(lengths), 6), out.tokens
+    layouts.strip_prompts(forced[:, -1], jnp.asarray(lengths), 6), out.tokens
   )
 
 

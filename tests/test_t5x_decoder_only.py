@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from speculative_t5x import decoding
+from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import t5x_adapter
@@ -83,7 +84,7 @@ def test_predict_batch_equals_generate(bidirectional):
   target = dataclasses.replace(TARGET, inputs_bidirectional_attention=bidirectional)
   draft = dataclasses.replace(DRAFT, inputs_bidirectional_attention=bidirectional)
   out = models.generate(target, draft, prompts_of(batch), max_decode_len=LENGTH, gamma=GAMMA)
-  continuations = t5x_adapter.remove_prompts(decodes, decoding.prompt_lengths(prompt))
+  continuations = layouts.remove_prompts(decodes, decoding.prompt_lengths(prompt))
   # The T5X output length counts the prompt: each row has LENGTH - P slots after it.
   room = np.arange(LENGTH)[None] < (LENGTH - PROMPT_LENGTHS)[:, None]
   np.testing.assert_array_equal(continuations, np.where(room, out.tokens, 0))
@@ -95,11 +96,11 @@ def test_predict_batch_equals_generate(bidirectional):
 def test_remove_prompts_is_t5x_remove_prefix():
   decodes = jnp.array([[5, 6, 7, 8, 0], [5, 6, 7, 8, 9]])
   np.testing.assert_array_equal(
-    t5x_adapter.remove_prompts(decodes, jnp.array([2, 0])), [[7, 8, 0, 0, 0], [5, 6, 7, 8, 9]]
+    layouts.remove_prompts(decodes, jnp.array([2, 0])), [[7, 8, 0, 0, 0], [5, 6, 7, 8, 9]]
   )
   all_decodes = jnp.stack([decodes, decodes + 10], axis=1)  # [B, num_decodes, L]
   np.testing.assert_array_equal(
-    t5x_adapter.remove_prompts(all_decodes, jnp.array([3, 1]))[:, 1],
+    layouts.remove_prompts(all_decodes, jnp.array([3, 1]))[:, 1],
     [[18, 10, 0, 0, 0], [16, 17, 18, 19, 0]],
   )
 
