@@ -30,12 +30,12 @@ from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
 
+from speculative_t5x import acceptance
 from speculative_t5x import benchmark
 from speculative_t5x import layouts
 from speculative_t5x import models
+from speculative_t5x import settings as settings_lib
 from speculative_t5x import theory
-
-VERIFICATIONS = ('token', 'block')
 
 
 def per_sequence_tokens_per_call(run: benchmark.DecodeRun) -> np.ndarray:
@@ -46,7 +46,7 @@ def per_sequence_tokens_per_call(run: benchmark.DecodeRun) -> np.ndarray:
 
 def mean_and_stderr(values: np.ndarray) -> Dict[str, float]:
   values = np.asarray(values, np.float64)
-  return dict(mean=float(values.mean()), stderr=float(values.std(ddof=1) / np.sqrt(len(values))))
+  return dict(mean=float(values.mean()), stderr=acceptance.standard_error(values))
 
 
 def sweep(
@@ -83,6 +83,7 @@ def sweep(
     draft.as_draft(),
     temperatures,
     gammas,
+    settings_lib.SpeculativeSettings(),  # c and v; the theory's γ choice uses no judge time.
     input_length=inputs.shape[1],
     max_decode_len=max_decode_len,
     repetitions=max(5, repetitions),
@@ -90,7 +91,7 @@ def sweep(
   result = {'num_examples': int(len(inputs)), 'draft_threshold': draft_threshold, 'by_t': {}}
   for temperature in temperatures:
     progress(f'T={temperature}: alpha ...')
-    alpha = benchmark.measure_alpha(
+    alpha = acceptance.measure_alpha(
       target,
       {'draft': draft},
       inputs,
@@ -100,8 +101,10 @@ def sweep(
     )['draft'].alpha
     settings = dict(temperature=temperature, max_decode_len=max_decode_len)
     configs = [('baseline', None, None, 0.0)]
-    configs += [(v, v, g, 0.0) for g in gammas for v in VERIFICATIONS]
-    configs += [(f'{v}, adaptive', v, gammas[-1], draft_threshold) for v in VERIFICATIONS]
+    configs += [(v, v, g, 0.0) for g in gammas for v in settings_lib.VERIFICATIONS]
+    configs += [
+      (f'{v}, adaptive', v, gammas[-1], draft_threshold) for v in settings_lib.VERIFICATIONS
+    ]
     decoders = [
       models.make_decoder(target, None, **settings)
       if gamma is None
@@ -158,9 +161,11 @@ def summarize(rows, alpha, parts, temperature, gammas) -> Dict[str, Any]:
   best = max(fixed.values(), key=lambda r: r['speedup'])
   adaptive = [r for r in rows if r['draft_threshold']]
   chosen = theory.choose_gamma(
-    alpha,
-    {g: parts[temperature, g].c for g in gammas},
-    {g: parts[temperature, g].verify_cost for g in gammas},
+    theory.predicted_speedups(
+      alpha,
+      {g: parts[temperature, g].c for g in gammas},
+      {g: parts[temperature, g].verify_cost for g in gammas},
+    )
   )
   strip = lambda r: {k: v for k, v in r.items() if k != 'per_sequence'}
   return dict(

@@ -52,6 +52,7 @@ import numpy as np
 
 from speculative_t5x import drafts
 from speculative_t5x import sampling
+from speculative_t5x import settings as settings_lib
 from speculative_t5x import speculative_sampling
 
 PyTree = Any
@@ -131,40 +132,6 @@ def _sort_by_log_prob(values: Array, log_prob: Array, batch_size: int, num_decod
     return jnp.take_along_axis(x, index, axis=1)
 
   return jax.tree_util.tree_map(sort, values), sorted_log_prob
-
-
-def check_positive_int(name: str, value) -> int:
-  """Returns `value` as an int; ValueError unless it is an integer >= 1 (bools are not).
-
-  The one check of gamma, lengths and counts at every API edge, so that
-  `gamma=True` or `max_decode_len=2.5` is an error, never 1 or 2.
-  """
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(
-      f'{name} must be an integer >= 1; got {value!r} '
-      f'({type(value).__name__}). Pass a whole number, e.g. {name}=4.'
-    )
-  return int(value)
-
-
-def check_draft_threshold(value) -> float:
-  """Returns `value` as a float; ValueError unless it is a number in [0, 1).
-
-  The adaptive draft length's threshold (see `speculative_sample`), checked at
-  every API edge: 0 turns it off, and a threshold of 1 or more would stop
-  after every token (use gamma=1 for that).
-  """
-  if (
-    isinstance(value, (bool, np.bool_))
-    or not isinstance(value, (int, float, np.integer, np.floating))
-    or not 0.0 <= float(value) < 1.0
-  ):
-    raise ValueError(
-      f'draft_threshold must be a number in [0, 1); got {value!r}. It is the draft '
-      'probability below which a row stops drafting (0: off, always gamma tokens; '
-      "Hugging Face's assistant_confidence_threshold defaults to 0.4)."
-    )
-  return float(value)
 
 
 def _validate_common(inputs, num_decodes, max_decode_steps, topk, topp):
@@ -537,10 +504,9 @@ def judge_block(
   draft_probs: Optional[Array],
   target_logits: Array,
   sample_args: Mapping[str, Any],
+  spec: settings_lib.SpeculativeSettings,
   *,
-  lenience: float = 1.0,
   emulate_alpha: Optional[float] = None,
-  verification: str = 'token',
   num_drafted: Optional[Array] = None,
 ) -> Judgement:
   """Standardizes the target's block logits and verifies the draft tokens.
@@ -551,9 +517,9 @@ def judge_block(
     draft_probs: float32 [BN, gamma, V] standardized q, or None (one-hot).
     target_logits: float [BN, gamma + 1, V] for the block [last, x_1..x_gamma].
     sample_args: `temperature`, `topk`, `topp` (as `sampling.standardize`).
-    lenience: see `speculative_sampling.verify`.
+    spec: the decode's settings; its `lenience` and `verification` apply
+      (see `speculative_sampling.verify`).
     emulate_alpha: see `speculative_sample`.
-    verification: 'token' or 'block' (see `speculative_sampling.verify`).
     num_drafted: int32 [BN] tokens each row drafted, or None for gamma.
   """
   target_probs = sampling.standardize(target_logits, **sample_args)
@@ -566,10 +532,10 @@ def judge_block(
       draft_tokens,
       draft_probs,
       target_probs,
-      lenience,
+      spec.lenience,
       return_beta=True,
       one_hot_target=one_hot_target,
-      verification=verification,
+      verification=spec.verification,
       num_drafted=num_drafted,
     )
   else:
@@ -643,7 +609,8 @@ def emit_block(
     accepted=stats.accepted + jnp.where(active, num_accepted, 0),
     emitted=stats.emitted + num_kept,
     drafted=stats.drafted + drafted,
-    draft_steps=stats.draft_steps + jnp.max(drafted),
+    # initial=0: an empty batch (B = 0) compiles too, and runs no iteration.
+    draft_steps=stats.draft_steps + jnp.max(drafted, initial=0),
     fully_accepted=stats.fully_accepted + jnp.sum(active & (num_accepted == drafted)),
     accepted_histogram=stats.accepted_histogram
     + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active[:, None], axis=0),
@@ -656,6 +623,10 @@ def emit_block(
   return state.replace(
     position=new_position, sequences=sequences, ended=ended, log_prob=log_prob, stats=stats
   )
+
+
+# The keyword defaults of the decode functions are the settings object's.
+_DEFAULT_SETTINGS = settings_lib.SpeculativeSettings()
 
 
 def speculative_cache_length(max_decode_len: int, gamma: int) -> int:
@@ -680,10 +651,10 @@ def speculative_sample(
   draft: drafts.Draft,
   draft_cache: PyTree,
   gamma: int,
-  lenience: float = 1.0,
+  lenience: float = _DEFAULT_SETTINGS.lenience,
   emulate_alpha: Optional[float] = None,
-  verification: str = 'token',
-  draft_threshold: float = 0.0,
+  verification: str = _DEFAULT_SETTINGS.verification,
+  draft_threshold: float = _DEFAULT_SETTINGS.draft_threshold,
 ) -> Tuple[Array, Array, SpeculativeStats]:
   """Speculative sampling (Algorithm 1) in one compiled while_loop.
 
@@ -744,8 +715,9 @@ def speculative_sample(
   _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
   check_prompts(inputs)
   check_initial_index(inputs, initial_index)
-  check_positive_int('gamma', gamma)
-  draft_threshold = check_draft_threshold(draft_threshold)
+  spec = settings_lib.SpeculativeSettings(
+    gamma=gamma, lenience=lenience, verification=verification, draft_threshold=draft_threshold
+  )
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   batch_size, max_decode_len = inputs.shape
   inputs = flat_batch_expand(inputs, num_decodes)
@@ -756,7 +728,7 @@ def speculative_sample(
   flat_size = inputs.shape[0]
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
   # BOS, the prompts, zeros; room for one block running past the end.
-  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, gamma + 2))).at[:, 0].set(0)
+  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, spec.gamma + 2))).at[:, 0].set(0)
   if initial_index is None:
     position = prompt_lengths(inputs)
 
@@ -782,14 +754,14 @@ def speculative_sample(
       state.sequences,
       state.position,
       propose_rng,
-      gamma=gamma,
+      gamma=spec.gamma,
       **sample_args,
-      draft_threshold=draft_threshold,
+      draft_threshold=spec.draft_threshold,
       active=~state.ended,
     )
-    if draft_threshold and num_drafted is None:
+    if spec.draft_threshold and num_drafted is None:
       raise ValueError(
-        f'draft_threshold={draft_threshold} needs a draft that stops by its own '
+        f'draft_threshold={spec.draft_threshold} needs a draft that stops by its own '
         f'probabilities (a model or n-gram draft); a {type(draft).__name__} always '
         'drafts gamma tokens. Pass draft_threshold=0.'
       )
@@ -805,9 +777,8 @@ def speculative_sample(
       draft_probs,
       target_logits,
       sample_args,
-      lenience=lenience,
+      spec,
       emulate_alpha=emulate_alpha,
-      verification=verification,
       num_drafted=num_drafted,
     )
     return emit_block(
@@ -826,7 +797,7 @@ def speculative_sample(
     ended=position >= limits,
     rng=decode_rng,
     log_prob=jnp.zeros((flat_size,), jnp.float32),
-    stats=SpeculativeStats.zeros(flat_size, gamma),
+    stats=SpeculativeStats.zeros(flat_size, spec.gamma),
   )
   final_state = lax.while_loop(cond_fn, body_fn, init_state)
   stats = final_state.stats

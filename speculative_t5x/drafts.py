@@ -77,7 +77,7 @@ class Draft(Protocol):
     temperature,
     topk: int,
     topp,
-    draft_threshold: float = 0.0,
+    draft_threshold: float,
     active: Optional[Array] = None,
   ) -> Tuple[Array, Optional[Array], Optional[Array], PyTree]:
     """Proposes up to gamma tokens per row: (tokens, probs, num_drafted, new cache).
@@ -107,7 +107,7 @@ def rollout_loop(
   temperature,
   topk: int,
   topp,
-  draft_threshold: float = 0.0,
+  draft_threshold: float,
   active: Optional[Array] = None,
 ) -> Tuple[Array, Array, Array, PyTree]:
   """Samples up to gamma draft tokens per row, stopping rows that become unsure.
@@ -267,7 +267,7 @@ class ModelDraft:
     temperature,
     topk,
     topp,
-    draft_threshold=0.0,
+    draft_threshold,
     active=None,
   ):
     """Up to gamma single-token steps from each row's last token (see `rollout_loop`).
@@ -481,7 +481,7 @@ class PromptLookupDraft:
     temperature,
     topk,
     topp,
-    draft_threshold=0.0,
+    draft_threshold,
     active=None,
   ):
     """Copies gamma tokens per row; no adaptive length (num_drafted None)."""

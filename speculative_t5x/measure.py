@@ -50,6 +50,7 @@ from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import settings as settings_lib
 from speculative_t5x import xla_flags
 
 PyTree = Any
@@ -241,6 +242,7 @@ class IterationParts:
 
   Attributes:
     gamma: draft tokens per iteration.
+    verification: the rule the judge part ran ('token' or 'block').
     draft_catch_up: one draft step that `propose` runs only in iterations
       after a fully accepted block (0 for drafts without a network).
     draft_rollout: the gamma-token proposal without the catch-up.
@@ -259,6 +261,7 @@ class IterationParts:
   """
 
   gamma: int
+  verification: str
   draft_catch_up: float
   draft_rollout: float
   target_block: float
@@ -326,14 +329,13 @@ def _draft_rollout_step(operands, i, checksum, *, draft, gamma, sample_args):
   draft_cache, sequences, positions, rng = operands
   rng = jax.random.fold_in(rng, i)
   sequences = _vary(sequences, checksum)
+  # All gamma tokens (no draft threshold): `iteration_breakdown` scales the
+  # rollout by the steps an adaptive length really ran.
+  rollout_args = dict(gamma=gamma, draft_threshold=0.0, **sample_args)
   if isinstance(draft, drafts.ModelDraft):
-    tokens, probs, _, _ = draft.rollout(
-      draft_cache, sequences, positions, rng, gamma=gamma, **sample_args
-    )
+    tokens, probs, _, _ = draft.rollout(draft_cache, sequences, positions, rng, **rollout_args)
   else:
-    tokens, probs, _, _ = draft.propose(
-      draft_cache, sequences, positions, rng, gamma=gamma, **sample_args
-    )
+    tokens, probs, _, _ = draft.propose(draft_cache, sequences, positions, rng, **rollout_args)
   return checksum + _checksum(tokens) + (0.0 if probs is None else _checksum(probs) * 1e-9)
 
 
@@ -343,7 +345,7 @@ def _draft_catch_up_step(operands, i, checksum, *, draft):
   return checksum + _checksum(logits) * 1e-9
 
 
-def _judge_step(operands, i, checksum, *, sample_args, lenience, emulate_alpha):
+def _judge_step(operands, i, checksum, *, sample_args, settings, emulate_alpha):
   rng, draft_tokens, draft_probs, target_logits = operands
   judgement = decoding.judge_block(
     jax.random.fold_in(rng, i),
@@ -351,7 +353,7 @@ def _judge_step(operands, i, checksum, *, sample_args, lenience, emulate_alpha):
     draft_probs,
     _vary(target_logits, checksum),
     sample_args,
-    lenience=lenience,
+    settings,
     emulate_alpha=emulate_alpha,
   )
   return checksum + _checksum(judgement.num_accepted, judgement.next_token, judgement.beta)
@@ -387,8 +389,8 @@ def iteration_parts(
   target_config: network.NetworkConfig,
   target_params: PyTree,
   draft,
+  settings: settings_lib.SpeculativeSettings,
   *,
-  gamma: int,
   batch_size: int,
   input_length: int,
   max_decode_len: int,
@@ -397,7 +399,6 @@ def iteration_parts(
   temperature: float = 0.0,
   topk: int = 0,
   topp: float = 0.0,
-  lenience: float = 1.0,
   emulate_alpha: Optional[float] = None,
   target_step: Optional[float] = None,
   repetitions: int = 7,
@@ -413,18 +414,22 @@ def iteration_parts(
   Args:
     target_config, target_params: the target network (either architecture).
     draft: a draft from `drafts` (a `models.Model` as `.as_draft()`).
-    gamma, batch_size, max_decode_len: the decode call's shape.
+    settings: the decode's `settings.SpeculativeSettings`: gamma sizes the
+      block and the rollout (timed at all gamma tokens), lenience and
+      verification are the rule the judge step runs.
+    batch_size, max_decode_len: the decode call's shape.
     input_length: Lin, the width of the input tokens (a decoder-only
       network's input tokens are its prompts: Lin = prompt_length).
     prompt_length: Lp, the width of the prompts (a decoder-only network's,
       or an encoder-decoder's decoder prompts); 0: none.
     inputs_bidirectional_attention: the target is a prefix LM (its prefill).
-    temperature, topk, topp, lenience, emulate_alpha: the call's settings.
+    temperature, topk, topp, emulate_alpha: the call's sampling settings.
     target_step: seconds of a one-token target step, if already measured
       (it does not depend on gamma).
     repetitions: timed runs per part (median).
   """
   vocab_size = target_config.vocab_size
+  gamma = settings.gamma
   length = prompt_length + max_decode_len
   cache_length = decoding.speculative_cache_length(length, gamma)
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
@@ -493,7 +498,7 @@ def iteration_parts(
     draft_probs = sampling.standardize(
       jax.random.normal(keys[2], (batch_size, gamma, vocab_size)), **sample_args
     )
-  judge_settings = dict(sample_args=sample_args, lenience=lenience, emulate_alpha=emulate_alpha)
+  judge_settings = dict(sample_args=sample_args, settings=settings, emulate_alpha=emulate_alpha)
   judge = time_steps(
     functools.partial(_judge_step, **judge_settings),
     (rng, draft_tokens, draft_probs, target_logits),
@@ -506,7 +511,7 @@ def iteration_parts(
     draft_probs,
     target_logits,
     sample_args,
-    lenience=lenience,
+    settings,
     emulate_alpha=emulate_alpha,
   )
   state = decoding.SpeculativeLoopState(
@@ -529,6 +534,7 @@ def iteration_parts(
   )
   return IterationParts(
     gamma=gamma,
+    verification=settings.verification,
     draft_catch_up=draft_catch_up,
     draft_rollout=draft_rollout,
     target_block=target_block,

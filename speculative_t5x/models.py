@@ -36,7 +36,7 @@ from speculative_t5x import drafts
 from speculative_t5x import layouts
 from speculative_t5x import network
 from speculative_t5x import sampling
-from speculative_t5x import speculative_sampling
+from speculative_t5x import settings as settings_lib
 
 PyTree = Any
 Array = jax.Array
@@ -255,16 +255,13 @@ def speculative_decode(
   static_argnames=(
     'target_config',
     'inputs_bidirectional_attention',
-    'gamma',
     'max_decode_len',
     'temperature',
     'topk',
     'topp',
-    'lenience',
     'eos_id',
     'emulate_alpha',
-    'verification',
-    'draft_threshold',
+    'settings',
   ),
 )
 def _generate(
@@ -276,18 +273,18 @@ def _generate(
   *,
   target_config: Any,
   inputs_bidirectional_attention: bool,
-  gamma: int,
   max_decode_len: int,
   temperature: float,
   topk: int,
   topp: float,
-  lenience: float,
   eos_id: int,
   emulate_alpha: Optional[float],
-  verification: str,
-  draft_threshold: float,
+  settings: Optional[settings_lib.SpeculativeSettings],
 ):
-  """The whole decode call, compiled once per static configuration and prompt width."""
+  """The whole decode call, compiled once per static configuration and prompt width.
+
+  `settings` is None for the baseline (`draft` None).
+  """
   prompts = input_tokens if network.is_decoder_only(target_config) else decoder_prompts
   if prompts is None:
     decoder_prompt, prefill_width, length, max_decode_steps = None, None, max_decode_len, None
@@ -327,15 +324,12 @@ def _generate(
       draft,
       input_tokens,
       length,
-      gamma=gamma,
       decoder_prompt=decoder_prompt,
       **prefill_args,
       eos_id=eos_id,
       **sample_args,
-      lenience=lenience,
       emulate_alpha=emulate_alpha,
-      verification=verification,
-      draft_threshold=draft_threshold,
+      **settings.as_dict(),
     )
   if prompts is not None:
     decodes = layouts.strip_prompts(
@@ -344,21 +338,22 @@ def _generate(
   return GenerateOutput(tokens=decodes, scores=scores, stats=stats)
 
 
-def check_input_tokens(input_tokens, vocab_size: int) -> np.ndarray:
-  """Host-side check of encoder inputs: an integer [batch, length] array of ids < V.
+def check_input_tokens(input_tokens, vocab_size: int, name: str = 'input_tokens') -> np.ndarray:
+  """Host-side check of token ids: an integer [batch, length] array of ids < V.
 
   Out-of-vocabulary ids would otherwise decode silently to padding (the
-  embedding gather fills NaN inside the compiled call).
+  embedding gather fills NaN inside the compiled call). `name` is the
+  argument's, for the message.
   """
   input_tokens = np.asarray(input_tokens)
   if input_tokens.ndim != 2 or not np.issubdtype(input_tokens.dtype, np.integer):
     raise ValueError(
-      f'input_tokens must be an integer array [batch, length]; got dtype '
+      f'{name} must be an integer array [batch, length]; got dtype '
       f'{input_tokens.dtype} and shape {input_tokens.shape}.'
     )
   if input_tokens.size and (input_tokens.min() < 0 or input_tokens.max() >= vocab_size):
     raise ValueError(
-      f'input_tokens must lie in [0, {vocab_size}) (the target vocabulary); '
+      f'{name} must lie in [0, {vocab_size}) (the target vocabulary); '
       f'got min {input_tokens.min()}, max {input_tokens.max()}. Tokenize with the '
       "pair's vocabulary."
     )
@@ -367,7 +362,7 @@ def check_input_tokens(input_tokens, vocab_size: int) -> np.ndarray:
 
 def check_prompt_tokens(prompts, vocab_size: int, batch_size: int, name: str) -> np.ndarray:
   """Host-side check of prompts int [B, Lp]: ids < V, tokens first, then only 0-padding."""
-  prompts = check_input_tokens(prompts, vocab_size)
+  prompts = check_input_tokens(prompts, vocab_size, name)
   if prompts.shape[0] != batch_size:
     raise ValueError(
       f'{name} has {prompts.shape[0]} rows but the batch has {batch_size}; give one '
@@ -453,6 +448,13 @@ class CompiledDecoder:
     return self.compiled.memory_analysis()
 
 
+def architecture(model: Model) -> str:
+  """'encoder-decoder', 'decoder-only' or 'decoder-only prefix LM': how a prompt reaches it."""
+  if not network.is_decoder_only(model.config):
+    return 'encoder-decoder'
+  return 'decoder-only prefix LM' if model.inputs_bidirectional_attention else 'decoder-only'
+
+
 def check_same_architecture(target: Model, draft: Any) -> None:
   """ValueError unless a network draft has its target's architecture.
 
@@ -474,17 +476,15 @@ def check_same_architecture(target: Model, draft: Any) -> None:
 def make_decoder(
   target: Model,
   draft: Optional[Draft],
+  settings: Optional[settings_lib.SpeculativeSettings] = None,
   *,
-  gamma: int = 4,
   temperature: float = 0.0,
   topk: int = 0,
   topp: float = 0.0,
   max_decode_len: int = 64,
-  lenience: float = 1.0,
   eos_id: int = EOS_ID,
   emulate_alpha: Optional[float] = None,
-  verification: str = 'token',
-  draft_threshold: float = 0.0,
+  **setting_fields: Any,
 ) -> Decoder:
   """Validates a decoding configuration once; returns `(input_tokens, rng) -> GenerateOutput`.
 
@@ -499,30 +499,24 @@ def make_decoder(
       'decoding.temperature_sample or decoding.speculative_sample, which take float [B].'
     )
   sampling.validate_sampling_args(temperature=temperature, topk=topk, topp=topp)
-  decoding.check_positive_int('max_decode_len', max_decode_len)
+  settings_lib.check_positive_int('max_decode_len', max_decode_len)
+  settings = settings_lib.SpeculativeSettings.of(settings, **setting_fields)
   if draft is not None:
     draft = _as_draft(draft)
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     check_same_architecture(target, draft)
-    decoding.check_positive_int('gamma', gamma)
-    speculative_sampling.validate_lenience(lenience)
-    speculative_sampling.validate_verification(verification, lenience)
-    draft_threshold = decoding.check_draft_threshold(draft_threshold)
   else:  # Unused by the baseline.
-    gamma, lenience, emulate_alpha, verification, draft_threshold = 0, 1.0, None, 'token', 0.0
+    settings, emulate_alpha = None, None
   static_args = dict(
     target_config=target.config,
     inputs_bidirectional_attention=target.inputs_bidirectional_attention,
-    gamma=int(gamma),
     max_decode_len=int(max_decode_len),
     temperature=float(temperature),
     topk=int(topk),
     topp=float(topp),
-    lenience=float(lenience),
     eos_id=int(eos_id),
     emulate_alpha=None if emulate_alpha is None else float(emulate_alpha),
-    verification=verification,
-    draft_threshold=draft_threshold,
+    settings=settings,
   )
 
   return Decoder(target, draft, static_args)
@@ -534,16 +528,14 @@ def generate(
   input_tokens,
   *,
   decoder_prompts=None,
-  gamma: int = 4,
+  settings: Optional[settings_lib.SpeculativeSettings] = None,
   temperature: float = 0.0,
   topk: int = 0,
   topp: float = 0.0,
   max_decode_len: int = 64,
   rng: Optional[Array] = None,
-  lenience: float = 1.0,
   eos_id: int = EOS_ID,
-  verification: str = 'token',
-  draft_threshold: float = 0.0,
+  **setting_fields: Any,
 ) -> GenerateOutput:
   """Decodes `input_tokens` with the target, speculatively when a draft is given.
 
@@ -553,26 +545,22 @@ def generate(
       draft from `drafts`, or None for plain (baseline) decoding.
     input_tokens: int [B, Lin] encoder inputs, 0-padded, EOS-terminated; for a
       decoder-only target, the prompts: each row's tokens, then 0-padding (a
-      prefix LM's inputs keep their EOS, as seqio writes them).
+      prefix LM's inputs keep their EOS, as seqio writes them). B may be 0.
     decoder_prompts: optional int [B, Lp] decoder prompts of an
       encoder-decoder target (T5X's `prompt_with_targets`): each row's
       tokens, then 0-padding; decoding continues them. None starts from BOS.
-    gamma: draft tokens per iteration (ignored without a draft).
+    settings: a `settings.SpeculativeSettings` (gamma, lenience,
+      verification, draft_threshold); ignored without a draft.
     temperature: 0 (the default) is greedy.
     topk: keep the k most likely tokens (0: off).
     topp: nucleus mass (0: off).
     max_decode_len: tokens generated after the prompt at most; decoding stops
       earlier at EOS.
     rng: PRNG key (default `PRNGKey(0)`).
-    lenience: 1 is exact; below 1 see `speculative_sampling.verify`.
     eos_id: end-of-sequence id.
-    verification: 'token' (the paper's Algorithm 1) or 'block' (Sun et al.'s
-      block verification: the same outputs' distribution, never fewer tokens
-      per target call in expectation); see `speculative_sampling.verify`.
-    draft_threshold: an adaptive draft length (0: off, gamma tokens every
-      iteration): a row stops drafting after a token its draft gave
-      probability below this, so gamma is then the most it drafts; exact
-      (see `decoding.speculative_sample`). Model and n-gram drafts only.
+    **setting_fields: instead of `settings`, its fields by name, e.g.
+      `gamma=5, verification='block'` (the defaults are
+      `SpeculativeSettings`'s).
 
   Returns:
     A `GenerateOutput`.
@@ -580,15 +568,13 @@ def generate(
   decode = make_decoder(
     target,
     draft,
-    gamma=gamma,
+    settings,
     temperature=temperature,
     topk=topk,
     topp=topp,
     max_decode_len=max_decode_len,
-    lenience=lenience,
     eos_id=eos_id,
-    verification=verification,
-    draft_threshold=draft_threshold,
+    **setting_fields,
   )
   return decode(input_tokens, jax.random.PRNGKey(0) if rng is None else rng, decoder_prompts)
 

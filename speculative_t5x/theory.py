@@ -19,6 +19,8 @@ Every function is vectorized: arguments are numpy arrays (or scalars, or
 anything numpy converts) that broadcast together; results are numpy arrays.
 """
 
+from typing import Dict, Mapping
+
 import numpy as np
 
 
@@ -136,23 +138,32 @@ def optimal_gamma(alpha, c, max_gamma: int = 64, verify_cost=1.0) -> np.ndarray:
   return gammas[np.argmax(improvement, axis=-1)]
 
 
-def choose_gamma(alpha: float, c, verify_cost) -> int:
-  """gamma='auto': the measured γ with the best predicted speedup, Eq. 1 / (γ·c(γ) + v(γ)).
+def predicted_speedups(alpha: float, c: Mapping[int, float], verify_cost) -> Dict[int, float]:
+  """Theorem 3.8 at each measured γ: {γ: Eq. 1 / (γ·c(γ) + v(γ))}.
 
   Args:
     alpha: the measured acceptance rate.
     c: {γ: the measured draft/target step ratio at γ} (it varies a little
       with γ: the rollout's sampling and bookkeeping).
-    verify_cost: {γ: the measured v(γ)}; the γs considered are its keys.
-
-  Returns:
-    The γ of largest `walltime_improvement`; ties go to the smaller γ.
+    verify_cost: {γ: the measured v(γ)}; the γs predicted are its keys.
   """
-  gammas = sorted(verify_cost)
-  if not gammas:
-    raise ValueError('choose_gamma needs v(gamma) measured for at least one gamma.')
-  predicted = [float(walltime_improvement(alpha, g, c[g], verify_cost[g])) for g in gammas]
-  return gammas[int(np.argmax(predicted))]
+  return {
+    g: float(walltime_improvement(alpha, g, c[g], verify_cost[g])) for g in sorted(verify_cost)
+  }
+
+
+def choose_gamma(predicted_speedup: Mapping[int, float]) -> int:
+  """gamma='auto', the one choice of γ: the largest predicted speedup; ties go to the smaller γ.
+
+  Args:
+    predicted_speedup: {γ: predicted walltime factor}, from
+      `predicted_speedups` (Theorem 3.8 with measured c and v) or from an
+      iteration's parts timed alone (the benchmark's `predicted_speedup_parts`).
+  """
+  if not predicted_speedup:
+    raise ValueError('choose_gamma needs a predicted speedup for at least one gamma.')
+  gammas = sorted(predicted_speedup)
+  return gammas[int(np.argmax([predicted_speedup[g] for g in gammas]))]
 
 
 def oracle_expected_tokens(alpha) -> np.ndarray:

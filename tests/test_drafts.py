@@ -47,6 +47,7 @@ class TestNgramDraft:
       temperature=0.0,
       topk=0,
       topp=0.0,
+      draft_threshold=0.0,
     )
     # Greedy: after 3 comes 2; after 2, 1 and 3 tie (lowest id wins); after 1,
     # never seen as a context, q is uniform and argmax takes id 0.
@@ -77,6 +78,7 @@ class TestPromptLookupDraft:
       jnp.array([len(generated)]),
       jax.random.PRNGKey(0),
       gamma=gamma,
+      draft_threshold=0.0,
       **NO_SAMPLING_ARGS,
     )
     assert probs is None and num_drafted is None  # Deterministic: q one-hot, gamma tokens.

@@ -143,9 +143,13 @@ def test_choose_gamma_maximizes_the_predicted_speedup_over_the_measured_gammas()
   # v grows with gamma: the free-verify optimum (7 for alpha 0.9, c 0.05) moves down.
   verify_cost = {1: 1.0, 3: 1.2, 5: 2.0, 7: 3.0}
   c = {g: 0.05 for g in verify_cost}
-  assert theory.choose_gamma(0.9, c, {g: 1.0 for g in verify_cost}) == 7
-  chosen = theory.choose_gamma(0.9, c, verify_cost)
-  predicted = {g: theory.walltime_improvement(0.9, g, 0.05, v) for g, v in verify_cost.items()}
-  assert chosen == 3 == max(predicted, key=predicted.get)
+  free_verify = theory.predicted_speedups(0.9, c, {g: 1.0 for g in verify_cost})
+  assert theory.choose_gamma(free_verify) == 7
+  predicted = theory.predicted_speedups(0.9, c, verify_cost)
+  assert predicted == {
+    g: theory.walltime_improvement(0.9, g, 0.05, v) for g, v in verify_cost.items()
+  }
+  assert theory.choose_gamma(predicted) == 3 == max(predicted, key=predicted.get)
+  assert theory.choose_gamma({5: 1.2, 3: 1.2, 7: 1.1}) == 3  # A tie goes to the smaller gamma.
   with pytest.raises(ValueError, match='at least one gamma'):
-    theory.choose_gamma(0.9, {}, {})
+    theory.choose_gamma({})

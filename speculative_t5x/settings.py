@@ -1,0 +1,167 @@
+"""The settings of one speculative decode, checked once: `SpeculativeSettings`.
+
+Every layer that decodes speculatively (`models.generate`/`make_decoder`,
+`infer.infer`, the T5X models, the benchmark) builds one of these from its own
+arguments (gin binds them at the edges) or takes one; the decode functions
+(`decoding.speculative_sample`) keep T5X's keyword convention and build it
+from their keywords. The defaults live here and only here.
+
+    settings = SpeculativeSettings(gamma=5, verification='block')
+    models.generate(target, draft, inputs, settings=settings)
+    models.generate(target, draft, inputs, gamma=5, verification='block')  # the same
+"""
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional
+
+import jax
+import numpy as np
+
+VERIFICATIONS = ('token', 'block')
+
+
+def check_positive_int(name: str, value) -> int:
+  """Returns `value` as an int; ValueError unless it is an integer >= 1 (bools are not).
+
+  The one check of gamma, lengths and counts at every API edge, so that
+  `gamma=True` or `max_decode_len=2.5` is an error, never 1 or 2.
+  """
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(
+      f'{name} must be an integer >= 1; got {value!r} '
+      f'({type(value).__name__}). Pass a whole number, e.g. {name}=4.'
+    )
+  return int(value)
+
+
+def check_lenience(lenience):
+  """Returns a concrete lenience as a float; ValueError unless it is a scalar in (0, 1].
+
+  A traced lenience (a caller jitting over it) is returned unchecked.
+  """
+  if isinstance(lenience, jax.core.Tracer):
+    return lenience
+  if isinstance(lenience, (bool, np.bool_)):
+    value = None
+  else:
+    try:
+      value = np.asarray(lenience, dtype=np.float64)
+    except (TypeError, ValueError):
+      value = None
+  if value is None or value.ndim != 0 or not 0.0 < float(value) <= 1.0:
+    raise ValueError(
+      f'lenience must be a scalar in (0, 1] (1 is exact speculative sampling), got {lenience!r}.'
+    )
+  return float(value)
+
+
+def check_verification(verification: str, lenience=1.0) -> str:
+  """Returns `verification`; ValueError unless it is a known rule that fits `lenience`."""
+  if verification not in VERIFICATIONS:
+    raise ValueError(f"verification must be 'token' or 'block'; got {verification!r}.")
+  if verification == 'block' and (isinstance(lenience, jax.core.Tracer) or float(lenience) != 1.0):
+    raise ValueError(
+      f"verification='block' is exact only: it needs lenience 1, got "
+      f"{lenience!r}. Use verification='token' for lenient acceptance."
+    )
+  return verification
+
+
+def check_draft_threshold(value) -> float:
+  """Returns `value` as a float; ValueError unless it is a number in [0, 1).
+
+  The adaptive draft length's threshold (see `decoding.speculative_sample`):
+  0 turns it off, and a threshold of 1 or more would stop after every token
+  (use gamma=1 for that).
+  """
+  if (
+    isinstance(value, (bool, np.bool_))
+    or not isinstance(value, (int, float, np.integer, np.floating))
+    or not 0.0 <= float(value) < 1.0
+  ):
+    raise ValueError(
+      f'draft_threshold must be a number in [0, 1); got {value!r}. It is the draft '
+      'probability below which a row stops drafting (0: off, always gamma tokens; '
+      "Hugging Face's assistant_confidence_threshold defaults to 0.4)."
+    )
+  return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeSettings:
+  """How a speculative decode drafts and judges; validated at construction.
+
+  Frozen and hashable: it is a static argument of the compiled decode call,
+  so one program is compiled per distinct settings (and shapes).
+
+  Attributes:
+    gamma: draft tokens per iteration, >= 1 (static: it sizes the target's
+      block and both caches).
+    lenience: in (0, 1]; 1 is exact speculative sampling, below 1 trades
+      exactness for acceptance (Appendix A.5 of Leviathan et al.; see
+      `speculative_sampling.verify`).
+    verification: 'token' (the paper's Algorithm 1) or 'block' (Sun et al.'s
+      block verification: the same output distribution, never fewer tokens
+      per target call in expectation; lenience 1 only).
+    draft_threshold: an adaptive draft length, in [0, 1): a row stops
+      drafting after a token its draft gave probability below this, so gamma
+      is then the most it drafts (Hugging Face's
+      `assistant_confidence_threshold`); 0 is off. Model and n-gram drafts.
+  """
+
+  gamma: int = 4
+  lenience: float = 1.0
+  verification: str = 'token'
+  draft_threshold: float = 0.0
+
+  def __post_init__(self):
+    normalized = dict(
+      gamma=check_positive_int('gamma', self.gamma),
+      lenience=check_lenience(self.lenience),
+      draft_threshold=check_draft_threshold(self.draft_threshold),
+    )
+    normalized['verification'] = check_verification(self.verification, normalized['lenience'])
+    for name, value in normalized.items():
+      object.__setattr__(self, name, value)
+
+  @classmethod
+  def field_names(cls):
+    return tuple(field.name for field in dataclasses.fields(cls))
+
+  @classmethod
+  def of(cls, settings: Optional['SpeculativeSettings'] = None, **fields: Any):
+    """`settings`, or new settings from keyword fields (not both); unknown names are errors.
+
+    The shorthand `generate(..., gamma=5)` for `generate(...,
+    settings=SpeculativeSettings(gamma=5))`.
+    """
+    unknown = sorted(set(fields) - set(cls.field_names()))
+    if unknown:
+      raise TypeError(
+        f'Unknown speculative setting(s) {unknown}; the settings are {list(cls.field_names())} '
+        '(sampling is set by temperature, topk and topp).'
+      )
+    if settings is None:
+      return cls(**fields)
+    if not isinstance(settings, cls):
+      raise TypeError(
+        f'settings must be a SpeculativeSettings; got {type(settings).__name__}: {settings!r}.'
+      )
+    if fields:
+      raise ValueError(
+        f'Pass speculative settings either as settings= or as keywords, not both; got '
+        f'settings={settings} and {fields}. Use settings.replace(...) to change some.'
+      )
+    return settings
+
+  def replace(self, **changes: Any) -> 'SpeculativeSettings':
+    """A copy with `changes`, validated again."""
+    return dataclasses.replace(self, **changes)
+
+  def overridden(self, overrides: Mapping[str, Any]) -> 'SpeculativeSettings':
+    """A copy with the settings among `overrides` (e.g. T5X's decoder_params) applied."""
+    return self.replace(**{k: v for k, v in overrides.items() if k in self.field_names()})
+
+  def as_dict(self) -> Dict[str, Any]:
+    """The fields as keyword arguments (`decoding.speculative_sample`'s) or a record."""
+    return dataclasses.asdict(self)
