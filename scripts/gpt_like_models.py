@@ -6,7 +6,7 @@ layers, width 768, feed-forward 3072, 12 heads) with a 6M draft (2 layers,
 Here (configs/models/gpt_like_{target,draft}.gin):
 
   1. the corpus: English sentences from this machine's Python standard library
-     and gettext catalogs (`tasks_core.build_english_corpus`; LM1B cannot be
+     and gettext catalogs (`corpora.build_english_corpus`; LM1B cannot be
      downloaded offline), in <workdir>/corpus;
   2. an 8,000-piece SentencePiece vocabulary trained on its train split, in
      <workdir>/vocabulary/spm_8000.model (the networks' 8192 rows leave 192
@@ -63,7 +63,6 @@ import optax
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import tasks
-from speculative_t5x import tasks_core
 from speculative_t5x import train
 
 VOCABULARY_PIECES = 8000
@@ -84,12 +83,12 @@ def prepare_data(workdir: str) -> tuple:
   corpus_dir = os.path.join(workdir, 'corpus')
   vocabulary = os.path.join(workdir, 'vocabulary', f'spm_{VOCABULARY_PIECES}')
   # The info file is written last: its presence means the corpus is complete.
-  if not os.path.exists(os.path.join(corpus_dir, tasks_core.ENGLISH_CORPUS_INFO_FILE)):
+  if not os.path.exists(os.path.join(corpus_dir, corpora.ENGLISH_CORPUS_INFO_FILE)):
     _step('Building the English corpus (Python standard library, gettext catalogs)')
-    print(tasks_core.build_english_corpus(corpus_dir), flush=True)
+    print(corpora.build_english_corpus(corpus_dir), flush=True)
   if not os.path.exists(vocabulary + '.model'):
     _step(f'Training a {VOCABULARY_PIECES}-piece SentencePiece vocabulary')
-    lines = tasks_core.read_lines(os.path.join(corpus_dir, 'train.txt'))
+    lines = corpora.read_lines(os.path.join(corpus_dir, 'train.txt'))
     tasks.train_sentencepiece(lines, vocabulary, VOCABULARY_PIECES)
   return corpus_dir, vocabulary + '.model'
 
@@ -274,7 +273,7 @@ def main():
       json.dump(summary, f, indent=1)
 
   corpus_dir, vocabulary = prepare_data(args.workdir)
-  with open(os.path.join(corpus_dir, tasks_core.ENGLISH_CORPUS_INFO_FILE)) as f:
+  with open(os.path.join(corpus_dir, corpora.ENGLISH_CORPUS_INFO_FILE)) as f:
     summary['corpus'] = json.load(f)
   summary['vocabulary'] = os.path.abspath(vocabulary)
   task = tasks.register_english_lm_task(corpus_dir, vocabulary)

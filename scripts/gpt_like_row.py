@@ -25,7 +25,7 @@ full benchmark report in <output_dir>/gpt_like_benchmark/.
 
 The workdir is read, not written (except the report): the model directories
 are those holding `train.SETTINGS_FILE` of a decoder-only network (the larger
-is the target), the corpus the directory of `tasks_core.build_english_corpus`,
+is the target), the corpus the directory of `corpora.build_english_corpus`,
 the vocabulary its one SentencePiece model; flags name them where a workdir
 holds more than one.
 """
@@ -98,10 +98,8 @@ def _only(paths: Sequence[str], what: str, flag: str, workdir: str) -> str:
 
 
 def find_corpus_dir(workdir: str) -> str:
-  """The directory `tasks_core.build_english_corpus` wrote (it holds its info file)."""
-  paths = glob.glob(
-    os.path.join(workdir, '**', tasks_core.ENGLISH_CORPUS_INFO_FILE), recursive=True
-  )
+  """The directory `corpora.build_english_corpus` wrote (it holds its info file)."""
+  paths = glob.glob(os.path.join(workdir, '**', corpora.ENGLISH_CORPUS_INFO_FILE), recursive=True)
   return os.path.dirname(_only(paths, 'English corpora', '--corpus_dir', workdir))
 
 

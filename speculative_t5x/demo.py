@@ -6,7 +6,7 @@ Every step is cached in --workdir (default runs/demo), so a second run skips
 to the measurements:
 
   1. an English->German corpus from the machine's gettext catalogs
-     (`tasks_core.build_gettext_corpus`; 36k/2k/2k pairs on Debian);
+     (`corpora.build_gettext_corpus`; 36k/2k/2k pairs on Debian);
   2. a SentencePiece vocabulary on its train split;
   3. a target (47.9M parameters, configs/models/gettext_target.gin) and a
      draft (configs/models/gettext_draft.gin), trained on the data by
@@ -110,7 +110,7 @@ def prepare_data(workdir: str, vocab_size: int):
   vocabulary = os.path.join(workdir, 'vocabulary', f'spm_{vocab_size}')
   if not os.path.exists(os.path.join(corpus_dir, 'test.tsv')):
     _step('Building the gettext English->German corpus')
-    print(tasks_core.build_gettext_corpus(corpus_dir))
+    print(corpora.build_gettext_corpus(corpus_dir))
   if not os.path.exists(vocabulary + '.model'):
     _step(f'Training a {vocab_size}-piece SentencePiece vocabulary')
     train_pairs = tasks_core.read_tsv(os.path.join(corpus_dir, 'train.tsv'))

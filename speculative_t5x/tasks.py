@@ -15,10 +15,10 @@ LM task's inputs are prompts, without EOS):
 * Tasks over local TSV files (`source<TAB>target` per line), for users who
   bring their own data.
 * `speculative_t5x:gettext_ende`, over an English->German corpus built offline
-  from the machine's gettext catalogs (`tasks_core.build_gettext_corpus`).
+  from the machine's gettext catalogs (`corpora.build_gettext_corpus`).
 * `speculative_t5x:english_lm`, a language-model task (prefix-LM pairs: a
   sentence's first words, then the rest) over English sentences built offline
-  (`tasks_core.build_english_corpus`).
+  (`corpora.build_english_corpus`).
 
 The names, prefixes, metrics, TSV reader and corpus builders are
 `tasks_core`'s, which imports no TensorFlow; this module adds seqio.
@@ -218,7 +218,7 @@ def register_gettext_task(
   extra_ids: int = tasks_core.DEFAULT_EXTRA_IDS,
   name: str = tasks_core.GETTEXT_ENDE_TASK,
 ) -> seqio.Task:
-  """(Re)registers the EnDe task over a `build_gettext_corpus` directory.
+  """(Re)registers the EnDe task over a `corpora.build_gettext_corpus` directory.
 
   Args:
     corpus_dir: the directory holding train.tsv, validation.tsv and test.tsv.
@@ -269,7 +269,7 @@ def register_english_lm_task(
   prompt_words: int = tasks_core.ENGLISH_LM_PROMPT_WORDS,
   name: str = tasks_core.ENGLISH_LM_TASK,
 ) -> seqio.Task:
-  """(Re)registers the English LM task over a `build_english_corpus` directory.
+  """(Re)registers the English LM task over a `corpora.build_english_corpus` directory.
 
   Each sentence of train.txt / validation.txt / test.txt becomes one example:
   'inputs' = its first `prompt_words` words (the prompt; no EOS, so that

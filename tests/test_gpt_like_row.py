@@ -54,7 +54,7 @@ def workdir(tmp_path_factory):
   corpus.mkdir()
   for split in tasks_core.SPLITS:
     (corpus / f'{split}.txt').write_text(''.join(s + '\n' for s in SENTENCES))
-  (corpus / tasks_core.ENGLISH_CORPUS_INFO_FILE).write_text('{}')
+  (corpus / corpora.ENGLISH_CORPUS_INFO_FILE).write_text('{}')
   (workdir / 'vocabulary').mkdir()
   vocabulary = tasks.train_sentencepiece(
     SENTENCES, str(workdir / 'vocabulary' / 'spm'), PIECES, character_coverage=1.0

@@ -345,7 +345,7 @@ def _expected_split(source):
 def gettext_corpus(tmp_path_factory):
   root = tmp_path_factory.mktemp('gettext')
   _write_catalogs(root / 'locale', ['main.mo', *OTHER_CATALOGS])
-  counts = tasks_core.build_gettext_corpus(str(root / 'corpus'), str(root / 'locale'))
+  counts = corpora.build_gettext_corpus(str(root / 'corpus'), str(root / 'locale'))
   return root, counts
 
 
@@ -365,9 +365,7 @@ def test_gettext_corpus_is_independent_of_file_order(gettext_corpus, tmp_path):
   root, counts = gettext_corpus
   # Reversed names reverse the order in which catalogs are read.
   _write_catalogs(tmp_path / 'locale', ['z.mo', 'y.mo', 'x.mo'])
-  assert (
-    tasks_core.build_gettext_corpus(str(tmp_path / 'corpus'), str(tmp_path / 'locale')) == counts
-  )
+  assert corpora.build_gettext_corpus(str(tmp_path / 'corpus'), str(tmp_path / 'locale')) == counts
   for split in tasks_core.SPLITS:
     assert filecmp.cmp(
       root / 'corpus' / f'{split}.tsv', tmp_path / 'corpus' / f'{split}.tsv', shallow=False
@@ -380,7 +378,7 @@ def test_gettext_split_is_about_90_5_5(tmp_path):
   write_mo(
     messages_dir / 'many.mo', {f'Message number {i}': f'Meldung Nummer {i}' for i in range(4000)}
   )
-  counts = tasks_core.build_gettext_corpus(str(tmp_path / 'corpus'), str(tmp_path))
+  counts = corpora.build_gettext_corpus(str(tmp_path / 'corpus'), str(tmp_path))
   assert sum(counts.values()) == 4000
   # Binomial standard deviations: 19 (train), 14 (validation, test).
   assert abs(counts['train'] - 3600) < 80
@@ -390,7 +388,7 @@ def test_gettext_split_is_about_90_5_5(tmp_path):
 
 def test_gettext_corpus_without_catalogs_points_to_tfds(tmp_path):
   with pytest.raises(FileNotFoundError, match=r'de/LC_MESSAGES/\*\.mo.*wmt_t2t_ende_v003'):
-    tasks_core.build_gettext_corpus(str(tmp_path / 'corpus'), str(tmp_path))
+    corpora.build_gettext_corpus(str(tmp_path / 'corpus'), str(tmp_path))
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tests for speculative_t5x.tasks_core: no TensorFlow, the TSV reader, unreadable catalogs.
+"""Tests for speculative_t5x.tasks_core and corpora: no TensorFlow, the TSV reader, unreadable catalogs.
 
 The metrics and the gettext corpus are tested in test_tasks.py, beside the
 seqio tasks that use them.
@@ -13,7 +13,7 @@ from testing_utils import python_output, write_mo
 def test_importing_the_core_imports_no_tensorflow():
   assert (
     python_output(
-      'import sys; from speculative_t5x import tasks_core; '
+      'import sys; from speculative_t5x import corpora, tasks_core; '
       'print(sorted({"tensorflow", "seqio", "tensorflow_datasets"} & set(sys.modules)))'
     )
     == '[]'
@@ -40,5 +40,5 @@ def test_unreadable_catalogs_are_skipped(tmp_path):
   write_mo(messages_dir / 'good.mo', {'Open file': 'Datei öffnen'})
   (messages_dir / 'not_a_catalog.mo').write_bytes(b'\x00' * 40)
   (messages_dir / 'truncated.mo').write_bytes((messages_dir / 'good.mo').read_bytes()[:10])
-  counts = tasks_core.build_gettext_corpus(str(tmp_path / 'corpus'), str(tmp_path))
+  counts = corpora.build_gettext_corpus(str(tmp_path / 'corpus'), str(tmp_path))
   assert sum(counts.values()) == 1

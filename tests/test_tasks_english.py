@@ -1,4 +1,4 @@
-"""Tests for the offline English LM corpus (tasks_core) and its seqio task (tasks).
+"""Tests for the offline English LM corpus (corpora) and its seqio task (tasks).
 
 Everything runs on sources the tests write: a small Python package and .mo
 catalogs (testing_utils.write_mo), so nothing depends on this machine's
@@ -37,15 +37,15 @@ def test_english_sentences_clean_split_and_filter():
     'The arguments are foo_bar, baz_qux, spam_ham and eggs_xyz here. '
     'Does it end with a question mark, then?'
   )
-  assert tasks_core.english_sentences(text) == [
+  assert corpora.english_sentences(text) == [
     'Return the len of the sequence, as an integer.',
     'Raise an error, e.g. ValueError, if it is not a sequence!',
     'Does it end with a question mark, then?',
   ]
-  assert tasks_core.english_sentences('Too short to keep.', min_words=4) == ['Too short to keep.']
-  assert tasks_core.english_sentences('One two three four five six seven.', max_words=6) == []
+  assert corpora.english_sentences('Too short to keep.', min_words=4) == ['Too short to keep.']
+  assert corpora.english_sentences('One two three four five six seven.', max_words=6) == []
   # Mostly numbers and identifiers: fewer than 80% prose words.
-  assert tasks_core.english_sentences('Version 3 of Tk 8 6 and 2 more x11 libs.') == []
+  assert corpora.english_sentences('Version 3 of Tk 8 6 and 2 more x11 libs.') == []
 
 
 # ------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ def _write_sources(root, module_name='tools.py'):
 
 def _read_corpus(corpus_dir):
   return {
-    split: tasks_core.read_lines(os.path.join(corpus_dir, f'{split}.txt'))
+    split: corpora.read_lines(os.path.join(corpus_dir, f'{split}.txt'))
     for split in tasks_core.SPLITS
   }
 
@@ -136,7 +136,7 @@ def english_corpus(tmp_path_factory):
   root = tmp_path_factory.mktemp('english')
   python_dir, catalog_dir = _write_sources(root)
   corpus_dir = str(root / 'corpus')
-  counts = tasks_core.build_english_corpus(corpus_dir, [python_dir], catalog_dir)
+  counts = corpora.build_english_corpus(corpus_dir, [python_dir], catalog_dir)
   return corpus_dir, counts, python_dir, catalog_dir
 
 
@@ -151,7 +151,7 @@ def test_english_corpus_extracts_cleans_dedupes_and_splits(english_corpus):
     for sentence in sentences:
       bucket = int.from_bytes(hashlib.sha256(sentence.lower().encode()).digest()[:8], 'big') % 20
       assert split == ('train' if bucket < 18 else 'validation' if bucket == 18 else 'test')
-  with open(os.path.join(corpus_dir, tasks_core.ENGLISH_CORPUS_INFO_FILE)) as f:
+  with open(os.path.join(corpus_dir, corpora.ENGLISH_CORPUS_INFO_FILE)) as f:
     info = json.load(f)
   assert info['sources'] == {'python_dirs': [python_dir], 'catalog_dir': catalog_dir}
   assert (info['python_files'], info['catalogs']) == (2, 2)  # site-packages is not read.
@@ -170,7 +170,7 @@ def test_english_corpus_is_independent_of_file_names(english_corpus, tmp_path):
   corpus_dir, counts, _, _ = english_corpus
   python_dir, catalog_dir = _write_sources(tmp_path, module_name='a_first_module.py')
   again = str(tmp_path / 'corpus')
-  assert tasks_core.build_english_corpus(again, [python_dir], catalog_dir) == counts
+  assert corpora.build_english_corpus(again, [python_dir], catalog_dir) == counts
   for split in tasks_core.SPLITS:
     assert filecmp.cmp(
       os.path.join(corpus_dir, f'{split}.txt'), os.path.join(again, f'{split}.txt'), shallow=False
@@ -179,14 +179,12 @@ def test_english_corpus_is_independent_of_file_names(english_corpus, tmp_path):
 
 def test_english_corpus_errors_name_the_problem(tmp_path):
   with pytest.raises(FileNotFoundError, match='No .py file under .* and no .mo catalog'):
-    tasks_core.build_english_corpus(str(tmp_path / 'out'), [str(tmp_path)], str(tmp_path))
+    corpora.build_english_corpus(str(tmp_path / 'out'), [str(tmp_path)], str(tmp_path))
   (tmp_path / 'code.py').write_text('x = 1  # no prose\n')
   with pytest.raises(ValueError, match='No English sentence of 6 to 40 words in 1 Python files'):
-    tasks_core.build_english_corpus(str(tmp_path / 'out'), [str(tmp_path)], None)
+    corpora.build_english_corpus(str(tmp_path / 'out'), [str(tmp_path)], None)
   with pytest.raises(ValueError, match='min_words <= max_words'):
-    tasks_core.build_english_corpus(
-      str(tmp_path / 'out'), [str(tmp_path)], min_words=9, max_words=3
-    )
+    corpora.build_english_corpus(str(tmp_path / 'out'), [str(tmp_path)], min_words=9, max_words=3)
 
 
 # ------------------------------------------------------------------------------
