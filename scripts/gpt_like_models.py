@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from speculative_t5x import corpora
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import tasks

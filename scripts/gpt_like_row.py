@@ -43,6 +43,7 @@ import numpy as np
 import psutil
 
 from speculative_t5x import benchmark
+from speculative_t5x import corpora
 from speculative_t5x import drafts
 from speculative_t5x import models
 from speculative_t5x import network

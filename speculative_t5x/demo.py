@@ -46,6 +46,7 @@ from absl import logging
 import jax
 
 from speculative_t5x import benchmark
+from speculative_t5x import corpora
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models

@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from speculative_t5x import corpora
 from speculative_t5x import network
 from speculative_t5x import tasks
 from speculative_t5x import tasks_core

@@ -19,6 +19,7 @@ import sacrebleu
 import seqio
 import tensorflow_datasets as tfds
 
+from speculative_t5x import corpora
 from speculative_t5x import tasks
 from speculative_t5x import tasks_core
 from testing_utils import write_mo

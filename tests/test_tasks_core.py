@@ -6,6 +6,7 @@ seqio tasks that use them.
 
 import pytest
 
+from speculative_t5x import corpora
 from speculative_t5x import tasks_core
 from testing_utils import python_output, write_mo
 
