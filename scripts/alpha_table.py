@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 
+from speculative_t5x import acceptance
 from speculative_t5x import benchmark
 from speculative_t5x import demo
 from speculative_t5x import distill
@@ -66,7 +67,7 @@ def main():
   records = []
   for temperature in args.temperatures:
     print(f'alpha at temperature {temperature} ...', flush=True)
-    results = benchmark.measure_alpha(
+    results = acceptance.measure_alpha(
       target,
       candidates,
       inputs,

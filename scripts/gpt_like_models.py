@@ -102,9 +102,7 @@ def model_config(model_file: str, overrides=()) -> network.DecoderOnlyConfig:
 
 
 def num_params(config: network.NetworkConfig) -> int:
-  return sum(
-    int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(network.abstract_params(config)[0])
-  )
+  return network.parameter_count(network.abstract_params(config)[0])
 
 
 def time_training_step(config, task: str, batch_size: int, repetitions: int = 3) -> dict:

@@ -38,7 +38,6 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-import jax
 import numpy as np
 import psutil
 
@@ -86,7 +85,7 @@ def load_trained(model_dir: str) -> models.Model:
 
 
 def num_parameters(model: models.Model) -> int:
-  return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(model.params))
+  return network.parameter_count(model.params)
 
 
 def _only(paths: Sequence[str], what: str, flag: str, workdir: str) -> str:

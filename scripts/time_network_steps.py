@@ -110,7 +110,7 @@ def main():
       runs=args.runs,
       loop_steps=args.loop_steps,
     )
-    count = sum(x.size for x in jax.tree.leaves(params))
+    count = network.parameter_count(params)
     single_call, single_loop = results[1]
     for k, (call_s, loop_s) in results.items():
       print(

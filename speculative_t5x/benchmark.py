@@ -8,7 +8,8 @@ decoder-only pair's prompts), measured in one run:
     tokens sampled from the target after the prompts, teacher forcing the
     draft on them (a prefix LM's prompt attending to itself), per
     temperature; the same for unigram/bigram drafts fitted on a corpus and
-    for prompt lookup (its first guess at each position).
+    for prompt lookup (its first guess at each position); measured by
+    `acceptance.measure_alpha`.
   * c (draft time per token / target step time) and the verify cost v(gamma)
     (a (gamma+1)-token target call / a one-token call), from compiled steps
     timed inside a loop, warmed up, median of repetitions, per temperature.
@@ -48,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x import acceptance
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import layouts
@@ -55,8 +57,6 @@ from speculative_t5x import measure
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import reports
-from speculative_t5x import sampling
-from speculative_t5x import speculative_sampling
 from speculative_t5x import theory
 
 EOS_ID = models.EOS_ID
@@ -182,261 +182,6 @@ def random_inputs(num_examples: int, input_length: int, vocab_size: int, seed: i
   tokens = np.array(measure.random_encoder_inputs(num_examples, input_length, vocab_size, seed))
   tokens[:, -1] = EOS_ID
   return tokens, None
-
-
-# ------------------------------------------------------------------------------
-# alpha by teacher forcing on target samples.
-# ------------------------------------------------------------------------------
-
-
-def _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths):
-  """`teacher_forced_logits`, unjitted: either architecture's module, dispatched on the config."""
-  targets = jnp.ones_like(decoder_input_tokens)  # Every position is real.
-  if network.is_decoder_only(config):
-    causal_attention = None
-    if prefix_lengths is not None:
-      width = decoder_input_tokens.shape[1]
-      causal_attention = (jnp.arange(width)[None] <= prefix_lengths[:, None]).astype(jnp.int32)
-    return network.DecoderOnly(config).apply(
-      {'params': params},
-      decoder_input_tokens,
-      targets,
-      decoder_causal_attention=causal_attention,
-      enable_dropout=False,
-    )
-  if prefix_lengths is not None:
-    raise ValueError(
-      "prefix_lengths is for decoder-only prefix LMs; an encoder-decoder's decoder "
-      'attends causally. Pass prefix_lengths=None.'
-    )
-  return network.Transformer(config).apply(
-    {'params': params}, input_tokens, decoder_input_tokens, targets, enable_dropout=False
-  )
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def teacher_forced_logits(
-  config: network.NetworkConfig,
-  params,
-  input_tokens,
-  decoder_input_tokens,
-  prefix_lengths=None,
-) -> jax.Array:
-  """float32 [N, L, V]: next-token logits at every decoder position, all valid.
-
-  Args:
-    config: the network's configuration, either architecture.
-    params: its parameters.
-    input_tokens: int [N, Lin] encoder inputs (unused by a decoder-only
-      network).
-    decoder_input_tokens: int [N, L], e.g. `layouts.shift_right(outputs)` or
-      `continuation_layout`'s.
-    prefix_lengths: for a decoder-only prefix LM, int [N] prompt lengths P:
-      positions 0..P attend to each other (T5X's
-      `decoder_causal_attention`); None: causal.
-  """
-  return _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _logits_at(config, params, input_tokens, decoder_input_tokens, positions, prefix_lengths):
-  logits = _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths)
-  return jnp.take_along_axis(logits, positions[..., None], axis=1)
-
-
-def continuation_logits(
-  model: models.Model,
-  input_tokens: np.ndarray,
-  output_tokens: np.ndarray,
-  prompts: Optional[np.ndarray] = None,
-) -> jax.Array:
-  """float32 [N, L, V]: a network's next-token logits along outputs [N, L] after the prompts.
-
-  Teacher forcing on BOS, the prompt and the outputs (`continuation_layout`);
-  a prefix LM's prompt attends to itself, as when it is prefilled.
-
-  Args:
-    model: the network (target or draft).
-    input_tokens: int [N, Lin] encoder inputs (a decoder-only network's:
-      its prompts, unused here beyond `prompts`).
-    output_tokens: int [N, L], what follows each prompt.
-    prompts: int [N, Lp] prompts (tokens, then 0-padding), or None.
-  """
-  decoder_inputs, positions = layouts.continuation_layout(prompts, output_tokens)
-  prefix_lengths = positions[:, 0] if model.inputs_bidirectional_attention else None
-  return _logits_at(
-    model.config, model.params, input_tokens, decoder_inputs, positions, prefix_lengths
-  )
-
-
-@jax.jit
-def _prompt_lookup_logits(draft, input_tokens, decoder_inputs, positions):
-  """float32 [N, L, V]: 0 at the draft's first guess at each position, NEG_INF elsewhere."""
-  num_rows, length = positions.shape
-  cache = draft.init_cache(jnp.repeat(input_tokens, length, axis=0), 0)
-  tokens, _, _, _ = draft.propose(
-    cache,
-    jnp.repeat(decoder_inputs, length, axis=0),
-    positions.reshape(-1),
-    jax.random.PRNGKey(0),  # Unused: prompt lookup is deterministic.
-    gamma=1,
-    temperature=0.0,
-    topk=0,
-    topp=0.0,
-  )
-  guess = jax.nn.one_hot(tokens[:, 0], draft.vocab_size, dtype=bool)
-  return jnp.where(guess, 0.0, network.NEG_INF).reshape(num_rows, length, draft.vocab_size)
-
-
-def draft_logits(
-  draft,
-  input_tokens: np.ndarray,
-  output_tokens: np.ndarray,
-  prompts: Optional[np.ndarray] = None,
-) -> jax.Array:
-  """float32 [N, L, V]: a draft's next-token logits along target outputs after the prompts.
-
-  A model draft by teacher forcing (`continuation_logits`), an n-gram draft
-  from each output's previous token (the prompt's last for the first
-  output), a prompt-lookup draft one-hot (as logits) at the token it would
-  propose first from that context: its acceptance there is p(guess). The
-  tokens after the first of a drafted block continue the same match, so
-  prompt lookup's beta in the loop (`alpha_loop`) can differ from this.
-
-  Args:
-    draft: a `models.Model`, `drafts.NgramDraft` or `drafts.PromptLookupDraft`.
-    input_tokens: int [N, Lin] encoder inputs (a decoder-only pair's: its
-      prompts), as the decode call's.
-    output_tokens: int [N, L] target outputs.
-    prompts: int [N, Lp] prompts, or None.
-  """
-  if isinstance(draft, models.Model):
-    return continuation_logits(draft, input_tokens, output_tokens, prompts)
-  decoder_inputs, positions = layouts.continuation_layout(prompts, output_tokens)
-  if isinstance(draft, drafts.NgramDraft):
-    previous = np.take_along_axis(decoder_inputs, positions, axis=1)
-    logits = draft.log_probs(jnp.asarray(previous.reshape(-1)))
-    return logits.reshape(previous.shape + (draft.vocab_size,))
-  if isinstance(draft, drafts.PromptLookupDraft):
-    return _prompt_lookup_logits(
-      draft, jnp.asarray(input_tokens, jnp.int32), decoder_inputs, positions
-    )
-  raise ValueError(
-    f'alpha by teacher forcing takes a models.Model, drafts.NgramDraft or '
-    f'drafts.PromptLookupDraft draft; got a {type(draft).__name__}. Measure its '
-    "acceptance in the decode loop (the walltime records' alpha_loop)."
-  )
-
-
-@functools.partial(jax.jit, static_argnames=('temperature', 'topk', 'topp'))
-def _beta(target_logits, draft_logits, *, temperature, topk, topp):
-  standardize = functools.partial(
-    sampling.standardize, temperature=temperature, topk=topk, topp=topp
-  )
-  return speculative_sampling.lenient_acceptance_rate(
-    standardize(target_logits), standardize(draft_logits)
-  )
-
-
-@dataclasses.dataclass
-class AlphaResult:
-  """alpha measured on target samples.
-
-  Attributes:
-    alpha: mean beta over the tokens.
-    stderr: standard error, from per-sequence means (tokens of one sequence
-      are not independent).
-    num_tokens: tokens averaged over.
-    beta_by_token: {token id: (count, mean beta)} over the tokens the target
-      emitted (where the draft's guesses fail).
-  """
-
-  alpha: float
-  stderr: float
-  num_tokens: int
-  beta_by_token: Dict[int, tuple]
-
-
-def measure_alpha(
-  target: models.Model,
-  candidates: Mapping[str, Any],
-  inputs: np.ndarray,
-  *,
-  decoder_prompts: Optional[np.ndarray] = None,
-  temperature: float,
-  topk: int = 0,
-  topp: float = 0.0,
-  max_decode_len: int,
-  min_tokens: int = 10_000,
-  batch_size: int = 64,
-  seed: int = 0,
-) -> Dict[str, AlphaResult]:
-  """alpha of each draft: beta averaged over the same >= `min_tokens` target samples.
-
-  The target samples continuations of the inputs (after the prompts, if
-  any); target and drafts are teacher-forced along them (`continuation_logits`,
-  `draft_logits`), and beta = sum_x min(p, q) of their standardized
-  distributions is averaged over the continuations' tokens.
-
-  Args:
-    target: the target (encoder-decoder or decoder-only).
-    candidates: name -> a `models.Model`, `drafts.NgramDraft` or
-      `drafts.PromptLookupDraft` draft.
-    inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's
-      prompts [N, Lp] (tokens, then 0-padding), cycled through in batches.
-    decoder_prompts: optional int32 [N, Lp] decoder prompts of an
-      encoder-decoder target.
-    temperature, topk, topp: the sampling mode (of the target's samples and
-      of both standardized distributions).
-    max_decode_len: tokens sampled after each prompt at most.
-    min_tokens: sample batches until this many target tokens (EOS included).
-    batch_size: rows per sampled batch.
-    seed: PRNG seed of the target's samples.
-
-  Returns:
-    name -> `AlphaResult`.
-  """
-  decode = models.make_decoder(
-    target, None, temperature=temperature, topk=topk, topp=topp, max_decode_len=max_decode_len
-  )
-  sample_args = dict(temperature=temperature, topk=topk, topp=topp)
-  betas = {name: [] for name in candidates}
-  sequence_means = {name: [] for name in candidates}
-  tokens = []
-  num_tokens, start, key = 0, 0, jax.random.PRNGKey(seed)
-  while num_tokens < min_tokens:
-    rows = np.arange(start, start + batch_size)
-    take = lambda x: layouts.trim_padding(np.take(x, rows, axis=0, mode='wrap'), multiple=16)
-    batch = take(inputs)
-    batch_prompts = None if decoder_prompts is None else take(decoder_prompts)
-    start += batch_size
-    key, step_key = jax.random.split(key)
-    outputs = np.asarray(decode(batch, step_key, batch_prompts).tokens)
-    prompts = layouts.prompts_of(target, batch, batch_prompts)
-    target_logits = continuation_logits(target, batch, outputs, prompts)
-    valid = np.arange(outputs.shape[1])[None] < layouts.output_lengths(outputs)[:, None]
-    for name, draft in candidates.items():
-      q_logits = draft_logits(draft, batch, outputs, prompts)
-      beta = np.asarray(_beta(target_logits, q_logits, **sample_args))
-      betas[name].append(beta[valid])
-      sequence_means[name].extend((beta * valid).sum(1) / valid.sum(1))
-    tokens.append(outputs[valid])
-    num_tokens += int(valid.sum())
-  tokens = np.concatenate(tokens)
-  results = {}
-  for name in candidates:
-    all_betas = np.concatenate(betas[name])
-    by_token = {}
-    for token in np.unique(tokens):
-      selected = all_betas[tokens == token]
-      by_token[int(token)] = (int(selected.size), float(selected.mean()))
-    results[name] = AlphaResult(
-      alpha=float(all_betas.mean()),
-      stderr=float(np.std(sequence_means[name]) / np.sqrt(len(sequence_means[name]))),
-      num_tokens=int(all_betas.size),
-      beta_by_token=by_token,
-    )
-  return results
 
 
 # ------------------------------------------------------------------------------
@@ -682,13 +427,6 @@ def costs_record(
   )
 
 
-def architecture(model: models.Model) -> str:
-  """'encoder-decoder', 'decoder-only' or 'decoder-only prefix LM': how a prompt reaches it."""
-  if not network.is_decoder_only(model.config):
-    return 'encoder-decoder'
-  return 'decoder-only prefix LM' if model.inputs_bidirectional_attention else 'decoder-only'
-
-
 def prompts_record(prompts: Optional[np.ndarray]) -> Optional[Dict[str, Any]]:
   """{'width', 'mean_tokens', 'max_tokens'} of prompts int [N, Lp], or None without."""
   if prompts is None:
@@ -767,7 +505,7 @@ def run_benchmark(
       paper).
     ngram_corpus: target-side token sequences; if given, unigram and bigram
       drafts are fitted on them and their alpha measured (Table 3).
-    alpha_drafts: more drafts (name -> a draft `draft_logits` takes) whose
+    alpha_drafts: more drafts (name -> a draft `acceptance.draft_logits` takes) whose
       alpha is measured on the same target samples, e.g. the draft before
       distillation.
     distillation: if given, a record of the draft's distillation ({'divergence',
@@ -802,7 +540,7 @@ def run_benchmark(
   prompt_length = 0 if prompts is None else prompts.shape[1]
   walltime_refs = None if references is None else list(references)[:num_walltime_examples]
   common = dict(
-    pair=pair_name, task=task_name, emulated=emulated, architecture=architecture(target)
+    pair=pair_name, task=task_name, emulated=emulated, architecture=models.architecture(target)
   )
   records: List[Dict[str, Any]] = []
 
@@ -845,7 +583,7 @@ def run_benchmark(
       )
   for temperature in temperatures if candidates else ():
     progress(f'alpha of {", ".join(candidates)} at temperature {temperature} ...')
-    results = measure_alpha(
+    results = acceptance.measure_alpha(
       target,
       candidates,
       inputs,

@@ -98,7 +98,7 @@ def _define_flags() -> None:
 
 
 def _millions(model: models.Model) -> str:
-  return f'{sum(x.size for x in jax.tree_util.tree_leaves(model.params)) / 1e6:.1f}M'
+  return f'{network.parameter_count(model.params) / 1e6:.1f}M'
 
 
 def _step(message: str) -> None:
@@ -137,7 +137,7 @@ def trained_model(
   if not finished:
     from speculative_t5x import train  # TensorFlow and seqio only when training.
 
-    num_params = sum(x.size for x in jax.tree_util.tree_leaves(network.abstract_params(config)[0]))
+    num_params = network.parameter_count(network.abstract_params(config)[0])
     _step(f'Training {name} ({num_params / 1e6:.1f}M parameters, {steps} steps)')
     gin_utils.call_configured(
       train.train,

@@ -86,7 +86,7 @@ import optax
 import seqio
 import tqdm
 
-from speculative_t5x import benchmark
+from speculative_t5x import acceptance
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
@@ -187,17 +187,6 @@ class DistillConfig:
   topp: float
 
 
-def _teacher_forced(config: network.T5Config, params: PyTree, batch) -> jax.Array:
-  """float32 [B, L, V]: next-token logits along the batch's sequences (`sequence_features`)."""
-  return network.Transformer(config).apply(
-    {'params': params},
-    batch['encoder_input_tokens'],
-    batch['decoder_input_tokens'],
-    batch['decoder_target_tokens'],
-    enable_dropout=False,
-  )
-
-
 def make_distill_step(config: DistillConfig, optimizer: optax.GradientTransformation):
   """The (unjitted) step `(state, target_params, batch) -> (state, metric sums)`.
 
@@ -210,12 +199,12 @@ def make_distill_step(config: DistillConfig, optimizer: optax.GradientTransforma
   mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
 
   def step(state: train.TrainState, target_params: PyTree, batch):
-    target_logits = _teacher_forced(config.target_config, target_params, batch)
+    target_logits = network.compute_logits(config.target_config, target_params, batch)
     weights = batch['decoder_loss_weights'].astype(jnp.float32)
     num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
 
     def objective(params):
-      draft_logits = _teacher_forced(config.draft_config, params, batch)
+      draft_logits = network.compute_logits(config.draft_config, params, batch)
       p, q = loss_distributions(target_logits, draft_logits, **mode)
       per_token = divergence(p, q, config.divergence, config.beta)
       beta = speculative_sampling.lenient_acceptance_rate(
@@ -307,7 +296,7 @@ def held_out_set(
   decode = models.make_decoder(target, None, max_decode_len=max_decode_len, **mode)
   outputs = np.asarray(decode(inputs, jax.random.PRNGKey(seed)).tokens)
   features = sequence_features(inputs, outputs)
-  logits = benchmark.teacher_forced_logits(
+  logits = acceptance.teacher_forced_logits(
     target.config, target.params, inputs, features['decoder_input_tokens']
   )
   return HeldOutSet(temperature, inputs, features, sampling.standardize(logits, **mode))
@@ -316,7 +305,7 @@ def held_out_set(
 @functools.partial(jax.jit, static_argnames=('config', 'temperature', 'topk', 'topp'))
 def _betas(config, params, features, target_probs, *, temperature, topk, topp):
   draft_probs = sampling.standardize(
-    _teacher_forced(config, params, features), temperature, topk, topp
+    network.compute_logits(config, params, features), temperature, topk, topp
   )
   return speculative_sampling.lenient_acceptance_rate(target_probs, draft_probs)
 
@@ -339,7 +328,7 @@ def held_out_alpha(
   weights = held_out.features['decoder_loss_weights']
   per_sequence = (betas * weights).sum(1) / weights.sum(1)
   alpha = float((betas * weights).sum() / weights.sum())
-  return alpha, float(per_sequence.std() / np.sqrt(len(per_sequence)))
+  return alpha, acceptance.standard_error(per_sequence)
 
 
 def _validation_inputs(task, feature_lengths, num_examples: int) -> np.ndarray:

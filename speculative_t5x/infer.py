@@ -98,7 +98,6 @@ import seqio
 import tensorflow as tf
 import tqdm
 
-from speculative_t5x import benchmark
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
@@ -580,7 +579,7 @@ def infer(
 
   Returns:
     The summary written to `<task>-<split>.summary.json`: `summarize`'s
-    fields plus task, split, architecture (`benchmark.architecture`),
+    fields plus task, split, architecture (`models.architecture`),
     speculative, gamma, mesh ({'data': ..., 'model': ...}) and this
     process's decoded_examples, decoded_tokens, compile_seconds,
     decode_seconds and tokens_per_second.
@@ -687,7 +686,7 @@ def infer(
   summary = dict(
     task=task.name,
     split=split,
-    architecture=benchmark.architecture(target),
+    architecture=models.architecture(target),
     speculative=draft is not None,
     gamma=decoding_args['gamma'],
     mesh=dict(mesh.shape),

@@ -66,7 +66,7 @@ start_positions)`, `abstract_params`, `random_params`, `decoder_weight_bytes`.
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
@@ -1437,6 +1437,57 @@ def module_for(config: NetworkConfig) -> nn.Module:
   )
 
 
+def compute_logits(
+  config: NetworkConfig,
+  params: Any,
+  features: Mapping[str, Array],
+  dropout_key: Optional[Array] = None,
+) -> Array:
+  """float32 [B, L, V]: T5X's forward pass of either architecture on model features.
+
+  The one place where the architecture picks the module's arguments (T5X's
+  `_compute_logits`): training's loss, held-out and benchmark alpha all call
+  it. `features` holds a feature converter's arrays: an encoder-decoder's
+  int32 [B, Lin] 'encoder_input_tokens' (optionally 'encoder_segment_ids')
+  and [B, L] 'decoder_input_tokens', 'decoder_target_tokens' (optionally
+  'decoder_segment_ids'); a decoder-only network's [B, L] 'decoder_*'
+  arrays, optionally 'decoder_segment_ids', 'decoder_positions' and
+  'decoder_causal_attention' (present: a prefix LM whose marked positions
+  attend to each other; absent: causal). Other keys are ignored
+  ('decoder_loss_weights', a decoder-only network's 'encoder_input_tokens').
+  Dropout is on when `dropout_key` is not None.
+  """
+  options = dict(
+    enable_dropout=dropout_key is not None,
+    rngs=None if dropout_key is None else {'dropout': dropout_key},
+  )
+  module = module_for(config)
+  if is_decoder_only(config):
+    return module.apply(
+      {'params': params},
+      features['decoder_input_tokens'],
+      features['decoder_target_tokens'],
+      features.get('decoder_segment_ids'),
+      features.get('decoder_positions'),
+      features.get('decoder_causal_attention'),
+      **options,
+    )
+  if 'decoder_causal_attention' in features:
+    raise ValueError(
+      "decoder_causal_attention is for decoder-only prefix LMs; an encoder-decoder's decoder "
+      'attends causally. Leave it out of the features.'
+    )
+  return module.apply(
+    {'params': params},
+    features['encoder_input_tokens'],
+    features['decoder_input_tokens'],
+    features['decoder_target_tokens'],
+    features.get('encoder_segment_ids'),
+    features.get('decoder_segment_ids'),
+    **options,
+  )
+
+
 def init_decoder_cache(
   config: NetworkConfig, params: Any, input_tokens: Array, cache_length: int
 ) -> Any:
@@ -1557,6 +1608,14 @@ def abstract_params(config: NetworkConfig) -> Tuple[dict, dict]:
     lambda: module.init(jax.random.PRNGKey(0), *args, enable_dropout=False)
   )
   return variables['params'], variables['params_axes']
+
+
+def parameter_count(params: Any) -> int:
+  """The number of parameters in a tree of arrays or `jax.ShapeDtypeStruct`s.
+
+  E.g. `parameter_count(abstract_params(config)[0])`, computing nothing.
+  """
+  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(params))
 
 
 def decoder_weight_bytes(config: NetworkConfig, bytes_per_parameter: int = 4) -> int:

@@ -74,7 +74,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5x import benchmark
+from speculative_t5x import acceptance
 from speculative_t5x import huggingface
 from speculative_t5x import decoding
 from speculative_t5x import drafts
@@ -385,7 +385,7 @@ def _logits_error(
 ) -> float:
   """Max |our - HF| teacher-forced logits; raises if beyond LOGITS_TOLERANCE."""
   ours = np.asarray(
-    benchmark.teacher_forced_logits(model.config, model.params, input_row, decoder_inputs)
+    acceptance.teacher_forced_logits(model.config, model.params, input_row, decoder_inputs)
   )
   theirs = _hf_logits(torch, hf_model, input_row, decoder_inputs)
   error = float(np.abs(ours - theirs).max())
@@ -557,7 +557,7 @@ def compare_with_huggingface(
                 reference[example],
                 tokens,
                 functools.partial(
-                  benchmark.teacher_forced_logits, target.config, target.params, row
+                  acceptance.teacher_forced_logits, target.config, target.params, row
                 ),
                 functools.partial(_hf_logits, torch, hf_target, row),
                 max_decode_len,

@@ -247,32 +247,11 @@ def make_logits_fn(config: network.NetworkConfig, inputs_bidirectional_attention
   bidirectionally); otherwise it attends causally.
   """
   _check_bidirectional(config, inputs_bidirectional_attention)
-  module = network.module_for(config)
 
   def logits_fn(params: PyTree, batch: Mapping[str, jax.Array], dropout_key: Optional[jax.Array]):
-    options = dict(
-      enable_dropout=dropout_key is not None,
-      rngs=None if dropout_key is None else {'dropout': dropout_key},
-    )
-    if isinstance(config, network.T5Config):
-      return module.apply(
-        {'params': params},
-        batch['encoder_input_tokens'],
-        batch['decoder_input_tokens'],
-        batch['decoder_target_tokens'],
-        batch.get('encoder_segment_ids'),
-        batch.get('decoder_segment_ids'),
-        **options,
-      )
-    return module.apply(
-      {'params': params},
-      batch['decoder_input_tokens'],
-      batch['decoder_target_tokens'],
-      batch.get('decoder_segment_ids'),
-      batch.get('decoder_positions'),
-      batch['decoder_causal_attention'] if inputs_bidirectional_attention else None,
-      **options,
-    )
+    if not inputs_bidirectional_attention:  # The network then attends causally.
+      batch = {name: value for name, value in batch.items() if name != 'decoder_causal_attention'}
+    return network.compute_logits(config, params, batch, dropout_key)
 
   return logits_fn
 

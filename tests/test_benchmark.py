@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculative_t5x import acceptance
 from speculative_t5x import benchmark
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
@@ -341,7 +342,7 @@ def test_prompted_pairs_get_alpha_costs_walltime_and_the_report(
 def test_measure_alpha_of_a_prefix_lm_agrees_with_the_decode_loop():
   """Teacher-forced alpha after ragged prompts == the loop's mean beta, within their errors."""
   prompts = ragged_prompts(2, 512, 6)
-  result = benchmark.measure_alpha(
+  result = acceptance.measure_alpha(
     PREFIX_LM_TARGET,
     {'draft': PREFIX_LM_DRAFT},
     prompts,
@@ -373,7 +374,7 @@ def test_continuation_logits_equal_the_cached_decoders(architecture):
     'decoder-only': (tiny_decoder_only_model(seed=0, vocab_size=24), prompts),
     'prefix LM': (PREFIX_LM_TARGET, prompts),
   }[architecture]
-  logits = benchmark.continuation_logits(model, inputs, outputs, prompts)
+  logits = acceptance.continuation_logits(model, inputs, outputs, prompts)
   decoder_inputs, positions = layouts.continuation_layout(prompts, outputs)
   cache, prompt_lengths = benchmark.models.prefilled_target_cache(
     model.config,
@@ -393,19 +394,6 @@ def test_continuation_logits_equal_the_cached_decoders(architecture):
     prompt_lengths,
   )
   np.testing.assert_allclose(logits, expected, atol=1e-4)
-
-
-def test_draft_logits_of_ngram_and_prompt_lookup_drafts_continue_the_prompt():
-  prompts = np.array([[3, 4, 5, 3]], np.int32)
-  outputs = np.array([[4, 5, 9]], np.int32)
-  inputs = np.array([[7, 8, 1]], np.int32)  # Encoder inputs sharing nothing with the outputs.
-  # Prompt lookup's first guesses: 4 after '3' (from '3 4'), then 5, then 3 (from '3 4 5 3').
-  lookup = benchmark.draft_logits(drafts.PromptLookupDraft(vocab_size=24), inputs, outputs, prompts)
-  np.testing.assert_array_equal(np.argmax(lookup, -1), [[4, 5, 3]])
-  # A bigram conditions the first output on the prompt's last token.
-  bigram = drafts.NgramDraft.fit([np.array([3, 9, 4, 5, 1])], 24, order=2)
-  logits = benchmark.draft_logits(bigram, inputs, outputs, prompts)
-  np.testing.assert_allclose(logits, bigram.log_probs(jnp.array([3, 4, 5]))[None])
 
 
 def test_mismatched_pairs_and_misplaced_prompts_are_errors():

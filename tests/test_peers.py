@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from speculative_t5x import benchmark
+from speculative_t5x import acceptance
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import peers
@@ -176,7 +176,7 @@ def test_divergence_is_located_and_near_ties_recognized(tmp_path):
     peers.HF_ASSISTED,
     0,
     greedy,
-    our_logits=functools.partial(benchmark.teacher_forced_logits, tied.config, tied.params, row),
+    our_logits=functools.partial(acceptance.teacher_forced_logits, tied.config, tied.params, row),
     hf_logits=functools.partial(peers._hf_logits, torch, hf_tied, row),
     max_decode_len=MAX_DECODE_LEN,
   )
@@ -192,7 +192,7 @@ def test_divergence_is_located_and_near_ties_recognized(tmp_path):
   decoder_inputs = peers._shift_right(greedy[:position], MAX_DECODE_LEN)
   worst = int(
     np.argmin(
-      np.asarray(benchmark.teacher_forced_logits(tied.config, tied.params, row, decoder_inputs))[
+      np.asarray(acceptance.teacher_forced_logits(tied.config, tied.params, row, decoder_inputs))[
         0, position
       ]
     )

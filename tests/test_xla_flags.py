@@ -1,6 +1,5 @@
 """The mains' XLA flags: by the target's size, set before JAX starts, never over the user's."""
 
-import jax
 import pytest
 
 from speculative_t5x import network
@@ -53,5 +52,4 @@ def test_does_nothing_once_a_backend_has_started():
 def test_decoder_weight_bytes_counts_the_decoder_and_the_logits(size):
   config = network.t5_1_1_config(size)
   shapes, _ = network.abstract_params(config)
-  leaves = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree))
-  assert network.decoder_weight_bytes(config) == 4 * leaves(shapes['decoder'])
+  assert network.decoder_weight_bytes(config) == 4 * network.parameter_count(shapes['decoder'])
