@@ -104,6 +104,7 @@ from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import partitioning
+from speculative_t5x import settings as settings_lib
 from speculative_t5x import tasks
 
 Record = Dict[str, Any]
@@ -585,20 +586,26 @@ def infer(
     decode_seconds and tokens_per_second.
   """
   mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
-  if draft is not None and gamma is None:
-    raise ValueError('gamma is required with a draft (the pair file sets GAMMA).')
+  speculation = None  # The baseline's.
+  if draft is not None:
+    if gamma is None:
+      raise ValueError('gamma is required with a draft (the pair file sets GAMMA).')
+    speculation = settings_lib.SpeculativeSettings(
+      gamma=gamma, lenience=lenience, verification=verification, draft_threshold=draft_threshold
+    )
   check_pair(target, draft)
   task = _get_task(task)
   check_vocabularies(task, target)
   decoder_only = network.is_decoder_only(target.config)
   decoding_args = dict(
-    gamma=gamma if draft is not None else None,
     temperature=temperature,
     topk=topk,
     topp=topp,
-    lenience=lenience if draft is not None else None,
-    verification=verification if draft is not None else None,
-    draft_threshold=draft_threshold if draft is not None else None,
+    **(
+      speculation.as_dict()
+      if speculation
+      else dict.fromkeys(settings_lib.SpeculativeSettings.field_names())
+    ),
   )
   settings = dict(
     task=task.name,
@@ -625,7 +632,10 @@ def infer(
   decoder = models.make_decoder(
     place_on_mesh(target, mesh, logical_axis_rules),
     place_on_mesh(draft, mesh, logical_axis_rules),
-    **{k: v for k, v in decoding_args.items() if v is not None},
+    speculation,
+    temperature=temperature,
+    topk=topk,
+    topp=topp,
     max_decode_len=feature_lengths['targets'],
     eos_id=eos_id,
   )

@@ -37,15 +37,13 @@ Scoring and training see the target only: `loss_fn`, `eval_fn` and
 
 t5x is optional. This module imports without it, and so do its functions over
 arrays (`speculative_predict_batch`, `graft_draft_params`, ...), which the
-model class calls and which tests and notebooks use directly; only the class
-need t5x: `t5x_adapter.SpeculativeEncoderDecoderModel` (or
-`SpeculativeDecoderOnlyModel`) imports it on first access and raises
-ImportError with installation instructions if it is missing.
+model classes call and which tests and notebooks use directly. The classes
+live in `t5x_models`, which imports t5x: `t5x_adapter.SpeculativeEncoderDecoderModel`
+(or `SpeculativeDecoderOnlyModel`, the names gin files use) loads it on first
+access and raises ImportError with installation instructions if t5x is missing.
 """
 
-import functools
-import inspect
-from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from absl import logging
 import flax
@@ -55,10 +53,9 @@ import jax.numpy as jnp
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
 from speculative_t5x import drafts
-from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import speculative_sampling
+from speculative_t5x import settings as settings_lib
 
 PyTree = Any
 Array = jax.Array
@@ -390,10 +387,7 @@ def speculative_predict_batch(
   batch: Mapping[str, Array],
   *,
   eos_id: int,
-  gamma: int,
-  lenience: float = 1.0,
-  verification: str = 'token',
-  draft_threshold: float = 0.0,
+  settings: settings_lib.SpeculativeSettings,
   decode_fn: Callable[..., Tuple[Array, Array, decoding.SpeculativeStats]] = (
     decoding.speculative_sample
   ),
@@ -419,18 +413,14 @@ def speculative_predict_batch(
       `decoder_prompt`), and for an encoder-decoder `encoder_input_tokens`
       int32 [B, input_length] (0 is padding).
     eos_id: end-of-sequence id.
-    gamma: draft tokens per iteration.
-    lenience: 1 is exact; below 1 see `speculative_sampling.verify`.
-    verification: 'token' or 'block' (see `speculative_sampling.verify`).
-    draft_threshold: an adaptive draft length (0: off; see
-      `decoding.speculative_sample`).
+    settings: the speculative settings (gamma, lenience, verification,
+      draft_threshold); `decoder_params` may override single fields.
     decode_fn: a speculative decode function with the signature of
       `decoding.speculative_sample` (sampling settings bound in gin).
     rng: PRNG key for sampling, passed as `decode_rng`.
     decoder_params: more keyword arguments of `decode_fn` (e.g.
-      `temperature`, `max_decode_steps`); 'gamma', 'lenience',
-      'verification' and 'draft_threshold' here override the arguments of
-      the same names.
+      `temperature`, `max_decode_steps`); the fields of `settings` here
+      ('gamma', 'lenience', ...) override its own.
     num_decodes: samples per input.
     return_all_decodes: return every sample, not only the most likely one.
     decoder_prompt: optional int32 [B, L] decoder prompts in T5X's layout
@@ -460,13 +450,9 @@ def speculative_predict_batch(
     draft_module,
     network.DecoderOnly if isinstance(module, network.DecoderOnly) else network.Transformer,
   )
-  decoder_params = {
-    'gamma': gamma,
-    'lenience': lenience,
-    'verification': verification,
-    'draft_threshold': draft_threshold,
-    **(decoder_params or {}),
-  }
+  decoder_params = dict(decoder_params or {})
+  settings = settings.overridden(decoder_params)  # Validated again, if overridden.
+  decoder_params.update(settings.as_dict())
   if rng is not None:
     if decoder_params.get('decode_rng') is not None:
       raise ValueError(
@@ -474,11 +460,6 @@ def speculative_predict_batch(
       )
     decoder_params['decode_rng'] = rng
   decoder_params.setdefault('eos_id', eos_id)
-  speculative_sampling.validate_lenience(decoder_params['lenience'])
-  speculative_sampling.validate_verification(
-    decoder_params['verification'], decoder_params['lenience']
-  )
-  decoding.check_draft_threshold(decoder_params['draft_threshold'])
   target_params, draft_params = split_draft_params(params)
   draft = drafts.ModelDraft(
     params=draft_params,
@@ -517,286 +498,14 @@ def speculative_predict_batch(
   return decodes, aux
 
 
-# ------------------------------------------------------------------------------
-# The T5X model (needs t5x, imported on first access).
-# ------------------------------------------------------------------------------
-def _import_t5x_models():
-  try:
-    from t5x import models  # pylint: disable=g-import-not-at-top
-  except ImportError as error:
-    raise ImportError(_T5X_MISSING.format(error=error)) from error
-  return models
-
-
-def _check_speculative_settings(decode_fn, gamma, lenience, verification, draft_threshold):
-  """The constructor checks both model classes share; returns the draft threshold."""
-  decoding.check_positive_int('gamma', gamma)
-  speculative_sampling.validate_lenience(lenience)
-  speculative_sampling.validate_verification(verification, lenience)
-  decode_fn_args = inspect.signature(decode_fn).parameters
-  if not {'score_block', 'draft', 'draft_cache', 'gamma'} <= decode_fn_args.keys():
-    raise ValueError(
-      f'decode_fn must be a speculative decode function such as '
-      'speculative_t5x.decoding.speculative_sample (taking score_block, draft, draft_cache '
-      f'and gamma); got {getattr(decode_fn, "__name__", decode_fn)!r}. Single-token decode '
-      "functions (t5x.decoding.temperature_sample, beam_search) belong to T5X's own "
-      'EncoderDecoderModel and DecoderOnlyModel.'
-    )
-  return decoding.check_draft_threshold(draft_threshold)
-
-
-class _SpeculativeMixin:
-  """What both speculative T5X models add to theirs: the draft's variables and settings.
-
-  Mixed in before T5X's model class, so that `super()` is T5X's.
-  """
-
-  def _set_speculative(self, network_class, module, draft_module, decode_fn, **settings):
-    """Checks both networks and the settings (`gamma`, `lenience`, ...); keeps them."""
-    check_networks(module, draft_module, network_class)
-    settings['draft_threshold'] = _check_speculative_settings(decode_fn, **settings)
-    self.draft_module = draft_module
-    self.gamma = int(settings['gamma'])
-    self.lenience = settings['lenience']
-    self.verification = settings['verification']
-    self.draft_threshold = settings['draft_threshold']
-
-  def get_initial_variables(self, rng, input_shapes, input_types=None):
-    """T5X's initial variables of the target, with the draft's under 'draft'."""
-    variables = super().get_initial_variables(rng, input_shapes, input_types)
-    # A key of its own, so that the draft's initialization is independent of
-    # the target's (which keeps T5X's).
-    draft_variables = init_network_variables(
-      self.draft_module, jax.random.fold_in(rng, 1), input_shapes
-    )
-    return flax.core.freeze(add_draft_variables(variables, draft_variables))
-
-  def _compute_logits(self, params, batch, dropout_rng=None, mutable=False, other_variables=None):
-    """The target's logits; the draft's parameters are dropped (loss, eval, score)."""
-    return super()._compute_logits(
-      strip_draft_params(params), batch, dropout_rng, mutable, other_variables
-    )
-
-  def _predict(self, params, batch, rng, decoder_params, num_decodes, return_all_decodes, **prompt):
-    """`speculative_predict_batch` with this model's settings."""
-    return speculative_predict_batch(
-      self.module,
-      self.draft_module,
-      params,
-      batch,
-      # T5X's fallback for vocabularies without an EOS id.
-      eos_id=self.output_vocabulary.eos_id or 1,
-      gamma=self.gamma,
-      lenience=self.lenience,
-      verification=self.verification,
-      draft_threshold=self.draft_threshold,
-      decode_fn=self._decode_fn,
-      rng=rng,
-      decoder_params=decoder_params,
-      num_decodes=num_decodes,
-      return_all_decodes=return_all_decodes,
-      **prompt,
-    )
-
-
-_SETTINGS_DOC = """
-    Attributes:
-      draft_module: the draft network.
-      gamma: draft tokens per iteration (static: it sizes the caches).
-      lenience: 1 is exact speculative sampling; below 1 trades exactness for
-        acceptance (Appendix A.5 of Leviathan et al.).
-      verification: 'token' or 'block' (Sun et al.'s block verification; see
-        `speculative_sampling.verify`).
-      draft_threshold: an adaptive draft length, 0 (off) to < 1: a row stops
-        drafting after a token the draft gave probability below it, so gamma
-        is the most per iteration (see `decoding.speculative_sample`).
-"""
-
-
-@functools.cache
-def _speculative_model_classes() -> Dict[str, type]:
-  """Defines both speculative model classes once t5x can be imported."""
-  t5x_models = _import_t5x_models()
-
-  class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecoderModel):
-    """T5X's `EncoderDecoderModel` decoding speculatively with a draft network.
-
-    Arguments are T5X's, in T5X's order (so existing gin bindings apply), with
-    `decode_fn` defaulting to `decoding.speculative_sample`, plus the
-    keyword-only `draft_module`, `gamma`, `lenience`, `verification` and
-    `draft_threshold`. Sampling settings (`temperature`, `topk`, `topp`) are
-    bound on the decode function in gin, as T5X does for
-    `decoding.temperature_sample`; T5X's default `topk=1` is greedy. See the
-    module docstring for where the draft's parameters live.
-    """
-
-    def __init__(
-      self,
-      module: network.Transformer,
-      input_vocabulary,
-      output_vocabulary,
-      optimizer_def,
-      decode_fn=decoding.speculative_sample,
-      feature_converter_cls=None,
-      label_smoothing: float = 0.0,
-      z_loss: float = 0.0,
-      loss_normalizing_factor=None,
-      default_decoder_params=None,
-      *,
-      draft_module: network.Transformer,
-      gamma: int,
-      lenience: float = 1.0,
-      verification: str = 'token',
-      draft_threshold: float = 0.0,
-    ):
-      self._set_speculative(
-        network.Transformer,
-        module,
-        draft_module,
-        decode_fn,
-        gamma=gamma,
-        lenience=lenience,
-        verification=verification,
-        draft_threshold=draft_threshold,
-      )
-      super().__init__(
-        module=module,
-        input_vocabulary=input_vocabulary,
-        output_vocabulary=output_vocabulary,
-        optimizer_def=optimizer_def,
-        decode_fn=decode_fn,
-        feature_converter_cls=feature_converter_cls,
-        label_smoothing=label_smoothing,
-        z_loss=z_loss,
-        loss_normalizing_factor=loss_normalizing_factor,
-        default_decoder_params=default_decoder_params,
-      )
-
-    def predict_batch_with_aux(
-      self,
-      params,
-      batch: Mapping[str, Array],
-      rng: Optional[Array] = None,
-      decoder_params: Optional[MutableMapping[str, Any]] = None,
-      return_all_decodes: Optional[bool] = None,
-      num_decodes: Optional[int] = None,
-      prompt_with_targets: bool = False,
-    ) -> Tuple[Array, Mapping[str, Array]]:
-      """Speculative decoding of a batch (see `speculative_predict_batch`).
-
-      Arguments and results are T5X's, with acceptance statistics added to
-      the aux dict. With `prompt_with_targets`, `decoder_input_tokens` is
-      the decoder prompt, its EOS ids removed (T5X's rule), prefilled in one
-      block call per network; the decodes keep the prompt, as T5X's do.
-      """
-      decoder_prompt = None
-      if prompt_with_targets:
-        tokens = batch['decoder_input_tokens']
-        decoder_prompt = tokens * (tokens != self.output_vocabulary.eos_id)
-      defaults = self._default_decoder_params
-      return self._predict(
-        params,
-        batch,
-        rng,
-        decoder_params,
-        defaults.num_decodes if num_decodes is None else num_decodes,
-        defaults.return_all_decodes if return_all_decodes is None else return_all_decodes,
-        decoder_prompt=decoder_prompt,
-      )
-
-  class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel):
-    """T5X's `DecoderOnlyModel` decoding speculatively with a decoder-only draft.
-
-    Arguments are T5X's, in T5X's order, with `decode_fn` defaulting to
-    `decoding.speculative_sample`, plus the keyword-only settings of
-    `SpeculativeEncoderDecoderModel`. Decoding follows T5X's
-    `DecoderOnlyModel.predict_batch_with_aux`: the prompt is
-    `decoder_input_tokens * decoder_causal_attention`, both networks are
-    prefilled with it in one block call each (bidirectionally if
-    `inputs_bidirectional_attention`, T5X's prefix LM), and the decodes are
-    returned without it (T5X's `remove_prefix`). The draft's parameters live
-    under `params['draft']`, as for the encoder-decoder model.
-    """
-
-    def __init__(
-      self,
-      module: network.DecoderOnly,
-      vocabulary,
-      optimizer_def,
-      decode_fn=decoding.speculative_sample,
-      inputs_bidirectional_attention: bool = False,
-      feature_converter_cls=None,
-      label_smoothing: float = 0.0,
-      z_loss: float = 0.0,
-      loss_normalizing_factor=None,
-      *,
-      draft_module: network.DecoderOnly,
-      gamma: int,
-      lenience: float = 1.0,
-      verification: str = 'token',
-      draft_threshold: float = 0.0,
-    ):
-      self._set_speculative(
-        network.DecoderOnly,
-        module,
-        draft_module,
-        decode_fn,
-        gamma=gamma,
-        lenience=lenience,
-        verification=verification,
-        draft_threshold=draft_threshold,
-      )
-      super().__init__(
-        module=module,
-        vocabulary=vocabulary,
-        optimizer_def=optimizer_def,
-        decode_fn=decode_fn,
-        inputs_bidirectional_attention=inputs_bidirectional_attention,
-        feature_converter_cls=feature_converter_cls,
-        label_smoothing=label_smoothing,
-        z_loss=z_loss,
-        loss_normalizing_factor=loss_normalizing_factor,
-      )
-
-    def predict_batch_with_aux(
-      self,
-      params,
-      batch: Mapping[str, Array],
-      rng: Optional[Array] = None,
-      *,
-      return_all_decodes: bool = False,
-      num_decodes: int = 1,
-      decoder_params: Optional[MutableMapping[str, Any]] = None,
-    ) -> Tuple[Array, Mapping[str, Array]]:
-      """Speculative decoding of a prefix-LM batch; T5X's arguments and results."""
-      if 'decoder_causal_attention' not in batch:
-        raise ValueError(
-          'The batch has no decoder_causal_attention feature, so there is no prompt to '
-          "continue: give the task both 'inputs' and 'targets' (seqio's "
-          "DecoderFeatureConverter then marks the inputs), as for T5X's DecoderOnlyModel."
-        )
-      decoder_prompt = batch['decoder_input_tokens'] * batch['decoder_causal_attention']
-      decodes, aux = self._predict(
-        params,
-        batch,
-        rng,
-        decoder_params,
-        num_decodes,
-        return_all_decodes,
-        decoder_prompt=decoder_prompt,
-        inputs_bidirectional_attention=self._inputs_bidirectional_attention,
-      )
-      return layouts.remove_prompts(decodes, decoding.prompt_lengths(decoder_prompt)), aux
-
-  for cls in (SpeculativeEncoderDecoderModel, SpeculativeDecoderOnlyModel):
-    cls.__qualname__ = cls.__name__
-    cls.__doc__ += _SETTINGS_DOC
-  return {
-    cls.__name__: cls for cls in (SpeculativeEncoderDecoderModel, SpeculativeDecoderOnlyModel)
-  }
-
-
 def __getattr__(name: str):
+  """The T5X model classes, from `t5x_models` (which imports t5x) on first access."""
   if name in ('SpeculativeEncoderDecoderModel', 'SpeculativeDecoderOnlyModel'):
-    return _speculative_model_classes()[name]
+    try:
+      from speculative_t5x import t5x_models  # pylint: disable=g-import-not-at-top
+    except ImportError as error:
+      if not (error.name or '').startswith('t5x'):
+        raise
+      raise ImportError(_T5X_MISSING.format(error=error)) from error
+    return getattr(t5x_models, name)
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
