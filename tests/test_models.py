@@ -12,6 +12,7 @@ from speculative_t5x import drafts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import settings
 import markov
 from testing_utils import (
   EOS,
@@ -285,3 +286,36 @@ class TestArgumentsAtTheApiEdge:
       decoding.speculative_sample(
         jnp.zeros((1, 4), jnp.int32), {}, None, 1, draft=None, draft_cache={}, gamma=True
       )
+
+
+class TestEmptyAndMislabelledInputs:
+  """Inputs that crashed deep inside the loop or named the wrong argument (issue 20)."""
+
+  @pytest.mark.parametrize('draft', [None, DRAFT, 'lookup'])
+  def test_an_empty_batch_decodes_to_an_empty_output(self, draft):
+    if draft == 'lookup':
+      draft = drafts.PromptLookupDraft(vocab_size=TARGET.vocab_size)
+    out = models.generate(TARGET, draft, np.zeros((0, 5), np.int32), max_decode_len=6, gamma=3)
+    assert out.tokens.shape == (0, 6) and out.scores.shape == (0,)
+    if draft is not None:
+      assert out.stats.iterations.shape == (0,) and int(out.stats.target_calls) == 0
+
+  @pytest.mark.parametrize('bad', [40, -1])
+  def test_out_of_range_decoder_prompts_name_decoder_prompts(self, bad):
+    with pytest.raises(ValueError, match=r'^decoder_prompts must lie in \[0, 32\)'):
+      models.generate(
+        TARGET, DRAFT, np.ones((2, 5), np.int32), decoder_prompts=np.array([[3, bad], [2, 0]])
+      )
+
+  def test_settings_come_as_one_object_or_as_fields_not_both(self):
+    spec = settings.SpeculativeSettings(gamma=3, verification='block')
+    inputs = np.ones((1, 3), np.int32)
+    by_object = models.generate(TARGET, DRAFT, inputs, settings=spec, max_decode_len=6)
+    by_fields = models.generate(
+      TARGET, DRAFT, inputs, gamma=3, verification='block', max_decode_len=6
+    )
+    np.testing.assert_array_equal(by_object.tokens, by_fields.tokens)
+    with pytest.raises(ValueError, match='either as settings= or as keywords, not both'):
+      models.generate(TARGET, DRAFT, inputs, settings=spec, gamma=5)
+    with pytest.raises(TypeError, match=r"Unknown speculative setting\(s\) \['gama'\]"):
+      models.generate(TARGET, DRAFT, inputs, gama=5)
