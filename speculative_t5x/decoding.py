@@ -625,10 +625,6 @@ def emit_block(
   )
 
 
-# The keyword defaults of the decode functions are the settings object's.
-_DEFAULT_SETTINGS = settings_lib.SpeculativeSettings()
-
-
 def speculative_cache_length(max_decode_len: int, gamma: int) -> int:
   """Cache positions that `speculative_sample` needs: the output plus a block."""
   return max_decode_len + gamma + 1
@@ -651,10 +647,10 @@ def speculative_sample(
   draft: drafts.Draft,
   draft_cache: PyTree,
   gamma: int,
-  lenience: float = _DEFAULT_SETTINGS.lenience,
+  lenience: float = settings_lib.DEFAULTS.lenience,
   emulate_alpha: Optional[float] = None,
-  verification: str = _DEFAULT_SETTINGS.verification,
-  draft_threshold: float = _DEFAULT_SETTINGS.draft_threshold,
+  verification: str = settings_lib.DEFAULTS.verification,
+  draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
 ) -> Tuple[Array, Array, SpeculativeStats]:
   """Speculative sampling (Algorithm 1) in one compiled while_loop.
 

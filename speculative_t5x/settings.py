@@ -165,3 +165,8 @@ class SpeculativeSettings:
   def as_dict(self) -> Dict[str, Any]:
     """The fields as keyword arguments (`decoding.speculative_sample`'s) or a record."""
     return dataclasses.asdict(self)
+
+
+# The defaults, for the keyword arguments of the decode functions and the
+# gin-configured edges (infer, the benchmark, the T5X models).
+DEFAULTS = SpeculativeSettings()

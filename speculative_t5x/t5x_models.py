@@ -23,8 +23,6 @@ from speculative_t5x import settings as settings_lib
 from speculative_t5x import t5x_adapter
 
 Array = jax.Array
-# The settings' defaults, for the constructors' gin-bindable keywords.
-_DEFAULTS = settings_lib.SpeculativeSettings()
 
 
 def _check_decode_fn(decode_fn) -> None:
@@ -124,9 +122,9 @@ class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecode
     *,
     draft_module: network.Transformer,
     gamma: int,
-    lenience: float = _DEFAULTS.lenience,
-    verification: str = _DEFAULTS.verification,
-    draft_threshold: float = _DEFAULTS.draft_threshold,
+    lenience: float = settings_lib.DEFAULTS.lenience,
+    verification: str = settings_lib.DEFAULTS.verification,
+    draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
   ):
     self._set_speculative(
       network.Transformer,
@@ -212,9 +210,9 @@ class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel
     *,
     draft_module: network.DecoderOnly,
     gamma: int,
-    lenience: float = _DEFAULTS.lenience,
-    verification: str = _DEFAULTS.verification,
-    draft_threshold: float = _DEFAULTS.draft_threshold,
+    lenience: float = settings_lib.DEFAULTS.lenience,
+    verification: str = settings_lib.DEFAULTS.verification,
+    draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
   ):
     self._set_speculative(
       network.DecoderOnly,
