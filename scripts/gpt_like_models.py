@@ -43,9 +43,7 @@ metrics.jsonl, so a resumed run counts all of its segments).
 
   python scripts/gpt_like_models.py --workdir runs/gpt_like
 
-Load a trained model with `models.load_model(config, <workdir>/<model>,
-inputs_bidirectional_attention=False)`, where config is
-`network.DecoderOnlyConfig(**train.read_settings(<workdir>/<model>)['config'])`.
+Load a trained model with `models.load_trained(<workdir>/<model>)`.
 """
 
 import argparse
@@ -116,12 +114,9 @@ def time_training_step(config, task: str, batch_size: int, repetitions: int = 3)
       converter_cls=train.feature_converter_cls(config),
     ).as_numpy_iterator()
   )
-  tx = optax.adafactor(0.03)
-  step = jax.jit(
-    train.make_train_step(
-      config, tx, label_smoothing=0.0, z_loss=1e-4, loss_normalizing_factor=None
-    ),
-    donate_argnums=0,
+  # train.train's own compiled step (train.gin's optimizer, losses, causal attention).
+  tx, step, _ = train._jitted_steps(  # pylint: disable=protected-access
+    config, optax.adafactor, 0.03, 0.0, 1e-4, None, False
   )
   params = jax.device_put(network.random_params(config, 0)[0])
   state = train.TrainState(step=jnp.int32(0), params=params, opt_state=jax.jit(tx.init)(params))
@@ -154,8 +149,7 @@ def training_figures(model_dir: str) -> dict:
   the one the final parameters follow), and the wall time adds up the
   segments (each restarts 'seconds' from 0).
   """
-  with open(os.path.join(model_dir, train.METRICS_FILE)) as f:
-    records = [json.loads(line) for line in f]
+  records = train.read_metrics(model_dir)
   by_step = {r['step']: r for r in records if r['split'] == 'train'}
   evals = [r for r in records if r['split'] == 'validation']
   wall, last = 0.0, 0.0

@@ -15,8 +15,8 @@ with every other pair:
     gamma, baseline and speculative passes interleaved, next to Theorem 3.8's
     prediction from the measured alpha, c and v(gamma);
   * what else ran meanwhile: the load average and the other processes busy
-    on the CPU, sampled every 30 s (timings on a shared CPU are only as good
-    as its quiet).
+    on the CPU, sampled every 30 s (`measure.LoadMonitor`; timings on a
+    shared CPU are only as good as its quiet).
 
 Writes <output_dir>/gpt_like_row.{md,json} (default <workdir>/report) and the
 full benchmark report in <output_dir>/gpt_like_benchmark/.
@@ -34,19 +34,19 @@ import argparse
 import glob
 import json
 import os
-import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
-import psutil
 
 from speculative_t5x import benchmark
 from speculative_t5x import corpora
 from speculative_t5x import drafts
+from speculative_t5x import measure
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks_core
+from speculative_t5x import theory
 from speculative_t5x import train
 
 # Leviathan et al. 2023, Table 3: the GPT-like pair (97M target, 6M draft, LM1B).
@@ -68,7 +68,7 @@ def decoder_only_model_dirs(workdir: str) -> List[str]:
 
 
 def load_trained(model_dir: str) -> models.Model:
-  """The model `train` wrote to `model_dir`: its recorded config and attention, latest step."""
+  """The decoder-only model `train` wrote to `model_dir` (`models.load_trained`)."""
   settings = train.read_settings(model_dir)
   if settings is None or settings.get('network') != 'DecoderOnlyConfig':
     raise ValueError(
@@ -76,12 +76,7 @@ def load_trained(model_dir: str) -> models.Model:
       f'{train.SETTINGS_FILE} is missing or names another network); pass the directories '
       'of the GPT-like target and draft (--target_dir, --draft_dir).'
     )
-  config = network.DecoderOnlyConfig(**settings['config'])
-  return models.load_model(
-    config,
-    model_dir,
-    inputs_bidirectional_attention=bool(settings.get('inputs_bidirectional_attention')),
-  )
+  return models.load_trained(model_dir)
 
 
 def num_parameters(model: models.Model) -> int:
@@ -120,84 +115,6 @@ def sentence_tokens(path: str, vocabulary_path: str) -> List[np.ndarray]:
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
   with open(path, encoding='utf-8') as f:
     return [np.asarray(processor.encode(line.strip()) + [models.EOS_ID]) for line in f]
-
-
-# ------------------------------------------------------------------------------
-# What else runs on the machine.
-# ------------------------------------------------------------------------------
-def busy_processes(interval: float = 1.0, threshold: float = 5.0) -> Dict[int, Dict[str, Any]]:
-  """{pid: {'cpu_percent', 'command'}}: other processes using >= threshold % over `interval` s."""
-  processes = list(psutil.process_iter(['pid', 'cmdline']))
-  for process in processes:
-    try:
-      process.cpu_percent(None)  # Starts each process's interval.
-    except psutil.Error:
-      pass
-  time.sleep(interval)
-  busy = {}
-  for process in processes:
-    try:
-      percent = process.cpu_percent(None)
-    except psutil.Error:
-      continue
-    if process.pid != os.getpid() and percent >= threshold:
-      command = ' '.join(process.info['cmdline'] or [])[:160]
-      busy[process.pid] = dict(cpu_percent=percent, command=command)
-  return busy
-
-
-class LoadMonitor:
-  """Samples the load average and the busy processes every `period` s while it runs.
-
-  A daemon thread; each sample costs one `busy_processes` (about a second of
-  sleeping, a few ms of CPU), so timings are not disturbed.
-  """
-
-  def __init__(self, period: float = 30.0):
-    self._period = period
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
-    self.samples: List[Dict[str, Any]] = []
-
-  def _run(self):
-    while True:
-      busy = busy_processes()
-      self.samples.append(
-        dict(time=time.time(), load_average=list(os.getloadavg()), busy=list(busy.values()))
-      )
-      if self._stop.wait(self._period):
-        return
-
-  def __enter__(self):
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc_info):
-    self._stop.set()
-    self._thread.join()
-
-  def summary(self, since: float = 0.0) -> Dict[str, Any]:
-    """What the samples taken at `since` (a time.time()) or later saw.
-
-    {'samples', 'load_average_1min': {min, max} (None without samples),
-    'busy': [{command, peak_cpu_percent, samples (it was busy in)}]}.
-    """
-    samples = [sample for sample in self.samples if sample['time'] >= since]
-    peaks: Dict[str, Dict[str, Any]] = {}
-    for sample in samples:
-      for process in sample['busy']:
-        seen = peaks.setdefault(process['command'], dict(peak_cpu_percent=0.0, samples=0))
-        seen['peak_cpu_percent'] = max(seen['peak_cpu_percent'], process['cpu_percent'])
-        seen['samples'] += 1
-    loads = [sample['load_average'][0] for sample in samples]
-    return dict(
-      samples=len(samples),
-      load_average_1min=dict(min=min(loads), max=max(loads)) if loads else None,
-      busy=[
-        dict(command=command, **seen)
-        for command, seen in sorted(peaks.items(), key=lambda item: -item[1]['samples'])
-      ],
-    )
 
 
 # ------------------------------------------------------------------------------
@@ -248,7 +165,7 @@ def gpt_like_row(
     log.append(dict(seconds=time.time() - start, line=line))
     progress(line)
 
-  with LoadMonitor() as monitor:
+  with measure.LoadMonitor() as monitor:
     records = benchmark.run_benchmark(
       target,
       draft,
@@ -295,8 +212,9 @@ def gpt_like_row(
       speedup=r['speedup'],
       predicted_speedup=r.get('predicted_speedup'),
       # Theorem 3.8 with the tokens per call measured (EOS cuts rows short).
-      predicted_speedup_measured_tokens=r['tokens_per_call']
-      / (r['gamma'] * r['c'] + r['verify_cost']),
+      predicted_speedup_measured_tokens=float(
+        r['tokens_per_call'] / theory.iteration_walltime(r['gamma'], r['c'], r['verify_cost'])
+      ),
       predicted_speedup_parts=r.get('predicted_speedup_parts'),
       identical_outputs=r.get('identical_outputs'),
     )

@@ -31,13 +31,19 @@ a decode call, the steps run right after them, and the per-call set-up
 `decoder_step_bytes` counts what a cached decoder step must read and
 `memory_bandwidth` measures what this machine streams, so a step's time can
 be set against its floor (bytes / bandwidth) in the same run.
+
+Timings on a shared CPU are only as good as its quiet: `LoadMonitor` samples
+the load average and the other processes busy on the CPU (`busy_processes`)
+while a measurement runs, for its report.
 """
 
 import dataclasses
 import functools
+import os
 import statistics
+import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import jax
 from jax import lax
@@ -622,3 +628,104 @@ def step_floor(step_bytes: int, seconds: float, bandwidth: float) -> Mapping[str
     bandwidth_gb_per_s=bandwidth / 1e9,
     over_floor=seconds / floor,
   )
+
+
+# ------------------------------------------------------------------------------
+# What else runs on the machine.
+# ------------------------------------------------------------------------------
+def _cpu_seconds(pid: int) -> Optional[float]:
+  """CPU seconds (user + system) process `pid` has used, from /proc; None if it is gone."""
+  try:
+    with open(f'/proc/{pid}/stat', 'rb') as f:
+      # The command (field 2) is parenthesized and may hold spaces: split after it.
+      fields = f.read().rsplit(b')', 1)[1].split()
+  except (OSError, IndexError):
+    return None
+  return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')  # utime, stime.
+
+
+def _command(pid: int) -> str:
+  try:
+    with open(f'/proc/{pid}/cmdline', 'rb') as f:
+      return f.read().replace(b'\0', b' ').decode('utf-8', 'replace').strip()
+  except OSError:
+    return ''
+
+
+def busy_processes(interval: float = 1.0, threshold: float = 5.0) -> Dict[int, Dict[str, Any]]:
+  """{pid: {'cpu_percent', 'command'}}: other processes using >= threshold % over `interval` s.
+
+  Percent of one core (a process's threads add up, as in `top`), read from
+  Linux's /proc; {} where there is no /proc.
+  """
+  if not os.path.isdir('/proc'):
+    return {}
+  pids = [int(name) for name in os.listdir('/proc') if name.isdigit() and int(name) != os.getpid()]
+  before = {pid: _cpu_seconds(pid) for pid in pids}
+  start = time.monotonic()
+  time.sleep(interval)
+  elapsed = time.monotonic() - start
+  busy = {}
+  for pid, used in before.items():
+    now = _cpu_seconds(pid)
+    if used is None or now is None:
+      continue
+    percent = 100.0 * (now - used) / elapsed
+    if percent >= threshold:
+      busy[pid] = dict(cpu_percent=percent, command=_command(pid)[:160])
+  return busy
+
+
+class LoadMonitor:
+  """Samples the load average and the busy processes every `period` s while it runs.
+
+  A daemon thread; each sample costs one `busy_processes` (about a second of
+  sleeping, a few ms of CPU), so timings are not disturbed. Use as a context
+  manager around the measurement; `summary` says what it saw.
+  """
+
+  def __init__(self, period: float = 30.0):
+    self._period = period
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self.samples: List[Dict[str, Any]] = []
+
+  def _run(self):
+    while True:
+      busy = busy_processes()
+      self.samples.append(
+        dict(time=time.time(), load_average=list(os.getloadavg()), busy=list(busy.values()))
+      )
+      if self._stop.wait(self._period):
+        return
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info):
+    self._stop.set()
+    self._thread.join()
+
+  def summary(self, since: float = 0.0) -> Dict[str, Any]:
+    """What the samples taken at `since` (a time.time()) or later saw.
+
+    {'samples', 'load_average_1min': {min, max} (None without samples),
+    'busy': [{command, peak_cpu_percent, samples (it was busy in)}]}.
+    """
+    samples = [sample for sample in self.samples if sample['time'] >= since]
+    peaks: Dict[str, Dict[str, Any]] = {}
+    for sample in samples:
+      for process in sample['busy']:
+        seen = peaks.setdefault(process['command'], dict(peak_cpu_percent=0.0, samples=0))
+        seen['peak_cpu_percent'] = max(seen['peak_cpu_percent'], process['cpu_percent'])
+        seen['samples'] += 1
+    loads = [sample['load_average'][0] for sample in samples]
+    return dict(
+      samples=len(samples),
+      load_average_1min=dict(min=min(loads), max=max(loads)) if loads else None,
+      busy=[
+        dict(command=command, **seen)
+        for command, seen in sorted(peaks.items(), key=lambda item: -item[1]['samples'])
+      ],
+    )

@@ -24,6 +24,8 @@ compiled call, for loops that time or stream many batches.
 
 import dataclasses
 import functools
+import json
+import os
 from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 import flax
@@ -45,6 +47,8 @@ Array = jax.Array
 Draft = Union['Model', drafts.Draft]
 
 EOS_ID = layouts.EOS_ID
+# What `train.train` records in its model directory beside the checkpoints.
+TRAIN_SETTINGS_FILE = 'train_settings.json'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -597,6 +601,35 @@ def load_model(
 
   params = checkpoints.load_params(checkpoint_path, config=config, dtype=dtype)
   return Model(config, params, inputs_bidirectional_attention)
+
+
+def load_trained(model_dir: str, dtype=None) -> Model:
+  """The `Model` that `train.train` wrote to `model_dir`, from what the run recorded.
+
+  The network (`T5Config` or `DecoderOnlyConfig`) and a prefix LM's
+  `inputs_bidirectional_attention` come from its `TRAIN_SETTINGS_FILE`, the
+  parameters from its latest checkpoint (`load_model`).
+
+  Args:
+    model_dir: a directory `train.train` (or the train gin main) wrote.
+    dtype: optional parameter dtype to cast to (e.g. 'bfloat16').
+  """
+  path = os.path.join(model_dir, TRAIN_SETTINGS_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+      f'{model_dir} holds no {TRAIN_SETTINGS_FILE}: it was not written by speculative_t5x.train. '
+      'Load other checkpoints with load_model(config, path).'
+    )
+  with open(path) as f:
+    settings = json.load(f)
+  classes = {cls.__name__: cls for cls in (network.T5Config, network.DecoderOnlyConfig)}
+  config = classes[settings['network']](**settings['config'])
+  return load_model(
+    config,
+    model_dir,
+    dtype,
+    inputs_bidirectional_attention=bool(settings.get('inputs_bidirectional_attention')),
+  )
 
 
 def random_model(

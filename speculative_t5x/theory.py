@@ -96,9 +96,26 @@ def walltime_improvement(alpha, gamma, c, verify_cost=1.0) -> np.ndarray:
   Returns:
     float64 array: expected_tokens(α, γ) / (γ·c + v).
   """
-  return expected_tokens(alpha, gamma) / (
-    np.asarray(gamma) * np.asarray(c, dtype=np.float64) + verify_cost
-  )
+  return expected_tokens(alpha, gamma) / iteration_walltime(gamma, c, verify_cost)
+
+
+def iteration_walltime(gamma, c, verify_cost=1.0) -> np.ndarray:
+  """Theorem 3.8's cost of one iteration, in target steps: γ draft steps and one target call.
+
+  Tokens per target call divided by it is the speedup: with Eq. 1's expected
+  tokens, `walltime_improvement`; with tokens per call measured, the same
+  prediction without Eq. 1's assumptions (rows that end at EOS cut their
+  last block).
+
+  Args:
+    gamma: draft tokens per iteration (int >= 1).
+    c: walltime of one draft step / walltime of one target step.
+    verify_cost: walltime of one target call on γ+1 tokens / one target step.
+
+  Returns:
+    float64 array: γ·c + v.
+  """
+  return np.asarray(gamma) * np.asarray(c, dtype=np.float64) + verify_cost
 
 
 def operations_factor(alpha, gamma, c_hat) -> np.ndarray:

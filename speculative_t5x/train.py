@@ -87,6 +87,7 @@ import tqdm
 
 from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
+from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks
 
@@ -96,7 +97,7 @@ LossNormalizingFactor = Union[None, float, str]
 
 ITEM_NAMES = ('params', 'opt_state')
 METRICS_FILE = 'metrics.jsonl'
-SETTINGS_FILE = 'train_settings.json'
+SETTINGS_FILE = models.TRAIN_SETTINGS_FILE  # models.load_trained reads it.
 # T5X's special loss normalizing factors (`t5x.losses.SpecialLossNormalizingFactor`).
 SPECIAL_LOSS_NORMALIZING_FACTORS = (
   'NUM_REAL_TARGET_TOKENS',
@@ -526,6 +527,32 @@ def append_metrics(path: str, split: str, record: Mapping[str, Any]) -> None:
   """Appends one JSON line `{'split': split, **record}` to a metrics file."""
   with open(path, 'a') as f:
     f.write(json.dumps({'split': split, **record}) + '\n')
+
+
+def read_metrics(model_dir: str, split: Optional[str] = None) -> List[Dict[str, Any]]:
+  """The records of `model_dir`'s `METRICS_FILE` in the order written; [] if it has none.
+
+  A resumed run appends: the steps after the last checkpoint of an
+  interrupted run appear twice (the later record is the one the final
+  parameters follow), and each segment's 'seconds' restarts from 0.
+
+  Args:
+    model_dir: a directory `train` (or `distill`) wrote.
+    split: only that split's records ('train', 'validation'), without their
+      'split' key; None for all of them, with it.
+  """
+  path = os.path.join(model_dir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  if split is None:
+    return records
+  return [
+    {name: value for name, value in record.items() if name != 'split'}
+    for record in records
+    if record['split'] == split
+  ]
 
 
 @dataclasses.dataclass
