@@ -1,4 +1,4 @@
-"""speculative_t5x: exact speculative decoding for T5X-style encoder-decoders."""
+"""speculative_t5x: exact speculative decoding for T5X's encoder-decoder and decoder-only models."""
 
 import setuptools
 
@@ -6,8 +6,9 @@ setuptools.setup(
   name='speculative_t5x',
   version='0.1.0',
   description=(
-    'Speculative decoding (Leviathan et al., 2023) for T5 1.1 '
-    'encoder-decoders in JAX/Flax, as a drop-in for T5X decoding.'
+    'Speculative decoding (Leviathan et al., 2023) for T5X models, T5 1.1 '
+    'encoder-decoders and decoder-only language models, in JAX/Flax, as a '
+    'drop-in for T5X decoding.'
   ),
   packages=setuptools.find_packages(include=['speculative_t5x', 'speculative_t5x.*']),
   python_requires='>=3.10',
