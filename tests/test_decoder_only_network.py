@@ -41,15 +41,13 @@ TIED_RELU = dataclasses.replace(CONFIG, mlp_activations=('relu',), logits_via_em
 MODULE = network.DecoderOnly(CONFIG)
 PARAMS = network.random_params(CONFIG, seed=1)[0]
 
-# Tests compile with LLVM's optimizations off (as tests/test_network.py).
-jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
 T5X_REASON = (
   't5x is not installed: it is an optional integration (not on PyPI); install it '
   'from its source repository to run the T5X comparisons'
 )
 
 
-@functools.partial(jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0)
 def _forward(config, params, inputs, targets, causal_attention=None, segments=None):
   return network.DecoderOnly(config).apply(
     {'params': params},
@@ -61,9 +59,9 @@ def _forward(config, params, inputs, targets, causal_attention=None, segments=No
   )
 
 
-_init_cache = jit(network.init_decoder_cache, static_argnums=(0, 3))
-_decode_block = jit(network.apply_decode_block, static_argnums=0)
-_prefill = jit(network.prefill_decoder_cache, static_argnums=0, static_argnames='bidirectional')
+_init_cache = jax.jit(network.init_decoder_cache, static_argnums=(0, 3))
+_decode_block = jax.jit(network.apply_decode_block, static_argnums=0)
+_prefill = jax.jit(network.prefill_decoder_cache, static_argnums=0, static_argnames='bidirectional')
 
 
 def _prefix_lm_batch(rng, prompt_lengths, length, padding_from=None):
@@ -324,7 +322,7 @@ def test_t5x_decode_protocol_equals_teacher_forcing(mode):
   mask = causal_attention if mode == 'prefix_lm_prefill' else None
   full = np.asarray(_forward(CONFIG, PARAMS, inputs, targets, mask))
   ones = np.ones_like(inputs)
-  _, variables = jit(
+  _, variables = jax.jit(
     lambda p: MODULE.apply(
       {'params': p}, ones, ones, enable_dropout=False, decode=True, mutable=['cache']
     )
@@ -333,7 +331,7 @@ def test_t5x_decode_protocol_equals_teacher_forcing(mode):
   assert cache['decoder']['cache_index'].shape == ()
   assert cache['decoder']['layers_1']['self_attention']['cached_key'].shape == (3, length, 4, 8)
   if mode != 'no_prefill':
-    _, variables = jit(
+    _, variables = jax.jit(
       lambda p, c: MODULE.apply(
         {'params': p, 'cache': c},
         decoder_input_tokens=inputs * causal_attention,
@@ -350,7 +348,7 @@ def test_t5x_decode_protocol_equals_teacher_forcing(mode):
   expand = lambda x: jnp.repeat(x, 2, axis=0) if x.ndim else x
   cache = jax.tree.map(expand, cache)
 
-  @jit
+  @jax.jit
   def step(cache, token):
     return MODULE.apply(
       {'params': PARAMS, 'cache': cache},
@@ -521,13 +519,13 @@ def test_logits_equal_t5x_on_t5x_initialized_params(t5x, config):
   """Teacher forcing: causal, prefix LM, packed; rows padded at different lengths."""
   module = _t5x_module(t5x, config)
   tokens = jnp.ones((1, 4), jnp.int32)
-  params = jit(lambda key: module.init(key, tokens, tokens, enable_dropout=False))(
+  params = jax.jit(lambda key: module.init(key, tokens, tokens, enable_dropout=False))(
     jax.random.PRNGKey(4)
   )['params']
   rng = np.random.default_rng(4)
   inputs, targets, causal_attention = _prefix_lm_batch(rng, [0, 2, 5], 10, padding_from=[10, 8, 7])
   segments = (targets > 0) * (1 + (np.arange(10)[None] >= 6))
-  theirs = jit(
+  theirs = jax.jit(
     lambda p, c, s: module.apply(
       {'params': p},
       inputs,
@@ -584,15 +582,15 @@ def test_t5x_decoder_only_model_scores_and_predicts_with_this_module(t5x, bidire
     'decoder_causal_attention': causal_attention,
     'decoder_loss_weights': (1 - causal_attention).astype(np.int32),
   }
-  score = lambda model: jit(model.score_batch)(PARAMS, batch)
+  score = lambda model: jax.jit(model.score_batch)(PARAMS, batch)
   np.testing.assert_allclose(score(ours), score(stock), rtol=1e-5)
-  greedy = lambda model: jit(model.predict_batch_with_aux)(PARAMS, batch)
+  greedy = lambda model: jax.jit(model.predict_batch_with_aux)(PARAMS, batch)
   (decodes, aux), (stock_decodes, stock_aux) = greedy(ours), greedy(stock)
   np.testing.assert_array_equal(decodes, stock_decodes)
   np.testing.assert_allclose(aux['scores'], stock_aux['scores'], atol=1e-4)
   # T5X removes the prompt; every row decoded something.
   assert decodes.shape == (3, 10) and (decodes[:, 0] != 0).all()
-  sample = lambda model: jit(
+  sample = lambda model: jax.jit(
     lambda p, b, key: model.predict_batch_with_aux(
       p, b, key, num_decodes=2, return_all_decodes=True, decoder_params={'topk': 0}
     )

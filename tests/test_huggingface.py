@@ -22,8 +22,6 @@ transformers = pytest.importorskip(
 )
 
 TOLERANCE = 1e-4
-# LLVM optimizations off: faster compiles of these tiny models, same arithmetic.
-jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
 
 
 def _hf_model(feed_forward_proj='gated-gelu', tie_word_embeddings=False, seed=0):
@@ -70,7 +68,7 @@ def _hf_outputs(model, inputs, decoder_inputs):
   return out.encoder_last_hidden_state.numpy(), out.logits.numpy()
 
 
-@functools.partial(jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0)
 def _our_outputs(config, params, inputs, decoder_inputs, targets):
   module = network.Transformer(config)
   encoded = module.apply(

@@ -25,11 +25,6 @@ CONFIG = network.T5Config(
 )
 
 
-# Tests compile with LLVM's optimizations off: compiles are about 4x faster on
-# CPU for these tiny models, and the arithmetic is the same.
-jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
-
-
 def _batch(rng, batch=3, input_length=7, target_length=12, vocab=64):
   """Encoder tokens with per-row padding, decoder inputs and targets (no padding)."""
   inputs = rng.integers(2, vocab, (batch, input_length))
@@ -40,7 +35,7 @@ def _batch(rng, batch=3, input_length=7, target_length=12, vocab=64):
   return inputs, decoder_inputs, targets
 
 
-@functools.partial(jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0)
 def _forward(
   config, params, inputs, decoder_inputs, targets, input_segments=None, target_segments=None
 ):
@@ -55,8 +50,8 @@ def _forward(
   )
 
 
-_init_decoder_cache = jit(network.init_decoder_cache, static_argnums=(0, 3))
-_apply_decode_block = jit(network.apply_decode_block, static_argnums=0)
+_init_decoder_cache = jax.jit(network.init_decoder_cache, static_argnums=(0, 3))
+_apply_decode_block = jax.jit(network.apply_decode_block, static_argnums=0)
 
 
 # ------------------------------------------------------------------------------
@@ -183,7 +178,7 @@ def test_init_follows_t5x_initializers_and_random_params_matches_scales():
     num_decoder_layers=1,
   )
   tokens = jnp.ones((1, 1), jnp.int32)
-  init = jit(
+  init = jax.jit(
     lambda key: network.Transformer(config).init(key, tokens, tokens, tokens, enable_dropout=False)
   )
   emb, heads_dim = 128, 4 * 16
@@ -266,7 +261,7 @@ def test_prefill_then_decode_block_matches_teacher_forcing():
   params, _ = network.random_params(CONFIG, seed=5)
   inputs, decoder_inputs, targets = _batch(rng)
   full = np.asarray(_forward(CONFIG, params, inputs, decoder_inputs, targets))
-  prefill = jit(network.prefill_decoder_cache, static_argnums=0)
+  prefill = jax.jit(network.prefill_decoder_cache, static_argnums=0)
   cache = _init_decoder_cache(CONFIG, params, inputs, 16)
   width, k = 5, 3
   cache = prefill(CONFIG, params, cache, decoder_inputs[:, :width], jnp.full(3, width - 1))
@@ -295,7 +290,7 @@ def test_t5x_decode_protocol_matches_teacher_forcing_after_batch_expansion():
   length = targets.shape[1]
   full = np.asarray(_forward(CONFIG, params, inputs, decoder_inputs, targets))
   # As T5X's EncoderDecoderModel._compute_kv_cache: shapes from dummy inputs.
-  _, variables = jit(
+  _, variables = jax.jit(
     lambda p: module.apply(
       {'params': p},
       jnp.ones_like(inputs),
@@ -324,7 +319,7 @@ def test_t5x_decode_protocol_matches_teacher_forcing_after_batch_expansion():
     {k: v if k[-1] == 'cache_index' else expand(v) for k, v in flat.items()}
   )
 
-  @jit
+  @jax.jit
   def step(cache, token):
     encoded = module.apply(
       {'params': params}, inputs, enable_dropout=False, method=network.Transformer.encode

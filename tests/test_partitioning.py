@@ -42,7 +42,6 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     from speculative_t5x import network, partitioning
 
     assert jax.device_count() == 8, jax.devices()
-    jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
     config = network.T5Config(vocab_size=64, dtype=jnp.float32, emb_dim=32, num_heads=4,
                               num_encoder_layers=2, num_decoder_layers=2, head_dim=8,
                               mlp_dim=48, dropout_rate=0.0)
@@ -55,11 +54,11 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     starts = np.array([0, 1, 2, 0], np.int32)
 
     def run(params, inputs, decoder_inputs, targets, starts, cache_shardings=None):
-      forward = jit(lambda p, *x: network.Transformer(config).apply(
+      forward = jax.jit(lambda p, *x: network.Transformer(config).apply(
           {'params': p}, *x, enable_dropout=False))
-      init_cache = jit(network.init_decoder_cache, static_argnums=(0, 3),
+      init_cache = jax.jit(network.init_decoder_cache, static_argnums=(0, 3),
                        out_shardings=cache_shardings)
-      decode_block = jit(functools.partial(network.apply_decode_block, config),
+      decode_block = jax.jit(functools.partial(network.apply_decode_block, config),
                          out_shardings=(None, cache_shardings))
       logits = forward(params, inputs, decoder_inputs, targets)
       cache = init_cache(config, params, inputs, 8)
