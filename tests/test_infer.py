@@ -29,27 +29,11 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks
 from speculative_t5x import tasks_core
-from testing_utils import decoded_lengths
+from testing_utils import NOUNS, PAIRS as PHRASE_PAIRS, VERBS, decoded_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VERBS = [
-  ('Open', 'öffnen'),
-  ('Close', 'schließen'),
-  ('Delete', 'löschen'),
-  ('Save', 'speichern'),
-  ('Print', 'drucken'),
-  ('Copy', 'kopieren'),
-]
-NOUNS = [
-  ('the file', 'die Datei'),
-  ('the window', 'das Fenster'),
-  ('the folder', 'den Ordner'),
-  ('the page', 'die Seite'),
-  ('the picture', 'das Bild'),
-]
-PAIRS = [
-  (f'{verb} {noun}', f'{noun_de} {verb_de}') for verb, verb_de in VERBS for noun, noun_de in NOUNS
-]  # 30 examples: batches of 4 leave a partial one.
+# testing_utils' phrases, 30 of its 36: batches of 4 leave a partial one.
+PAIRS = PHRASE_PAIRS[:30]
 PREFIX = 'translate English to German: '
 VOCAB_SIZE = 64
 TASK_NAME = 'speculative_t5x:infer_test_fixture'
