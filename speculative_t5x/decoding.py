@@ -446,6 +446,15 @@ class SpeculativeStats:
     return jnp.sum(self.drafted) / jnp.maximum(jnp.sum(self.iterations), 1)
 
   @property
+  def finished_row_calls(self) -> Array:
+    """Rows of the target calls that were already finished (one batch's statistics).
+
+    At batch > 1 the loop runs until its slowest row ends; every call scores
+    all rows. rows * target_calls - sum(iterations), rows the per-row fields'.
+    """
+    return self.iterations.shape[0] * self.target_calls - jnp.sum(self.iterations)
+
+  @property
   def acceptance_by_position(self) -> Array:
     """float [gamma]: P(draft position i accepted | judged)."""
     return self.position_accepted / jnp.maximum(self.position_reached, 1)

@@ -614,6 +614,33 @@ def memory_bandwidth(num_bytes: int = 512 * 2**20, repetitions: int = 5) -> floa
   return num_bytes / median_seconds(lambda: _stream(x), repetitions)
 
 
+def machine(bandwidth: Optional[float] = None) -> Dict[str, Any]:
+  """What a measurement ran on: device, CPU model and family, cores, memory bandwidth.
+
+  The pool's CPUs differ about 2x in bandwidth (DESIGN.md), so every report
+  and profile names its machine. `bandwidth` in bytes/s (measured if None).
+  """
+  cpu = {}
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        key, _, value = line.partition(':')
+        key, value = key.strip(), value.strip()
+        if key in ('model name', 'cpu family') and key not in cpu:
+          cpu[key] = value
+  except OSError:
+    pass
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  return dict(
+    device=str(jax.devices()[0].device_kind),
+    platform=jax.default_backend(),
+    cpu=cpu.get('model name'),
+    cpu_family=cpu.get('cpu family'),
+    cores=cores,
+    bandwidth_gb_per_s=(memory_bandwidth() if bandwidth is None else bandwidth) / 1e9,
+  )
+
+
 def step_floor(step_bytes: int, seconds: float, bandwidth: float) -> Mapping[str, float]:
   """A step's bytes against the floor: {bytes, floor_ms, measured_ms, achieved GB/s, ratio}."""
   floor = step_bytes / bandwidth

@@ -105,11 +105,14 @@ class GenerateOutput:
       standardized distribution (0 for greedy decoding).
     stats: `decoding.SpeculativeStats` with per-row fields [B], or None for
       the baseline.
+    gamma: the gamma that ran (static; 0: the baseline), which gamma='auto'
+      chose for this batch's size.
   """
 
   tokens: Array
   scores: Array
   stats: Optional[decoding.SpeculativeStats]
+  gamma: int = flax.struct.field(pytree_node=False, default=0)
 
 
 def _as_draft(draft: Draft):
@@ -254,6 +257,52 @@ def speculative_decode(
   return decodes, scores, stats
 
 
+def baseline_decode(
+  target_config: Any,
+  target_params: PyTree,
+  input_tokens: Array,
+  max_decode_len: int,
+  *,
+  decoder_prompt: Optional[Array] = None,
+  prefill_width: Optional[int] = None,
+  inputs_bidirectional_attention: bool = False,
+  **decode_args,
+) -> Tuple[Array, Array]:
+  """One baseline decode call (`decoding.temperature_sample`) on this project's networks.
+
+  `speculative_decode`'s set-up without a draft: the target's cache
+  (prefilled with the decoder prompts, if any) and its one-token scorer.
+  Arguments as `speculative_decode`'s; `decode_args` are
+  `temperature_sample`'s (`eos_id`, `decode_rng`, `num_decodes`,
+  `temperature`, ...).
+
+  Returns:
+    `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes])`,
+    ascending log probability (T5X's order).
+  """
+  cache, initial_index = prefilled_target_cache(
+    target_config,
+    target_params,
+    input_tokens,
+    max_decode_len,
+    decoder_prompt,
+    prefill_width=prefill_width,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+  )
+
+  def tokens_to_logits(state: decoding.DecodingState):
+    logits, new_cache = network.apply_decode_block(
+      target_config, target_params, state.cache, state.cur_token, state.cur_index
+    )
+    return logits[:, 0], new_cache
+
+  if decoder_prompt is None:
+    decoder_prompt = jnp.zeros((input_tokens.shape[0], max_decode_len), jnp.int32)
+  return decoding.temperature_sample(
+    decoder_prompt, cache, tokens_to_logits, initial_index=initial_index, **decode_args
+  )
+
+
 @functools.partial(
   jax.jit,
   static_argnames=(
@@ -305,20 +354,15 @@ def _generate(
     decode_rng=rng, temperature=temperature, topk=topk, topp=topp, max_decode_steps=max_decode_steps
   )
   if draft is None:
-    cache, initial_index = prefilled_target_cache(
-      target_config, target_params, input_tokens, length, decoder_prompt, **prefill_args
-    )
-
-    def tokens_to_logits(state: decoding.DecodingState):
-      logits, new_cache = network.apply_decode_block(
-        target_config, target_params, state.cache, state.cur_token, state.cur_index
-      )
-      return logits[:, 0], new_cache
-
-    if decoder_prompt is None:
-      decoder_prompt = jnp.zeros((input_tokens.shape[0], length), jnp.int32)
-    decodes, scores = decoding.temperature_sample(
-      decoder_prompt, cache, tokens_to_logits, eos_id, initial_index=initial_index, **sample_args
+    decodes, scores = baseline_decode(
+      target_config,
+      target_params,
+      input_tokens,
+      length,
+      decoder_prompt=decoder_prompt,
+      **prefill_args,
+      eos_id=eos_id,
+      **sample_args,
     )
     decodes, scores, stats = decodes[:, -1], scores[:, -1], None
   else:
@@ -333,13 +377,15 @@ def _generate(
       eos_id=eos_id,
       **sample_args,
       emulate_alpha=emulate_alpha,
-      **settings.as_dict(),
+      **settings.decode_kwargs(),
     )
   if prompts is not None:
     decodes = layouts.strip_prompts(
       decodes, decoding.prompt_lengths(decoder_prompt), max_decode_len
     )
-  return GenerateOutput(tokens=decodes, scores=scores, stats=stats)
+  return GenerateOutput(
+    tokens=decodes, scores=scores, stats=stats, gamma=0 if settings is None else settings.gamma
+  )
 
 
 def check_input_tokens(input_tokens, vocab_size: int, name: str = 'input_tokens') -> np.ndarray:
@@ -398,9 +444,22 @@ class Decoder:
   ) -> GenerateOutput:
     """Decodes a batch; see `generate` for `input_tokens` and `decoder_prompts`."""
     input_tokens, decoder_prompts = self.check_inputs(input_tokens, decoder_prompts)
-    return _generate(
-      self.target.params, self.draft, input_tokens, decoder_prompts, rng, **self.static_args
-    )
+    draft, static_args = self.for_batch(input_tokens.shape[0])
+    return _generate(self.target.params, draft, input_tokens, decoder_prompts, rng, **static_args)
+
+  def for_batch(self, batch_size: int) -> Tuple[Any, Mapping[str, Any]]:
+    """(draft, static arguments) that decode a batch of `batch_size` rows.
+
+    With gamma='auto' the speculation profile chooses the batch's gamma
+    (`settings.SpeculativeSettings.for_batch`); gamma 0 is the baseline,
+    without the draft. Otherwise this decoder's own.
+    """
+    settings = self.static_args['settings']
+    if settings is None or settings.gamma != settings_lib.AUTO:
+      return self.draft, self.static_args
+    args = self.static_args
+    batch_settings = settings.for_batch(batch_size, args['temperature'], args['topk'], args['topp'])
+    return (None if batch_settings is None else self.draft), dict(args, settings=batch_settings)
 
   def check_inputs(self, input_tokens, decoder_prompts=None):
     """(input_tokens, decoder_prompts) checked on the host, as int32 device arrays."""
@@ -427,10 +486,11 @@ class Decoder:
     self, input_tokens: Array, rng: Array, decoder_prompts: Optional[Array] = None
   ) -> 'CompiledDecoder':
     """Compiles ahead of time for the shapes of these arguments."""
+    draft, static_args = self.for_batch(np.shape(input_tokens)[0])
     compiled = _generate.lower(
-      self.target.params, self.draft, input_tokens, decoder_prompts, rng, **self.static_args
+      self.target.params, draft, input_tokens, decoder_prompts, rng, **static_args
     ).compile()
-    return CompiledDecoder(self, compiled)
+    return CompiledDecoder(self, draft, compiled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,14 +498,13 @@ class CompiledDecoder:
   """A `Decoder` compiled for one input shape: call it, or read its memory use."""
 
   decoder: Decoder
+  draft: Any  # The decoder's, or None where gamma='auto' chose the baseline.
   compiled: Any  # jax.stages.Compiled
 
   def __call__(
     self, input_tokens: Array, rng: Array, decoder_prompts: Optional[Array] = None
   ) -> GenerateOutput:
-    return self.compiled(
-      self.decoder.target.params, self.decoder.draft, input_tokens, decoder_prompts, rng
-    )
+    return self.compiled(self.decoder.target.params, self.draft, input_tokens, decoder_prompts, rng)
 
   def memory_analysis(self):
     """XLA's memory analysis (argument, output, temporary sizes), or None."""
@@ -509,6 +568,7 @@ def make_decoder(
     draft = _as_draft(draft)
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     check_same_architecture(target, draft)
+    settings.for_batch(1, temperature, topk, topp)  # A profile of another mode fails here.
   else:  # Unused by the baseline.
     settings, emulate_alpha = None, None
   static_args = dict(

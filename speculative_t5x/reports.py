@@ -74,8 +74,9 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
       for r in alpha
     ]
   lines += _distillation_lines(records)
+  lines += _profile_lines(records)
   batched = [r for r in walltime if r['batch_size'] != 1]
-  if batched:
+  if batched and not any(r['kind'] == 'profile' for r in records):
     lines += [
       '',
       '## Speedup vs batch size',
@@ -250,6 +251,97 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   return lines
 
 
+def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown: per temperature and batch size, each gamma's predicted and measured
+  speedup, the profile's choice, and gamma='auto' against the baseline and the best gamma."""
+  lines = []
+  for profile in (r for r in records if r['kind'] == 'profile'):
+    temperature = profile['temperature']
+    auto = {
+      r['batch_size']: r for r in records if r['kind'] == 'auto' and r['temperature'] == temperature
+    }
+    sizes = sorted(profile['batch_sizes'], key=int)
+    gammas = sorted({g for b in sizes for g in profile['batch_sizes'][b]['gammas']}, key=int)
+    lines += [
+      '',
+      f'## Speculation profile, T = {temperature} ({profile["path"]})',
+      '',
+      'Per gamma: measured speedup (median) / predicted (Theorem 3.8 with c and v measured at '
+      "that batch size and the measured alpha) / share of the target calls' rows already "
+      "finished. Chosen: the profile's gamma (0: the baseline). auto: gamma='auto' with "
+      'this profile, timed again against the baseline.',
+      '',
+      '| batch | '
+      + ' | '.join(f'gamma {g}' for g in gammas)
+      + ' | chosen | auto (ran) | auto / best gamma |',
+      '|' + '---|' * (len(gammas) + 4),
+    ]
+    for size in sizes:
+      cells = profile['batch_sizes'][size]['gammas']
+      best = max(cells[g]['measured_speedup'] for g in cells)
+      row = [
+        f'{_fmt(cells[g]["measured_speedup"])}x / {_fmt(cells[g]["predicted_speedup"])}x / '
+        f'{_fmt(cells[g]["finished_row_share"])}'
+        if g in cells
+        else '-'
+        for g in gammas
+      ]
+      record = auto.get(int(size))
+      auto_cells = (
+        [
+          f'{_fmt(record["speedup"]["median"])}x ({record["gamma_ran"]})',
+          f'{_fmt(record["speedup"]["median"] / max(best, 1.0))}',
+        ]
+        if record
+        else ['-', '-']
+      )
+      lines.append(
+        f'| {size} | '
+        + ' | '.join(row)
+        + f' | {profile["gamma_by_batch_size"][int(size)]} | '
+        + ' | '.join(auto_cells)
+        + ' |'
+      )
+  return lines
+
+
+def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], path: str) -> None:
+  """Speedup vs batch size: each gamma measured (solid) and predicted (dashed), and auto."""
+  from matplotlib import pyplot as plt
+
+  temperature = profile['temperature']
+  sizes = sorted(profile['batch_sizes'], key=int)
+  gammas = sorted({g for b in sizes for g in profile['batch_sizes'][b]['gammas']}, key=int)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for index, gamma in enumerate(gammas):
+    color = f'C{index}'
+    points = [
+      (int(b), profile['batch_sizes'][b]['gammas'][gamma])
+      for b in sizes
+      if gamma in profile['batch_sizes'][b]['gammas']
+    ]
+    ax.plot(
+      [b for b, _ in points],
+      [p['measured_speedup'] for _, p in points],
+      marker='o',
+      color=color,
+      label=f'gamma {gamma}, measured',
+    )
+    predicted = [(b, p['predicted_speedup']) for b, p in points if p['predicted_speedup']]
+    if predicted:
+      ax.plot(*zip(*predicted), '--', color=color, alpha=0.7, label=f'gamma {gamma}, predicted')
+  auto = sorted(
+    (r['batch_size'], r['speedup']['median'])
+    for r in records
+    if r['kind'] == 'auto' and r['temperature'] == temperature
+  )
+  if auto:
+    ax.plot(*zip(*auto), marker='s', color='black', linewidth=2, label="gamma='auto'")
+  ax.set_xscale('log', base=2)
+  ax.set_title(f'T = {temperature}', fontsize=9)
+  _save_speedup_figure(fig, ax, 'batch size', path)
+
+
 def _alpha_keys(evaluation: Dict[str, Any]) -> List[str]:
   """The held-out alpha names of a distillation evaluation record ('alpha_T0', ...)."""
   return sorted(k for k in evaluation if k.startswith('alpha_T') and not k.endswith('_stderr'))
@@ -381,8 +473,11 @@ def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]
     if r['kind'] == 'distillation':
       paths.append(os.path.join(output_dir, distillation_figure_name(r)))
       plot_distillation(r, paths[-1])
+  for profile in (r for r in records if r['kind'] == 'profile'):
+    paths.append(os.path.join(output_dir, f'profile_t{profile["temperature"]:g}.png'))
+    plot_profile(records, profile, paths[-1])
   batched = [r for r in walltime if r['batch_size'] != 1]
-  if batched:
+  if batched and not any(r['kind'] == 'profile' for r in records):
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for temperature in sorted({r['temperature'] for r in walltime}):
       rows = sorted(

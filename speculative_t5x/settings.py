@@ -12,10 +12,14 @@ from their keywords. The defaults live here and only here.
 """
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Union
 
 import jax
 import numpy as np
+
+from speculative_t5x import profiles
+
+AUTO = 'auto'  # gamma chosen per batch size from a speculation profile.
 
 VERIFICATIONS = ('token', 'block')
 
@@ -96,7 +100,8 @@ class SpeculativeSettings:
 
   Attributes:
     gamma: draft tokens per iteration, >= 1 (static: it sizes the target's
-      block and both caches).
+      block and both caches); or 'auto': per batch, the gamma that `profile`
+      gives for its size, 0 meaning the baseline (see `profiles`).
     lenience: in (0, 1]; 1 is exact speculative sampling, below 1 trades
       exactness for acceptance (Appendix A.5 of Leviathan et al.; see
       `speculative_sampling.verify`).
@@ -107,22 +112,68 @@ class SpeculativeSettings:
       drafting after a token its draft gave probability below this, so gamma
       is then the most it drafts (Hugging Face's
       `assistant_confidence_threshold`); 0 is off. Model and n-gram drafts.
+    profile: with gamma='auto', the path of a speculation profile (JSON,
+      written by the benchmark's profile sweep); read and checked here.
   """
 
-  gamma: int = 4
+  gamma: Union[int, str] = 4
   lenience: float = 1.0
   verification: str = 'token'
   draft_threshold: float = 0.0
+  profile: Optional[str] = None
 
   def __post_init__(self):
     normalized = dict(
-      gamma=check_positive_int('gamma', self.gamma),
+      gamma=self._checked_gamma(),
       lenience=check_lenience(self.lenience),
       draft_threshold=check_draft_threshold(self.draft_threshold),
     )
     normalized['verification'] = check_verification(self.verification, normalized['lenience'])
     for name, value in normalized.items():
       object.__setattr__(self, name, value)
+
+  def _checked_gamma(self):
+    if self.gamma != AUTO:
+      if self.profile is not None:
+        raise ValueError(
+          f'A speculation profile ({self.profile!r}) is for gamma={AUTO!r}; with a fixed '
+          f'gamma={self.gamma!r} it would be unused. Pass one or the other.'
+        )
+      return check_positive_int('gamma', self.gamma)
+    if self.profile is None:
+      raise ValueError(
+        f"gamma='auto' chooses gamma per batch size from a speculation profile, and none was "
+        f'given: pass profile=<its JSON path> (gin: SPECULATION_PROFILE). '
+        f'{profiles.HOW_TO_MAKE_ONE}'
+      )
+    profiles.load_profile(self.profile)  # Fails here, not at the first batch.
+    return AUTO
+
+  def for_batch(
+    self, batch_size: int, temperature: float, topk: int, topp: float
+  ) -> Optional['SpeculativeSettings']:
+    """The settings a batch of `batch_size` rows decodes with; None: the baseline.
+
+    A fixed gamma is itself; 'auto' takes the profile's gamma for the size
+    (after checking that the profile was measured in this sampling mode).
+    """
+    if self.gamma != AUTO:
+      return self
+    profile = profiles.load_profile(self.profile)
+    profile.check_mode(temperature, topk, topp)
+    gamma = profile.gamma_for(batch_size)
+    return self.replace(gamma=gamma, profile=None) if gamma else None
+
+  def decode_kwargs(self) -> Dict[str, Any]:
+    """The keyword arguments of `decoding.speculative_sample` (a fixed gamma only)."""
+    if self.gamma == AUTO:
+      raise ValueError("gamma='auto' is resolved per batch first (`for_batch`).")
+    return dict(
+      gamma=self.gamma,
+      lenience=self.lenience,
+      verification=self.verification,
+      draft_threshold=self.draft_threshold,
+    )
 
   @classmethod
   def field_names(cls):
@@ -163,7 +214,7 @@ class SpeculativeSettings:
     return self.replace(**{k: v for k, v in overrides.items() if k in self.field_names()})
 
   def as_dict(self) -> Dict[str, Any]:
-    """The fields as keyword arguments (`decoding.speculative_sample`'s) or a record."""
+    """The fields, for a record."""
     return dataclasses.asdict(self)
 
 

@@ -43,10 +43,12 @@ live in `t5x_models`, which imports t5x: `t5x_adapter.SpeculativeEncoderDecoderM
 access and raises ImportError with installation instructions if t5x is missing.
 """
 
+import inspect
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from absl import logging
 import flax
+import gin
 import jax
 import jax.numpy as jnp
 
@@ -443,7 +445,10 @@ def speculative_predict_batch(
     and per batch, repeated for each input [B]:
       batch_target_calls: int32 target block calls (loop iterations);
       batch_mean_beta: float32 mean acceptance probability beta over the
-        batch's judged draft positions (alpha measured on the fly).
+        batch's judged draft positions (alpha measured on the fly);
+      batch_gamma: int32 the gamma the batch ran with (gamma='auto' chooses
+        it by batch size from its profile; 0: the baseline, whose statistics
+        are one target call per token and no draft tokens).
   """
   check_networks(
     module,
@@ -452,7 +457,10 @@ def speculative_predict_batch(
   )
   decoder_params = dict(decoder_params or {})
   settings = settings.overridden(decoder_params)  # Validated again, if overridden.
-  decoder_params.update(settings.as_dict())
+  batch_size = batch['decoder_input_tokens'].shape[0]
+  settings = settings.for_batch(batch_size, **decode_fn_sampling(decode_fn, decoder_params))
+  for name in settings_lib.SpeculativeSettings.field_names():
+    decoder_params.pop(name, None)
   if rng is not None:
     if decoder_params.get('decode_rng') is not None:
       raise ValueError(
@@ -472,18 +480,34 @@ def speculative_predict_batch(
     input_tokens = decoder_prompt  # What the draft's init_cache takes: only its batch.
   else:
     input_tokens = batch['encoder_input_tokens']
+  length = batch['decoder_input_tokens'].shape[1]
+  common = dict(
+    decoder_prompt=decoder_prompt,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+    num_decodes=num_decodes,
+  )
+  if settings is None:  # gamma='auto' chose no speculation for this batch size.
+    return _baseline_predict(
+      module.config,
+      target_params,
+      input_tokens,
+      length,
+      sampling=decode_fn_sampling(decode_fn, decoder_params),
+      return_all_decodes=return_all_decodes,
+      **common,
+      **decoder_params,
+    )
   decodes, scores, stats = models.speculative_decode(
     module.config,
     target_params,
     draft,
     input_tokens,
-    batch['decoder_input_tokens'].shape[1],
-    decoder_prompt=decoder_prompt,
-    inputs_bidirectional_attention=inputs_bidirectional_attention,
+    length,
     decode_fn=decode_fn,
-    num_decodes=num_decodes,
     best_only=not return_all_decodes,
+    **common,
     **decoder_params,
+    **settings.decode_kwargs(),
   )
   aux = {
     'scores': scores,
@@ -491,10 +515,79 @@ def speculative_predict_batch(
     'accepted': stats.accepted,
     'emitted': stats.emitted,
     'drafted': stats.drafted,
+    'batch_target_calls': jnp.full((batch_size,), stats.target_calls),
+    'batch_mean_beta': jnp.full((batch_size,), stats.mean_beta),
+    'batch_gamma': jnp.full((batch_size,), settings.gamma, jnp.int32),
   }
+  return decodes, aux
+
+
+def decode_fn_sampling(decode_fn: Callable[..., Any], decoder_params: Mapping[str, Any]):
+  """{temperature, topk, topp} that `decode_fn` will sample with.
+
+  Its signature's defaults (T5X's convention: topk=1, greedy), then what gin
+  binds on it (T5X binds sampling settings on the decode function), then
+  `decoder_params`. gamma='auto' checks them against its profile's mode.
+  """
+  names = ('temperature', 'topk', 'topp')
+  defaults = inspect.signature(decode_fn).parameters
+  sampling = {name: defaults[name].default for name in names if name in defaults}
+  try:
+    bound = gin.get_bindings(decode_fn)
+  except (ValueError, TypeError, KeyError):  # Not a gin configurable.
+    bound = {}
+  sampling.update({name: bound[name] for name in names if name in bound})
+  sampling.update({name: decoder_params[name] for name in names if name in decoder_params})
+  return sampling
+
+
+def _baseline_predict(
+  config,
+  params,
+  input_tokens,
+  length,
+  *,
+  sampling,
+  return_all_decodes,
+  eos_id,
+  num_decodes,
+  decoder_prompt=None,
+  **decode_args,
+):
+  """`speculative_predict_batch`'s results from a baseline decode (gamma='auto' chose 0)."""
+  for name in ('temperature', 'topk', 'topp'):
+    decode_args.pop(name, None)
+  decodes, scores = models.baseline_decode(
+    config,
+    params,
+    input_tokens,
+    length,
+    eos_id=eos_id,
+    num_decodes=num_decodes,
+    decoder_prompt=decoder_prompt,
+    **sampling,
+    **decode_args,
+  )
+  if not return_all_decodes:
+    decodes, scores = decodes[:, -1], scores[:, -1]
   batch_size = decodes.shape[0]
-  aux['batch_target_calls'] = jnp.full((batch_size,), stats.target_calls)
-  aux['batch_mean_beta'] = jnp.full((batch_size,), stats.mean_beta)
+  # One target call per token, no draft: the statistics a baseline has. A
+  # decode is its prompt, its tokens and EOS, then zeros.
+  emitted = jnp.sum(decodes != 0, axis=-1)
+  if decoder_prompt is not None:
+    prompt_lengths = decoding.prompt_lengths(decoder_prompt)
+    emitted -= prompt_lengths.reshape(prompt_lengths.shape + (1,) * (emitted.ndim - 1))
+  zeros = jnp.zeros_like(emitted)
+  aux = {
+    'scores': scores,
+    'iterations': emitted,
+    'accepted': zeros,
+    'emitted': emitted,
+    'drafted': zeros,
+    'batch_target_calls': jnp.full((batch_size,), jnp.max(emitted, initial=0)),
+    'batch_mean_beta': jnp.zeros((batch_size,), jnp.float32),
+    'batch_gamma': jnp.zeros((batch_size,), jnp.int32),
+  }
   return decodes, aux
 
 

@@ -10,7 +10,7 @@ that the rest of the integration (parameter grafting, the array-level
 """
 
 import inspect
-from typing import Any, Mapping, MutableMapping, Optional, Tuple
+from typing import Any, Mapping, MutableMapping, Optional, Tuple, Union
 
 import flax
 import jax
@@ -90,8 +90,10 @@ _SETTINGS_DOC = """
     Attributes:
       draft_module: the draft network.
       settings: the `settings.SpeculativeSettings` built from the keyword-only
-        `gamma` (static: it sizes the caches), `lenience`, `verification` and
-        `draft_threshold` (gin binds them; see `SpeculativeSettings`).
+        `gamma` (static: it sizes the caches; 'auto': by batch size from the
+        profile at `speculation_profile`, gin SPECULATION_PROFILE),
+        `lenience`, `verification` and `draft_threshold` (gin binds them; see
+        `SpeculativeSettings`).
 """
 
 
@@ -121,10 +123,11 @@ class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecode
     default_decoder_params=None,
     *,
     draft_module: network.Transformer,
-    gamma: int,
+    gamma: Union[int, str],
     lenience: float = settings_lib.DEFAULTS.lenience,
     verification: str = settings_lib.DEFAULTS.verification,
     draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
+    speculation_profile: Optional[str] = None,
   ):
     self._set_speculative(
       network.Transformer,
@@ -135,6 +138,7 @@ class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecode
       lenience=lenience,
       verification=verification,
       draft_threshold=draft_threshold,
+      profile=speculation_profile,
     )
     super().__init__(
       module=module,
@@ -209,10 +213,11 @@ class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel
     loss_normalizing_factor=None,
     *,
     draft_module: network.DecoderOnly,
-    gamma: int,
+    gamma: Union[int, str],
     lenience: float = settings_lib.DEFAULTS.lenience,
     verification: str = settings_lib.DEFAULTS.verification,
     draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
+    speculation_profile: Optional[str] = None,
   ):
     self._set_speculative(
       network.DecoderOnly,
@@ -223,6 +228,7 @@ class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel
       lenience=lenience,
       verification=verification,
       draft_threshold=draft_threshold,
+      profile=speculation_profile,
     )
     super().__init__(
       module=module,

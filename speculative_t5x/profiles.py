@@ -1,0 +1,214 @@
+"""Speculation profiles: the gamma to decode with at each batch size, γ = 0 (no speculation) included.
+
+A larger batch moves the target from memory-bound toward compute-bound: its
+(γ+1)-token block stops being nearly free, rejected draft tokens become real
+work, and past some batch size speculative decoding loses. A profile holds,
+for one pair on one machine in one decoding mode (temperature, top-k, top-p),
+what the benchmark's profile sweep measured at each batch size B: alpha, c(B),
+v(γ, B), the share of target-call rows already finished, the speedup that
+Theorem 3.8 predicts from them and the speedup measured, per γ; and the γ
+chosen per batch size by `theory.choose_gamma` over γ ∈ {0, 1, ...} with γ = 0
+the baseline (speedup 1), so the choice never picks a loss it measured.
+
+`gamma='auto'` with `profile=<its JSON path>` (`settings.SpeculativeSettings`,
+`models.generate`, `infer.infer` / gin `GAMMA = 'auto'` and
+`SPECULATION_PROFILE`, the T5X models) decodes each batch with the γ the
+profile gives for its size: the nearest measured size at or below it (the
+smallest measured size for a batch below every one). γ = 0 runs the baseline
+program. Each (γ, shape) is one compiled program.
+
+The file (JSON):
+
+  {"version": 1, "pair": ..., "task": ..., "architecture": ...,
+   "machine": {"device": ..., "cpu": ..., "bandwidth_gb_per_s": ...},
+   "mode": {"temperature": 0.0, "topk": 0, "topp": 0.0},
+   "alpha": 0.65, "basis": "measured",
+   "gamma_by_batch_size": {"1": 5, ..., "64": 0},
+   "batch_sizes": {"1": {"target_step_ms": ..., "gammas": {"3": {"c": ...,
+     "verify_cost": ..., "predicted_speedup": ..., "measured_speedup": ...,
+     "finished_row_share": ...}, ...}}, ...}}
+"""
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from speculative_t5x import theory
+
+PROFILE_VERSION = 1
+HOW_TO_MAKE_ONE = (
+  'Make one with the profile sweep of the benchmark: its gin file configs/runs/profile.gin '
+  '(after the pair and task files; its header has the command), or '
+  '`benchmark.run_benchmark(..., profile_dir=...)` in Python, which writes one profile per '
+  'temperature.'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculationProfile:
+  """The chosen γ per measured batch size, and the decoding mode it was measured in.
+
+  Attributes:
+    path: the JSON file it was read from.
+    gamma_by_batch_size: ((batch size, γ), ...), ascending batch sizes; γ = 0
+      is the baseline.
+    temperature, topk, topp: the decoding mode of the measurements.
+  """
+
+  path: str
+  gamma_by_batch_size: Tuple[Tuple[int, int], ...]
+  temperature: float
+  topk: int
+  topp: float
+
+  def gamma_for(self, batch_size: int) -> int:
+    """γ for a batch of `batch_size` rows: the nearest measured size at or below it."""
+    chosen = self.gamma_by_batch_size[0][1]
+    for measured, gamma in self.gamma_by_batch_size:
+      if measured <= batch_size:
+        chosen = gamma
+    return chosen
+
+  def check_mode(self, temperature: float, topk: int, topp: float) -> None:
+    """ValueError unless the decode samples as the profile's measurements did."""
+    mine = sampling_mode(temperature, topk, topp)
+    theirs = sampling_mode(self.temperature, self.topk, self.topp)
+    if mine != theirs:
+      raise ValueError(
+        f'The speculation profile {self.path} was measured at {theirs}, but this decode '
+        f'samples at {mine}: acceptance, and so the best gamma, depends on the mode. Use the '
+        'profile of this mode (the profile sweep writes one per temperature).'
+      )
+
+
+def sampling_mode(temperature: float, topk: int, topp: float) -> Dict[str, Any]:
+  """The mode a profile is for: greedy (temperature 0, or T5X's topk=1) or the sampling triple."""
+  if float(temperature) == 0.0 or int(topk) == 1:
+    return {'greedy': True}
+  return dict(temperature=float(temperature), topk=int(topk), topp=float(topp))
+
+
+def _check(condition: bool, path: str, problem: str) -> None:
+  if not condition:
+    raise ValueError(f'{path} is not a speculation profile: {problem}. {HOW_TO_MAKE_ONE}')
+
+
+@functools.lru_cache(maxsize=32)
+def _load(path: str, modified: float) -> SpeculationProfile:
+  del modified  # Part of the cache key only: a rewritten file is read again.
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except json.JSONDecodeError as error:
+    raise ValueError(f'{path} is not a speculation profile: {error}. {HOW_TO_MAKE_ONE}') from None
+  _check(isinstance(data, dict), path, 'its JSON is not an object')
+  _check(
+    data.get('version') == PROFILE_VERSION,
+    path,
+    f'version {data.get("version")!r}, this code reads {PROFILE_VERSION}',
+  )
+  table = data.get('gamma_by_batch_size')
+  _check(isinstance(table, dict) and bool(table), path, 'no gamma_by_batch_size table')
+  try:
+    pairs = tuple(sorted((int(b), int(g)) for b, g in table.items()))
+  except (TypeError, ValueError):
+    pairs = ()
+  _check(
+    bool(pairs) and all(b >= 1 and g >= 0 for b, g in pairs),
+    path,
+    f'gamma_by_batch_size must map batch sizes >= 1 to gammas >= 0; got {table}',
+  )
+  mode = data.get('mode') or {}
+  _check({'temperature', 'topk', 'topp'} <= mode.keys(), path, 'no mode {temperature, topk, topp}')
+  return SpeculationProfile(
+    path=path,
+    gamma_by_batch_size=pairs,
+    temperature=float(mode['temperature']),
+    topk=int(mode['topk']),
+    topp=float(mode['topp']),
+  )
+
+
+def load_profile(path: str) -> SpeculationProfile:
+  """Reads (once per file version) and checks a profile; errors say how to make one."""
+  if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+    raise ValueError(f'No speculation profile at {path!r}. {HOW_TO_MAKE_ONE}')
+  path = os.fspath(path)
+  return _load(path, os.path.getmtime(path))
+
+
+def choose_gammas(
+  predicted: Mapping[int, Mapping[int, float]],
+  measured: Optional[Mapping[int, Mapping[int, float]]] = None,
+) -> Dict[int, int]:
+  """{batch size: γ} by `theory.choose_gamma`, γ = 0 (speedup 1) always a candidate.
+
+  Args:
+    predicted: {B: {γ: predicted speedup}} for γ >= 1.
+    measured: {B: {γ: measured speedup}}; where given for a batch size, the
+      choice is made on it (the prediction's errors, e.g. in v at large B,
+      then cannot turn into a loss), else on the prediction.
+  """
+  chosen = {}
+  for batch_size, by_gamma in predicted.items():
+    basis = (measured or {}).get(batch_size) or by_gamma
+    chosen[batch_size] = theory.choose_gamma({0: 1.0, **{g: s for g, s in basis.items() if g}})
+  return chosen
+
+
+def profile_from_records(
+  walltime: Sequence[Mapping[str, Any]], temperature: float, alpha: Optional[float]
+) -> Dict[str, Any]:
+  """A profile's fields (less labels) from the benchmark's walltime records of one temperature.
+
+  Args:
+    walltime: `benchmark` walltime records (kind 'walltime') at `temperature`,
+      one per (batch size, gamma), with top-k and top-p off.
+    temperature: their sampling temperature.
+    alpha: the measured alpha (None: no predictions, e.g. no alpha measured).
+
+  Returns:
+    {'mode', 'alpha', 'basis', 'gamma_by_batch_size', 'batch_sizes'}: per
+    batch size and gamma c, v, the predicted (Theorem 3.8 with c(B) and
+    v(gamma, B)) and measured (median) speedups and the finished-row share;
+    gamma chosen on the measured speedups (`choose_gammas`).
+  """
+  by_size: Dict[int, Dict[int, Dict[str, Any]]] = {}
+  for r in walltime:
+    by_size.setdefault(int(r['batch_size']), {})[int(r['gamma'])] = dict(
+      c=r['c'],
+      verify_cost=r['verify_cost'],
+      predicted_speedup=r.get('predicted_speedup'),
+      measured_speedup=r['speedup']['median'],
+      finished_row_share=r.get('finished_row_share'),
+    )
+  measured = {b: {g: v['measured_speedup'] for g, v in gs.items()} for b, gs in by_size.items()}
+  predicted = {
+    b: {g: v['predicted_speedup'] for g, v in gs.items() if v['predicted_speedup'] is not None}
+    for b, gs in by_size.items()
+  }
+  return dict(
+    mode=dict(temperature=float(temperature), topk=0, topp=0.0),
+    alpha=alpha,
+    basis='measured',
+    gamma_by_batch_size=choose_gammas(predicted, measured),
+    predicted_gamma_by_batch_size=choose_gammas(predicted) if alpha is not None else None,
+    batch_sizes={
+      str(b): {'gammas': {str(g): v for g, v in sorted(gs.items())}}
+      for b, gs in sorted(by_size.items())
+    },
+  )
+
+
+def write_profile(path: str, profile: Mapping[str, Any]) -> None:
+  """Writes a profile dict (the module docstring's fields) as JSON; checks it reads back."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  record = dict(version=PROFILE_VERSION, **profile)
+  record['gamma_by_batch_size'] = {
+    str(b): int(g) for b, g in profile['gamma_by_batch_size'].items()
+  }
+  with open(path, 'w') as f:
+    json.dump(record, f, indent=1)
+  load_profile(path)
