@@ -525,13 +525,16 @@ def speculative_predict_batch(
 def decode_fn_sampling(decode_fn: Callable[..., Any], decoder_params: Mapping[str, Any]):
   """{temperature, topk, topp} that `decode_fn` will sample with.
 
-  Its signature's defaults (T5X's convention: topk=1, greedy), then what gin
-  binds on it (T5X binds sampling settings on the decode function), then
+  `decoding.speculative_sample`'s defaults (T5X's convention: topk=1,
+  greedy), then those of `decode_fn`'s own signature, then what gin binds on
+  it (T5X binds sampling settings on the decode function), then
   `decoder_params`. gamma='auto' checks them against its profile's mode.
   """
   names = ('temperature', 'topk', 'topp')
-  defaults = inspect.signature(decode_fn).parameters
-  sampling = {name: defaults[name].default for name in names if name in defaults}
+  sampling = {}
+  for fn in (decoding.speculative_sample, decode_fn):
+    defaults = inspect.signature(fn).parameters
+    sampling.update({name: defaults[name].default for name in names if name in defaults})
   try:
     bound = gin.get_bindings(decode_fn)
   except (ValueError, TypeError, KeyError):  # Not a gin configurable.
