@@ -48,7 +48,10 @@ Checkpoints and determinism. `model_dir` holds the draft's 'params' and
 'opt_state' in `train`'s layout (`train.checkpoint_manager`), metrics.jsonl
 (training and held-out alpha records) and `SETTINGS_FILE` (the loss, decoding
 mode, data mix and evaluation settings of the run); the run resumes
-from the latest step, skipping the inputs already seen; the sources and keys
+from the latest step (`train.resumable_loop`, the loop of `train`), skipping
+the inputs already seen, and only with the recorded settings: a resumed run
+with another divergence, temperature or any other of them is refused with an
+error naming it. The sources and keys
 depend only on (seed, step), so a killed and resumed run ends with the
 parameters of an uninterrupted one, bit for bit, on the CPU. The first step
 starts from `draft`'s parameters (a data-trained draft, or a random one:
@@ -73,18 +76,13 @@ Encoder-decoder pairs only: the functions take encoder-decoder
 
 import dataclasses
 import functools
-import json
-import os
-import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import seqio
-import tqdm
 
 from speculative_t5x import acceptance
 from speculative_t5x import gin_utils
@@ -349,7 +347,8 @@ class DistillResult:
     step: the final step.
     train_metrics: per logging interval, {'step', 'loss' (per real token),
       'alpha' (mean beta on the training sequences), 'sources' ({source:
-      steps}), 'tokens_per_second' (real sequence tokens), 'seconds'}.
+      steps}), 'tokens' (real sequence tokens), 'tokens_per_second' (of
+      those, after the run's first step), 'seconds'}.
     eval_metrics: per evaluation, {'step', 'alpha_T<t>' and 'alpha_T<t>_stderr'
       per evaluation temperature t, 'seconds'}.
   """
@@ -460,41 +459,20 @@ def distill(
     tx, step_fn = _jitted_step.__wrapped__(config, optimizer, learning_rate)
   sample_mode = dict(temperature=temperature, topk=topk, topp=topp)
   max_decode_len = feature_lengths['targets']
-  start_time = time.perf_counter()
+  settings = dict(
+    divergence=divergence,
+    beta=beta,
+    temperature=temperature,
+    topk=topk,
+    topp=topp,
+    data_mix=dict(zip(sources, probabilities.tolist())),
+    batch_size=batch_size,
+    seed=seed,
+    eval_examples=eval_examples,
+    eval_temperatures=list(eval_temperatures),
+  )
 
-  manager = train.checkpoint_manager(model_dir, keep_checkpoints)
-  metrics_path = os.path.join(model_dir, train.METRICS_FILE)
-  train_metrics, eval_metrics = [], []
-  try:
-    start_step = manager.latest_step() or 0
-    if start_step:
-      params = network.abstract_params(draft.config)[0]
-      state = train.restore_state(manager, start_step, params, jax.eval_shape(tx.init, params))
-      logging.info('Resuming %s from step %d.', model_dir, start_step)
-    else:
-      params = jax.tree.map(jnp.array, draft.params)  # A copy: the step donates its state.
-      with open(os.path.join(model_dir, SETTINGS_FILE), 'w') as f:
-        json.dump(
-          dict(
-            divergence=divergence,
-            beta=beta,
-            temperature=temperature,
-            topk=topk,
-            topp=topp,
-            data_mix=dict(zip(sources, probabilities.tolist())),
-            batch_size=batch_size,
-            seed=seed,
-            eval_examples=eval_examples,
-            eval_temperatures=list(eval_temperatures),
-          ),
-          f,
-          indent=1,
-        )
-      state = train.TrainState(step=jnp.int32(0), params=params, opt_state=jax.jit(tx.init)(params))
-    if start_step >= num_steps:
-      logging.info('%s is already at step %d >= num_steps=%d.', model_dir, start_step, num_steps)
-      return DistillResult(state.params, start_step, [], [])
-
+  def start(start_step: int) -> train.LoopSteps:
     held_out_sets = []
     if eval_every is not None:
       inputs = _validation_inputs(task, feature_lengths, eval_examples)
@@ -522,32 +500,9 @@ def distill(
       skip_batches=start_step,
     ).as_numpy_iterator()
     key = jax.random.PRNGKey(seed)
+    used = {}  # Steps per source in the logging interval.
 
-    def log(records: List[Dict[str, Any]], split: str, record: Dict[str, Any]) -> None:
-      record['seconds'] = time.perf_counter() - start_time
-      records.append(record)
-      logging.info('%s step %d: %s', split, record['step'], record)
-      train.append_metrics(metrics_path, split, record)
-
-    def evaluate(step: int, params: PyTree) -> None:
-      record = {'step': step}
-      for held_out in held_out_sets:
-        alpha, stderr = held_out_alpha(draft.config, params, held_out, topk=topk, topp=topp)
-        record[alpha_key(held_out.temperature)] = alpha
-        record[alpha_key(held_out.temperature) + '_stderr'] = stderr
-      log(eval_metrics, 'validation', record)
-
-    if held_out_sets and start_step == 0:
-      evaluate(0, state.params)  # The starting draft's alpha: the curve's first point.
-    bar = tqdm.tqdm(
-      total=num_steps,
-      initial=start_step,
-      disable=not progress,
-      desc=os.path.basename(os.path.normpath(model_dir)),
-      dynamic_ncols=True,
-    )
-    pending, used, interval_start = [], {}, time.perf_counter()
-    for step in range(start_step + 1, num_steps + 1):
+    def step(state: train.TrainState, step: int):
       batch = next(batches)
       source = step_source(sources, probabilities, seed, step)
       used[source] = used.get(source, 0) + 1
@@ -561,31 +516,52 @@ def distill(
         sequences = decode(inputs, jax.random.fold_in(key, step)).tokens
         features = sequence_features(inputs, np.asarray(sequences))
       state, sums = step_fn(state, target.params, features)
-      pending.append(sums)
-      bar.update()
-      if step % log_every == 0 or step == num_steps:
-        totals = jax.device_get(jax.tree.map(lambda *x: sum(x), *pending))
-        now = time.perf_counter()
-        weight = max(float(totals['weight']), 1.0)
-        record = {
-          'step': step,
-          'loss': float(totals['loss']) / weight,
-          'alpha': float(totals['beta']) / weight,
-          'sources': used,
-          'tokens_per_second': float(totals['weight']) / (now - interval_start),
-        }
-        bar.set_postfix(loss=f'{record["loss"]:.3f}', alpha=f'{record["alpha"]:.3f}')
-        log(train_metrics, 'train', record)
-        pending, used, interval_start = [], {}, now
-      if step % checkpoint_every == 0 or step == num_steps:
-        train.save_state(manager, state)
-      if held_out_sets and (step % eval_every == 0 or step == num_steps):
-        evaluate(step, state.params)
-    bar.close()
-    return DistillResult(state.params, num_steps, train_metrics, eval_metrics)
-  finally:
-    manager.wait_until_finished()
-    manager.close()
+      return state, sums, sums['weight']
+
+    def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
+      weight = max(float(totals['weight']), 1.0)
+      record = {
+        'loss': float(totals['loss']) / weight,
+        'alpha': float(totals['beta']) / weight,
+        'sources': dict(used),
+      }
+      used.clear()
+      return record
+
+    def evaluate(params: PyTree) -> Dict[str, float]:
+      record = {}
+      for held_out in held_out_sets:
+        alpha, stderr = held_out_alpha(draft.config, params, held_out, topk=topk, topp=topp)
+        record[alpha_key(held_out.temperature)] = alpha
+        record[alpha_key(held_out.temperature) + '_stderr'] = stderr
+      return record
+
+    postfix = lambda record: dict(loss=f'{record["loss"]:.3f}', alpha=f'{record["alpha"]:.3f}')
+    return train.LoopSteps(
+      step,
+      summary,
+      postfix,
+      evaluate if held_out_sets else None,
+      evaluate_at_start=True,  # The starting draft's alpha: the curve's first point.
+    )
+
+  params, step, train_metrics, eval_metrics = train.resumable_loop(
+    model_dir,
+    config=draft.config,
+    optimizer=tx,
+    # A copy: the step donates its state.
+    initial_params=lambda: jax.tree.map(jnp.array, draft.params),
+    settings_file=SETTINGS_FILE,
+    settings=settings,
+    num_steps=num_steps,
+    checkpoint_every=checkpoint_every,
+    keep_checkpoints=keep_checkpoints,
+    eval_every=eval_every,
+    log_every=log_every,
+    progress=progress,
+    start=start,
+  )
+  return DistillResult(params, step, train_metrics, eval_metrics)
 
 
 # ------------------------------------------------------------------------------

@@ -91,7 +91,6 @@ from absl import app
 from absl import logging
 import gin
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 import seqio
@@ -104,6 +103,7 @@ from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import partitioning
+from speculative_t5x import run_settings
 from speculative_t5x import settings as settings_lib
 from speculative_t5x import tasks
 
@@ -226,14 +226,6 @@ def _count_and_check_inputs(
 # ------------------------------------------------------------------------------
 # Settings and records on disk.
 # ------------------------------------------------------------------------------
-def _jsonable_config(config: network.NetworkConfig) -> Dict[str, Any]:
-  return dict(
-    dataclasses.asdict(config),
-    dtype=jnp.dtype(config.dtype).name,
-    mlp_activations=list(config.mlp_activations),
-  )
-
-
 def _fingerprint(tree: Any) -> str:
   """A digest of a tree's paths, shapes, dtypes and the first values of each array."""
   digest = hashlib.sha256()
@@ -256,7 +248,7 @@ def _describe(model_or_draft: Any) -> Optional[Dict[str, Any]]:
     if not field.metadata.get('pytree_node', True)
   }
   static = {
-    name: _jsonable_config(value)
+    name: run_settings.jsonable_config(value)
     if isinstance(value, (network.T5Config, network.DecoderOnlyConfig))
     else value
     for name, value in static.items()
@@ -283,17 +275,12 @@ def _check_settings(path: str, settings: Dict[str, Any], records_path: str) -> N
       f'{records_path} exists without {path}: it was not written by '
       'speculative_t5x.infer. Use another output_dir.'
     )
-  with open(path) as f:
-    stored = json.load(f)
-  settings = json.loads(json.dumps(settings))  # Tuples become lists, as when read back.
-  differing = sorted(
-    key for key in settings.keys() | stored.keys() if settings.get(key) != stored.get(key)
-  )
+  differing = run_settings.differences(run_settings.read(path), settings)
   if differing:
     raise ValueError(
-      f'{records_path} holds outputs of a run with other settings (differing: {differing}, '
-      f'see {path}); they cannot be continued with these. Use another output_dir, or delete '
-      'its files to start over.'
+      f'{records_path} holds outputs of a run with other settings (differing: '
+      f'{list(differing)}: {run_settings.describe(differing)}; see {path}); they cannot be '
+      'continued with these. Use another output_dir, or delete its files to start over.'
     )
 
 
@@ -654,8 +641,7 @@ def infer(
       compile_seconds = decode_start - start
     return compiled(inputs, key)
 
-  with open(settings_path, 'w') as f:
-    json.dump(settings, f, indent=1)
+  run_settings.write(settings_path, settings)
   decoded, decoded_tokens = 0, 0
   bar = tqdm.tqdm(
     total=total,

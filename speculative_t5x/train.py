@@ -42,8 +42,10 @@ step. Besides the steps, `metrics.jsonl` logs training and validation metrics
 checkpoint of an interrupted run appear twice), and `SETTINGS_FILE` records
 the run's network, task and settings (`inputs_bidirectional_attention`
 included, which decoding a prefix LM must repeat: `models.Model`'s argument of
-that name); a resumed run must use the recorded
-`inputs_bidirectional_attention`.
+that name); a resumed run must use the recorded settings, all of them (a
+difference is an error naming the setting and both values). The loop itself,
+resume-or-start, metrics, progress bar, checkpoint and evaluation cadence, is
+`resumable_loop`, which `distill` runs too.
 
 Determinism. Parameters are drawn from `seed` on the host
 (`network.random_params`), dropout keys are `fold_in(PRNGKey(seed), step)`,
@@ -72,7 +74,7 @@ import functools
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import logging
 import flax
@@ -89,6 +91,7 @@ from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import run_settings
 from speculative_t5x import tasks
 
 PyTree = Any
@@ -640,10 +643,8 @@ def _evaluate(eval_step: Callable, params: PyTree, batches: Sequence[Batch]) -> 
 
 
 def _settings(config: network.NetworkConfig, task: seqio.Task, **settings: Any) -> Dict[str, Any]:
-  fields = dataclasses.asdict(config)
-  fields['dtype'] = jnp.dtype(config.dtype).name
-  fields['mlp_activations'] = list(config.mlp_activations)
-  return {'network': type(config).__name__, 'config': fields, 'task': task.name, **settings}
+  config_fields = run_settings.jsonable_config(config)
+  return {'network': type(config).__name__, 'config': config_fields, 'task': task.name, **settings}
 
 
 def read_settings(model_dir: str) -> Optional[Dict[str, Any]]:
@@ -653,22 +654,170 @@ def read_settings(model_dir: str) -> Optional[Dict[str, Any]]:
   by name), 'task', 'feature_lengths', 'batch_size', 'pack', 'seed',
   'inputs_bidirectional_attention'}.
   """
-  path = os.path.join(model_dir, SETTINGS_FILE)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  return run_settings.read(os.path.join(model_dir, SETTINGS_FILE))
 
 
-def _check_resumed_settings(model_dir: str, inputs_bidirectional_attention: bool) -> None:
-  recorded = (read_settings(model_dir) or {}).get('inputs_bidirectional_attention')
-  if recorded is not None and recorded != inputs_bidirectional_attention:
-    raise ValueError(
-      f'{model_dir} was trained with inputs_bidirectional_attention={recorded} '
-      f'({SETTINGS_FILE}), but this run passes {inputs_bidirectional_attention}: a resumed '
-      f'run must attend as it did. Pass inputs_bidirectional_attention={recorded}, or train '
-      'into a new model_dir.'
+# ------------------------------------------------------------------------------
+# The resumable loop, of `train` and `distill.distill`.
+# ------------------------------------------------------------------------------
+@dataclasses.dataclass
+class LoopSteps:
+  """A run's own part of `resumable_loop`: its step, its records, its evaluation.
+
+  Attributes:
+    step: `(state, step) -> (state, sums, tokens)`: one training step on
+      step `step`'s data (1-based; it fetches its batch itself). `sums` maps
+      names to metric sums (device scalars), summed over each logging
+      interval; `tokens` counts the step's real tokens (an int or a device
+      scalar) for the throughput.
+    summary: `(totals, step) -> dict`: a training record's metrics from the
+      interval's summed `sums` (host values).
+    postfix: `record -> dict`: the progress bar's fields of a training record.
+    evaluate: `params -> dict` of evaluation metrics; None: no evaluation.
+    evaluate_at_start: also evaluate the starting parameters of a fresh run
+      (a curve's step-0 point).
+  """
+
+  step: Callable[[TrainState, int], Tuple[TrainState, Mapping[str, jax.Array], Any]]
+  summary: Callable[[Mapping[str, Any], int], Dict[str, Any]]
+  postfix: Callable[[Mapping[str, Any]], Dict[str, str]]
+  evaluate: Optional[Callable[[PyTree], Dict[str, Any]]] = None
+  evaluate_at_start: bool = False
+
+
+def resumable_loop(
+  model_dir: str,
+  *,
+  config: network.NetworkConfig,
+  optimizer: optax.GradientTransformation,
+  initial_params: Callable[[], PyTree],
+  settings_file: str,
+  settings: Mapping[str, Any],
+  num_steps: int,
+  checkpoint_every: int,
+  keep_checkpoints: Optional[int],
+  eval_every: Optional[int],
+  log_every: int,
+  progress: bool,
+  start: Callable[[int], LoopSteps],
+) -> Tuple[PyTree, int, List[Dict[str, Any]], List[Dict[str, Any]]]:
+  """Trains `model_dir`'s run up to `num_steps`, from its latest checkpoint or from the start.
+
+  Resume or start: a directory with a complete step resumes from the latest
+  one, after its `settings_file` is checked against `settings` (a difference
+  is a ValueError naming each setting and both values); otherwise `settings`
+  are written to `settings_file` and the run starts from `initial_params()`
+  with a fresh optimizer state. `start(start_step)` then prepares the run's
+  data (skipping what the run has seen) and returns its `LoopSteps`. One step
+  is in flight: the host prepares the next batch while the device computes.
+  Every `log_every` steps and at the last, a training record ({'step',
+  the summary's metrics, 'tokens', 'tokens_per_second' (from the end of the
+  first step, which compiles), 'seconds'}) goes to `METRICS_FILE` and the
+  progress bar; every `checkpoint_every` steps and at the last, the state is
+  saved; every `eval_every` steps and at the last, an evaluation record
+  ({'step', its metrics, 'seconds'}) is written. The loop returns (or
+  raises: an error, or SIGTERM, which `gin_utils.run` turns into SystemExit)
+  only once every save it started is complete.
+
+  Args:
+    model_dir: the run's directory (orbax steps, `METRICS_FILE`, `settings_file`).
+    config: the trained network's configuration (the restored tree's shapes).
+    optimizer: the optax transformation (the restored optimizer state's structure).
+    initial_params: the parameters of a fresh run's first step.
+    settings_file: the settings' file name in `model_dir`.
+    settings: what the run records and a resumed run must repeat (JSON values).
+    num_steps: the step to train to.
+    checkpoint_every, keep_checkpoints, eval_every, log_every, progress: as
+      `train`'s.
+    start: see above.
+
+  Returns:
+    (the final parameters, the final step, training records, evaluation records).
+  """
+  start_time = time.perf_counter()
+  manager = checkpoint_manager(model_dir, keep_checkpoints)
+  metrics_path = os.path.join(model_dir, METRICS_FILE)
+  train_metrics, eval_metrics = [], []
+  try:
+    start_step = manager.latest_step() or 0
+    if start_step:
+      run_settings.check_resumed(model_dir, settings_file, settings)
+      params = network.abstract_params(config)[0]
+      state = restore_state(manager, start_step, params, jax.eval_shape(optimizer.init, params))
+      logging.info('Resuming %s from step %d.', model_dir, start_step)
+    else:
+      run_settings.write(os.path.join(model_dir, settings_file), settings)
+      params = initial_params()
+      state = TrainState(
+        step=jnp.int32(0), params=params, opt_state=jax.jit(optimizer.init)(params)
+      )
+    if start_step >= num_steps:
+      logging.info('%s is already at step %d >= num_steps=%d.', model_dir, start_step, num_steps)
+      return state.params, start_step, [], []
+    steps = start(start_step)
+
+    def log(records: List[Dict[str, Any]], split: str, record: Dict[str, Any]) -> None:
+      record['seconds'] = time.perf_counter() - start_time
+      records.append(record)
+      logging.info('%s step %d: %s', split, record['step'], record)
+      append_metrics(metrics_path, split, record)
+
+    def evaluate(step: int) -> None:
+      log(eval_metrics, 'validation', {'step': step, **steps.evaluate(state.params)})
+
+    if steps.evaluate is not None and steps.evaluate_at_start and start_step == 0:
+      evaluate(0)
+    bar = tqdm.tqdm(
+      total=num_steps,
+      initial=start_step,
+      disable=not progress,
+      desc=os.path.basename(os.path.normpath(model_dir)),
+      dynamic_ncols=True,
     )
+    # The interval's sums and token counts; counts from `timed_from` on are timed.
+    pending, counts, timed_from, interval_start = [], [], 0, time.perf_counter()
+    in_flight = None  # The previous step's sums, set after the first step.
+    for step in range(start_step + 1, num_steps + 1):
+      state, sums, tokens = steps.step(state, step)
+      counts.append(tokens)
+      if step == start_step + 1:
+        # Throughput is measured from the end of the first step (compilation).
+        jax.block_until_ready(sums)
+        interval_start, timed_from = time.perf_counter(), len(counts)
+        logging.info(
+          'First step of %s (with compilation) done %.1f s after the start.',
+          model_dir,
+          interval_start - start_time,
+        )
+      else:
+        # One step in flight, and the progress bar within a step of the truth.
+        jax.block_until_ready(in_flight)
+      pending.append(sums)
+      in_flight = sums
+      bar.update()
+      if step % log_every == 0 or step == num_steps:
+        totals = jax.device_get(jax.tree_util.tree_map(lambda *x: sum(x), *pending))
+        counts = [int(count) for count in jax.device_get(counts)]
+        now = time.perf_counter()
+        record = {
+          'step': step,
+          **steps.summary(totals, step),
+          'tokens': sum(counts),
+          'tokens_per_second': sum(counts[timed_from:]) / (now - interval_start),
+        }
+        bar.set_postfix(**steps.postfix(record))
+        log(train_metrics, 'train', record)
+        pending, counts, timed_from, interval_start = [], [], 0, now
+      if step % checkpoint_every == 0 or step == num_steps:
+        save_state(manager, state)
+      if steps.evaluate is not None and (step % eval_every == 0 or step == num_steps):
+        evaluate(step)
+    bar.close()
+    return state.params, num_steps, train_metrics, eval_metrics
+  finally:
+    # Returns only once every started save is complete (renamed into place).
+    manager.wait_until_finished()
+    manager.close()
 
 
 def train(
@@ -772,39 +921,19 @@ def train(
     tx, train_step, eval_step = _jitted_steps(*step_args)
   except TypeError:  # An unhashable argument (e.g. an array learning rate): no caching.
     tx, train_step, eval_step = _jitted_steps.__wrapped__(*step_args)
-  start_time = time.perf_counter()
+  settings = _settings(
+    config,
+    task,
+    feature_lengths=dict(feature_lengths),
+    batch_size=batch_size,
+    pack=pack,
+    seed=seed,
+    inputs_bidirectional_attention=bool(inputs_bidirectional_attention),
+  )
 
-  manager = checkpoint_manager(model_dir, keep_checkpoints)
-  metrics_path = os.path.join(model_dir, METRICS_FILE)
-  train_metrics, eval_metrics = [], []
-  try:
-    start_step = manager.latest_step() or 0
-    if start_step:
-      _check_resumed_settings(model_dir, bool(inputs_bidirectional_attention))
-      params = network.abstract_params(config)[0]
-      state = restore_state(manager, start_step, params, jax.eval_shape(tx.init, params))
-      logging.info('Resuming %s from step %d.', model_dir, start_step)
-    else:
-      os.makedirs(model_dir, exist_ok=True)
-      with open(os.path.join(model_dir, SETTINGS_FILE), 'w') as f:
-        settings = _settings(
-          config,
-          task,
-          feature_lengths=dict(feature_lengths),
-          batch_size=batch_size,
-          pack=pack,
-          seed=seed,
-          inputs_bidirectional_attention=bool(inputs_bidirectional_attention),
-        )
-        json.dump(settings, f, indent=1)
-      params = jax.device_put(network.random_params(config, seed)[0])
-      state = TrainState(step=jnp.int32(0), params=params, opt_state=jax.jit(tx.init)(params))
-    if start_step >= num_steps:
-      logging.info('%s is already at step %d >= num_steps=%d.', model_dir, start_step, num_steps)
-      return TrainResult(state.params, start_step, [], [])
-
+  def start(start_step: int) -> LoopSteps:
     converter_cls = feature_converter_cls(config)
-    eval_sets = []
+    evaluate = None
     if eval_every is not None:
       validation = get_dataset(
         task, 'validation', feature_lengths, batch_size, pack=pack, converter_cls=converter_cls
@@ -812,6 +941,8 @@ def train(
       if eval_batches is not None:
         validation = validation.take(eval_batches)
       eval_sets = [_padded(batch, batch_size) for batch in validation.as_numpy_iterator()]
+      if eval_sets:
+        evaluate = functools.partial(_evaluate, eval_step, batches=eval_sets)
     batches = get_dataset(
       task,
       'train',
@@ -825,75 +956,41 @@ def train(
       converter_cls=converter_cls,
     ).as_numpy_iterator()
     key = jax.random.PRNGKey(seed)
-
-    def log(records: List[Dict[str, float]], split: str, record: Dict[str, float]) -> None:
-      record['seconds'] = time.perf_counter() - start_time
-      records.append(record)
-      logging.info('%s step %d: %s', split, record['step'], record)
-      append_metrics(metrics_path, split, record)
-
-    bar = tqdm.tqdm(
-      total=num_steps,
-      initial=start_step,
-      disable=not progress,
-      desc=os.path.basename(os.path.normpath(model_dir)),
-      dynamic_ncols=True,
-    )
-    pending, tokens, timed_tokens, interval_start = [], 0, 0, time.perf_counter()
-    in_flight = None  # The previous step's sums, set after the first step.
     batch = next(batches)
-    for step in range(start_step + 1, num_steps + 1):
+
+    def step(state: TrainState, step: int):
+      nonlocal batch
       state, sums = train_step(state, batch, key)
-      batch_tokens = _real_tokens(batch)
-      tokens += batch_tokens
-      if step == start_step + 1:
-        # Throughput is measured from the end of the first step (compilation).
-        jax.block_until_ready(sums)
-        interval_start = time.perf_counter()
-        logging.info(
-          'First step of %s (with compilation) done %.1f s after the start.',
-          model_dir,
-          interval_start - start_time,
-        )
-      else:
-        timed_tokens += batch_tokens
-        # One step in flight: the host prepares the next batch while the device
-        # computes, and the progress bar stays within a step of the truth.
-        jax.block_until_ready(in_flight)
-      pending.append(sums)
-      in_flight = sums
+      tokens = _real_tokens(batch)
       if step < num_steps:
-        batch = next(batches)
-      bar.update()
-      if step % log_every == 0 or step == num_steps:
-        totals = jax.device_get(jax.tree_util.tree_map(lambda *x: sum(x), *pending))
-        now = time.perf_counter()
-        record = {
-          'step': step,
-          **_per_token(totals),
-          'learning_rate': float(
-            learning_rate(step - 1) if callable(learning_rate) else learning_rate
-          ),
-          'tokens': tokens,
-          'tokens_per_second': timed_tokens / (now - interval_start),
-        }
-        bar.set_postfix(loss=f'{record["loss"]:.3f}', tok_s=f'{record["tokens_per_second"]:.0f}')
-        log(train_metrics, 'train', record)
-        pending, tokens, timed_tokens, interval_start = [], 0, 0, now
-      if step % checkpoint_every == 0 or step == num_steps:
-        save_state(manager, state)
-      if eval_sets and (step % eval_every == 0 or step == num_steps):
-        log(
-          eval_metrics,
-          'validation',
-          {'step': step, **_evaluate(eval_step, state.params, eval_sets)},
-        )
-    bar.close()
-    return TrainResult(state.params, num_steps, train_metrics, eval_metrics)
-  finally:
-    # Returns only once every started save is complete (renamed into place).
-    manager.wait_until_finished()
-    manager.close()
+        batch = next(batches)  # While the device computes this step.
+      return state, sums, tokens
+
+    def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
+      rate = learning_rate(step - 1) if callable(learning_rate) else learning_rate
+      return {**_per_token(totals), 'learning_rate': float(rate)}
+
+    postfix = lambda record: dict(
+      loss=f'{record["loss"]:.3f}', tok_s=f'{record["tokens_per_second"]:.0f}'
+    )
+    return LoopSteps(step, summary, postfix, evaluate)
+
+  params, step, train_metrics, eval_metrics = resumable_loop(
+    model_dir,
+    config=config,
+    optimizer=tx,
+    initial_params=lambda: jax.device_put(network.random_params(config, seed)[0]),
+    settings_file=SETTINGS_FILE,
+    settings=settings,
+    num_steps=num_steps,
+    checkpoint_every=checkpoint_every,
+    keep_checkpoints=keep_checkpoints,
+    eval_every=eval_every,
+    log_every=log_every,
+    progress=progress,
+    start=start,
+  )
+  return TrainResult(params, step, train_metrics, eval_metrics)
 
 
 # ------------------------------------------------------------------------------

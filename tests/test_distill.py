@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -236,6 +237,25 @@ def test_bad_arguments_name_the_problem(pair, phrase_task, tmp_path):
   with pytest.raises(ValueError, match='same vocab_size'):
     distill.distill(str(tmp_path), target, other, phrase_task[0], **args)
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+  'name, recorded, value', [('divergence', 'forward_kl', 'tvd'), ('temperature', 0.0, 1.0)]
+)
+def test_resuming_with_other_settings_is_refused(
+  pair, phrase_task, tmp_path, name, recorded, value
+):
+  """A resumed run whose loss or decoding mode differs from the recorded one stops."""
+  target, draft = pair
+  args = dict(DISTILL_ARGS, eval_every=None, divergence='forward_kl', temperature=0.0)
+  distill.distill(str(tmp_path), target, draft, phrase_task[0], num_steps=2, **args)
+  # The error names the setting, its recorded value and this run's.
+  expected = re.escape(f'{name}={recorded!r} (this run: {value!r})')
+  with pytest.raises(ValueError, match=expected):
+    distill.distill(
+      str(tmp_path), target, draft, phrase_task[0], num_steps=4, **{**args, name: value}
+    )
+  assert train.checkpoint_manager(str(tmp_path)).latest_step() == 2  # Nothing trained on.
 
 
 # ------------------------------------------------------------------------------

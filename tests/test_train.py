@@ -329,7 +329,8 @@ def test_finished_run_resumes_to_nothing_and_checks_the_network(gin_config, refe
   again = _train_with_gin(files, {**bindings, 'MODEL_DIR': model_dir})
   assert again.step == TRAIN_STEPS and not again.train_metrics
   assert _complete_steps(model_dir) == [100, 150]
-  with pytest.raises(ValueError, match='parameters of another\\s+network'):
+  # A resumed run with another network is refused, naming the field and both values.
+  with pytest.raises(ValueError, match=r'config\.emb_dim=32 \(this run: 48\)'):
     _train_with_gin(
       files,
       {**bindings, 'MODEL_DIR': model_dir, 'TRAIN_STEPS': 200, 'network.T5Config.emb_dim': 48},
@@ -528,7 +529,7 @@ def test_decoder_only_resumed_run_equals_the_uninterrupted_one(
   # Stopped after its first checkpoint (a resumed run restarts from the latest one).
   first = _train_with_gin(files, {**bindings, 'MODEL_DIR': model_dir, 'TRAIN_STEPS': 40})
   assert first.step == 40 and _complete_steps(model_dir) == [40]
-  with pytest.raises(ValueError, match='inputs_bidirectional_attention=True'):
+  with pytest.raises(ValueError, match=r'inputs_bidirectional_attention=True \(this run: False\)'):
     _train_with_gin(
       files, {**bindings, 'MODEL_DIR': model_dir, 'INPUTS_BIDIRECTIONAL_ATTENTION': False}
     )
