@@ -187,12 +187,12 @@ def gpt_like_row(
     )
   alpha = [
     dict(
-      draft='GPT-like draft' if r['draft'] == 'ModelDraft' else r['draft'],
+      draft='GPT-like draft' if r['draft'] == benchmark.PAIR_DRAFT else r['draft'],
       temperature=r['temperature'],
       alpha=r['alpha'],
       stderr=r['alpha_stderr'],
       num_tokens=r['num_tokens'],
-      paper_alpha=PAPER_ALPHA.get(r['temperature']) if r['draft'] == 'ModelDraft' else None,
+      paper_alpha=PAPER_ALPHA.get(r['temperature']) if r['draft'] == benchmark.PAIR_DRAFT else None,
     )
     for r in records
     if r['kind'] == 'alpha'

@@ -42,6 +42,7 @@ figures in `reports`.
 
 import dataclasses
 import functools
+import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -56,7 +57,10 @@ from speculative_t5x import layouts
 from speculative_t5x import measure
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import profiles
 from speculative_t5x import reports
+from speculative_t5x import sampling
+from speculative_t5x import settings as settings_lib
 from speculative_t5x import theory
 
 EOS_ID = models.EOS_ID
@@ -201,6 +205,9 @@ class DecodeRun:
       (`_join_stats`; None for the baseline).
     memory: XLA's memory analysis of the compiled call, in bytes
       (argument_bytes, temp_bytes, output_bytes; empty if unavailable).
+    finished_row_share: of the rows the target calls scored, the share
+      whose row had already finished (None for the baseline).
+    gamma: the gamma that ran (0: the baseline; gamma='auto' chooses it).
   """
 
   seconds: List[float]
@@ -208,6 +215,8 @@ class DecodeRun:
   outputs: np.ndarray
   stats: Optional[decoding.SpeculativeStats]
   memory: Dict[str, int]
+  finished_row_share: Optional[float] = None
+  gamma: int = 0
 
   @property
   def ms_per_token(self) -> List[float]:
@@ -287,11 +296,22 @@ def time_decodings(
   runs = []
   for decode, call, times, results in zip(decoders, compiled, seconds, first_pass):
     outputs = np.concatenate([np.asarray(r.tokens) for r in results])
-    stats = None if results[0].stats is None else _join_stats([r.stats for r in results])
+    stats, finished_share = None, None
+    if results[0].stats is not None:
+      stats = _join_stats([r.stats for r in results])
+      # Batches are joined by rows: the finished share is summed per batch.
+      finished = sum(int(r.stats.finished_row_calls) for r in results)
+      finished_share = finished / max(batch_size * int(stats.target_calls), 1)
     tokens = int(layouts.output_lengths(outputs, decode.static_args['eos_id']).sum())
     runs.append(
       DecodeRun(
-        seconds=times, tokens=tokens, outputs=outputs, stats=stats, memory=_memory_bytes(call)
+        seconds=times,
+        tokens=tokens,
+        outputs=outputs,
+        stats=stats,
+        memory=_memory_bytes(call),
+        finished_row_share=finished_share,
+        gamma=results[0].gamma,
       )
     )
   return runs
@@ -341,6 +361,69 @@ def corpus_bleu(
   return float(tasks_core.bleu(list(references), texts)['bleu'])
 
 
+# Keys of the sampled-quality measurement at T > 0 (`sampled_quality`).
+QUALITY_KEYS = 8
+
+
+def _mean_and_stderr(values: Sequence[float]) -> Dict[str, Any]:
+  return dict(
+    mean=float(np.mean(values)),
+    stderr=acceptance.standard_error(values),
+    per_key=[float(v) for v in values],
+  )
+
+
+def sampled_quality(
+  decoders: Mapping[str, models.Decoder],
+  inputs: np.ndarray,
+  decoder_prompts: Optional[np.ndarray] = None,
+  *,
+  vocabulary_path: Optional[str],
+  references: Optional[Sequence[str]],
+  num_keys: int = QUALITY_KEYS,
+  seed: int = 1,
+) -> Dict[str, Any]:
+  """BLEU and mean output length of each decoder's samples: mean +- standard error over keys.
+
+  At T > 0 a decode is one sample of the target's distribution, and speculative
+  decoding's samples are samples of that same distribution: one key's BLEU on a
+  few sentences differs between the two decoders by sampling noise alone. Each
+  decoder here decodes all `inputs` (one batch) with each of `num_keys` keys
+  (`fold_in(PRNGKey(seed), k)`, the same keys for every decoder, none of them
+  the timed passes'); each key gives one corpus BLEU and one mean output length
+  (tokens up to and including EOS), and the record is their mean and standard
+  error (`acceptance.standard_error`) over the keys.
+
+  Returns:
+    {'num_keys', 'num_examples', and per decoder name {'bleu': {'mean',
+    'stderr', 'per_key'} (None without references or vocabulary), 'length':
+    the same}}, and with exactly two decoders 'bleu_difference_in_stderr':
+    (second - first) / sqrt(stderr_first^2 + stderr_second^2).
+  """
+  if num_keys < 2:
+    raise ValueError(f'sampled_quality needs num_keys >= 2 for a standard error, got {num_keys}.')
+  inputs = jnp.asarray(inputs)
+  prompts = None if decoder_prompts is None else jnp.asarray(decoder_prompts)
+  keys = [jax.random.fold_in(jax.random.PRNGKey(seed), k) for k in range(num_keys)]
+  record: Dict[str, Any] = dict(num_keys=num_keys, num_examples=int(len(inputs)))
+  for name, decode in decoders.items():
+    eos_id = decode.static_args['eos_id']
+    outputs = [np.asarray(decode(inputs, key, prompts).tokens) for key in keys]
+    bleus = [corpus_bleu(vocabulary_path, tokens, references) for tokens in outputs]
+    record[name] = dict(
+      bleu=None if bleus[0] is None else _mean_and_stderr(bleus),
+      length=_mean_and_stderr([layouts.output_lengths(t, eos_id).mean() for t in outputs]),
+    )
+  names = list(decoders)
+  if len(names) == 2 and record[names[0]]['bleu'] is not None:
+    first, second = record[names[0]]['bleu'], record[names[1]]['bleu']
+    spread = float(np.hypot(first['stderr'], second['stderr']))
+    record['bleu_difference_in_stderr'] = (
+      (second['mean'] - first['mean']) / spread if spread > 0 else 0.0
+    )
+  return record
+
+
 # ------------------------------------------------------------------------------
 # The whole benchmark.
 # ------------------------------------------------------------------------------
@@ -351,17 +434,21 @@ def measure_parts(
   draft,
   temperatures: Sequence[float],
   gammas: Sequence[int],
+  settings: settings_lib.SpeculativeSettings,
   *,
   input_length: int,
   max_decode_len: int,
   prompt_length: int = 0,
   emulate_alpha: Optional[float] = None,
   repetitions: int = 7,
+  batch_size: int = 1,
 ) -> Dict[Any, measure.IterationParts]:
-  """`measure.iteration_parts` at batch 1 for every (temperature, gamma).
+  """`measure.iteration_parts` at `batch_size` for every (temperature, gamma).
 
-  `prompt_length` is the prompts' width (a decoder-only target's inputs, or
-  decoder prompts; 0: none), `input_length` the input tokens'.
+  `settings` gives the rest of each gamma's settings (its verification rule
+  is what the judge part times). `prompt_length` is the prompts' width (a
+  decoder-only target's inputs, or decoder prompts; 0: none),
+  `input_length` the input tokens'.
   """
   parts, target_step = {}, None
   for temperature in temperatures:
@@ -370,8 +457,8 @@ def measure_parts(
         target.config,
         target.params,
         draft,
-        gamma=gamma,
-        batch_size=1,
+        settings.replace(gamma=gamma),
+        batch_size=batch_size,
         input_length=input_length,
         max_decode_len=max_decode_len,
         prompt_length=prompt_length,
@@ -445,6 +532,11 @@ def _summary(values: Sequence[float]) -> Dict[str, float]:
   }
 
 
+# How alpha records name the pair's own draft (a model, n-gram or prompt-lookup
+# draft), beside the other drafts measured on the same target samples.
+PAIR_DRAFT = 'pair draft'
+
+
 def run_benchmark(
   target: models.Model,
   draft,
@@ -459,8 +551,8 @@ def run_benchmark(
   gammas: Sequence[int] = (1, 3, 5, 7),
   batch_sizes: Sequence[int] = (1,),
   batch_size_gamma: Optional[Union[int, str]] = None,
-  verification: str = 'token',
-  draft_threshold: float = 0.0,
+  verification: str = settings_lib.DEFAULTS.verification,
+  draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
   num_walltime_examples: int = 64,
   repetitions: int = 3,
   max_decode_len: int = 64,
@@ -470,6 +562,7 @@ def run_benchmark(
   distillation: Optional[Mapping[str, Any]] = None,
   emulate_alpha: Optional[float] = None,
   output_dir: Optional[str] = None,
+  profile_dir: Optional[str] = None,
   progress: Callable[[str], None] = print,
 ) -> List[Dict[str, Any]]:
   """Measures everything in the module docstring; returns JSON-ready records.
@@ -494,7 +587,7 @@ def run_benchmark(
     batch_sizes: batch sizes of the batch-size sweep (1 always runs).
     batch_size_gamma: gamma for the batch-size sweep (default: best at batch 1);
       'auto': the gamma that alpha and the measured parts predict best
-      (`reports.gamma_choice`), which needs no walltime sweep to choose.
+      (`gamma_choice`), which needs no walltime sweep to choose.
     verification: 'token' or 'block' (see `speculative_sampling.verify`).
     draft_threshold: an adaptive draft length (0: off; see
       `decoding.speculative_sample`); each gamma is then the most drafted.
@@ -515,6 +608,12 @@ def run_benchmark(
     emulate_alpha: if set, the timing mode for random weights (no alpha is
       measured, no text or BLEU produced; records say `emulated`).
     output_dir: if given, writes benchmark.json, benchmark.md and figures.
+    profile_dir: if given, the speculation-profile sweep (`profiles`): at
+      every batch size every gamma is timed against the baseline, with c(B)
+      and v(gamma, B) measured at that batch size; one profile per
+      temperature is written there (`profile_t<T>.json`), and gamma='auto'
+      with it is timed at every batch size (records of kind 'auto').
+      Without it the batch-size sweep times one gamma (`batch_size_gamma`).
     progress: called with a line per step.
 
   Returns:
@@ -523,6 +622,10 @@ def run_benchmark(
     'distillation' if given. Every record names the target's `architecture`.
   """
   emulated = emulate_alpha is not None
+  # Checked before anything is measured; each gamma of the sweep replaces its gamma.
+  settings = settings_lib.SpeculativeSettings(
+    gamma=max(gammas), verification=verification, draft_threshold=draft_threshold
+  )
   draft = draft.as_draft() if isinstance(draft, models.Model) else draft
   drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
   models.check_same_architecture(target, draft)
@@ -531,7 +634,7 @@ def run_benchmark(
       'A decoder-only target takes its prompts as the inputs; decoder_prompts is for '
       'encoder-decoder targets. Pass the prompts as inputs.'
     )
-  draft_name = type(draft).__name__
+  draft_name = PAIR_DRAFT  # Whatever its kind; the others are named by what they are.
   walltime_inputs = layouts.trim_padding(inputs[:num_walltime_examples])
   walltime_prompts = None
   if decoder_prompts is not None:
@@ -550,6 +653,7 @@ def run_benchmark(
     draft,
     temperatures,
     sorted(set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())),
+    settings,
     input_length=walltime_inputs.shape[1],
     max_decode_len=max_decode_len,
     prompt_length=prompt_length,
@@ -625,22 +729,61 @@ def run_benchmark(
     max_decode_len=max_decode_len,
     eos_id=eos_id,
     progress=progress,
-    verification=verification,
-    draft_threshold=draft_threshold,
   )
   for temperature in temperatures:
     for gamma in gammas:
-      records.append(measure_walltime(temperature, gamma, 1, alphas.get(temperature)))
-    choice = reports.gamma_choice(records, temperature)
+      records.append(
+        measure_walltime(temperature, settings.replace(gamma=gamma), 1, alphas.get(temperature))
+      )
+    choice = gamma_choice(records, temperature)
     if choice:
       records.append(dict(common, kind='gamma_choice', **choice))
     if batch_size_gamma == 'auto':
-      sweep_gamma = choice['chosen_gamma'] if choice else reports.best_gamma(records, temperature)
+      sweep_gamma = choice['chosen_gamma'] if choice else best_gamma(records, temperature)
     else:
-      sweep_gamma = batch_size_gamma or reports.best_gamma(records, temperature)
+      sweep_gamma = batch_size_gamma or best_gamma(records, temperature)
+    if profile_dir is not None:
+      records += _profile_sweep(
+        records,
+        measure_walltime,
+        temperature,
+        settings,
+        gammas,
+        batch_sizes,
+        alphas.get(temperature),
+        profile_dir=profile_dir,
+        measure_auto=functools.partial(
+          _measure_auto,
+          target,
+          draft,
+          walltime_inputs,
+          walltime_prompts,
+          common=common,
+          repetitions=repetitions,
+          max_decode_len=max_decode_len,
+          eos_id=eos_id,
+          progress=progress,
+        ),
+        measure_batch_parts=functools.partial(
+          measure_parts,
+          target,
+          draft,
+          [temperature],
+          gammas,
+          settings,
+          input_length=walltime_inputs.shape[1],
+          max_decode_len=max_decode_len,
+          prompt_length=prompt_length,
+          emulate_alpha=emulate_alpha,
+          repetitions=max(5, repetitions),
+        ),
+      )
+      continue
     for batch_size in sorted(set(batch_sizes) - {1}):
       records.append(
-        measure_walltime(temperature, sweep_gamma, batch_size, alphas.get(temperature))
+        measure_walltime(
+          temperature, settings.replace(gamma=sweep_gamma), batch_size, alphas.get(temperature)
+        )
       )
   if distillation is not None:
     records.append(dict(common, kind='distillation', **distillation))
@@ -655,7 +798,7 @@ def _measure_walltime(
   inputs,
   decoder_prompts,
   temperature,
-  gamma,
+  settings: settings_lib.SpeculativeSettings,
   batch_size,
   alpha,
   *,
@@ -668,26 +811,17 @@ def _measure_walltime(
   max_decode_len,
   eos_id,
   progress,
-  verification='token',
-  draft_threshold=0.0,
 ):
   """Times the baseline and speculative decoding, passes interleaved; returns the record."""
-  settings = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
+  gamma, draft_threshold = settings.gamma, settings.draft_threshold
+  sampling_args = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
   progress(
     f'baseline and speculative, temperature {temperature}, gamma {gamma}, batch {batch_size} ...'
   )
   baseline, speculative = time_decodings(
     [
-      models.make_decoder(target, None, **settings),
-      models.make_decoder(
-        target,
-        draft,
-        gamma=gamma,
-        emulate_alpha=emulate_alpha,
-        verification=verification,
-        draft_threshold=draft_threshold,
-        **settings,
-      ),
+      models.make_decoder(target, None, **sampling_args),
+      models.make_decoder(target, draft, settings, emulate_alpha=emulate_alpha, **sampling_args),
     ],
     inputs,
     decoder_prompts=decoder_prompts,
@@ -701,10 +835,8 @@ def _measure_walltime(
     common,
     kind='walltime',
     temperature=temperature,
-    gamma=gamma,
+    **settings.as_dict(),
     batch_size=batch_size,
-    verification=verification,
-    draft_threshold=draft_threshold,
     num_examples=int(len(inputs)),
     alpha=alpha,
     alpha_loop=float(stats.mean_beta),
@@ -717,6 +849,7 @@ def _measure_walltime(
     mean_acceptance_length=float(stats.mean_acceptance_length),
     drafted_per_iteration=float(stats.drafted_per_iteration),
     draft_steps_per_call=int(stats.draft_steps) / max(int(stats.target_calls), 1),
+    finished_row_share=speculative.finished_row_share,
     accepted_histogram=stats.accepted_histogram.tolist(),
     acceptance_by_position=np.asarray(stats.acceptance_by_position).tolist(),
     memory=speculative.memory,
@@ -747,13 +880,172 @@ def _measure_walltime(
       )
       record['predicted_speedup_parts'] = call['baseline'] / call['speculative']
   if emulate_alpha is None:
-    record.update(
-      identical_outputs=float(np.mean(np.all(baseline.outputs == speculative.outputs, axis=1))),
-      bleu_baseline=corpus_bleu(vocabulary_path, baseline.outputs, references),
-      bleu_speculative=corpus_bleu(vocabulary_path, speculative.outputs, references),
+    record['identical_outputs'] = float(
+      np.mean(np.all(baseline.outputs == speculative.outputs, axis=1))
     )
+    if sampling.is_greedy(temperature):  # One output each; identical_outputs checks them.
+      record.update(
+        bleu_baseline=corpus_bleu(vocabulary_path, baseline.outputs, references),
+        bleu_speculative=corpus_bleu(vocabulary_path, speculative.outputs, references),
+      )
+    else:  # Samples of one distribution: mean +- standard error over keys.
+      record['sampled_quality'] = sampled_quality(
+        dict(
+          baseline=models.make_decoder(target, None, **sampling_args),
+          speculative=models.make_decoder(target, draft, settings, **sampling_args),
+        ),
+        inputs,
+        decoder_prompts,
+        vocabulary_path=vocabulary_path,
+        references=references,
+      )
   progress(reports.walltime_line(record))
   return record
+
+
+def _profile_sweep(
+  records: List[Dict[str, Any]],
+  measure_walltime: Callable[..., Dict[str, Any]],
+  temperature: float,
+  settings: settings_lib.SpeculativeSettings,
+  gammas: Sequence[int],
+  batch_sizes: Sequence[int],
+  alpha: Optional[float],
+  *,
+  profile_dir: str,
+  measure_batch_parts: Callable[..., Dict[Any, measure.IterationParts]],
+  measure_auto: Callable[..., Dict[str, Any]],
+) -> List[Dict[str, Any]]:
+  """The speculation-profile sweep of one temperature (see `run_benchmark`'s `profile_dir`).
+
+  Batch 1's records are `records`' own; every other batch size gets each
+  gamma's walltime record with its c and v measured at that size. Writes
+  the profile, then times gamma='auto' with it against the baseline at every
+  batch size. Returns the new records: walltime, 'profile' and 'auto'.
+  """
+  new_records = []
+  for batch_size in sorted(set(batch_sizes) - {1}):
+    parts = measure_batch_parts(batch_size=batch_size)
+    for gamma in gammas:
+      new_records.append(
+        measure_walltime(temperature, settings.replace(gamma=gamma), batch_size, alpha, parts=parts)
+      )
+  walltime = [
+    r
+    for r in records + new_records
+    if r['kind'] == 'walltime' and r['temperature'] == temperature and r['gamma'] in gammas
+  ]
+  profile = profiles.profile_from_records(walltime, temperature, alpha)
+  path = os.path.join(profile_dir, f'profile_t{temperature:g}.json')
+  costs = next(r for r in records if r['kind'] == 'costs')
+  profile = dict(
+    profile,
+    **{k: walltime[0][k] for k in _PROFILE_LABELS},
+    machine=measure.machine(bandwidth=costs['bandwidth_gb_per_s'] * 1e9),
+  )
+  profiles.write_profile(path, profile)
+  new_records.append(dict(kind='profile', temperature=temperature, path=path, **profile))
+  auto = settings.replace(gamma=settings_lib.AUTO, profile=path)
+  for batch_size in sorted(set(batch_sizes)):
+    new_records.append(measure_auto(temperature, auto, batch_size))
+  return new_records
+
+
+# The labels a profile takes from the records it summarizes.
+_PROFILE_LABELS = ('pair', 'task', 'architecture')
+
+
+def _measure_auto(
+  target,
+  draft,
+  inputs,
+  decoder_prompts,
+  temperature: float,
+  settings: settings_lib.SpeculativeSettings,
+  batch_size: int,
+  *,
+  common: Mapping[str, Any],
+  repetitions: int,
+  max_decode_len: int,
+  eos_id: int,
+  progress: Callable[[str], None],
+) -> Dict[str, Any]:
+  """Times gamma='auto' (a profile's choice, possibly the baseline) against the baseline."""
+  sampling_args = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
+  baseline, auto = time_decodings(
+    [
+      models.make_decoder(target, None, **sampling_args),
+      models.make_decoder(target, draft, settings, **sampling_args),
+    ],
+    inputs,
+    decoder_prompts=decoder_prompts,
+    batch_size=batch_size,
+    repetitions=repetitions,
+  )
+  speedups = [b / s for b, s in zip(baseline.ms_per_token, auto.ms_per_token)]
+  record = dict(
+    common,
+    kind='auto',
+    temperature=temperature,
+    batch_size=batch_size,
+    gamma_ran=auto.gamma,
+    profile=settings.profile,
+    ms_per_token_baseline=_summary(baseline.ms_per_token),
+    ms_per_token_auto=_summary(auto.ms_per_token),
+    speedup=_summary(speedups),
+    finished_row_share=auto.finished_row_share,
+    identical_outputs=float(np.mean(np.all(baseline.outputs == auto.outputs, axis=1))),
+  )
+  progress(
+    f'  T={temperature} gamma=auto (ran {auto.gamma}) batch={batch_size}: '
+    f'{record["speedup"]["median"]:.2f}x'
+  )
+  return record
+
+
+def gamma_choice(records: Sequence[Dict[str, Any]], temperature: float) -> Dict[str, Any]:
+  """gamma='auto' from the measured parts, next to the measured best (batch 1).
+
+  The choice is `theory.choose_gamma` over `predicted_speedup_parts` (alpha,
+  and each part of an iteration timed alone); it needs no walltime run of its
+  own, so a user can take it from one benchmark of the pair.
+  """
+  rows = [
+    r
+    for r in records
+    if r['kind'] == 'walltime'
+    and r['batch_size'] == 1
+    and r['temperature'] == temperature
+    and r.get('predicted_speedup_parts') is not None
+  ]
+  if not rows:
+    return {}
+  by_gamma = {r['gamma']: r for r in rows}
+  chosen = by_gamma[
+    theory.choose_gamma({g: r['predicted_speedup_parts'] for g, r in by_gamma.items()})
+  ]
+  best = max(rows, key=lambda r: r['speedup']['median'])
+  return dict(
+    temperature=temperature,
+    chosen_gamma=chosen['gamma'],
+    chosen_predicted_speedup=chosen['predicted_speedup_parts'],
+    chosen_measured_speedup=chosen['speedup']['median'],
+    best_gamma=best['gamma'],
+    best_measured_speedup=best['speedup']['median'],
+    chosen_over_best=chosen['speedup']['median'] / best['speedup']['median'],
+  )
+
+
+def best_gamma(records: Sequence[Dict[str, Any]], temperature: float) -> int:
+  """The gamma of the fastest (median speedup) batch-1 walltime record at `temperature`."""
+  return max(
+    (
+      r
+      for r in records
+      if r['kind'] == 'walltime' and r['batch_size'] == 1 and r['temperature'] == temperature
+    ),
+    key=lambda r: r['speedup']['median'],
+  )['gamma']
 
 
 def iteration_breakdown(

@@ -520,13 +520,14 @@ def infer(
   output_dir: str,
   split: str = 'test',
   batch_size: int = 32,
-  gamma: Optional[int] = None,
+  gamma: Optional[Union[int, str]] = None,
   temperature: float = 0.0,
   topk: int = 0,
   topp: float = 0.0,
   lenience: float = settings_lib.DEFAULTS.lenience,
   verification: str = settings_lib.DEFAULTS.verification,
   draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
+  speculation_profile: Optional[str] = None,
   seed: int = 0,
   num_partitions: int = 1,
   logical_axis_rules: Optional[partitioning.LogicalRules] = None,
@@ -546,7 +547,9 @@ def infer(
     output_dir: where the records, summary and settings go (created).
     split: the split to decode.
     batch_size: rows per decode call; a multiple of the data-parallel size.
-    gamma: draft tokens per iteration (required with a draft).
+    gamma: draft tokens per iteration (required with a draft), or 'auto':
+      the gamma `speculation_profile` gives for `batch_size` (0: the
+      baseline program; see `profiles`).
     temperature: 0 is greedy.
     topk: keep the k most likely tokens (0: off).
     topp: nucleus mass (0: off).
@@ -555,6 +558,7 @@ def infer(
     draft_threshold: an adaptive draft length, 0 (off) to < 1: a row stops
       drafting after a token its draft gave probability below it (see
       `decoding.speculative_sample`); gamma is then the most per iteration.
+    speculation_profile: with gamma='auto', the profile's JSON path.
     seed: batch k decodes with fold_in(PRNGKey(seed), k * batch_size).
     num_partitions: devices per model replica (model parallelism); all
       devices are used, the rest split the batch.
@@ -569,7 +573,8 @@ def infer(
     The summary written to `<task>-<split>.summary.json`: `summarize`'s
     fields plus task, split, architecture (`models.architecture`),
     speculative, gamma, mesh ({'data': ..., 'model': ...}) and this
-    process's decoded_examples, decoded_tokens, compile_seconds,
+    process's gammas_ran (the gammas its batches decoded with, 0 the
+    baseline), decoded_examples, decoded_tokens, compile_seconds,
     decode_seconds and tokens_per_second.
   """
   mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
@@ -578,7 +583,11 @@ def infer(
     if gamma is None:
       raise ValueError('gamma is required with a draft (the pair file sets GAMMA).')
     speculation = settings_lib.SpeculativeSettings(
-      gamma=gamma, lenience=lenience, verification=verification, draft_threshold=draft_threshold
+      gamma=gamma,
+      lenience=lenience,
+      verification=verification,
+      draft_threshold=draft_threshold,
+      profile=speculation_profile,
     )
   check_pair(target, draft)
   task = _get_task(task)
@@ -642,7 +651,7 @@ def infer(
     return compiled(inputs, key)
 
   run_settings.write(settings_path, settings)
-  decoded, decoded_tokens = 0, 0
+  decoded, decoded_tokens, gammas_ran = 0, 0, set()
   bar = tqdm.tqdm(
     total=total,
     initial=min(done, total),
@@ -662,6 +671,7 @@ def infer(
       f.flush()
       decoded += len(records)
       decoded_tokens += sum(r['emitted'] for r in records)
+      gammas_ran.add(output.gamma)
       bar.update(len(records))
 
     # One batch in flight: the host writes batch k while the devices decode k + 1.
@@ -685,6 +695,7 @@ def infer(
     architecture=models.architecture(target),
     speculative=draft is not None,
     gamma=decoding_args['gamma'],
+    gammas_ran=sorted(gammas_ran),  # gamma='auto' chose these by batch size (0: baseline).
     mesh=dict(mesh.shape),
     **summarize(read_records(records_path)[:total], task, batch_size),
     decoded_examples=decoded,

@@ -76,7 +76,7 @@ import numpy as np
 
 from speculative_t5x import acceptance
 from speculative_t5x import huggingface
-from speculative_t5x import decoding
+from speculative_t5x import settings
 from speculative_t5x import drafts
 from speculative_t5x import layouts
 from speculative_t5x import models
@@ -471,7 +471,7 @@ def compare_with_huggingface(
     ('gamma', gamma),
     ('repetitions', repetitions),
   ):
-    decoding.check_positive_int(name, value)
+    settings.check_positive_int(name, value)
   cpu_cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
   torch_threads = cpu_cores if num_threads is None else num_threads
   if not isinstance(torch_threads, (int, np.integer)) or torch_threads < 1:

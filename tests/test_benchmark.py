@@ -71,7 +71,7 @@ def records(tmp_path_factory):
 def test_reports_other_drafts_alpha_and_the_distillation(records):
   result, output_dir = records
   alpha_drafts = {r['draft'] for r in result if r['kind'] == 'alpha'}
-  assert alpha_drafts == {'ModelDraft', 'another draft', '1-gram', '2-gram'}
+  assert alpha_drafts == {benchmark.PAIR_DRAFT, 'another draft', '1-gram', '2-gram'}
   (distillation,) = [r for r in result if r['kind'] == 'distillation']
   assert distillation['curve'] == DISTILLATION['curve']
   assert os.path.getsize(os.path.join(output_dir, 'distillation_T1.png')) > 0
@@ -305,7 +305,7 @@ def decoder_prompt_records(tmp_path_factory):
     (
       'decoder_only_records',
       'decoder-only prefix LM',
-      {'ModelDraft', 'prompt lookup', '1-gram', '2-gram'},
+      {benchmark.PAIR_DRAFT, 'prompt lookup', '1-gram', '2-gram'},
     ),
     (
       'decoder_prompt_records',
