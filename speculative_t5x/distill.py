@@ -16,7 +16,13 @@ batch's output sequences from one source, drawn with the probabilities of
   'target': sampled from the target at the decoding mode;
   'ground_truth': the task's targets.
 Sampling uses the project's baseline decoder (`models.make_decoder`), with
-the PRNG key `fold_in(PRNGKey(seed), step)`.
+the PRNG key `fold_in(PRNGKey(seed), step)`. The target's greedy outputs
+(temperature 0, source 'target') are decoded ahead, `GREEDY_CHUNK_STEPS`
+steps' inputs in one batch (chunks aligned to the step count, the last one
+padded, so a resumed run decodes the same batches), which costs a fraction
+of decoding each step's 16 rows alone; and their loss needs no target call:
+the target's standardized distribution at temperature 0 is the one-hot of its
+argmax, which along its own greedy output is the output's next token.
 
 Loss. At every real position of those sequences (up to and including EOS:
 the tokens speculative decoding would judge), a divergence between the
@@ -101,6 +107,8 @@ SOURCES = ('draft', 'target', 'ground_truth')
 LOG_FLOOR = 1e-10
 # Written into model_dir at the start: what the run distills for, with which data and loss.
 SETTINGS_FILE = 'distill_settings.json'
+# Steps whose target greedy outputs are decoded in one batch (see the module docstring).
+GREEDY_CHUNK_STEPS = 8
 
 
 # ------------------------------------------------------------------------------
@@ -183,6 +191,9 @@ class DistillConfig:
   temperature: float
   topk: int
   topp: float
+  # Greedy only: p is the one-hot of the sequences' next tokens (the target's own greedy
+  # outputs), so the step calls no target.
+  teacher_from_sequences: bool = False
 
 
 def make_distill_step(config: DistillConfig, optimizer: optax.GradientTransformation):
@@ -197,7 +208,14 @@ def make_distill_step(config: DistillConfig, optimizer: optax.GradientTransforma
   mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
 
   def step(state: train.TrainState, target_params: PyTree, batch):
-    target_logits = network.compute_logits(config.target_config, target_params, batch)
+    if config.teacher_from_sequences:  # One-hot logits: standardized, the one-hot itself.
+      target_logits = jnp.where(
+        jax.nn.one_hot(batch['decoder_target_tokens'], config.target_config.vocab_size) > 0,
+        0.0,
+        network.NEG_INF,
+      )
+    else:
+      target_logits = network.compute_logits(config.target_config, target_params, batch)
     weights = batch['decoder_loss_weights'].astype(jnp.float32)
     num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
 
@@ -257,6 +275,25 @@ def validate_data_mix(data_mix: Mapping[str, float]) -> Tuple[Tuple[str, ...], n
 def step_source(sources: Sequence[str], probabilities: np.ndarray, seed: int, step: int) -> str:
   """The data source of `step` (1-based), a function of (seed, step) alone."""
   return sources[np.random.default_rng((seed, step)).choice(len(sources), p=probabilities)]
+
+
+def _chunk_start(step: int) -> int:
+  """The first step (1-based) of the chunk of `GREEDY_CHUNK_STEPS` steps holding `step`."""
+  return (step - 1) // GREEDY_CHUNK_STEPS * GREEDY_CHUNK_STEPS + 1
+
+
+def _greedy_outputs(
+  target: models.Model, inputs: Sequence[np.ndarray], max_decode_len: int
+) -> List[np.ndarray]:
+  """The target's greedy outputs for each of `inputs` ([B, Lin] each), decoded in one batch.
+
+  The batch is padded to `GREEDY_CHUNK_STEPS` such arrays (repeating the first), so every
+  chunk decodes at one shape: one compiled program, and the same outputs in every run.
+  """
+  rows = list(inputs) + [inputs[0]] * (GREEDY_CHUNK_STEPS - len(inputs))
+  decode = models.make_decoder(target, None, max_decode_len=max_decode_len, temperature=0.0)
+  outputs = np.asarray(decode(np.concatenate(rows), jax.random.PRNGKey(0)).tokens)
+  return np.split(outputs, len(rows))[: len(inputs)]
 
 
 # ------------------------------------------------------------------------------
@@ -453,10 +490,14 @@ def distill(
   config = DistillConfig(
     target.config, draft.config, divergence, float(beta), float(temperature), int(topk), float(topp)
   )
+  greedy_config = dataclasses.replace(config, teacher_from_sequences=True)
   try:
     tx, step_fn = _jitted_step(config, optimizer, learning_rate)
+    _, greedy_step_fn = _jitted_step(greedy_config, optimizer, learning_rate)
   except TypeError:  # An unhashable argument (e.g. an array learning rate): no caching.
     tx, step_fn = _jitted_step.__wrapped__(config, optimizer, learning_rate)
+    _, greedy_step_fn = _jitted_step.__wrapped__(greedy_config, optimizer, learning_rate)
+  greedy_targets = sampling.is_greedy(temperature) and 'target' in sources
   sample_mode = dict(temperature=temperature, topk=topk, topp=topp)
   max_decode_len = feature_lengths['targets']
   settings = dict(
@@ -497,18 +538,42 @@ def distill(
       shuffle=True,
       seed=seed,
       repeat=True,
-      skip_batches=start_step,
+      # Greedy target outputs are decoded by chunks of steps: read from the chunk's first step.
+      skip_batches=_chunk_start(start_step + 1) - 1 if greedy_targets else start_step,
     ).as_numpy_iterator()
     key = jax.random.PRNGKey(seed)
+    ahead = {}  # {step: batch} read ahead of its step.
+    chunk = {}  # The target's greedy outputs for the current chunk's steps: {step: [B, L]}.
+    if greedy_targets:  # A resumed run decodes its first chunk whole, as an uninterrupted one.
+      for earlier in range(_chunk_start(start_step + 1), start_step + 1):
+        ahead[earlier] = next(batches)
     used = {}  # Steps per source in the logging interval.
 
     def step(state: train.TrainState, step: int):
-      batch = next(batches)
+      batch = ahead.pop(step) if step in ahead else next(batches)
       source = step_source(sources, probabilities, seed, step)
       used[source] = used.get(source, 0) + 1
       inputs = batch['encoder_input_tokens']
       if source == 'ground_truth':
         features = sequence_features(inputs, batch['decoder_target_tokens'])
+      elif source == 'target' and greedy_targets:
+        if step not in chunk:
+          last = min(_chunk_start(step) + GREEDY_CHUNK_STEPS - 1, num_steps)
+          for later in range(step + 1, last + 1):
+            ahead[later] = next(batches)
+          steps = [
+            s
+            for s in range(_chunk_start(step), last + 1)
+            if step_source(sources, probabilities, seed, s) == 'target'
+          ]
+          rows = [(batch if s == step else ahead[s])['encoder_input_tokens'] for s in steps]
+          chunk.clear()
+          chunk.update(zip(steps, _greedy_outputs(target, rows, max_decode_len)))
+          for earlier in [s for s in ahead if s < step]:
+            del ahead[earlier]
+        features = sequence_features(inputs, chunk.pop(step))
+        state, sums = greedy_step_fn(state, target.params, features)
+        return state, sums, sums['weight']
       else:
         # The draft's samples come from the draft as it is at this step.
         model = target if source == 'target' else models.Model(draft.config, state.params)

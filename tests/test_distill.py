@@ -13,6 +13,7 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from speculative_t5x import distill
@@ -338,3 +339,33 @@ tasks.register_tsv_task:
   resumed = run_in_process(killed_dir)
   assert resumed.train_metrics[0]['step'] > 10
   jax.tree.map(np.testing.assert_array_equal, resumed.params, reference.params)
+
+
+def test_greedy_target_outputs_in_chunks_and_their_one_hot_teacher(pair):
+  """The chunked greedy decode gives each step's own greedy outputs, and the step that takes
+  the target's distribution from them computes the loss of the step that calls the target."""
+  target, draft = pair
+  inputs = [
+    np.asarray(testing_utils.padded_inputs(seed, 8, 6, target.vocab_size)) for seed in (0, 1)
+  ]
+  decode = models.make_decoder(target, None, max_decode_len=FEATURE_LENGTHS['targets'])
+  chunked = distill._greedy_outputs(target, inputs, FEATURE_LENGTHS['targets'])
+  assert len(chunked) == 2
+  for rows, outputs in zip(inputs, chunked):
+    np.testing.assert_array_equal(outputs, np.asarray(decode(rows, jax.random.PRNGKey(0)).tokens))
+  features = distill.sequence_features(inputs[0], chunked[0])
+  config = distill.DistillConfig(target.config, draft.config, 'forward_kl', 0.5, 0.0, 0, 0.0)
+  tx = optax.adafactor(0.01)
+  sums = {}
+  for teacher_from_sequences in (False, True):
+    step = distill.make_distill_step(
+      dataclasses.replace(config, teacher_from_sequences=teacher_from_sequences), tx
+    )
+    state = train.TrainState(
+      step=jnp.int32(0), params=draft.params, opt_state=tx.init(draft.params)
+    )
+    sums[teacher_from_sequences] = jax.device_get(step(state, target.params, features)[1])
+  for name in ('loss', 'beta', 'weight'):
+    np.testing.assert_allclose(sums[True][name], sums[False][name], rtol=1e-5)
+  assert distill._chunk_start(1) == distill._chunk_start(distill.GREEDY_CHUNK_STEPS) == 1
+  assert distill._chunk_start(distill.GREEDY_CHUNK_STEPS + 1) == distill.GREEDY_CHUNK_STEPS + 1
