@@ -39,6 +39,7 @@ import dataclasses
 import json
 import os
 import time
+from typing import Any, Dict, Optional
 
 from absl import app
 from absl import flags
@@ -56,7 +57,17 @@ from speculative_t5x import tasks_core
 
 MAX_DECODE_LEN = 48  # Output length of the timed decodes: the training targets' length.
 TARGET_STEPS = 400
+# The target's rows per step (configs/runs/train.gin's BATCH_SIZE is 16, the draft's): the
+# first run's largest cost. Runs on a CPU see less than an epoch, where updates count more
+# than rows (train.gin), so the target takes its 400 updates on half the rows, half the time.
+TARGET_BATCH_SIZE = 8
 DRAFT_STEPS = 400
+# The training step timed at the start, the pool's reference (DESIGN.md: 0.8 s on the Zen 5
+# kind, 1.65 s on the Zen 4 kind): the target on 16 packed rows of 48 tokens.
+REFERENCE_STEP_ROWS = 16
+# The default sweep: batch 1, gamma 3 and 5 (--full_sweep: gamma 3, 5 and 7 at batch 1 and 8).
+GAMMAS, FULL_GAMMAS = ('3', '5'), ('3', '5', '7')
+BATCH_SIZES, FULL_BATCH_SIZES = ('1',), ('1', '8')
 TEMPERATURES = (0.0, 1.0)  # The decoding modes measured, each with its own distilled draft.
 # Distillation steps per temperature. Greedy held-out alpha levels off after ~100 steps
 # (0.635 at 100, 0.637 at 200), while a greedy step costs more (it decodes the target);
@@ -88,8 +99,14 @@ def _define_flags() -> None:
   )
   flags.DEFINE_integer('vocab_size', 4000, 'SentencePiece pieces.')
   flags.DEFINE_integer('num_examples', 16, 'Test examples timed at batch 1.')
-  flags.DEFINE_list('gammas', ['3', '5', '7'], 'The gamma sweep.')
-  flags.DEFINE_list('batch_sizes', ['1', '8'], 'The batch-size sweep.')
+  flags.DEFINE_list('gammas', None, f'The gamma sweep (default {",".join(GAMMAS)}).')
+  flags.DEFINE_list('batch_sizes', None, f'The batch-size sweep (default {",".join(BATCH_SIZES)}).')
+  flags.DEFINE_bool(
+    'full_sweep',
+    False,
+    f'Sweep gamma {",".join(FULL_GAMMAS)} and batch sizes {",".join(FULL_BATCH_SIZES)} '
+    '(--gammas and --batch_sizes still take precedence).',
+  )
   flags.DEFINE_integer('repetitions', 3, 'Timed passes per configuration.')
   flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per alpha.')
   flags.DEFINE_integer(
@@ -103,6 +120,64 @@ def _millions(model: models.Model) -> str:
 
 def _step(message: str) -> None:
   print(f'\n== {message}', flush=True)
+
+
+def training_step_seconds(
+  config: network.T5Config, batch_size: int, length: int = MAX_DECODE_LEN, repetitions: int = 3
+) -> float:
+  """Median seconds of one training step of `config` on `batch_size` full rows of `length`.
+
+  `train.make_train_step` with train.gin's optimizer and loss (Adafactor, z-loss 1e-4) on
+  random tokens, warmed up: the machine's training speed, the same on either run.
+  """
+  import optax
+  import numpy as np
+
+  from speculative_t5x import measure
+  from speculative_t5x import train  # TensorFlow and seqio only here.
+
+  tx = optax.adafactor(0.03)
+  step = jax.jit(
+    train.make_train_step(
+      config, tx, label_smoothing=0.0, z_loss=1e-4, loss_normalizing_factor=None
+    )
+  )
+  params = network.random_params(config)[0]
+  state = train.TrainState(step=jax.numpy.int32(0), params=params, opt_state=tx.init(params))
+  tokens = np.random.default_rng(0).integers(2, config.vocab_size, (batch_size, length))
+  batch = {
+    'encoder_input_tokens': tokens,
+    'decoder_input_tokens': layouts.shift_right(tokens),
+    'decoder_target_tokens': tokens,
+    'decoder_loss_weights': np.ones_like(tokens, np.float32),
+  }
+  batch = {
+    name: jax.numpy.asarray(
+      value, jax.numpy.int32 if name != 'decoder_loss_weights' else jax.numpy.float32
+    )
+    for name, value in batch.items()
+  }
+  key = jax.random.PRNGKey(0)
+  return measure.median_seconds(lambda: step(state, batch, key), repetitions)
+
+
+def print_machine(vocab_size: int) -> Dict[str, Any]:
+  """Prints and returns what this run measures on: `measure.machine()` and a training step."""
+  from speculative_t5x import measure
+
+  machine = measure.machine()
+  config = gin_utils.model_config('gettext_target', vocab_size)
+  machine['training_step_s'] = training_step_seconds(config, REFERENCE_STEP_ROWS)
+  machine['training_step_rows'] = REFERENCE_STEP_ROWS
+  print(
+    f'Machine: {machine["cpu"]} (family {machine["cpu_family"]}), {machine["cores"]} cores, '
+    f'{machine["bandwidth_gb_per_s"]:.1f} GB/s (a reduction over 512 MiB); a target '
+    f'training step ({REFERENCE_STEP_ROWS} x {MAX_DECODE_LEN} tokens) takes '
+    f"{machine['training_step_s']:.2f} s (DESIGN.md: 0.8 s on the pool's Zen 5 kind, "
+    f'1.65 s on its Zen 4 kind).',
+    flush=True,
+  )
+  return machine
 
 
 def prepare_data(workdir: str, vocab_size: int):
@@ -122,13 +197,20 @@ def prepare_data(workdir: str, vocab_size: int):
 
 
 def trained_model(
-  workdir: str, name: str, steps: int, corpus_dir: str, vocabulary: str, vocab_size: int
+  workdir: str,
+  name: str,
+  steps: int,
+  corpus_dir: str,
+  vocabulary: str,
+  vocab_size: int,
+  batch_size: Optional[int] = None,
 ) -> models.Model:
   """Trains configs/models/<name>.gin on the corpus (or resumes/finds it).
 
   The training run is `python -m speculative_t5x.train` with the model file,
   configs/tasks/gettext_ende.gin and configs/runs/train.gin, keeping only the
-  last checkpoint and without evaluation.
+  last checkpoint and without evaluation; `batch_size` replaces train.gin's
+  BATCH_SIZE (None: keep it).
   """
   config = gin_utils.model_config(name, vocab_size)
   model_dir = os.path.join(workdir, name)
@@ -150,7 +232,8 @@ def trained_model(
         f'VOCAB_SIZE = {vocab_size}',
         'EVAL_PERIOD = None',
         'train.train.keep_checkpoints = 1',
-      ],
+      ]
+      + ([] if batch_size is None else [f'BATCH_SIZE = {batch_size}']),
     )
   return models.Model(config, _restore_cached(model_dir, steps, config))
 
@@ -263,6 +346,7 @@ def print_table(records) -> None:
     'BLEU spec',
   )
   print(' '.join(f'{h:>11s}' for h in header))
+  sampled = []
   for r in records:
     if r['kind'] != 'walltime' or r['batch_size'] != 1:
       continue
@@ -277,10 +361,26 @@ def print_table(records) -> None:
       r['ms_per_token_speculative']['median'],
       r['speedup']['median'],
       r.get('predicted_speedup'),
-      r.get('bleu_baseline'),
-      r.get('bleu_speculative'),
+      *_bleu_cells(r),
     )
     print(' '.join(f'{v:>11.3f}' if isinstance(v, float) else f'{str(v):>11s}' for v in row))
+    if r.get('sampled_quality'):
+      sampled.append(r)
+  if sampled:
+    print(f'\n{reports.SAMPLED_QUALITY_NOTE}')
+    for r in sampled:
+      print(reports.sampled_quality_line(r))
+
+
+def _bleu_cells(record: Dict[str, Any]) -> tuple:
+  """The table's BLEU cells: greedy, one value each; sampled, mean+-stderr over keys."""
+  quality = record.get('sampled_quality')
+  if not quality or quality['baseline']['bleu'] is None:
+    return record.get('bleu_baseline'), record.get('bleu_speculative')
+  return tuple(
+    f'{quality[name]["bleu"]["mean"]:.1f}+-{quality[name]["bleu"]["stderr"]:.1f}'
+    for name in ('baseline', 'speculative')
+  )
 
 
 def main(argv) -> None:
@@ -295,9 +395,20 @@ def main(argv) -> None:
   jax.config.update('jax_compilation_cache_dir', os.path.join(workdir, 'jax_cache'))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
 
+  _step('The machine')
+  machine = print_machine(args.vocab_size)
+  gammas = args.gammas or list(FULL_GAMMAS if args.full_sweep else GAMMAS)
+  batch_sizes = args.batch_sizes or list(FULL_BATCH_SIZES if args.full_sweep else BATCH_SIZES)
+
   corpus_dir, vocabulary = prepare_data(workdir, args.vocab_size)
   target = trained_model(
-    workdir, 'gettext_target', args.target_steps, corpus_dir, vocabulary, args.vocab_size
+    workdir,
+    'gettext_target',
+    args.target_steps,
+    corpus_dir,
+    vocabulary,
+    args.vocab_size,
+    batch_size=TARGET_BATCH_SIZE,
   )
   data_draft = trained_model(
     workdir, 'gettext_draft', args.draft_steps, corpus_dir, vocabulary, args.vocab_size
@@ -345,8 +456,8 @@ def main(argv) -> None:
       pair_name=f'gettext target ({_millions(target)}) / {name} ({_millions(draft)})',
       task_name='gettext EnDe test',
       temperatures=(temperature,),
-      gammas=[int(g) for g in args.gammas],
-      batch_sizes=[int(b) for b in args.batch_sizes],
+      gammas=[int(g) for g in gammas],
+      batch_sizes=[int(b) for b in batch_sizes],
       num_walltime_examples=args.num_examples,
       repetitions=args.repetitions,
       max_decode_len=MAX_DECODE_LEN,
@@ -356,11 +467,12 @@ def main(argv) -> None:
       distillation=distillation,
       progress=progress,
     )
+  records.append(dict(kind='machine', emulated=False, **machine))
   reports.write_report(records, os.path.join(workdir, 'report'))
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None
   if args.peer_examples:
-    greedy_gamma = reports.best_gamma(records, temperature=0.0)
+    greedy_gamma = benchmark.best_gamma(records, temperature=0.0)
     _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
     peers_markdown = compare_with_huggingface(
       target,

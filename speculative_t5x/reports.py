@@ -21,7 +21,7 @@ def _fmt(value, digits=2):
 def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
   """Markdown tables: walltime and prediction (Tables 2 and 4), alpha (Table 3),
   distillation, batch size, memory, acceptance by position."""
-  lines = _pair_lines(records)
+  lines = _pair_lines(records) + _machine_lines(records)
   walltime = [r for r in records if r['kind'] == 'walltime']
   if any(r['emulated'] for r in records):
     lines += [
@@ -40,11 +40,7 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
   for r in walltime:
     if r['batch_size'] != 1:
       continue
-    bleu = (
-      f'{_fmt(r.get("bleu_baseline"), 1)} / {_fmt(r.get("bleu_speculative"), 1)}'
-      if r.get('bleu_baseline') is not None
-      else '-'
-    )
+    bleu = _bleu_cell(r)
     lines.append(
       f'| {r["pair"]} | {r["task"]} | {r["temperature"]} | {r["gamma"]} | {_fmt(r["alpha"])} '
       f'| {_fmt(r["alpha_loop"])} | {_fmt(r["c"], 3)} | {_fmt(r["verify_cost"])} '
@@ -54,6 +50,7 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
       f'{_fmt(r["speedup"]["max"])}) | {_fmt(r.get("predicted_speedup"))}x '
       f'| {_fmt(r.get("predicted_speedup_free_verify"))}x | {bleu} |'
     )
+  lines += _sampled_quality_lines(walltime)
   lines += _breakdown_lines(records)
   lines += _gamma_choice_lines(records)
   alpha = [r for r in records if r['kind'] == 'alpha']
@@ -110,6 +107,98 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
       )
   lines += _drafting_lines(walltime)
   return '\n'.join(lines) + '\n'
+
+
+def _machine_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown: the machine the run measured (a record of kind 'machine', if any)."""
+  machine = next((r for r in records if r['kind'] == 'machine'), None)
+  if machine is None:
+    return []
+  step = (
+    f'; a target training step ({machine["training_step_rows"]} rows) '
+    f'{machine["training_step_s"]:.2f} s'
+    if machine.get('training_step_s') is not None
+    else ''
+  )
+  return [
+    f'Machine: {machine.get("cpu")} (CPU family {machine.get("cpu_family")}), '
+    f'{machine.get("cores")} cores, {machine["bandwidth_gb_per_s"]:.1f} GB/s '
+    f'(a reduction over 512 MiB){step}.',
+    '',
+  ]
+
+
+def _bleu_cell(record: Dict[str, Any]) -> str:
+  """The walltime table's BLEU: greedy, one value each; sampled, mean +- stderr over keys."""
+  quality = record.get('sampled_quality')
+  if quality and quality['baseline']['bleu'] is not None:
+    return ' / '.join(
+      f'{quality[name]["bleu"]["mean"]:.1f} ± {quality[name]["bleu"]["stderr"]:.1f}'
+      for name in ('baseline', 'speculative')
+    )
+  if record.get('bleu_baseline') is None:
+    return '-'
+  return f'{_fmt(record.get("bleu_baseline"), 1)} / {_fmt(record.get("bleu_speculative"), 1)}'
+
+
+# What a sampled-quality row means, in the report and in the demo's table.
+SAMPLED_QUALITY_NOTE = (
+  'At T > 0 each decode is a sample: speculative decoding samples from the same '
+  "distribution as the baseline (the target's), so their BLEU and output length differ "
+  'only by sampling noise. Each is the mean ± standard error over keys (each key: one '
+  'corpus BLEU and one mean length over the same inputs); diff = (speculative - '
+  'baseline) / the standard error of that difference.'
+)
+
+
+def sampled_quality_line(record: Dict[str, Any]) -> str:
+  """One walltime record's sampled quality as a line of text."""
+  q = record['sampled_quality']
+  ms = lambda name, field, digits: (
+    f'{q[name][field]["mean"]:.{digits}f} ± {q[name][field]["stderr"]:.{digits}f}'
+  )
+  bleu = (
+    f'BLEU {ms("baseline", "bleu", 1)} / {ms("speculative", "bleu", 1)} '
+    f'(diff {q["bleu_difference_in_stderr"]:+.1f} SE), '
+    if q['baseline']['bleu'] is not None
+    else ''
+  )
+  return (
+    f'  T={record["temperature"]} gamma={record["gamma"]}, {q["num_keys"]} keys x '
+    f'{q["num_examples"]} inputs: {bleu}mean length {ms("baseline", "length", 1)} / '
+    f'{ms("speculative", "length", 1)} tokens (baseline / speculative)'
+  )
+
+
+def _sampled_quality_lines(walltime: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown: BLEU and output length at T > 0, mean +- standard error over keys."""
+  rows = [r for r in walltime if r.get('sampled_quality') and r['batch_size'] == 1]
+  if not rows:
+    return []
+  lines = [
+    '',
+    '## Sampled quality (T > 0): samples of one distribution',
+    '',
+    SAMPLED_QUALITY_NOTE + ' Greedy rows check instead that the outputs are identical.',
+    '',
+    '| T | gamma | keys x inputs | BLEU base | BLEU spec | diff (SE) | length base | length spec |',
+    '|' + '---|' * 8,
+  ]
+  for r in rows:
+    q = r['sampled_quality']
+    cell = lambda name, field, digits=1: (
+      '-'
+      if q[name][field] is None
+      else f'{q[name][field]["mean"]:.{digits}f} ± {q[name][field]["stderr"]:.{digits}f}'
+    )
+    diff = q.get('bleu_difference_in_stderr')
+    lines.append(
+      f'| {r["temperature"]} | {r["gamma"]} | {q["num_keys"]} x {q["num_examples"]} '
+      f'| {cell("baseline", "bleu")} | {cell("speculative", "bleu")} '
+      f'| {"-" if diff is None else f"{diff:+.1f}"} '
+      f'| {cell("baseline", "length")} | {cell("speculative", "length")} |'
+    )
+  return lines
 
 
 def _pair_lines(records: Sequence[Dict[str, Any]]) -> List[str]:

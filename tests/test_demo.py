@@ -26,3 +26,70 @@ def test_a_workdir_of_another_configuration_names_the_way_out(tmp_path):
   other = network.t5_1_1_config('tiny', vocab_size=64)
   with pytest.raises(ValueError, match='trained with another configuration.*new --workdir'):
     demo._restore_cached(str(tmp_path / 'model'), 400, other)
+
+
+def _walltime_record(temperature, quality=None, **bleu):
+  summary = dict(median=1.0, min=1.0, max=1.0)
+  record = dict(
+    kind='walltime',
+    pair='p',
+    task='t',
+    emulated=False,
+    temperature=temperature,
+    gamma=3,
+    batch_size=1,
+    alpha=0.6,
+    alpha_loop=0.6,
+    c=0.05,
+    verify_cost=1.5,
+    tokens_per_call=2.5,
+    ms_per_token_baseline=summary,
+    ms_per_token_speculative=summary,
+    speedup=summary,
+    memory={},
+    acceptance_by_position=[0.6, 0.5, 0.4],
+    **bleu,
+  )
+  if quality:
+    record['sampled_quality'] = quality
+  return record
+
+
+def test_sampled_quality_is_reported_as_mean_and_standard_error(capsys):
+  """At T > 0 the report and the demo's table give BLEU and length as mean +- stderr over
+  keys, with their difference in standard errors; greedy rows keep one BLEU each."""
+  from speculative_t5x import demo
+  from speculative_t5x import reports
+
+  stats = lambda mean, stderr: dict(mean=mean, stderr=stderr, per_key=[mean] * 4)
+  quality = dict(
+    num_keys=4,
+    num_examples=16,
+    baseline=dict(bleu=stats(10.8, 0.5), length=stats(20.1, 0.3)),
+    speculative=dict(bleu=stats(10.1, 0.6), length=stats(19.8, 0.4)),
+    bleu_difference_in_stderr=-0.9,
+  )
+  records = [
+    _walltime_record(0.0, bleu_baseline=6.9, bleu_speculative=6.9),
+    _walltime_record(1.0, quality),
+    dict(
+      kind='machine',
+      emulated=False,
+      cpu='AMD EPYC',
+      cpu_family='26',
+      cores=2,
+      bandwidth_gb_per_s=48.0,
+      training_step_s=0.8,
+      training_step_rows=16,
+    ),
+  ]
+  markdown = reports.markdown_report(records)
+  assert '| 6.9 / 6.9 |' in markdown and '| 10.8 ± 0.5 / 10.1 ± 0.6 |' in markdown
+  assert '## Sampled quality (T > 0): samples of one distribution' in markdown
+  assert '| 1.0 | 3 | 4 x 16 | 10.8 ± 0.5 | 10.1 ± 0.6 | -0.9 | 20.1 ± 0.3 | 19.8 ± 0.4 |' in (
+    markdown
+  )
+  assert 'Machine: AMD EPYC (CPU family 26), 2 cores, 48.0 GB/s' in markdown
+  demo.print_table(records)
+  printed = capsys.readouterr().out
+  assert '10.8+-0.5' in printed and 'diff -0.9 SE' in printed
