@@ -648,17 +648,20 @@ def run_benchmark(
   records: List[Dict[str, Any]] = []
 
   progress('Measuring the parts of an iteration, bytes and bandwidth ...')
-  parts = measure_parts(
+  measure_parts_of_pair = functools.partial(
+    measure_parts,
     target,
     draft,
-    temperatures,
-    sorted(set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())),
-    settings,
+    settings=settings,
     input_length=walltime_inputs.shape[1],
     max_decode_len=max_decode_len,
     prompt_length=prompt_length,
     emulate_alpha=emulate_alpha,
     repetitions=max(5, repetitions),
+  )
+  parts = measure_parts_of_pair(
+    temperatures,
+    sorted(set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())),
   )
   records.append(
     dict(
@@ -764,19 +767,7 @@ def run_benchmark(
           eos_id=eos_id,
           progress=progress,
         ),
-        measure_batch_parts=functools.partial(
-          measure_parts,
-          target,
-          draft,
-          [temperature],
-          gammas,
-          settings,
-          input_length=walltime_inputs.shape[1],
-          max_decode_len=max_decode_len,
-          prompt_length=prompt_length,
-          emulate_alpha=emulate_alpha,
-          repetitions=max(5, repetitions),
-        ),
+        measure_batch_parts=functools.partial(measure_parts_of_pair, [temperature], gammas),
       )
       continue
     for batch_size in sorted(set(batch_sizes) - {1}):
