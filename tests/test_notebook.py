@@ -52,4 +52,4 @@ def test_notebook_runs_in_tiny_mode(tmp_path, monkeypatch):
   assert 'tokens per target call:' in text
   images = [o for cell in code_cells for o in cell.outputs if 'image/png' in o.get('data', {})]
   assert len(images) >= 3  # Acceptance histogram, speedup vs gamma, Theorem 3.8 curves.
-  assert (workdir / 'runs' / 'colab' / 'report' / 'speedup_vs_gamma.png').is_file()
+  assert (workdir / 'runs' / 'colab' / 'colab_report' / 'speedup_vs_gamma.png').is_file()
