@@ -311,6 +311,7 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       f'| {_fmt(r.get("predicted_speedup_parts"))}x '
       f'| {_fmt(r["speedup"]["median"])}x |'
     )
+  lines += _breakdown_misses(rows)
   costs = next((r for r in records if r['kind'] == 'costs'), None)
   if costs and costs.get('floors'):
     lines += [
@@ -337,6 +338,53 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       lines.append(
         f'Draft / target bytes per step: {costs["floors"]["draft_bytes_over_target_bytes"]:.3f}.'
       )
+  return lines
+
+
+# How far the parts may miss the measured iteration and still explain it.
+BREAKDOWN_TOLERANCE = 0.10
+
+
+def _breakdown_misses(rows: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown: whether the parts explain each measured iteration, and if not which part
+  is mis-timed, told apart by the baseline's own step (parts: the target step alone)."""
+  if not rows:
+    return []
+  share = lambda b, part, whole: b[part] / max(b[whole], 1e-9)
+  missed = [
+    r for r in rows if abs(share(r['breakdown'], 'unexplained', 'measured')) > BREAKDOWN_TOLERANCE
+  ]
+  lines = [
+    '',
+    f'The parts explain the measured iteration within ±{BREAKDOWN_TOLERANCE:.0%} in '
+    f'{len(rows) - len(missed)} of {len(rows)} rows.',
+  ]
+  for r in missed:
+    b = r['breakdown']
+    miss = share(b, 'unexplained', 'measured')
+    baseline_miss = share(b, 'baseline_unexplained', 'baseline_measured')
+    if abs(baseline_miss) > BREAKDOWN_TOLERANCE / 2 and baseline_miss * miss > 0:
+      why = (
+        f"the baseline's one-token step misses by {baseline_miss:+.0%} as well, so the "
+        'target (its step and its block, each timed alone) ran '
+        f'{"slower" if miss > 0 else "faster"} in the decode loop than alone: other work on '
+        'the CPU while one of them was timed, or the loop evicting what the target finds '
+        'cached when timed alone.'
+      )
+    else:
+      why = (
+        f"the baseline's step is timed within {baseline_miss:+.0%}, so the parts only "
+        "speculative decoding runs are mis-timed: the draft's rollout and catch-up (timed "
+        'alone, their weights in cache unless the report says they were flushed) or the '
+        'verification.'
+      )
+    lines.append(
+      f'- T = {r["temperature"]}, gamma = {r["gamma"]}: the measured iteration exceeds the '
+      f'parts by {miss:+.0%}; {why}'
+      if miss > 0
+      else f'- T = {r["temperature"]}, gamma = {r["gamma"]}: the parts exceed the measured '
+      f'iteration by {-miss:.0%}; {why}'
+    )
   return lines
 
 

@@ -93,3 +93,38 @@ def test_sampled_quality_is_reported_as_mean_and_standard_error(capsys):
   demo.print_table(records)
   printed = capsys.readouterr().out
   assert '10.8+-0.5' in printed and 'diff -0.9 SE' in printed
+
+
+def test_the_breakdown_says_which_part_is_mis_timed():
+  """Rows whose parts miss the measured iteration by more than 10% name the suspect: the
+  target's timing when the baseline's step misses too, else the speculative-only parts."""
+  from speculative_t5x import reports
+
+  def row(gamma, measured, baseline_measured):
+    parts = dict(draft_catch_up=0.1, draft_rollout=1.0, target_block=5.0, judge=0.1, emit=0.05)
+    parts.update(encode=0.75)
+    breakdown = dict(
+      parts,
+      parts_sum=7.0,
+      measured=measured,
+      unexplained=measured - 7.0,
+      catch_up_rate=0.3,
+      baseline_parts=4.0,
+      baseline_measured=baseline_measured,
+      baseline_unexplained=baseline_measured - 4.0,
+    )
+    return dict(
+      _walltime_record(0.0, bleu_baseline=1.0, bleu_speculative=1.0),
+      gamma=gamma,
+      breakdown=breakdown,
+    )
+
+  markdown = reports.markdown_report([row(3, 7.2, 4.1), row(5, 10.0, 5.0), row(7, 10.0, 4.0)])
+  assert 'within ±10% in 1 of 3 rows' in markdown
+  assert (
+    "gamma = 5: the measured iteration exceeds the parts by +30%; the baseline's one-token"
+    in (markdown)
+  )
+  assert "gamma = 7: the measured iteration exceeds the parts by +30%; the baseline's step is" in (
+    markdown
+  )
