@@ -33,3 +33,21 @@ def _release_compiled_programs():
   """
   yield
   jax.clear_caches()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """Under `make test-t5x` (testing_utils.T5X_REQUIRED), a t5x-marked test that skips fails."""
+  from testing_utils import t5x_required, T5X_REQUIRED  # pylint: disable=g-import-not-at-top
+
+  outcome = yield
+  report = outcome.get_result()
+  if (
+    report.skipped
+    and not hasattr(report, 'wasxfail')
+    and item.get_closest_marker('t5x')
+    and t5x_required()
+  ):
+    reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+    report.outcome = 'failed'
+    report.longrepr = f'{T5X_REQUIRED}=1 (make test-t5x): a t5x test may not skip: {reason}'

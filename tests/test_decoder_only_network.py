@@ -3,9 +3,9 @@
 The first part needs no t5x: hand-made masks, cached decoding against teacher
 forcing, T5X's cache protocol as T5X's decode functions drive it, checkpoints
 in T5X's formats written as T5X writes them. The second part runs against the
-real t5x when it is importable (it is not on PyPI): T5X's own decoder-only
-network (tree, axes, logits, masks), T5X's `DecoderOnlyModel` predicting with
-this module, and checkpoints written by T5X's checkpointers.
+real t5x (marked `t5x`; it is not on PyPI, `make test-t5x` installs it): T5X's
+own decoder-only network (tree, axes, logits, masks), T5X's `DecoderOnlyModel`
+predicting with this module, and checkpoints written by T5X's checkpointers.
 """
 
 import dataclasses
@@ -22,7 +22,7 @@ import pytest
 from speculative_t5x import checkpoints
 from speculative_t5x import huggingface
 from speculative_t5x import network
-from testing_utils import assert_trees_equal, write_t5x_legacy, write_t5x_orbax
+from testing_utils import assert_trees_equal, import_t5x, write_t5x_legacy, write_t5x_orbax
 
 VOCAB = 64
 # A tiny float32 model; T5X's decoder-only layout with T5 1.1's gated MLP.
@@ -40,11 +40,6 @@ CONFIG = network.DecoderOnlyConfig(
 TIED_RELU = dataclasses.replace(CONFIG, mlp_activations=('relu',), logits_via_embedding=True)
 MODULE = network.DecoderOnly(CONFIG)
 PARAMS = network.random_params(CONFIG, seed=1)[0]
-
-T5X_REASON = (
-  't5x is not installed: it is an optional integration (not on PyPI); install it '
-  'from its source repository to run the T5X comparisons'
-)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -471,7 +466,7 @@ def test_huggingface_import_is_t5_only(tmp_path):
 @pytest.fixture(scope='module')
 def t5x():
   """T5X's modules: its decoder-only network and layers, models, decoding, checkpoints."""
-  pytest.importorskip('t5x', reason=T5X_REASON)
+  import_t5x()
   import seqio  # pylint: disable=g-import-not-at-top
   from t5x import checkpoints as t5x_checkpoints  # pylint: disable=g-import-not-at-top
   from t5x import decoding  # pylint: disable=g-import-not-at-top
@@ -503,6 +498,7 @@ def _t5x_module(t5x, config):
   return t5x['network'].DecoderWrapper(t5x['network'].TransformerConfig(**fields))
 
 
+@pytest.mark.t5x
 @pytest.mark.parametrize('config', [CONFIG, TIED_RELU], ids=['gated_untied', 'relu_tied'])
 def test_tree_shapes_and_axes_equal_t5x(t5x, config):
   tokens = jnp.ones((2, 5), jnp.int32)
@@ -514,6 +510,7 @@ def test_tree_shapes_and_axes_equal_t5x(t5x, config):
   assert _tree(theirs['params'], theirs['params_axes']) == _tree(*network.abstract_params(config))
 
 
+@pytest.mark.t5x
 @pytest.mark.parametrize('config', [CONFIG, TIED_RELU], ids=['gated_untied', 'relu_tied'])
 def test_logits_equal_t5x_on_t5x_initialized_params(t5x, config):
   """Teacher forcing: causal, prefix LM, packed; rows padded at different lengths."""
@@ -543,6 +540,7 @@ def test_logits_equal_t5x_on_t5x_initialized_params(t5x, config):
     )
 
 
+@pytest.mark.t5x
 def test_make_decoder_mask_equals_t5x(t5x):
   rng = np.random.default_rng(5)
   targets = rng.integers(0, 3, (4, 9))  # Padding (0) anywhere.
@@ -556,6 +554,7 @@ def test_make_decoder_mask_equals_t5x(t5x):
       )
 
 
+@pytest.mark.t5x
 @pytest.mark.parametrize('bidirectional', [False, True], ids=['causal', 'prefix_lm'])
 def test_t5x_decoder_only_model_scores_and_predicts_with_this_module(t5x, bidirectional):
   """T5X's DecoderOnlyModel with this module equals it with T5X's own network.
@@ -601,6 +600,7 @@ def test_t5x_decoder_only_model_scores_and_predicts_with_this_module(t5x, bidire
   np.testing.assert_allclose(aux['scores'], stock_aux['scores'], atol=1e-4)
 
 
+@pytest.mark.t5x
 @pytest.mark.parametrize('checkpoint_format', ['legacy', 'orbax'])
 def test_t5x_checkpointer_checkpoints_load_bit_identically(t5x, tmp_path, checkpoint_format):
   """Decoder-only checkpoints written by T5X's own checkpointers (as its train.py)."""

@@ -9,6 +9,7 @@ import jax
 import pytest
 
 from speculative_t5x import partitioning
+from testing_utils import import_t5x
 
 
 def test_rules_are_t5x_standard_rules_for_1d_model_parallelism():
@@ -27,6 +28,19 @@ def test_rules_are_t5x_standard_rules_for_1d_model_parallelism():
     ('stack', None),
     ('mlp_activations', None),
   ]
+
+
+@pytest.mark.t5x
+def test_rules_are_t5x_own_standard_rules():
+  """The restated rules above are T5X's own (t5x.partitioning), for 1-D partitioning."""
+  import_t5x()
+  from t5x import partitioning as t5x_partitioning  # pylint: disable=g-import-not-at-top
+
+  assert list(partitioning.standard_logical_axis_rules()) == list(
+    t5x_partitioning.standard_logical_axis_rules(
+      activation_partitioning_dims=1, parameter_partitioning_dims=1
+    )
+  )
 
 
 def test_make_mesh_needs_all_devices():

@@ -3,7 +3,7 @@
 The first part needs no t5x: it tests the functions of `t5x_adapter` that the
 model class calls (parameter trees, grafting a T5X checkpoint, the predict
 computation) on this project's networks. The second part runs against the
-real t5x when it is importable (it is not on PyPI; see
+real t5x (marked `t5x`; it is not on PyPI, `make test-t5x` installs it; see
 `t5x_adapter._T5X_MISSING`): the model class inside T5X's own restore,
 partitioning and prediction code, compared with T5X's stock
 `EncoderDecoderModel` on T5X's own network, and the gin files of configs/t5x.
@@ -31,6 +31,7 @@ from testing_utils import (
   EOS,
   assert_trees_equal,
   decoded_lengths,
+  import_t5x,
   padded_inputs,
   tiny_model,
   write_t5x_legacy,
@@ -437,16 +438,10 @@ def test_missing_t5x_raises_import_error_with_instructions(monkeypatch):
 # ------------------------------------------------------------------------------
 # With the real t5x.
 # ------------------------------------------------------------------------------
-T5X_REASON = (
-  't5x is not installed (it is not on PyPI; install it from its source '
-  'repository to run the T5X integration tests)'
-)
-
-
 @pytest.fixture(scope='module')
 def t5x_env():
   """T5X's modules, the stock model on T5X's network, and ours on the same sizes."""
-  pytest.importorskip('t5x', reason=T5X_REASON)
+  import_t5x()
   import seqio  # pylint: disable=g-import-not-at-top
   from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
   from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
@@ -490,6 +485,7 @@ def t5x_env():
   return dict(stock=stock, model=model, shapes=shapes, types=types, vocabulary=vocabulary)
 
 
+@pytest.mark.t5x
 def test_t5x_predictions_equal_stock_t5x_greedy(t5x_env):
   """Ours (speculative, our network) vs T5X's temperature_sample(topk=1) on T5X's network."""
   stock, model = t5x_env['stock'], t5x_env['model']
@@ -524,6 +520,7 @@ def test_t5x_predictions_equal_stock_t5x_greedy(t5x_env):
   assert any(np.any(np.asarray(grad) != 0) for grad in jax.tree.leaves(grads['decoder']))
 
 
+@pytest.mark.t5x
 def test_t5x_decoder_prompts_equal_stock_t5x_greedy(t5x_env):
   """prompt_with_targets: T5X prefills its own network's cache; we prefill both of ours."""
   stock, model = t5x_env['stock'], t5x_env['model']
@@ -546,6 +543,7 @@ def test_t5x_decoder_prompts_equal_stock_t5x_greedy(t5x_env):
   np.testing.assert_array_equal(np.asarray(decodes)[:, :-1][in_prompt], stripped[:, 1:][in_prompt])
 
 
+@pytest.mark.t5x
 def test_t5x_initial_variables_are_partitioned_like_the_target(t5x_env):
   from t5x import partitioning as t5x_partitioning  # pylint: disable=g-import-not-at-top
   from t5x import train_state as t5x_train_state  # pylint: disable=g-import-not-at-top
@@ -571,6 +569,7 @@ def test_t5x_initial_variables_are_partitioned_like_the_target(t5x_env):
   )
 
 
+@pytest.mark.t5x
 @pytest.mark.parametrize('target_format, draft_format', [('legacy', 'orbax'), ('orbax', 'legacy')])
 def test_t5x_restore_grafts_the_draft(t5x_env, tmp_path, target_format, draft_format):
   """T5X's checkpointers write both checkpoints; T5X's restore (as infer.py) grafts the draft."""
@@ -655,6 +654,7 @@ seqio.SentencePieceVocabulary.extra_ids = 100
 """
 
 
+@pytest.mark.t5x
 @pytest.mark.parametrize('user_first', [True, False])
 @pytest.mark.parametrize(
   'pair, draft_size, gamma',
@@ -708,6 +708,7 @@ def test_t5x_gin_files_build_the_speculative_model(
   assert len(graft_fns) == 1 and callable(graft_fns[0])
 
 
+@pytest.mark.t5x
 def test_t5x_model_rejects_bad_arguments(t5x_env):
   from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
 

@@ -3,9 +3,10 @@
 The first part needs no t5x: `t5x_adapter.speculative_predict_batch` on a
 decoder-only pair (causal and prefix LM) gives `models.generate`'s tokens,
 and `remove_prompts` is T5X's `remove_prefix`. The second part runs against
-the real t5x when it is importable (it is not on PyPI): the model class
-inside T5X, compared with T5X's stock `DecoderOnlyModel` on T5X's own
-decoder-only network, and the gin file configs/t5x/speculative_decoder_only.gin.
+the real t5x (marked `t5x`; it is not on PyPI, `make test-t5x` installs it):
+the model class inside T5X, compared with T5X's stock `DecoderOnlyModel` on
+T5X's own decoder-only network, and the gin file
+configs/t5x/speculative_decoder_only.gin.
 """
 
 import dataclasses
@@ -22,13 +23,9 @@ from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import t5x_adapter
-from testing_utils import EOS, decoded_lengths, tiny_decoder_only_model
+from testing_utils import EOS, decoded_lengths, import_t5x, tiny_decoder_only_model
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-T5X_REASON = (
-  't5x is an optional integration and is not installed (it is not on PyPI; install it from '
-  'its source repository to run the T5X integration tests)'
-)
 GAMMA = 3
 LENGTH = 14  # T5X's decoder length: prompt and continuation together.
 PROMPT_LENGTHS = np.array([0, 3, 5, 9])
@@ -117,7 +114,7 @@ def test_a_decoder_only_target_needs_its_prompt():
 # ------------------------------------------------------------------------------
 @pytest.fixture(scope='module')
 def t5x():
-  pytest.importorskip('t5x', reason=T5X_REASON)
+  import_t5x()
   import seqio  # pylint: disable=g-import-not-at-top
   from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
   from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
@@ -159,6 +156,7 @@ def _models(t5x, bidirectional):
   return stock, ours
 
 
+@pytest.mark.t5x
 @pytest.mark.parametrize('bidirectional', [False, True], ids=['causal', 'prefix_lm'])
 def test_t5x_predictions_equal_stock_t5x_greedy(t5x, bidirectional):
   """Ours (speculative, our network) vs T5X's temperature_sample(topk=1) on T5X's network."""
@@ -182,6 +180,7 @@ def test_t5x_predictions_equal_stock_t5x_greedy(t5x, bidirectional):
   assert all(np.all(np.asarray(grad) == 0) for grad in jax.tree.leaves(grads['draft']))
 
 
+@pytest.mark.t5x
 def test_t5x_initial_variables_hold_both_networks(t5x):
   _, ours = _models(t5x, False)
   shapes = {name: (2, LENGTH) for name in ('decoder_input_tokens', 'decoder_target_tokens')}
@@ -192,6 +191,7 @@ def test_t5x_initial_variables_hold_both_networks(t5x):
   assert 'draft' in variables['params_axes']
 
 
+@pytest.mark.t5x
 def test_t5x_gin_file_builds_the_speculative_model(t5x):
   import gin  # pylint: disable=g-import-not-at-top
   import t5x as t5x_package  # pylint: disable=g-import-not-at-top
@@ -229,6 +229,7 @@ def test_t5x_gin_file_builds_the_speculative_model(t5x):
   assert model._inputs_bidirectional_attention and model.gamma == 5
 
 
+@pytest.mark.t5x
 def test_t5x_model_rejects_bad_arguments(t5x):
   build = functools.partial(
     t5x_adapter.SpeculativeDecoderOnlyModel, MODULE, t5x['vocabulary'], None
@@ -294,6 +295,7 @@ def _t5x_infer(t5x_root, gin_files, bindings, tmp_path, output_name):
   return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.t5x
 @pytest.mark.slow
 @pytest.mark.parametrize('bidirectional', [False, True], ids=['causal', 'prefix_lm'])
 def test_t5x_infer_command_equals_stock_t5x_greedy(t5x, tmp_path, bidirectional):

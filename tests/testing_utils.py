@@ -352,3 +352,30 @@ def phrase_task(directory, name, prefix):
     prefix=prefix,
   )
   return task.name, directory, vocabulary_prefix + '.model'
+
+
+# ------------------------------------------------------------------------------
+# The real T5X: optional here, required under `make test-t5x`.
+# ------------------------------------------------------------------------------
+# `make test-t5x` sets this to 1: there a t5x that does not import is an error
+# and a t5x-marked test may not skip (tests/conftest.py).
+T5X_REQUIRED = 'SPECULATIVE_T5X_REQUIRE_T5X'
+T5X_REASON = (
+  't5x is not installed: it is an optional integration (not on PyPI); `make test-t5x` '
+  'installs it in a side venv and runs these tests'
+)
+
+
+def t5x_required():
+  return os.environ.get(T5X_REQUIRED) == '1'
+
+
+def import_t5x():
+  """The t5x package; without it the test skips (T5X_REASON), or fails under `make test-t5x`."""
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  if t5x_required():
+    import t5x  # pylint: disable=g-import-not-at-top
+
+    return t5x
+  return pytest.importorskip('t5x', reason=T5X_REASON)

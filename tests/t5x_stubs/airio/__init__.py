@@ -1,0 +1,1 @@
+"""Import stub for airio (not on PyPI): the names T5X imports, for its isinstance checks."""
