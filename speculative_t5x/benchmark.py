@@ -879,7 +879,7 @@ def _measure_walltime(
         bleu_baseline=corpus_bleu(vocabulary_path, baseline.outputs, references),
         bleu_speculative=corpus_bleu(vocabulary_path, speculative.outputs, references),
       )
-    else:  # Samples of one distribution: mean +- standard error over keys.
+    elif batch_size == 1:  # Samples of one distribution: mean +- stderr over keys, once.
       record['sampled_quality'] = sampled_quality(
         dict(
           baseline=models.make_decoder(target, None, **sampling_args),
