@@ -2,22 +2,28 @@ r"""The main job: train a small EnDe pair on this machine and measure speculativ
 
   make demo                      # or: python -m speculative_t5x.demo
 
-Every step is cached in --workdir (default runs/demo), so a second run skips
-to the measurements:
+It first prints the machine (`measure.machine`: CPU, family, cores, memory
+bandwidth) and a target training step's time, which say what the run's
+figures are of: the pool's CPUs differ about 2x. Every step is cached in
+--workdir (default runs/demo), so a second run skips to the measurements:
 
   1. an English->German corpus from the machine's gettext catalogs
      (`corpora.build_gettext_corpus`; 36k/2k/2k pairs on Debian);
   2. a SentencePiece vocabulary on its train split;
-  3. a target (47.9M parameters, configs/models/gettext_target.gin) and a
-     draft (configs/models/gettext_draft.gin), trained on the data by
-     `train.train`;
-  4. the draft distilled from the target (`distill.distill`, on-policy: the
-     draft's own samples), its held-out alpha curve kept;
+  3. a target (47.9M parameters, configs/models/gettext_target.gin; 400
+     steps of 8 rows) and a draft (configs/models/gettext_draft.gin; 400
+     steps of 16), trained on the data by `train.train`;
+  4. the draft distilled from the target once per decoding mode
+     (`distill.distill`): greedy on the target's greedy outputs (decoded
+     ahead in large batches; their loss needs no target call), T = 1 on the
+     draft's own samples (on-policy); the held-out alpha curves kept;
   5. `benchmark.run_benchmark` on the held-out test split at batch 1, greedy
      and temperature 1: alpha (Table 3: the distilled draft, the draft before
      distillation, unigram and bigram drafts), c and the verify cost, ms/token
-     of both decoders over a gamma sweep, the Theorem 3.8 prediction, where
-     each iteration's time goes, BLEU, speedup vs batch size, memory;
+     of both decoders for gamma 3 and 5 (--full_sweep: 3, 5 and 7, and batch
+     8), the Theorem 3.8 prediction, where each iteration's time goes, BLEU
+     (greedy: identical outputs; T = 1: mean +- standard error over 8 keys,
+     samples of one distribution), memory;
   6. the peer comparison: the same pair exported to Hugging Face and run by
      transformers' greedy and assisted generation at batch 1, beside ours,
      outputs compared token for token (`peers.compare_with_huggingface`);
