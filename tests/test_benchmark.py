@@ -310,7 +310,7 @@ def decoder_prompt_records(tmp_path_factory):
     (
       'decoder_prompt_records',
       'encoder-decoder',
-      {'PromptLookupDraft', 'model', '1-gram', '2-gram'},
+      {benchmark.PAIR_DRAFT, 'model', '1-gram', '2-gram'},
     ),
   ],
 )
