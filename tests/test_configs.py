@@ -266,6 +266,12 @@ def test_run_files_bind_with_a_pair_and_a_task(tmp_path):
   )
   assert values['gammas'] == [2, 3] and values['output_dir'] == '/out'
   assert values['task'].name == 'speculative_t5x:tsv'
+  assert values_of_profile_sweep(tmp_path, task_macros) == {
+    'profile_dir': '/profiles',
+    'batch_sizes': [1, 2, 4, 8, 16, 32, 64],
+    'gammas': [1, 3, 5, 7],
+    'num_walltime_examples': 64,
+  }
   values = _evaluate(
     ['pairs/gettext_tiny', 'tasks/tsv', 'runs/distill'],
     [*PAIR_MACROS, *task_macros, "MODEL_DIR = '/distilled'"],
@@ -280,6 +286,24 @@ def test_run_files_bind_with_a_pair_and_a_task(tmp_path):
     'data_mix': {'draft': 1.0},
     'num_steps': 300,
   }
+
+
+def values_of_profile_sweep(tmp_path, task_macros):
+  """runs/profile: benchmark.gin's main with the sweep over batch sizes 1-64 and a profile folder."""
+  with pytest.raises(ValueError, match='PROFILE_DIR'):
+    _evaluate(
+      ['pairs/gettext_tiny', 'tasks/tsv', 'runs/profile'],
+      [*PAIR_MACROS, *task_macros, "BENCHMARK_OUTPUT_DIR = '/out'"],
+      profile_dir='%PROFILE_DIR',
+    )
+  return _evaluate(
+    ['pairs/gettext_tiny', 'tasks/tsv', 'runs/profile'],
+    [*PAIR_MACROS, *task_macros, "BENCHMARK_OUTPUT_DIR = '/out'", "PROFILE_DIR = '/profiles'"],
+    profile_dir='%PROFILE_DIR',
+    batch_sizes='%BATCH_SIZES',
+    gammas='%GAMMAS',
+    num_walltime_examples='%NUM_EXAMPLES',
+  )
 
 
 # pairs/pair is included by every pair file.
@@ -298,6 +322,7 @@ COVERED = (
     'runs/infer',
     'runs/train',
     'runs/benchmark',
+    'runs/profile',
     'runs/distill',
     # Parsed by tests/test_train.py and tests/test_tasks_english.py.
     'runs/train_decoder_only',

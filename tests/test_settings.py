@@ -9,7 +9,9 @@ from speculative_t5x import settings
 
 def test_defaults_and_normalized_types():
   spec = settings.SpeculativeSettings()
-  assert spec.as_dict() == dict(gamma=4, lenience=1.0, verification='token', draft_threshold=0.0)
+  assert spec.as_dict() == dict(
+    gamma=4, lenience=1.0, verification='token', draft_threshold=0.0, profile=None
+  )
   spec = settings.SpeculativeSettings(gamma=5, lenience=1, draft_threshold=0)
   assert type(spec.lenience) is float and type(spec.draft_threshold) is float
 
