@@ -8,11 +8,16 @@ INSTALLED := $(VENV)/.installed
 demo: $(INSTALLED)
 	$(PYTHON) -m speculative_t5x.demo
 
+# One pytest worker per core (pytest-xdist), each test module in one worker (its
+# module-scoped fixtures built once): the suite is bound by XLA compilation, one
+# program at a time per process.
+PYTEST := $(PYTHON) -m pytest -n auto --dist loadfile
+
 test: $(INSTALLED)
-	$(PYTHON) -m pytest -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 test-all: $(INSTALLED)
-	$(PYTHON) -m pytest tests
+	$(PYTEST) tests
 
 # The T5X integration tests (-m t5x, slow ones included) against the real T5X, which is not on
 # PyPI: scripts/t5x_venv.sh builds (or reuses) the side venv $(T5X_VENV) with T5X from

@@ -43,6 +43,7 @@ setuptools.setup(
       'nbclient>=0.10,<0.12',
       'nbformat>=5.10,<6',
       'pytest>=8,<10',
+      'pytest-xdist>=3.5,<4',
       'ruff>=0.17,<0.18',
       'safetensors>=0.4,<1',
       'scipy>=1.11,<2',
