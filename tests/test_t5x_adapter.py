@@ -27,6 +27,7 @@ import pytest
 from speculative_t5x import decoding
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import settings
 from speculative_t5x import t5x_adapter
 from testing_utils import (
   EOS,
@@ -245,7 +246,7 @@ def _predict_all(params, rng, temperature, draft_threshold=0.0):
     params,
     BATCH,
     eos_id=EOS,
-    gamma=GAMMA,
+    settings=settings.SpeculativeSettings(gamma=GAMMA),
     rng=rng,
     decoder_params={'topk': 0, 'temperature': temperature, 'draft_threshold': draft_threshold},
     num_decodes=NUM_DECODES,
@@ -264,6 +265,7 @@ def test_greedy_predictions_equal_the_baseline():
   np.testing.assert_array_equal(decodes, expected)
   assert sorted(aux) == [
     'accepted',
+    'batch_gamma',
     'batch_mean_beta',
     'batch_target_calls',
     'drafted',
@@ -345,8 +347,7 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
       params,
       BATCH,
       eos_id=EOS,
-      gamma=4,
-      lenience=0.5,
+      settings=settings.SpeculativeSettings(gamma=4, lenience=0.5),
       decode_fn=decode_fn,
       rng=rng,
       decoder_params={'gamma': 5, 'temperature': 0.7, 'draft_threshold': 0.3},
@@ -402,7 +403,11 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
 
 
 def test_predict_errors_name_the_problem():
-  predict = functools.partial(t5x_adapter.speculative_predict_batch, eos_id=EOS, gamma=GAMMA)
+  predict = functools.partial(
+    t5x_adapter.speculative_predict_batch,
+    eos_id=EOS,
+    settings=settings.SpeculativeSettings(gamma=GAMMA),
+  )
   with pytest.raises(ValueError, match="no 'draft' subtree"):
     predict(MODULE, MODULE, TARGET.params, BATCH)
   with pytest.raises(ValueError, match='either as `rng` or as'):
@@ -417,7 +422,9 @@ def test_predict_errors_name_the_problem():
   with pytest.raises(ValueError, match=r'lenience must be a scalar in \(0, 1\]'):
     predict(MODULE, MODULE, _with_draft(DRAFT.params), BATCH, decoder_params={'lenience': 0.0})
   with pytest.raises(ValueError, match=r'draft_threshold must be a number in \[0, 1\); got 1.5'):
-    predict(MODULE, MODULE, _with_draft(DRAFT.params), BATCH, draft_threshold=1.5)
+    predict(
+      MODULE, MODULE, _with_draft(DRAFT.params), BATCH, decoder_params={'draft_threshold': 1.5}
+    )
   with pytest.raises(
     ValueError, match='draft_module must be a speculative_t5x.network.Transformer'
   ):
@@ -430,8 +437,10 @@ def test_predict_errors_name_the_problem():
 def test_missing_t5x_raises_import_error_with_instructions(monkeypatch):
   monkeypatch.setitem(sys.modules, 't5x', None)
   monkeypatch.setitem(sys.modules, 't5x.models', None)
-  with pytest.raises(ImportError, match='t5x is not on PyPI.*google-research/t5x'):
-    t5x_adapter._speculative_model_classes.__wrapped__()
+  monkeypatch.delitem(sys.modules, 'speculative_t5x.t5x_models', raising=False)
+  for name in ('SpeculativeEncoderDecoderModel', 'SpeculativeDecoderOnlyModel'):
+    with pytest.raises(ImportError, match='t5x is not on PyPI.*google-research/t5x'):
+      getattr(t5x_adapter, name)
   with pytest.raises(AttributeError, match='no attribute'):
     t5x_adapter.NotAModel  # pylint: disable=pointless-statement
 
@@ -700,7 +709,7 @@ def test_t5x_gin_files_build_the_speculative_model(
   assert model.draft_module.config == network.t5_1_1_config(
     draft_size, dtype='bfloat16', dropout_rate=0.0
   )
-  assert (model.gamma, model.lenience) == (gamma, 1.0)
+  assert model.settings == settings.SpeculativeSettings(gamma=gamma)
   assert model.decode_fn.__wrapped__ is decoding.speculative_sample
   # The user's vocabulary, not base.gin's default, whichever file came first.
   assert model.output_vocabulary == model.input_vocabulary

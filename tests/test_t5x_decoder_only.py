@@ -23,6 +23,7 @@ from speculative_t5x import decoding
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import settings
 from speculative_t5x import t5x_adapter
 from testing_utils import EOS, decoded_lengths, import_t5x, tiny_decoder_only_model
 
@@ -74,7 +75,7 @@ def test_predict_batch_equals_generate(bidirectional):
     params_with_draft(),
     batch,
     eos_id=EOS,
-    gamma=GAMMA,
+    settings=settings.SpeculativeSettings(gamma=GAMMA),
     decoder_params={'temperature': 0.0},
     decoder_prompt=prompt,
     inputs_bidirectional_attention=bidirectional,
@@ -106,7 +107,12 @@ def test_remove_prompts_is_t5x_remove_prefix():
 def test_a_decoder_only_target_needs_its_prompt():
   with pytest.raises(ValueError, match='needs decoder_prompt'):
     t5x_adapter.speculative_predict_batch(
-      MODULE, MODULE, params_with_draft(), prefix_lm_batch(), eos_id=EOS, gamma=GAMMA
+      MODULE,
+      MODULE,
+      params_with_draft(),
+      prefix_lm_batch(),
+      eos_id=EOS,
+      settings=settings.SpeculativeSettings(gamma=GAMMA),
     )
 
 
@@ -227,7 +233,7 @@ def test_t5x_gin_file_builds_the_speculative_model(t5x):
   assert model.draft_module.config == network.decoder_only_config(
     'tiny', dtype='bfloat16', dropout_rate=0.0
   )
-  assert model._inputs_bidirectional_attention and model.gamma == 5
+  assert model._inputs_bidirectional_attention and model.settings.gamma == 5
 
 
 @pytest.mark.t5x
