@@ -168,7 +168,9 @@ def run_t5x_infer(argv, output_dir, work_dir, devices=1):
     ),
   }
   result = subprocess.run(argv, cwd=work_dir, env=env, capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-4000:]
+  # T5X logs every restored key: show the traceback, not the log's tail.
+  traceback = max(result.stderr.rfind('Traceback (most recent call last)'), 0)
+  assert result.returncode == 0, shlex.join(argv) + '\n' + result.stderr[traceback:][-6000:]
   (path,) = [
     os.path.join(output_dir, name)
     for name in os.listdir(output_dir)
@@ -213,7 +215,6 @@ class EncoderDecoderRuns:
 
   def __init__(self, work_dir):
     self.work_dir = work_dir
-    self.t5x_root = t5x_root()
     directory = os.path.join(work_dir, 'data')
     os.makedirs(directory)
     _, _, self.vocabulary = phrase_task(directory, 'st5x_phrases_wmt_prefix', WMT_PREFIX)
@@ -235,13 +236,13 @@ class EncoderDecoderRuns:
     kernel[:, 64:] = 0.0
     kernel[:, 1] *= 1.5  # Rows end at different lengths.
     rng = np.random.default_rng(1)
-    draft = {
+    roles = {
       'target': params,
       'draft': _map(lambda x: x + 0.3 * np.std(x) * rng.standard_normal(x.shape), params),
     }
     self.checkpoints = {
       role: save_t5x_checkpoint(p, params_axes, os.path.join(work_dir, role))
-      for role, p in draft.items()
+      for role, p in roles.items()
     }
     self._runs = {}
 
@@ -282,7 +283,14 @@ class EncoderDecoderRuns:
     greedy_gin = os.path.join(self.work_dir, 'stock_greedy.gin')
     with open(greedy_gin, 'w', encoding='utf-8') as f:
       f.write(STOCK_GREEDY_GIN)
-    fields = ('emb_dim', 'num_heads', 'num_encoder_layers', 'num_decoder_layers', 'head_dim')
+    fields = (
+      'emb_dim',
+      'num_heads',
+      'num_encoder_layers',
+      'num_decoder_layers',
+      'head_dim',
+      'mlp_dim',
+    )
     return [
       sys.executable,
       '-m',
@@ -295,7 +303,6 @@ class EncoderDecoderRuns:
       '--gin.seqio.SentencePieceVocabulary.extra_ids=100',
       "--gin.infer.mode='predict_with_aux'",
       *(f'--gin.network.T5Config.{field}={getattr(TINY, field)!r}' for field in fields),
-      f'--gin.network.T5Config.mlp_dim={TINY.mlp_dim}',
       "--gin.network.T5Config.dtype='float32'",
       *self._task_bindings(),
     ]
