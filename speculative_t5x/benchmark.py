@@ -754,6 +754,7 @@ def run_benchmark(
         gammas,
         batch_sizes,
         alphas.get(temperature),
+        common=common,
         profile_dir=profile_dir,
         measure_auto=functools.partial(
           _measure_auto,
@@ -903,6 +904,7 @@ def _profile_sweep(
   batch_sizes: Sequence[int],
   alpha: Optional[float],
   *,
+  common: Mapping[str, Any],
   profile_dir: str,
   measure_batch_parts: Callable[..., Dict[Any, measure.IterationParts]],
   measure_auto: Callable[..., Dict[str, Any]],
@@ -931,19 +933,15 @@ def _profile_sweep(
   costs = next(r for r in records if r['kind'] == 'costs')
   profile = dict(
     profile,
-    **{k: walltime[0][k] for k in _PROFILE_LABELS},
+    **{k: common[k] for k in ('pair', 'task', 'architecture')},
     machine=measure.machine(bandwidth=costs['bandwidth_gb_per_s'] * 1e9),
   )
   profiles.write_profile(path, profile)
-  new_records.append(dict(kind='profile', temperature=temperature, path=path, **profile))
+  new_records.append(dict(common, kind='profile', temperature=temperature, path=path, **profile))
   auto = settings.replace(gamma=settings_lib.AUTO, profile=path)
   for batch_size in sorted(set(batch_sizes)):
     new_records.append(measure_auto(temperature, auto, batch_size))
   return new_records
-
-
-# The labels a profile takes from the records it summarizes.
-_PROFILE_LABELS = ('pair', 'task', 'architecture')
 
 
 def _measure_auto(

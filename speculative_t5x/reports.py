@@ -399,6 +399,8 @@ def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
     }
     sizes = sorted(profile['batch_sizes'], key=int)
     gammas = sorted({g for b in sizes for g in profile['batch_sizes'][b]['gammas']}, key=int)
+    # Integer keys in memory, strings when read back from benchmark.json.
+    chosen = {int(b): g for b, g in profile['gamma_by_batch_size'].items()}
     lines += [
       '',
       f'## Speculation profile, T = {temperature} ({profile["path"]})',
@@ -435,7 +437,7 @@ def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       lines.append(
         f'| {size} | '
         + ' | '.join(row)
-        + f' | {profile["gamma_by_batch_size"][int(size)]} | '
+        + f' | {chosen[int(size)]} | '
         + ' | '.join(auto_cells)
         + ' |'
       )

@@ -10,6 +10,7 @@ from speculative_t5x import benchmark
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import profiles
+from speculative_t5x import reports
 from speculative_t5x import settings
 from speculative_t5x import t5x_adapter
 from testing_utils import tiny_model
@@ -125,8 +126,12 @@ def test_the_benchmark_sweep_writes_a_profile_that_auto_follows(tmp_path):
     assert 0.0 <= walltime[b, 2]['finished_row_share'] < 1.0
   auto = {r['batch_size']: r for r in records if r['kind'] == 'auto'}
   assert {b: r['gamma_ran'] for b, r in auto.items()} == profile['gamma_by_batch_size']
+  assert all(r['emulated'] and r['pair'] == 'pair' for r in records)  # Every record's labels.
   report = (tmp_path / 'report' / 'benchmark.md').read_text()
   assert '## Speculation profile, T = 0.0' in report
+  # The report reads the records back from benchmark.json too (string keys).
+  saved = json.loads((tmp_path / 'report' / 'benchmark.json').read_text())
+  assert reports.markdown_report(saved) == report
   assert (tmp_path / 'report' / 'profile_t0.png').exists()
 
 
