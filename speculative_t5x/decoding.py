@@ -532,7 +532,7 @@ def judge_block(
     num_drafted: int32 [BN] tokens each row drafted, or None for gamma.
   """
   target_probs = sampling.standardize(target_logits, **sample_args)
-  one_hot_target = sampling.is_greedy(sample_args['temperature'])
+  one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
   if num_drafted is None:
     num_drafted = jnp.full(draft_tokens.shape[:1], draft_tokens.shape[1], jnp.int32)
   if emulate_alpha is None:

@@ -206,8 +206,11 @@ def standardize(
     need_softmax = bool(np.any(concrete > 0))
   temperature = _temperature_per_row(temperature, logits)
 
+  # topk=1 (T5X's default greedy) keeps one token, the argmax with its ties to
+  # the lowest id, at any temperature: the same one-hot, without a top-k mask.
+  need_argmax |= topk == 1
   greedy = jax.nn.one_hot(argmax(logits), vocab_size, dtype=jnp.float32) if need_argmax else None
-  if not need_softmax:
+  if not need_softmax or topk == 1:
     return greedy
 
   # Shifting by the row maximum first keeps large logits divided by a small
@@ -224,8 +227,10 @@ def standardize(
   return jnp.where(temperature > 0, probs, greedy)
 
 
-def is_greedy(temperature: Temperature) -> bool:
-  """True when `temperature` is concretely 0 everywhere: every distribution is one-hot."""
+def is_greedy(temperature: Temperature, topk: int = 0) -> bool:
+  """True when every distribution is one-hot: `topk` is 1, or `temperature` concretely 0."""
+  if topk == 1:
+    return True
   return not _is_traced(temperature) and bool(np.all(np.asarray(temperature) == 0))
 
 
@@ -268,4 +273,4 @@ def sample_logits(
   variates costs about as much as a small network's step).
   """
   probs = standardize(logits, temperature=temperature, topk=topk, topp=topp)
-  return sample(rng, probs, one_hot=is_greedy(temperature)), probs
+  return sample(rng, probs, one_hot=is_greedy(temperature, topk)), probs

@@ -293,3 +293,17 @@ def test_sample_draws_the_ids_of_jax_categorical():
     key = jax.random.PRNGKey(i)
     expected = jax.random.categorical(key, jnp.where(probs > 0, jnp.log(probs), -jnp.inf))
     np.testing.assert_array_equal(sampling.sample(key, probs), expected)
+
+
+def test_topk_1_is_argmax_at_any_temperature_ties_to_the_lowest_id():
+  """T5X's default greedy (topk=1) is the one-hot of the argmax, and counts as greedy."""
+  logits = jnp.array([[0.5, 2.0, 2.0, -1.0], [3.0, 3.0, 3.0, 3.0], [-jnp.inf, 1.0, 0.0, 1.0]])
+  argmax_probs = sampling.standardize(logits, temperature=0.0)
+  for temperature in (0.0, 0.7, 1.0, 5.0):
+    np.testing.assert_array_equal(
+      sampling.standardize(logits, temperature=temperature, topk=1), argmax_probs
+    )
+  np.testing.assert_array_equal(np.argmax(argmax_probs, axis=-1), [1, 0, 1])
+  assert sampling.is_greedy(1.0, topk=1) and not sampling.is_greedy(1.0, topk=2)
+  ids, _ = sampling.sample_logits(jax.random.PRNGKey(0), logits, temperature=1.0, topk=1)
+  np.testing.assert_array_equal(ids, [1, 0, 1])
