@@ -458,7 +458,8 @@ def speculative_predict_batch(
   decoder_params = dict(decoder_params or {})
   settings = settings.overridden(decoder_params)  # Validated again, if overridden.
   batch_size = batch['decoder_input_tokens'].shape[0]
-  settings = settings.for_batch(batch_size, **decode_fn_sampling(decode_fn, decoder_params))
+  sampling = decode_fn_sampling(decode_fn, decoder_params)
+  settings = settings.for_batch(batch_size, **sampling)
   for name in settings_lib.SpeculativeSettings.field_names():
     decoder_params.pop(name, None)
   if rng is not None:
@@ -492,7 +493,7 @@ def speculative_predict_batch(
       target_params,
       input_tokens,
       length,
-      sampling=decode_fn_sampling(decode_fn, decoder_params),
+      sampling=sampling,
       return_all_decodes=return_all_decodes,
       **common,
       **decoder_params,
