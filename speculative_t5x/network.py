@@ -36,7 +36,11 @@ each row's start. A row is rolled back by passing a smaller start position next
 time: entries at positions >= the start are masked until overwritten. `prefill`
 writes a block's keys and values at positions 0..W-1 without computing logits;
 for a decoder-only model it can attend bidirectionally within the prompt (T5X's
-prefix LM). Sequence layout of both: position 0 holds BOS (token 0); a
+prefix LM). With `tree=` (tree speculative decoding), `decode_block` scores
+nodes of a static token tree instead of a chain: node i is written at slot
+start + i and attends to the context and its ancestors, at position
+start + depth; `compact_tree_path` then moves an accepted root-to-node path to
+consecutive slots. Sequence layout of both: position 0 holds BOS (token 0); a
 decoder-only prompt token i sits at position i, so after a prefill of a prompt
 of length P the loop feeds position P first.
 
@@ -61,7 +65,9 @@ Pure functions that take either config: `module_for(config)`,
 `init_decoder_cache(config, params, input_tokens, cache_length)`,
 `prefill_decoder_cache(config, params, cache, block_tokens, prefix_lengths,
 bidirectional=...)`, `apply_decode_block(config, params, cache, block_tokens,
-start_positions)`, `abstract_params`, `random_params`, `decoder_weight_bytes`.
+start_positions, tree=None, first_node=0)`, `compact_tree_path(config, cache,
+start_positions, path)`, `abstract_params`, `random_params`,
+`decoder_weight_bytes`.
 """
 
 import dataclasses
@@ -553,13 +559,14 @@ class MultiHeadDotProductAttention(nn.Module):
   def attend_block(self, inputs: Array, bias: Array, start_positions: Array) -> Array:
     """Cached self-attention for a block of k positions per row.
 
-    Writes the block's keys/values at positions start..start+k-1 of each row,
+    Writes the block's keys/values at slots start..start+k-1 of each row,
     then attends over the whole cache; `bias` must mask what a query may not see.
 
     Args:
       inputs: [B, k, emb].
-      bias: [B, heads, k, cache_length] (causal mask plus relative positions).
-      start_positions: int32 [B].
+      bias: [B, heads, k, cache_length] (visibility mask plus relative
+        positions, `tree_attention_layout`).
+      start_positions: int32 [B], the slot of each row's first block entry.
 
     Returns:
       [B, k, emb].
@@ -913,12 +920,14 @@ class Decoder(nn.Module):
     if encoder_mask is not None:
       self.put_variable('cache', 'encoder_mask', encoder_mask)
 
-  def decode_block(self, block_tokens: Array, start_positions: Array) -> Array:
+  def decode_block(
+    self, block_tokens: Array, start_positions: Array, tree: Any = None, first_node: int = 0
+  ) -> Array:
     """See `Transformer.decode_block`."""
     cross_bias = self._block_cross_bias('decode_block')
     self._check_block(block_tokens, start_positions, 'start_positions')
     y = self._embedder()(block_tokens)
-    y = self._decode_block(y, None, cross_bias, start_positions.astype(jnp.int32))
+    y = self._decode_block(y, None, cross_bias, start_positions.astype(jnp.int32), tree, first_node)
     return self._logits(y, deterministic=True)
 
   def prefill(self, block_tokens: Array, prefix_lengths: Array, bidirectional: bool):
@@ -969,14 +978,17 @@ class Decoder(nn.Module):
         f'A block of {block_tokens.shape[1]} tokens does not fit a cache of length {cache_length}.'
       )
 
-  def _decode_block(self, y, encoded, cross_bias, start_positions):
-    query_positions = start_positions[:, None] + jnp.arange(y.shape[1])
-    key_positions = jnp.arange(self.layers[0].self_attention.cache_shape()[1])[None]
-    self_bias = self._self_bias(
-      query_positions, key_positions, _causal_mask(query_positions, key_positions)
+  def _decode_block(self, y, encoded, cross_bias, start_positions, tree=None, first_node=0):
+    """Block (chain or tree nodes, see `tree_attention_layout`) through the layers."""
+    cache_length = self.layers[0].self_attention.cache_shape()[1]
+    query_positions, key_positions, visible = tree_attention_layout(
+      start_positions, cache_length, y.shape[1], tree, first_node
     )
+    self_bias = self._self_bias(query_positions, key_positions, visible)
+    # Node i's key/value goes to slot start + i.
+    write_positions = start_positions + first_node if first_node else start_positions
     for layer in self.layers:
-      y = layer.decode_block(y, encoded, self_bias, cross_bias, start_positions)
+      y = layer.decode_block(y, encoded, self_bias, cross_bias, write_positions)
     return y
 
   def _prefill(self, y, self_bias, cross_bias):
@@ -1021,6 +1033,101 @@ def make_attention_mask(
 def _causal_mask(query_positions: Array, key_positions: Array) -> Array:
   """bool [B|1, 1, q, k]: key position <= query position (int [B|1, q], [B|1, k])."""
   return key_positions[:, None, None, :] <= query_positions[:, None, :, None]
+
+
+def _tree_arrays(tree: Any, block_size: int, first_node: int, cache_length: int):
+  """Checked static (depths int32 [N], ancestors bool [N, N]) of a block's tree.
+
+  tree=None is the chain of the block's k tokens: depths arange(k) and a
+  lower-triangular `ancestors`. Raises at trace time for a tree that does not
+  fit the cache, a block past its last node, or malformed arrays.
+  """
+  if not isinstance(first_node, (int, np.integer)) or first_node < 0:
+    raise ValueError(f'first_node must be a static int >= 0, got {first_node!r}.')
+  if tree is None:
+    if first_node:
+      raise ValueError(
+        f'first_node={first_node} needs a tree; a chain block (tree=None) starts at node 0.'
+      )
+    return np.arange(block_size, dtype=np.int32), np.tri(block_size, dtype=bool)
+  try:
+    depths = np.asarray(tree.depths)
+    ancestors = np.asarray(tree.ancestors)
+  except AttributeError:
+    raise TypeError(
+      'tree must have numpy attributes depths [N] and ancestors [N, N] (a tree.Tree), '
+      f'got {type(tree).__name__}.'
+    ) from None
+  num_nodes = depths.shape[0] if depths.ndim == 1 else 0
+  if (
+    num_nodes < 1
+    or not np.issubdtype(depths.dtype, np.integer)
+    or ancestors.shape != (num_nodes, num_nodes)
+    or ancestors.dtype != bool
+  ):
+    raise ValueError(
+      'tree.depths must be int [N] and tree.ancestors bool [N, N], N >= 1; got '
+      f'{depths.dtype} {depths.shape} and {ancestors.dtype} {ancestors.shape}.'
+    )
+  if not (np.array_equal(ancestors, np.tril(ancestors)) and ancestors.diagonal().all()):
+    raise ValueError(
+      'tree.ancestors[i, j] must hold for j == i and fail for j > i (parents[i] < i, '
+      'nodes in BFS order).'
+    )
+  if num_nodes > cache_length:
+    raise ValueError(f'A tree of {num_nodes} nodes does not fit a cache of length {cache_length}.')
+  if first_node + block_size > num_nodes:
+    raise ValueError(
+      f"A block of {block_size} tokens from node {first_node} runs past the tree's last "
+      f'node {num_nodes - 1}; first_node + k must be <= {num_nodes}.'
+    )
+  return depths.astype(np.int32), ancestors
+
+
+def tree_attention_layout(
+  start_positions: Array,
+  cache_length: int,
+  block_size: int,
+  tree: Any = None,
+  first_node: int = 0,
+) -> Tuple[Array, Array, Array]:
+  """Positions and visibility of a block of tree nodes against a row's cache.
+
+  The block holds nodes first_node..first_node+k-1 of a static tree of N
+  nodes (node 0 the root; BFS order). Node i's key/value lives at cache slot
+  start + i. Its query sits at position start + depths[i] and sees the
+  context (slots < start) and the slots start + j of its ancestors and itself
+  (ancestors[i, j]), nothing else. A tree slot's key has position
+  start + depths[j] (relative biases see depths, not slots); every other slot's
+  key has position = slot. tree=None is the chain of the k tokens (token j at
+  position start + j, causal), exactly today's block.
+
+  Args:
+    start_positions: int32 [B], each row's root slot.
+    cache_length: static L, the cache's number of slots.
+    block_size: static k, the block's number of tokens.
+    tree: None, or a static object with numpy attributes `depths` int [N] and
+      `ancestors` bool [N, N] (ancestors[i, j]: j is i or an ancestor of i),
+      such as a `tree.Tree`; any object with those two attributes will do.
+    first_node: static int, the tree node of the block's first token.
+
+  Returns:
+    query_positions: int32 [B, k].
+    key_positions: int32 [B, L].
+    visible: bool [B, 1, k, L], which slots each query attends to.
+  """
+  depths, ancestors = _tree_arrays(tree, block_size, first_node, cache_length)
+  start = start_positions[:, None]
+  query_positions = start + depths[first_node : first_node + block_size]
+  slots = jnp.arange(cache_length)[None]
+  node = slots - start  # [B, L]: the tree node a slot would hold.
+  context = node < 0
+  in_tree = ~context & (node < len(depths))
+  node = jnp.clip(node, 0, len(depths) - 1)
+  key_positions = jnp.where(in_tree, start + jnp.asarray(depths)[node], slots)
+  sees_node = jnp.asarray(ancestors[first_node : first_node + block_size])[:, node]  # [k, B, L]
+  visible = context[:, None] | (in_tree[:, None] & jnp.moveaxis(sees_node, 0, 1))
+  return query_positions, key_positions, visible[:, None]
 
 
 def make_decoder_mask(
@@ -1247,26 +1354,43 @@ class Transformer(nn.Module):
       )
     self.decoder.prefill(block_tokens, prefix_lengths, bidirectional=False)
 
-  def decode_block(self, block_tokens: Array, start_positions: Array) -> Array:
+  def decode_block(
+    self, block_tokens: Array, start_positions: Array, tree: Any = None, first_node: int = 0
+  ) -> Array:
     """Scores a block of k tokens per row against the cache; updates the cache.
 
-    Row b's tokens sit at positions start_positions[b] + j, j < k: each attends
-    causally within the block and to the row's cached positions before
-    start_positions[b]; cached entries at later positions (stale ones from a
-    rolled-back block) are masked. Keys/values of the block overwrite the
-    cache there. Deterministic. Apply with mutable=['cache'].
+    Chain (tree=None): row b's tokens sit at positions start_positions[b] + j,
+    j < k: each attends causally within the block and to the row's cached
+    positions before start_positions[b]; cached entries at later positions
+    (stale ones from a rolled-back block) are masked. Keys/values of the block
+    overwrite the cache there.
 
-    The caller guarantees start_positions[b] + k <= cache_length (inside jit
-    this cannot be checked; an out-of-range write would be clamped).
+    Tree: the tokens are nodes first_node..first_node+k-1 of the static
+    `tree`, whose root (node 0) is the row's last emitted token at slot
+    start. Node i's key/value is written at slot start + i; its query sits at
+    position start + depths[i] and sees the context (slots < start) and its
+    ancestors' slots, whether written by this call or by an earlier one at the
+    same start (a draft writes the tree level by level). See
+    `tree_attention_layout`; `compact_tree_path` then moves an accepted path
+    to consecutive slots. The cross-attention is the same for every node.
+
+    Deterministic. Apply with mutable=['cache']. The caller guarantees
+    start_positions[b] + (k, or the tree's N) <= cache_length (inside jit this
+    cannot be checked; an out-of-range write would be clamped).
 
     Args:
-      block_tokens: int32 [B, k], the decoder inputs at those positions.
-      start_positions: int32 [B], position of each row's first block token.
+      block_tokens: int32 [B, k], the decoder inputs at those positions (nodes).
+      start_positions: int32 [B], position of each row's first block token
+        (with a tree, the root's slot).
+      tree: None, or a static tree with numpy `depths` int [N] and `ancestors`
+        bool [N, N] (duck-typed; see `tree_attention_layout`).
+      first_node: static int, the tree node of block_tokens[:, 0] (0 without
+        a tree); first_node + k <= N.
 
     Returns:
       float32 logits [B, k, vocab]; `apply` also returns `{'cache': new_cache}`.
     """
-    return self.decoder.decode_block(block_tokens, start_positions)
+    return self.decoder.decode_block(block_tokens, start_positions, tree, first_node)
 
 
 class DecoderOnly(nn.Module):
@@ -1405,17 +1529,22 @@ class DecoderOnly(nn.Module):
     """
     self.decoder.prefill(block_tokens, prefix_lengths, bidirectional)
 
-  def decode_block(self, block_tokens: Array, start_positions: Array) -> Array:
-    """Scores a block of k tokens per row against the cache; see `Transformer.decode_block`.
+  def decode_block(
+    self, block_tokens: Array, start_positions: Array, tree: Any = None, first_node: int = 0
+  ) -> Array:
+    """Scores a block of k tokens (or tree nodes) per row; see `Transformer.decode_block`.
 
     Args:
-      block_tokens: int32 [B, k], the inputs at start_positions[b] + j.
+      block_tokens: int32 [B, k], the inputs at start_positions[b] + j (chain)
+        or tree nodes first_node..first_node+k-1.
       start_positions: int32 [B].
+      tree: None (a chain), or a static tree (`depths`, `ancestors`).
+      first_node: static int, the tree node of block_tokens[:, 0].
 
     Returns:
       float32 logits [B, k, vocab]; `apply` also returns `{'cache': new_cache}`.
     """
-    return self.decoder.decode_block(block_tokens, start_positions)
+    return self.decoder.decode_block(block_tokens, start_positions, tree, first_node)
 
 
 def _check_positive(name: str, value: Any):
@@ -1532,25 +1661,103 @@ def init_decoder_cache(
 
 
 def apply_decode_block(
-  config: NetworkConfig, params: Any, cache: Any, block_tokens: Array, start_positions: Array
+  config: NetworkConfig,
+  params: Any,
+  cache: Any,
+  block_tokens: Array,
+  start_positions: Array,
+  *,
+  tree: Any = None,
+  first_node: int = 0,
 ) -> Tuple[Array, Any]:
   """`decode_block` as a function: (logits [B, k, vocab], new cache).
+
+  Under jit, `tree` and `first_node` are static (a `tree.Tree` is hashable).
 
   Args:
     config: the network's config.
     params: its parameter tree.
     cache: from `init_decoder_cache`.
-    block_tokens: int32 [B, k].
-    start_positions: int32 [B]; start + k <= cache_length.
+    block_tokens: int32 [B, k]; with a tree, nodes first_node..first_node+k-1.
+    start_positions: int32 [B]; start + k (with a tree, + N) <= cache_length.
+    tree: None (a chain block), or a static tree with numpy `depths` int [N]
+      and `ancestors` bool [N, N] (see `Transformer.decode_block`).
+    first_node: static int, the tree node of block_tokens[:, 0].
   """
   logits, variables = module_for(config).apply(
     {'params': params, 'cache': cache},
     block_tokens,
     start_positions,
+    tree=tree,
+    first_node=first_node,
     method='decode_block',
     mutable=['cache'],
   )
   return logits, variables['cache']
+
+
+def compact_tree_path(
+  config: NetworkConfig, cache: Any, start_positions: Array, path: Array
+) -> Any:
+  """Moves an accepted root-to-node path of a tree block to consecutive slots.
+
+  For every decoder layer's self-attention cached key and value
+  [B, cache_length, heads, head_dim], row b's entries at slots
+  start_b + path[b, i] move to slots start_b + i, i < P; the cross-attention
+  caches and the encoder mask are untouched. After a tree `decode_block` at
+  these starts, the cache then holds at start_b..start_b+m what a chain block
+  of the root and the path's m accepted nodes would have written, and decoding
+  continues at start_b + m + 1. One gather and one slice write of P entries
+  per row and layer.
+
+  Args:
+    config: the network's config.
+    cache: from `init_decoder_cache`, after the tree call.
+    start_positions: int32 [B], the root slots of the tree call.
+    path: int32 [B, P], tree nodes: path[b, 0] = 0 (the root, which stays),
+      then the accepted nodes by depth. Entries past a row's accepted length
+      may be any node in [0, N) (their slots are rewritten before being read);
+      slots past the cache are clamped.
+
+  Returns:
+    The new cache (same tree and shapes).
+  """
+  start_positions = jnp.asarray(start_positions, jnp.int32)
+  path = jnp.asarray(path, jnp.int32)
+
+  def is_self_attention(keypath):
+    names = tuple(getattr(k, 'key', None) for k in keypath)
+    return names[-2:] in (('self_attention', 'cached_key'), ('self_attention', 'cached_value'))
+
+  leaves = [
+    x for keypath, x in jax.tree_util.tree_leaves_with_path(cache) if is_self_attention(keypath)
+  ]
+  num_layers = _num_decoder_layers(config)
+  if len(leaves) != 2 * num_layers or any(x.ndim != 4 for x in leaves):
+    raise ValueError(
+      'compact_tree_path needs the cache of init_decoder_cache for this config '
+      f'(decoder/layers_0..{num_layers - 1}/self_attention/cached_{{key,value}}).'
+    )
+  batch, cache_length = leaves[0].shape[:2]
+  if (
+    path.ndim != 2
+    or start_positions.shape != (batch,)
+    or path.shape[0] != batch
+    or not 1 <= path.shape[1] <= cache_length
+  ):
+    raise ValueError(
+      f'Expected start_positions [batch] and path [batch, P], 1 <= P <= {cache_length}, with '
+      f"the cache's batch {batch}; got {start_positions.shape} and {path.shape}."
+    )
+  slots = start_positions[:, None] + path  # [B, P]
+  take = jax.vmap(functools.partial(jnp.take, axis=0, mode='clip'))
+
+  def move(keypath, entries):
+    if is_self_attention(keypath):
+      return _write_block(entries, take(entries, slots), start_positions)
+    return entries
+
+  return jax.tree_util.tree_map_with_path(move, cache)
 
 
 def prefill_decoder_cache(
