@@ -54,6 +54,7 @@ from speculative_t5x import drafts
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
 from speculative_t5x import speculative_sampling
+from speculative_t5x import tree as tree_lib
 
 PyTree = Any
 Array = jax.Array
@@ -78,10 +79,15 @@ class DecodingState:
 
 # `tokens_to_logits(DecodingState) -> (logits [BN, V], new_cache)`.
 TokensToLogits = Callable[[DecodingState], Tuple[Array, PyTree]]
-# `score_block(block_tokens [BN, k], start_positions [BN], cache)
+# `score_block(block_tokens [BN, k], start_positions [BN], cache, tree=None)
 #   -> (logits [BN, k, V], new_cache)`: the target scores k tokens per row,
-# writing their keys/values at positions start..start+k-1 (overwriting).
-ScoreBlock = Callable[[Array, Array, PyTree], Tuple[Array, PyTree]]
+# writing their keys/values at positions start..start+k-1 (overwriting). With a
+# `tree.Tree` the block is the tree's nodes (`network.apply_decode_block`).
+ScoreBlock = Callable[..., Tuple[Array, PyTree]]
+# `compact_cache(cache, start_positions [BN], path [BN, P]) -> cache`: moves
+# the keys/values of the accepted tree path's nodes (slots start + path[:, i])
+# to consecutive positions start + i (`network.compact_tree_path`).
+CompactCache = Callable[[PyTree, Array, Array], PyTree]
 
 
 # ------------------------------------------------------------------------------
@@ -382,6 +388,10 @@ class SpeculativeStats:
     beta_sum: float32 scalar, sum of beta = sum_x min(p, q) over judged
       positions (at each position the context is a target-distributed prefix).
     beta_count: int32 scalar, the number of terms in `beta_sum`.
+    rank_judged: int32 [gamma, K], how often a draft token of sibling rank r
+      (its draw order among a node's children; K = 1 for a chain) at depth
+      i + 1 was judged.
+    rank_accepted: int32 [gamma, K], how often it was accepted.
   """
 
   target_calls: Array
@@ -396,11 +406,13 @@ class SpeculativeStats:
   position_accepted: Array
   beta_sum: Array
   beta_count: Array
+  rank_judged: Array
+  rank_accepted: Array
 
   PER_ROW_FIELDS = ('iterations', 'accepted', 'emitted', 'drafted')
 
   @classmethod
-  def zeros(cls, flat_size: int, gamma: int) -> 'SpeculativeStats':
+  def zeros(cls, flat_size: int, gamma: int, max_children: int = 1) -> 'SpeculativeStats':
     """Statistics before the first iteration, per-row fields [flat_size]."""
     zeros_rows = jnp.zeros((flat_size,), jnp.int32)
     return cls(
@@ -416,6 +428,8 @@ class SpeculativeStats:
       position_accepted=jnp.zeros((gamma,), jnp.int32),
       beta_sum=jnp.zeros((), jnp.float32),
       beta_count=jnp.zeros((), jnp.int32),
+      rank_judged=jnp.zeros((gamma, max_children), jnp.int32),
+      rank_accepted=jnp.zeros((gamma, max_children), jnp.int32),
     )
 
   def map_rows(self, fn: Callable[[Array], Array]) -> 'SpeculativeStats':
@@ -459,6 +473,11 @@ class SpeculativeStats:
     """float [gamma]: P(draft position i accepted | judged)."""
     return self.position_accepted / jnp.maximum(self.position_reached, 1)
 
+  @property
+  def acceptance_by_rank(self) -> Array:
+    """float [gamma, K]: P(the rank-r child at depth i + 1 accepted | judged)."""
+    return self.rank_accepted / jnp.maximum(self.rank_judged, 1)
+
 
 @flax.struct.dataclass
 class SpeculativeLoopState:
@@ -498,6 +517,9 @@ class Judgement:
     beta: float32 [BN, gamma], beta_i = sum_x min(p_i, q_i) per position.
     target_probs: float32 [BN, gamma + 1, V], the standardized target
       distributions p_1..p_{gamma+1}.
+    rank_judged: bool [BN, gamma, K], which sibling ranks were judged at
+      each depth (a tree's; None for a chain: rank 0 where judged).
+    rank_accepted: bool [BN, gamma, K], which one was accepted (None: chain).
   """
 
   num_drafted: Array
@@ -505,6 +527,8 @@ class Judgement:
   next_token: Array
   beta: Array
   target_probs: Array
+  rank_judged: Optional[Array] = None
+  rank_accepted: Optional[Array] = None
 
 
 def judge_block(
@@ -559,6 +583,52 @@ def judge_block(
   return Judgement(num_drafted, num_accepted, next_token, beta, target_probs)
 
 
+def judge_tree(
+  rng: Array,
+  tree: tree_lib.Tree,
+  node_tokens: Array,
+  node_valid: Array,
+  draft_probs: Optional[Array],
+  target_logits: Array,
+  sample_args: Mapping[str, Any],
+) -> Tuple[Judgement, tree_lib.TreeJudgement]:
+  """Standardizes the target's logits at every node and verifies the tree.
+
+  Args:
+    rng: PRNG key.
+    tree: the static token tree (N nodes, depth D).
+    node_tokens: int32 [BN, N], node 0 the row's last token.
+    node_valid: bool [BN, N], drafted nodes with q > 0 (see `tree.draw_children`).
+    draft_probs: float32 [BN, N, V], the q each node's children were drawn
+      from, or None for a greedy target.
+    target_logits: float [BN, N, V], the target's logits at every node.
+    sample_args: `temperature`, `topk`, `topp` (as `sampling.standardize`).
+
+  Returns:
+    (the accepted path as a chain's `Judgement` of D positions, for
+    `emit_block`; the `tree.TreeJudgement`, whose `path` compacts the caches).
+  """
+  target_probs = sampling.standardize(target_logits, **sample_args)
+  one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
+  verdict = tree_lib.verify_tree(
+    rng, tree, node_tokens, node_valid, draft_probs, target_probs, one_hot_target=one_hot_target
+  )
+  # At each depth of the path the valid children up to the accepted one were judged.
+  ranks = jnp.arange(tree.max_children)
+  rank_judged = verdict.children_judged[..., None] > ranks
+  rank_accepted = verdict.accepted_rank[..., None] == ranks
+  judgement = Judgement(
+    num_drafted=jnp.sum(verdict.judged, axis=1).astype(jnp.int32),
+    num_accepted=verdict.num_accepted,
+    next_token=verdict.next_token,
+    beta=verdict.beta,
+    target_probs=verdict.path_target_probs,
+    rank_judged=rank_judged,
+    rank_accepted=rank_accepted,
+  )
+  return judgement, verdict
+
+
 def emit_block(
   state: 'SpeculativeLoopState',
   draft_tokens: Array,
@@ -611,6 +681,11 @@ def emit_block(
   judged = (block_offsets[None, :gamma] <= num_accepted[:, None]) & (
     block_offsets[None, :gamma] < drafted[:, None]
   )
+  if judgement.rank_judged is None:  # A chain: one rank per depth.
+    rank_judged = judged[..., None]
+    rank_accepted = (block_offsets[None, :gamma] < num_accepted[:, None])[..., None]
+  else:
+    rank_judged, rank_accepted = judgement.rank_judged, judgement.rank_accepted
   stats = state.stats
   stats = SpeculativeStats(
     target_calls=stats.target_calls + 1,
@@ -628,15 +703,27 @@ def emit_block(
     + jnp.sum((block_offsets[None, :gamma] < num_accepted[:, None]) & active[:, None], axis=0),
     beta_sum=stats.beta_sum + jnp.sum(jnp.where(judged, judgement.beta, 0.0)),
     beta_count=stats.beta_count + jnp.sum(judged),
+    rank_judged=stats.rank_judged + _count_rows(rank_judged, active),
+    rank_accepted=stats.rank_accepted + _count_rows(rank_accepted, active),
   )
   return state.replace(
     position=new_position, sequences=sequences, ended=ended, log_prob=log_prob, stats=stats
   )
 
 
-def speculative_cache_length(max_decode_len: int, gamma: int) -> int:
-  """Cache positions that `speculative_sample` needs: the output plus a block."""
-  return max_decode_len + gamma + 1
+def _count_rows(flags: Array, active: Array) -> Array:
+  """int32 [...]: how many active rows (active bool [BN]) have each flag (bool [BN, ...])."""
+  return jnp.sum(flags & active.reshape(active.shape + (1,) * (flags.ndim - 1)), axis=0)
+
+
+def speculative_cache_length(
+  max_decode_len: int, gamma: int, tree: Optional[tree_lib.Tree] = None
+) -> int:
+  """Cache positions that `speculative_sample` needs: the output plus a block.
+
+  The block is gamma + 1 tokens, or a tree's nodes (root included).
+  """
+  return max_decode_len + (gamma + 1 if tree is None else tree.num_nodes)
 
 
 def speculative_sample(
@@ -660,6 +747,8 @@ def speculative_sample(
   emulate_alpha: Optional[float] = None,
   verification: str = settings_lib.DEFAULTS.verification,
   draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
+  tree: Optional[tree_lib.Tree] = None,
+  compact_cache: Optional[CompactCache] = None,
 ) -> Tuple[Array, Array, SpeculativeStats]:
   """Speculative sampling (Algorithm 1) in one compiled while_loop.
 
@@ -711,6 +800,16 @@ def speculative_sample(
       block keeps its static size gamma + 1. 0 (the default) is off: gamma
       tokens every iteration. Needs a draft with probabilities (a model or
       n-gram draft; see `drafts.rollout_loop`).
+    tree: None (a chain), or a static `tree.Tree` of N nodes and depth gamma:
+      per iteration the draft proposes every node level by level, children
+      drawn without replacement (`drafts.Draft.propose_tree`), the target
+      scores all N in one call (`score_block(..., tree=tree)`),
+      `tree.verify_tree` accepts a root-to-node path by recursive rejection
+      sampling without replacement (exact), and `compact_cache` moves the
+      path's keys/values to consecutive positions in the target's cache (the
+      draft compacts its own). Token verification at lenience 1 only.
+    compact_cache: the target cache's compaction (see `CompactCache`); needed
+      with a tree.
 
   Returns:
     `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes],
@@ -721,8 +820,24 @@ def speculative_sample(
   check_prompts(inputs)
   check_initial_index(inputs, initial_index)
   spec = settings_lib.SpeculativeSettings(
-    gamma=gamma, lenience=lenience, verification=verification, draft_threshold=draft_threshold
+    gamma=gamma,
+    lenience=lenience,
+    verification=verification,
+    draft_threshold=draft_threshold,
+    tree=tree,
   )
+  if spec.tree is not None and emulate_alpha is not None:
+    raise ValueError(
+      'emulate_alpha draws acceptances per chain position; a token tree is judged by '
+      'recursive rejection sampling over its nodes, which has no emulation yet. Time a '
+      'tree with trained weights (emulate_alpha=None), or a chain.'
+    )
+  if spec.tree is not None and compact_cache is None:
+    raise ValueError(
+      f'A token tree ({spec.tree}) needs compact_cache, the target cache compaction '
+      "(`network.compact_tree_path` for this project's networks; `models.speculative_decode` "
+      'passes it).'
+    )
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   batch_size, max_decode_len = inputs.shape
   inputs = flat_batch_expand(inputs, num_decodes)
@@ -751,6 +866,38 @@ def speculative_sample(
 
   def cond_fn(state: SpeculativeLoopState) -> Array:
     return ~jnp.all(state.ended)
+
+  def tree_body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
+    rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
+    if not hasattr(draft, 'propose_tree'):
+      raise ValueError(
+        f'A token tree needs a draft that ranks its candidates by probability (a model or '
+        f'n-gram draft); a {type(draft).__name__} proposes one continuation. Pass tree=None.'
+      )
+    node_tokens, node_valid, node_probs, draft_cache = draft.propose_tree(
+      state.draft_cache,
+      state.sequences,
+      state.position,
+      propose_rng,
+      tree=spec.tree,
+      **sample_args,
+    )
+    target_logits, cache = score_block(node_tokens, state.position, state.cache, tree=spec.tree)
+    drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
+    judgement, verdict = judge_tree(
+      verify_rng, spec.tree, node_tokens, node_valid, node_probs, target_logits, sample_args
+    )
+    cache = compact_cache(cache, state.position, verdict.path)
+    draft_cache = draft.compact_tree(
+      draft_cache, state.position, verdict.path, verdict.num_accepted
+    )
+    return emit_block(
+      state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
+      verdict.path_tokens,
+      judgement,
+      limits=limits,
+      eos_id=eos_id,
+    )
 
   def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
     rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
@@ -802,9 +949,11 @@ def speculative_sample(
     ended=position >= limits,
     rng=decode_rng,
     log_prob=jnp.zeros((flat_size,), jnp.float32),
-    stats=SpeculativeStats.zeros(flat_size, spec.gamma),
+    stats=SpeculativeStats.zeros(
+      flat_size, spec.gamma, 1 if spec.tree is None else spec.tree.max_children
+    ),
   )
-  final_state = lax.while_loop(cond_fn, body_fn, init_state)
+  final_state = lax.while_loop(cond_fn, body_fn if spec.tree is None else tree_body_fn, init_state)
   stats = final_state.stats
   decodes = final_state.sequences[:, 1 : max_decode_len + 1]
   per_row = {name: getattr(stats, name) for name in stats.PER_ROW_FIELDS}

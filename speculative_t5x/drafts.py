@@ -34,6 +34,7 @@ import numpy as np
 
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import tree as tree_lib
 
 PyTree = Any
 Array = jax.Array
@@ -94,6 +95,12 @@ class Draft(Protocol):
     `rollout_loop`); `active` bool [BN] marks the rows whose proposals are
     judged (None: all), so that ended rows do not keep a rollout going.
     """
+
+  # Drafts that rank candidates by probability (model, n-gram) also draft token
+  # trees: `propose_tree(cache, sequences, positions, rng, *, tree, temperature,
+  # topk, topp) -> (node_tokens, node_valid, node_probs, cache)` (see
+  # `tree_rollout`) and `compact_tree(cache, positions, path) -> cache`, which
+  # keeps the accepted path's state after verification.
 
 
 def rollout_loop(
@@ -161,6 +168,64 @@ def rollout_loop(
     lambda state: (state[0] < gamma) & jnp.any(state[2]), body, state
   )
   return tokens, probs, num_drafted, carry
+
+
+def tree_rollout(
+  step_level: Callable[[PyTree, Array, int], Tuple[Array, PyTree]],
+  carry: PyTree,
+  root_token: Array,
+  rng: Array,
+  *,
+  tree: tree_lib.Tree,
+  vocab_size: int,
+  temperature,
+  topk: int,
+  topp,
+) -> Tuple[Array, Array, Array, PyTree]:
+  """Drafts every node of a static token tree, one batched step per depth.
+
+  Level d's nodes (node 0, the root `root_token` int32 [BN], at d = 0) are fed
+  together: `step_level(carry, tokens [BN, w], first_node) -> (logits
+  [BN, w, V], carry)`, where `first_node` is the level's first node id (a
+  model draft writes node i's key/value at tree slot i). Each fed node's
+  children are drawn without replacement from its standardized q
+  (`tree.draw_children`: Gumbel-top-k, or the k most likely when greedy, ranked
+  by the draft's own logits), in the order of their sibling ranks. The
+  deepest level is never fed. The rng of level d is `split(rng, D)[d]`.
+
+  Returns:
+    (node_tokens int32 [BN, N] with node 0 the root, node_valid bool [BN, N]
+    (False for a child drawn past q's support, e.g. under top-k; the root is
+    True), node_probs float32 [BN, N, V] (the standardized q each node's
+    children were drawn from; 0 for the deepest level), the final carry).
+  """
+  batch = root_token.shape[0]
+  greedy = sampling.is_greedy(temperature, topk)
+  keys = jax.random.split(rng, tree.max_depth)
+  node_tokens = jnp.zeros((batch, tree.num_nodes), jnp.int32).at[:, 0].set(root_token)
+  node_valid = jnp.zeros((batch, tree.num_nodes), bool).at[:, 0].set(True)
+  node_probs = jnp.zeros((batch, tree.num_nodes, vocab_size), jnp.float32)
+  for depth in range(tree.max_depth):
+    start, stop = tree.levels[depth]
+    child_start, child_stop = tree.levels[depth + 1]
+    logits, carry = step_level(carry, node_tokens[:, start:stop], start)
+    probs = sampling.standardize(logits, temperature=temperature, topk=topk, topp=topp)
+    node_probs = node_probs.at[:, start:stop].set(probs)
+    width, max_children = stop - start, int(tree.num_children[start:stop].max())
+    # Greedy q is one-hot: its children are ranked by the draft's own logits.
+    ranked = jax.nn.softmax(logits.astype(jnp.float32), axis=-1) if greedy else probs
+    drawn, valid = tree_lib.draw_children(
+      keys[depth], ranked.reshape(batch * width, vocab_size), max_children, greedy=greedy
+    )
+    # Level d + 1 in node order: child c is rank ranks[c] of parent parents[c].
+    children = np.arange(child_start, child_stop)
+    flat = (np.asarray(tree.parents)[children] - start) * max_children + tree.ranks[children]
+    drawn, valid = drawn.reshape(batch, -1)[:, flat], valid.reshape(batch, -1)[:, flat]
+    node_tokens = node_tokens.at[:, child_start:child_stop].set(drawn)
+    node_valid = node_valid.at[:, child_start:child_stop].set(
+      valid & node_valid[:, tree.parents[child_start:child_stop]]
+    )
+  return node_tokens, node_valid, node_probs, carry
 
 
 def check_shared_vocabulary(draft_vocab_size: int, target_vocab_size: int) -> None:
@@ -306,6 +371,55 @@ class ModelDraft:
     cache = self.catch_up(cache, sequences, positions)
     return self.rollout(cache, sequences, positions, rng, **rollout_args)
 
+  def propose_tree(self, cache, sequences, positions, rng, *, tree, **sample_args):
+    """Drafts a token tree from each row's position (see `tree_rollout`).
+
+    Level d is one tree-masked block call at the row's position
+    (`network.apply_decode_block(..., tree=tree, first_node=...)`): node i's
+    key/value goes to slot positions + i, which `compact_tree` rearranges once
+    the target has judged the tree. Afterwards `written_until` is the
+    position: only the context is known to be in place until then.
+    """
+    cache = self.catch_up(cache, sequences, positions)
+    root_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
+
+    def step_level(decoder_cache, tokens, first_node):
+      return network.apply_decode_block(
+        self.config, self.params, decoder_cache, tokens, positions, tree=tree, first_node=first_node
+      )
+
+    node_tokens, node_valid, node_probs, decoder_cache = tree_rollout(
+      step_level,
+      cache['decoder'],
+      root_token,
+      rng,
+      tree=tree,
+      vocab_size=self.vocab_size,
+      **sample_args,
+    )
+    return (
+      node_tokens,
+      node_valid,
+      node_probs,
+      {'decoder': decoder_cache, 'written_until': positions},
+    )
+
+  def compact_tree(self, cache, positions, path, num_accepted):
+    """Moves the accepted path's keys/values to consecutive positions (see `propose_tree`).
+
+    path int32 [BN, D + 1], the accepted nodes from the root, num_accepted
+    int32 [BN] their count past it (`tree.verify_tree`). The draft fed every
+    node above the deepest level, so the root and the path's first
+    min(num_accepted, D - 1) nodes are in place afterwards; a path of D ends
+    at a leaf, whose key/value `catch_up` feeds next.
+    """
+    decoder_cache = network.compact_tree_path(self.config, cache['decoder'], positions, path)
+    depth = path.shape[1] - 1
+    return {
+      'decoder': decoder_cache,
+      'written_until': positions + jnp.minimum(num_accepted + 1, depth),
+    }
+
 
 # ------------------------------------------------------------------------------
 # Unigram and bigram tables (the paper's Table 3 baselines; c ~ 0).
@@ -433,6 +547,22 @@ class NgramDraft:
       **rollout_args,
     )
     return tokens, probs, num_drafted, cache
+
+  def propose_tree(self, cache, sequences, positions, rng, *, tree, **sample_args):
+    """Drafts a token tree from q(. | each node's token) (see `tree_rollout`)."""
+    root_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
+    level_log_probs = lambda carry, tokens, first_node: (
+      self.log_probs(tokens.reshape(-1)).reshape(tokens.shape + (self.vocab_size,)),
+      carry,
+    )
+    node_tokens, node_valid, node_probs, _ = tree_rollout(
+      level_log_probs, (), root_token, rng, tree=tree, vocab_size=self.vocab_size, **sample_args
+    )
+    return node_tokens, node_valid, node_probs, cache
+
+  def compact_tree(self, cache, positions, path, num_accepted):
+    del positions, path, num_accepted  # An n-gram keeps no per-row state.
+    return cache
 
 
 # ------------------------------------------------------------------------------

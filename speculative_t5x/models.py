@@ -197,7 +197,7 @@ def speculative_decode(
     input_tokens: int32 [B, Lin] encoder inputs, 0-padded (for a decoder-only
       target: what the draft's `init_cache` takes, e.g. the prompts).
     max_decode_len: the output length L, the prompts included.
-    gamma: draft tokens per iteration (it sizes the caches).
+    gamma: draft tokens per iteration (it sizes the caches), a tree's depth.
     decoder_prompt: optional int32 [B, L] decoder prompts in T5X's layout
       (see `decoding`); decoding starts after each row's prompt.
     prefill_width: static width of the prompt block (see
@@ -208,7 +208,9 @@ def speculative_decode(
     best_only: keep only the most likely decode of each row (the last, as
       T5X's decode functions sort ascending), with its per-row statistics.
     **decode_args: the rest of `decode_fn`'s keyword arguments (`eos_id`,
-      `decode_rng`, `temperature`, `num_decodes`, `lenience`, ...).
+      `decode_rng`, `temperature`, `num_decodes`, `lenience`, `tree`, ...);
+      with a `tree` the caches fit its nodes and the target cache's compaction
+      (`network.compact_tree_path`) is passed as `compact_cache`.
 
   Returns:
     `(decodes, scores, stats)`: int32 [B, L] (prompts included, T5X's
@@ -217,7 +219,8 @@ def speculative_decode(
     (ascending log probability). Aggregate stats fields are for the whole
     batch either way.
   """
-  cache_length = decoding.speculative_cache_length(max_decode_len, gamma)
+  tree = decode_args.get('tree')
+  cache_length = decoding.speculative_cache_length(max_decode_len, gamma, tree)
   cache, initial_index = prefilled_target_cache(
     target_config,
     target_params,
@@ -234,10 +237,13 @@ def speculative_decode(
     width = max_decode_len if prefill_width is None else prefill_width
     draft_cache = draft.prefill(draft_cache, decoder_prompt[:, :width], initial_index)
 
-  def score_block(block_tokens, start_positions, cache):
+  def score_block(block_tokens, start_positions, cache, tree=None):
     return network.apply_decode_block(
-      target_config, target_params, cache, block_tokens, start_positions
+      target_config, target_params, cache, block_tokens, start_positions, tree=tree
     )
+
+  if tree is not None:
+    decode_args['compact_cache'] = functools.partial(network.compact_tree_path, target_config)
 
   decodes, scores, stats = decode_fn(
     inputs=decoder_prompt,

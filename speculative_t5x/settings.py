@@ -9,6 +9,7 @@ from their keywords. The defaults live here and only here.
     settings = SpeculativeSettings(gamma=5, verification='block')
     models.generate(target, draft, inputs, settings=settings)
     models.generate(target, draft, inputs, gamma=5, verification='block')  # the same
+    models.generate(target, draft, inputs, tree=(3, 2, 1, 1))  # a token tree per call
 """
 
 import dataclasses
@@ -20,6 +21,7 @@ import numpy as np
 from speculative_t5x import profiles
 
 AUTO = 'auto'  # gamma chosen per batch size from a speculation profile.
+DEFAULT_GAMMA = 4  # A chain's gamma when none is given.
 
 VERIFICATIONS = ('token', 'block')
 
@@ -101,7 +103,8 @@ class SpeculativeSettings:
   Attributes:
     gamma: draft tokens per iteration, >= 1 (static: it sizes the target's
       block and both caches); or 'auto': per batch, the gamma that `profile`
-      gives for its size, 0 meaning the baseline (see `profiles`).
+      gives for its size, 0 meaning the baseline (see `profiles`). None (the
+      default): 4, or with a tree its depth (the most tokens a call accepts).
     lenience: in (0, 1]; 1 is exact speculative sampling, below 1 trades
       exactness for acceptance (Appendix A.5 of Leviathan et al.; see
       `speculative_sampling.verify`).
@@ -114,15 +117,27 @@ class SpeculativeSettings:
       `assistant_confidence_threshold`); 0 is off. Model and n-gram drafts.
     profile: with gamma='auto', the path of a speculation profile (JSON,
       written by the benchmark's profile sweep); read and checked here.
+    tree: None (a chain of gamma tokens per call), or a static token tree
+      (`tree.Tree`, or what `tree.Tree.parse` takes: branching per depth such
+      as (3, 2, 1, 1), or parents): the draft proposes every node, the target
+      scores them in one call and recursive rejection sampling without
+      replacement judges them, still exactly (`decoding.speculative_sample`).
+      Token verification at lenience 1 with a fixed length only.
   """
 
-  gamma: Union[int, str] = 4
+  gamma: Union[int, str, None] = None
   lenience: float = 1.0
   verification: str = 'token'
   draft_threshold: float = 0.0
   profile: Optional[str] = None
+  tree: Optional['tree_lib.Tree'] = None  # noqa: F821 (imported below: a cycle)
 
   def __post_init__(self):
+    if self.tree is not None:
+      # Here, not at the top: tree imports speculative_sampling, which imports this module.
+      from speculative_t5x import tree as tree_lib  # pylint: disable=g-import-not-at-top
+
+      object.__setattr__(self, 'tree', tree_lib.Tree.parse(self.tree))
     normalized = dict(
       gamma=self._checked_gamma(),
       lenience=check_lenience(self.lenience),
@@ -131,8 +146,35 @@ class SpeculativeSettings:
     normalized['verification'] = check_verification(self.verification, normalized['lenience'])
     for name, value in normalized.items():
       object.__setattr__(self, name, value)
+    if self.tree is not None:
+      self._check_tree_fits()
+
+  def _check_tree_fits(self):
+    """ValueError unless the other settings are ones a tree is judged with."""
+    conflicts = {
+      'lenience': (self.lenience, 1.0),
+      'verification': (self.verification, 'token'),
+      'draft_threshold': (self.draft_threshold, 0.0),
+    }
+    for name, (value, needed) in conflicts.items():
+      if value != needed:
+        raise ValueError(
+          f'A token tree ({self.tree}) is judged by exact recursive rejection sampling with '
+          f'every node drafted: it needs {name}={needed!r}, got {name}={value!r}. Drop '
+          f'{name}, or decode a chain (tree=None).'
+        )
 
   def _checked_gamma(self):
+    if self.tree is not None:
+      if self.gamma not in (None, self.tree.max_depth):
+        raise ValueError(
+          f'With a tree, gamma is its depth ({self.tree.max_depth} for {self.tree}); got '
+          f'gamma={self.gamma!r}. Leave gamma unset (None), or pass gamma='
+          f'{self.tree.max_depth}.'
+        )
+      return self.tree.max_depth
+    if self.gamma is None:
+      return DEFAULT_GAMMA
     if self.gamma != AUTO:
       if self.profile is not None:
         raise ValueError(
@@ -173,6 +215,7 @@ class SpeculativeSettings:
       lenience=self.lenience,
       verification=self.verification,
       draft_threshold=self.draft_threshold,
+      tree=self.tree,
     )
 
   @classmethod
@@ -214,8 +257,10 @@ class SpeculativeSettings:
     return self.replace(**{k: v for k, v in overrides.items() if k in self.field_names()})
 
   def as_dict(self) -> Dict[str, Any]:
-    """The fields, for a record."""
-    return dataclasses.asdict(self)
+    """The fields, for a record (JSON-ready: the tree as its parents, or None)."""
+    fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+    fields['tree'] = None if self.tree is None else list(self.tree.parents)
+    return fields
 
 
 # The defaults, for the keyword arguments of the decode functions and the
