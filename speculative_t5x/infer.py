@@ -528,6 +528,7 @@ def infer(
   verification: str = settings_lib.DEFAULTS.verification,
   draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
   speculation_profile: Optional[str] = None,
+  tree: Optional[Any] = None,
   seed: int = 0,
   num_partitions: int = 1,
   logical_axis_rules: Optional[partitioning.LogicalRules] = None,
@@ -559,6 +560,9 @@ def infer(
       drafting after a token its draft gave probability below it (see
       `decoding.speculative_sample`); gamma is then the most per iteration.
     speculation_profile: with gamma='auto', the profile's JSON path.
+    tree: a static token tree per target call (`tree.Tree.parse`: branching
+      per depth such as (3, 2, 1, 1), or parents); gamma is then its depth
+      (pass gamma None or equal to it). See `settings.SpeculativeSettings`.
     seed: batch k decodes with fold_in(PRNGKey(seed), k * batch_size).
     num_partitions: devices per model replica (model parallelism); all
       devices are used, the rest split the batch.
@@ -580,14 +584,15 @@ def infer(
   mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
   speculation = None  # The baseline's.
   if draft is not None:
-    if gamma is None:
-      raise ValueError('gamma is required with a draft (the pair file sets GAMMA).')
+    if gamma is None and tree is None:
+      raise ValueError('gamma (or a tree) is required with a draft (the pair file sets GAMMA).')
     speculation = settings_lib.SpeculativeSettings(
       gamma=gamma,
       lenience=lenience,
       verification=verification,
       draft_threshold=draft_threshold,
       profile=speculation_profile,
+      tree=tree,
     )
   check_pair(target, draft)
   task = _get_task(task)

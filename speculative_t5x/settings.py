@@ -257,9 +257,9 @@ class SpeculativeSettings:
     return self.replace(**{k: v for k, v in overrides.items() if k in self.field_names()})
 
   def as_dict(self) -> Dict[str, Any]:
-    """The fields, for a record (JSON-ready: the tree as its parents, or None)."""
+    """The fields, for a record (JSON-ready: the tree as {"parents": [...]}, which `tree.Tree.parse` reads back)."""
     fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-    fields['tree'] = None if self.tree is None else list(self.tree.parents)
+    fields['tree'] = None if self.tree is None else {'parents': list(self.tree.parents)}
     return fields
 
 

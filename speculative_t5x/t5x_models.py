@@ -92,7 +92,8 @@ _SETTINGS_DOC = """
       settings: the `settings.SpeculativeSettings` built from the keyword-only
         `gamma` (static: it sizes the caches; 'auto': by batch size from the
         profile at `speculation_profile`, gin SPECULATION_PROFILE),
-        `lenience`, `verification` and `draft_threshold` (gin binds them; see
+        `lenience`, `verification`, `draft_threshold` and `tree` (a token tree
+        per call, gin TREE; gamma is then its depth) (gin binds them; see
         `SpeculativeSettings`).
 """
 
@@ -102,8 +103,8 @@ class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecode
 
   Arguments are T5X's, in T5X's order (so existing gin bindings apply), with
   `decode_fn` defaulting to `decoding.speculative_sample`, plus the
-  keyword-only `draft_module`, `gamma`, `lenience`, `verification` and
-  `draft_threshold`. Sampling settings (`temperature`, `topk`, `topp`) are
+  keyword-only `draft_module`, `gamma`, `lenience`, `verification`,
+  `draft_threshold`, `speculation_profile` and `tree`. Sampling settings (`temperature`, `topk`, `topp`) are
   bound on the decode function in gin, as T5X does for
   `decoding.temperature_sample`; T5X's default `topk=1` is greedy. See the
   module docstring for where the draft's parameters live.
@@ -123,11 +124,12 @@ class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecode
     default_decoder_params=None,
     *,
     draft_module: network.Transformer,
-    gamma: Union[int, str],
+    gamma: Union[int, str, None],
     lenience: float = settings_lib.DEFAULTS.lenience,
     verification: str = settings_lib.DEFAULTS.verification,
     draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
     speculation_profile: Optional[str] = None,
+    tree: Optional[Any] = None,
   ):
     self._set_speculative(
       network.Transformer,
@@ -139,6 +141,7 @@ class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecode
       verification=verification,
       draft_threshold=draft_threshold,
       profile=speculation_profile,
+      tree=tree,
     )
     super().__init__(
       module=module,
@@ -213,11 +216,12 @@ class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel
     loss_normalizing_factor=None,
     *,
     draft_module: network.DecoderOnly,
-    gamma: Union[int, str],
+    gamma: Union[int, str, None],
     lenience: float = settings_lib.DEFAULTS.lenience,
     verification: str = settings_lib.DEFAULTS.verification,
     draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
     speculation_profile: Optional[str] = None,
+    tree: Optional[Any] = None,
   ):
     self._set_speculative(
       network.DecoderOnly,
@@ -229,6 +233,7 @@ class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel
       verification=verification,
       draft_threshold=draft_threshold,
       profile=speculation_profile,
+      tree=tree,
     )
     super().__init__(
       module=module,

@@ -10,7 +10,7 @@ from speculative_t5x import settings
 def test_defaults_and_normalized_types():
   spec = settings.SpeculativeSettings()
   assert spec.as_dict() == dict(
-    gamma=4, lenience=1.0, verification='token', draft_threshold=0.0, profile=None
+    gamma=4, lenience=1.0, verification='token', draft_threshold=0.0, profile=None, tree=None
   )
   spec = settings.SpeculativeSettings(gamma=5, lenience=1, draft_threshold=0)
   assert type(spec.lenience) is float and type(spec.draft_threshold) is float
