@@ -1,0 +1,315 @@
+"""Token trees against chains on one pair: acceptance by depth and rank, costs, walltime.
+
+    records = tree_benchmark.compare_trees_and_chains(target, draft, inputs, temperature=0.0)
+
+Per temperature, in one run on the same inputs:
+  1. acceptance by depth and sibling rank, measured with a probe tree (a spine
+     of `probe_depth` nodes, each with `probe_width` children: every rank is
+     judged at every depth the spine reaches; `probe_tree`);
+  2. the best tree for each node budget from those rates (`tree.choose_tree`,
+     Sequoia's dynamic program), with its predicted tokens per call;
+  3. the costs that decide whether a tree pays on this machine: v(nodes), a
+     target call over a tree's N nodes (tree-masked) over a one-token step,
+     and the draft's cost per depth (one tree-masked call over the level's
+     nodes, timed warm: a lower bound, see `tree_costs`);
+  4. tokens per target call (mean over examples +- standard error, the ratio
+     estimator's delta method) and ms/token of the baseline, each chain and
+     each tree, passes interleaved (`benchmark.time_decodings`): speedups of
+     trees and chains measured moments apart.
+The records are JSON-ready dicts (kind 'tree_rates', 'tree_costs',
+'tree_walltime'); `markdown_table` prints them side by side.
+"""
+
+import functools
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import benchmark
+from speculative_t5x import decoding
+from speculative_t5x import layouts
+from speculative_t5x import measure
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import tree as tree_lib
+
+PROBE_DEPTH, PROBE_WIDTH = 12, 4
+NODE_BUDGETS = (8, 16, 32)
+CHAIN_GAMMAS = (3, 5, 7)
+
+
+def probe_tree(depth: int = PROBE_DEPTH, width: int = PROBE_WIDTH) -> tree_lib.Tree:
+  """A spine of `depth` rank-0 nodes, each node of it with `width` children.
+
+  The walk follows the spine while rank 0 is accepted, judging ranks 0..width-1
+  at every depth it reaches: acceptance by (depth, rank) with (width) x depth
+  nodes instead of width^depth.
+  """
+  parents, spine = [-1], 0
+  for _ in range(depth):
+    first = len(parents)
+    parents += [spine] * width
+    spine = first
+  return tree_lib.Tree(tuple(parents))
+
+
+def tokens_per_call(stats: decoding.SpeculativeStats) -> Dict[str, float]:
+  """Tokens per target call over rows (sum emitted / sum iterations) and its standard error.
+
+  The delta method for a ratio of sums over n rows: se = sqrt(sum (e_i - r
+  n_i)^2 / (n (n - 1))) / mean(n_i), e_i a row's emitted tokens, n_i its
+  iterations.
+  """
+  emitted = np.asarray(stats.emitted, np.float64).ravel()
+  iterations = np.asarray(stats.iterations, np.float64).ravel()
+  ratio = emitted.sum() / iterations.sum()
+  count = emitted.size
+  residual = emitted - ratio * iterations
+  stderr = np.sqrt(np.sum(residual**2) / (count * (count - 1))) / iterations.mean()
+  return dict(mean=float(ratio), stderr=float(stderr))
+
+
+def measure_rates(
+  target: models.Model,
+  draft: models.Model,
+  inputs: np.ndarray,
+  *,
+  temperature: float,
+  max_decode_len: int,
+  probe: Optional[tree_lib.Tree] = None,
+  seed: int = 0,
+) -> Dict[str, Any]:
+  """Acceptance rates by (parent depth, rank) of the pair, from one probe-tree decode of `inputs`."""
+  probe = probe or probe_tree()
+  out = models.generate(
+    target,
+    draft,
+    inputs,
+    temperature=temperature,
+    max_decode_len=max_decode_len,
+    tree=probe,
+    rng=jax.random.PRNGKey(seed),
+  )
+  reached, accepted = np.asarray(out.stats.rank_judged), np.asarray(out.stats.rank_accepted)
+  rates, stderr = tree_lib.acceptance_rates_from_counts(reached, accepted)
+  return dict(
+    kind='tree_rates',
+    temperature=temperature,
+    probe=probe.describe(),
+    num_examples=int(len(inputs)),
+    rates=rates.tolist(),
+    stderr=np.where(np.isnan(stderr), None, stderr).tolist(),
+    reached=reached.tolist(),
+    accepted=accepted.tolist(),
+  )
+
+
+def _tree_block_step(params, i, carry, *, config, tree, first_node, width, start):
+  """One tree-masked call over `width` nodes from `first_node` (a loop step of `measure`)."""
+  del i
+  cache, checksum = carry
+  batch_size = checksum.shape[0]
+  tokens = jnp.full((batch_size, width), 2, jnp.int32) + (checksum[0] == jnp.inf)
+  logits, cache = network.apply_decode_block(
+    config,
+    params,
+    cache,
+    tokens,
+    jnp.full((batch_size,), start, jnp.int32),
+    tree=tree,
+    first_node=first_node,
+  )
+  return cache, checksum + jnp.sum(logits, axis=(1, 2)) * 1e-9
+
+
+def tree_costs(
+  target: models.Model,
+  draft: models.Model,
+  tree: tree_lib.Tree,
+  *,
+  input_length: int,
+  max_decode_len: int,
+  repetitions: int = 7,
+) -> Dict[str, Any]:
+  """v(nodes) and the draft's cost per depth of `tree` at batch 1, seconds.
+
+  The target's one-token step and its tree-masked call over all N nodes at
+  the middle of the output, in cached loops as `measure.network_step_seconds`
+  times them; the draft's call over each level's nodes (depths 0..D-1, the
+  ones a draft feeds), warm: in the decode loop the target evicts the draft's
+  weights, so these are lower bounds (`measure.cold_step_seconds`, which
+  subtracts a cache flush's time, is too noisy per level at these sizes).
+  """
+  cache_length = decoding.speculative_cache_length(max_decode_len, tree.max_depth, tree)
+  inputs = measure.random_encoder_inputs(1, input_length, target.vocab_size)
+  start = max_decode_len // 2
+  checksum = jnp.zeros((1,), jnp.float32)
+
+  def target_call(width, call_tree):
+    cache = network.init_decoder_cache(target.config, target.params, inputs, cache_length)
+    step = functools.partial(
+      _tree_block_step,
+      config=target.config,
+      tree=call_tree,
+      first_node=0,
+      width=width,
+      start=start,
+    )
+    return measure.step_seconds(step, target.params, (cache, checksum), repetitions=repetitions)
+
+  target_step = target_call(1, None)
+  target_tree = target_call(tree.num_nodes, tree)
+  draft_cache = network.init_decoder_cache(draft.config, draft.params, inputs, cache_length)
+  draft_levels = []
+  for depth in range(tree.max_depth):
+    level_start, level_stop = tree.levels[depth]
+    step = functools.partial(
+      _tree_block_step,
+      config=draft.config,
+      tree=tree,
+      first_node=level_start,
+      width=level_stop - level_start,
+      start=start,
+    )
+    draft_levels.append(
+      measure.step_seconds(step, draft.params, (draft_cache, checksum), repetitions=repetitions)
+    )
+  return dict(
+    kind='tree_costs',
+    tree=tree.describe(),
+    parents=list(tree.parents),
+    nodes=tree.num_nodes,
+    target_step_ms=1e3 * target_step,
+    target_tree_call_ms=1e3 * target_tree,
+    v_nodes=target_tree / target_step,
+    draft_level_ms=[1e3 * s for s in draft_levels],
+    draft_level_widths=[stop - start for start, stop in tree.levels[:-1]],
+    draft_total_over_target_step=sum(draft_levels) / target_step,
+  )
+
+
+def compare_trees_and_chains(
+  target: models.Model,
+  draft: models.Model,
+  inputs: np.ndarray,
+  *,
+  temperature: float,
+  rate_inputs: Optional[np.ndarray] = None,
+  gammas: Sequence[int] = CHAIN_GAMMAS,
+  node_budgets: Sequence[int] = NODE_BUDGETS,
+  max_decode_len: int = 48,
+  repetitions: int = 3,
+  progress=print,
+) -> List[Dict[str, Any]]:
+  """The module docstring's measurements at one temperature, batch 1; returns records.
+
+  Args:
+    target, draft: the pair (`models.Model`s of one architecture).
+    inputs: int32 [N, Lin], the timed examples (one per decode call).
+    temperature: 0 is greedy.
+    rate_inputs: int32 [M, Lin] examples the acceptance rates are measured on
+      (default `inputs`; other examples keep the trees chosen apart from the
+      ones they are timed on).
+    gammas: the chains compared.
+    node_budgets: drafted-node budgets of the chosen trees.
+    max_decode_len: output length.
+    repetitions: timed passes per decoder.
+    progress: called with a line per step.
+  """
+  inputs = layouts.trim_padding(np.asarray(inputs))
+  rate_inputs = inputs if rate_inputs is None else layouts.trim_padding(np.asarray(rate_inputs))
+  progress(f'T={temperature:g}: acceptance by depth and rank ({probe_tree().describe()}) ...')
+  rates = measure_rates(
+    target, draft, rate_inputs, temperature=temperature, max_decode_len=max_decode_len
+  )
+  records = [rates]
+  trees = {
+    budget: tree_lib.choose_tree(np.asarray(rates['rates']), budget) for budget in node_budgets
+  }
+  configs = {f'chain gamma={g}': dict(gamma=g) for g in gammas}
+  configs.update({f'tree <= {b} nodes': dict(tree=t) for b, t in trees.items()})
+  for budget, tree in trees.items():
+    progress(f'T={temperature:g}: costs of the best tree of <= {budget} nodes, {tree} ...')
+    records.append(
+      dict(
+        tree_costs(
+          target,
+          draft,
+          tree,
+          input_length=inputs.shape[1],
+          max_decode_len=max_decode_len,
+          repetitions=max(5, repetitions),
+        ),
+        temperature=temperature,
+        budget=budget,
+        predicted_tokens_per_call=1 + tree_lib.expected_accepted(tree, rates['rates']),
+      )
+    )
+  progress(f'T={temperature:g}: baseline, {len(configs)} speculative decoders, interleaved ...')
+  sampling_args = dict(temperature=temperature, max_decode_len=max_decode_len)
+  decoders = [models.make_decoder(target, None, **sampling_args)] + [
+    models.make_decoder(target, draft, **config, **sampling_args) for config in configs.values()
+  ]
+  runs = benchmark.time_decodings(decoders, inputs, repetitions=repetitions)
+  baseline = runs[0]
+  for (name, config), run in zip(configs.items(), runs[1:]):
+    tree = tree_lib.Tree.parse(config['tree']) if 'tree' in config else None
+    speedups = [b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)]
+    records.append(
+      dict(
+        kind='tree_walltime',
+        temperature=temperature,
+        name=name,
+        tree=None if tree is None else tree.describe(),
+        parents=None if tree is None else list(tree.parents),
+        gamma=run.gamma,
+        nodes_per_call=config['gamma'] + 1 if tree is None else tree.num_nodes,
+        num_examples=int(len(inputs)),
+        tokens_per_call=tokens_per_call(run.stats),
+        ms_per_token_baseline=float(np.median(baseline.ms_per_token)),
+        ms_per_token=float(np.median(run.ms_per_token)),
+        speedup=dict(
+          median=float(np.median(speedups)), min=float(min(speedups)), max=float(max(speedups))
+        ),
+        identical_to_baseline=float(np.mean(np.all(baseline.outputs == run.outputs, axis=1))),
+        acceptance_by_rank=np.asarray(run.stats.acceptance_by_rank).tolist(),
+      )
+    )
+    progress(markdown_row(records[-1]))
+  return records
+
+
+def markdown_row(record: Dict[str, Any]) -> str:
+  """One 'tree_walltime' record as a table row."""
+  tpc = record['tokens_per_call']
+  return (
+    f'| {record["temperature"]:g} | {record["name"]} | {record["nodes_per_call"]} | '
+    f'{tpc["mean"]:.2f} ± {tpc["stderr"]:.2f} | {record["ms_per_token_baseline"]:.2f} | '
+    f'{record["ms_per_token"]:.2f} | {record["speedup"]["median"]:.2f}x |'
+  )
+
+
+def markdown_table(records: Sequence[Dict[str, Any]]) -> str:
+  """The walltime records side by side, then the costs (v(nodes), the draft per depth)."""
+  lines = [
+    '| T | decoder | nodes/call | tokens/call | base ms/tok | ms/tok | speedup |',
+    '| ---: | --- | ---: | ---: | ---: | ---: | ---: |',
+  ]
+  lines += [markdown_row(r) for r in records if r['kind'] == 'tree_walltime']
+  lines += [
+    '',
+    '| T | budget | tree | predicted tokens/call | v(nodes) | draft ms per depth, warm (widths) |',
+    '| ---: | ---: | --- | ---: | ---: | --- |',
+  ]
+  for r in records:
+    if r['kind'] == 'tree_costs':
+      levels = ', '.join(
+        f'{ms:.2f} ({w})' for ms, w in zip(r['draft_level_ms'], r['draft_level_widths'])
+      )
+      lines.append(
+        f'| {r["temperature"]:g} | {r["budget"]} | {r["tree"]} | '
+        f'{r["predicted_tokens_per_call"]:.2f} | {r["v_nodes"]:.2f} | {levels} |'
+      )
+  return '\n'.join(lines)

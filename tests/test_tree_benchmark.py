@@ -1,0 +1,48 @@
+"""`tree_benchmark` on tiny networks: the probe tree, tokens per call's error, one comparison."""
+
+import numpy as np
+
+from speculative_t5x import decoding
+from speculative_t5x import tree_benchmark
+from test_models import DRAFT, TARGET
+from testing_utils import padded_inputs
+
+
+def test_the_probe_tree_is_a_spine_with_every_rank_at_every_depth():
+  probe = tree_benchmark.probe_tree(depth=3, width=2)
+  assert probe.parents == (-1, 0, 0, 1, 1, 3, 3)
+  assert probe.max_depth == 3 and probe.max_children == 2
+
+
+def test_tokens_per_call_is_the_ratio_of_sums_with_the_delta_method_error():
+  stats = decoding.SpeculativeStats.zeros(3, 2).replace(
+    emitted=np.array([6, 3, 9]), iterations=np.array([2, 3, 3])
+  )
+  result = tree_benchmark.tokens_per_call(stats)
+  ratio = 18 / 8
+  residual = np.array([6, 3, 9]) - ratio * np.array([2, 3, 3])
+  assert result['mean'] == ratio
+  np.testing.assert_allclose(result['stderr'], np.sqrt(np.sum(residual**2) / 6) / (8 / 3))
+
+
+def test_a_greedy_comparison_gives_the_baselines_outputs_for_every_decoder():
+  inputs = padded_inputs(0, 4, 9, TARGET.vocab_size)
+  records = tree_benchmark.compare_trees_and_chains(
+    TARGET,
+    DRAFT,
+    inputs,
+    temperature=0.0,
+    gammas=(2,),
+    node_budgets=(4,),
+    max_decode_len=8,
+    repetitions=1,
+    progress=lambda line: None,
+  )
+  kinds = [r['kind'] for r in records]
+  assert kinds == ['tree_rates', 'tree_costs', 'tree_walltime', 'tree_walltime']
+  walltime = [r for r in records if r['kind'] == 'tree_walltime']
+  assert [r['identical_to_baseline'] for r in walltime] == [1.0, 1.0]
+  assert [r['nodes_per_call'] for r in walltime] == [3, 5]
+  costs = records[1]
+  assert costs['v_nodes'] > 0 and len(costs['draft_level_ms']) == len(costs['draft_level_widths'])
+  assert '| 0 | tree <= 4 nodes | 5 |' in tree_benchmark.markdown_table(records)
