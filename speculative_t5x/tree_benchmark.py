@@ -17,10 +17,14 @@ Per temperature, in one run on the same inputs:
      each tree, passes interleaved (`benchmark.time_decodings`): speedups of
      trees and chains measured moments apart.
 The records are JSON-ready dicts (kind 'tree_rates', 'tree_costs',
-'tree_walltime'); `markdown_table` prints them side by side.
+'tree_walltime'); `markdown_table` prints them side by side, `write_report`
+writes them with a figure. The gin main (configs/runs/tree_benchmark.gin has
+the command) runs `benchmark_pair_trees` on a pair and a TSV split.
 """
 
 import functools
+import json
+import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
@@ -313,3 +317,110 @@ def markdown_table(records: Sequence[Dict[str, Any]]) -> str:
         f'{r["predicted_tokens_per_call"]:.2f} | {r["v_nodes"]:.2f} | {levels} |'
       )
   return '\n'.join(lines)
+
+
+def plot_trees(records: Sequence[Dict[str, Any]], path: str) -> None:
+  """Tokens per call and speedup against nodes per call, trees and chains, per temperature."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  walltime = [r for r in records if r['kind'] == 'tree_walltime']
+  figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+  for temperature in sorted({r['temperature'] for r in walltime}):
+    for kind, marker in (('chain', 'o'), ('tree', 's')):
+      rows = [r for r in walltime if r['temperature'] == temperature and r['name'].startswith(kind)]
+      nodes = [r['nodes_per_call'] for r in rows]
+      label = f'{kind}s, T={temperature:g}'
+      left.errorbar(
+        nodes,
+        [r['tokens_per_call']['mean'] for r in rows],
+        yerr=[r['tokens_per_call']['stderr'] for r in rows],
+        marker=marker,
+        label=label,
+      )
+      right.plot(nodes, [r['speedup']['median'] for r in rows], marker=marker, label=label)
+  left.set(xlabel='nodes per target call', ylabel='tokens per target call')
+  right.set(xlabel='nodes per target call', ylabel='speedup over the baseline (median)')
+  right.axhline(1.0, color='gray', linewidth=0.5)
+  left.legend()
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+
+
+def write_report(records: Sequence[Dict[str, Any]], output_dir: str) -> None:
+  """tree_benchmark.json, tree_benchmark.md and tree_benchmark.png in `output_dir`."""
+  os.makedirs(output_dir, exist_ok=True)
+  with open(os.path.join(output_dir, 'tree_benchmark.json'), 'w') as f:
+    json.dump(list(records), f, indent=1)
+  with open(os.path.join(output_dir, 'tree_benchmark.md'), 'w') as f:
+    f.write(markdown_table(records) + '\n')
+  plot_trees(records, os.path.join(output_dir, 'tree_benchmark.png'))
+
+
+def benchmark_pair_trees(
+  *,
+  target: models.Model,
+  draft: models.Model,
+  tsv_path: str,
+  vocabulary_path: str,
+  output_dir: str,
+  temperatures: Sequence[float] = (0.0, 1.0),
+  num_examples: int = 32,
+  rate_examples: int = 128,
+  prefix: Optional[str] = None,
+  **comparison,
+) -> List[Dict[str, Any]]:
+  """`compare_trees_and_chains` on a TSV split at each temperature, report written.
+
+  The first `num_examples` lines are timed; the acceptance rates come from
+  the `rate_examples` after them. `comparison`: the rest of
+  `compare_trees_and_chains`'s keywords (gammas, node_budgets, ...).
+  """
+  from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
+
+  inputs, _ = benchmark.tsv_inputs(
+    tsv_path,
+    vocabulary_path,
+    prefix=tasks_core.EN_DE_PREFIX if prefix is None else prefix,
+    num_examples=num_examples + rate_examples,
+  )
+  if len(inputs) < num_examples + rate_examples:
+    raise ValueError(
+      f'{tsv_path} has {len(inputs)} examples; the tree benchmark times {num_examples} and '
+      f'measures acceptance on {rate_examples} others. Lower NUM_EXAMPLES or RATE_EXAMPLES.'
+    )
+  records: List[Dict[str, Any]] = [dict(kind='machine', **measure.machine())]
+  for temperature in temperatures:
+    records += compare_trees_and_chains(
+      target,
+      draft,
+      inputs[:num_examples],
+      rate_inputs=inputs[num_examples:],
+      temperature=temperature,
+      **comparison,
+    )
+  write_report(records, output_dir)
+  print(markdown_table(records))
+  return records
+
+
+def main(argv: Sequence[str]) -> None:
+  """Runs the gin-configured `benchmark_pair_trees` (configs/runs/tree_benchmark.gin)."""
+  if len(argv) > 1:
+    from absl import app  # pylint: disable=g-import-not-at-top
+
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
+  import gin  # pylint: disable=g-import-not-at-top
+
+  from speculative_t5x import tree_benchmark as module  # pylint: disable=g-import-not-at-top
+
+  gin.get_configurable(module.benchmark_pair_trees)()
+
+
+if __name__ == '__main__':
+  from speculative_t5x import gin_utils  # pylint: disable=g-import-not-at-top
+
+  gin_utils.run(main)

@@ -1,9 +1,15 @@
-"""`tree_benchmark` on tiny networks: the probe tree, tokens per call's error, one comparison."""
+"""`tree_benchmark` on tiny networks: the probe tree, tokens per call's error, a comparison, the main."""
 
+import json
+import os
+
+import gin
 import numpy as np
 
 from speculative_t5x import decoding
+from speculative_t5x import gin_utils
 from speculative_t5x import tree_benchmark
+from test_infer import VOCAB_SIZE, fixture  # noqa: F401 (a pytest fixture by name)
 from test_models import DRAFT, TARGET
 from testing_utils import padded_inputs
 
@@ -46,3 +52,39 @@ def test_a_greedy_comparison_gives_the_baselines_outputs_for_every_decoder():
   costs = records[1]
   assert costs['v_nodes'] > 0 and len(costs['draft_level_ms']) == len(costs['draft_level_widths'])
   assert '| 0 | tree <= 4 nodes | 5 |' in tree_benchmark.markdown_table(records)
+
+
+def test_the_gin_main_writes_the_report(fixture, tmp_path):  # noqa: F811
+  """configs/runs/tree_benchmark.gin on tests/test_infer.py's saved pair and TSV split."""
+  bindings = [
+    f"CHECKPOINT_PATH = '{fixture['directory'] / 'target'}'",
+    f"DRAFT_CHECKPOINT_PATH = '{fixture['directory'] / 'draft'}'",
+    f'VOCAB_SIZE = {VOCAB_SIZE}',
+    f"TSV_PATH = '{fixture['test_tsv']}'",
+    f"VOCABULARY = '{fixture['vocabulary']}'",
+    f"TREE_BENCHMARK_DIR = '{tmp_path}'",
+    'TEMPERATURES = [0.0]',
+    'NUM_EXAMPLES = 4',
+    'RATE_EXAMPLES = 8',
+    'tree_benchmark.benchmark_pair_trees.gammas = [2]',
+    'tree_benchmark.benchmark_pair_trees.node_budgets = [4]',
+    'tree_benchmark.benchmark_pair_trees.max_decode_len = 8',
+    'tree_benchmark.benchmark_pair_trees.repetitions = 1',
+  ]
+  files = ['configs/models/tiny.gin', 'configs/pairs/pair.gin', 'configs/runs/tree_benchmark.gin']
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin_flags([], files, bindings)
+    tree_benchmark.main(['tree_benchmark'])
+  finally:
+    gin.clear_config()
+  assert sorted(os.listdir(tmp_path)) == [
+    'tree_benchmark.json',
+    'tree_benchmark.md',
+    'tree_benchmark.png',
+  ]
+  with open(tmp_path / 'tree_benchmark.json') as f:
+    records = json.load(f)
+  walltime = [r for r in records if r['kind'] == 'tree_walltime']
+  assert [r['name'] for r in walltime] == ['chain gamma=2', 'tree <= 4 nodes']
+  assert all(r['identical_to_baseline'] == 1.0 for r in walltime)
