@@ -16,6 +16,7 @@ acceptance_sweep = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(acceptance_sweep)
 
 
+@pytest.mark.slow  # The whole sweep (alpha, timings, both rules); over a minute.
 def test_sweep_reports_every_figure():
   target = tiny_model(seed=0, vocab_size=24, layers=2, scale=3.0)
   draft = tiny_model(seed=1, vocab_size=24, scale=3.0)

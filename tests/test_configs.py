@@ -329,6 +329,8 @@ COVERED = (
     'tasks/english_lm',
     # Bound and run by tests/test_benchmark.py and tests/test_infer.py.
     'pairs/gpt_like',
+    # Parsed and run by tests/test_tree_benchmark.py.
+    'runs/tree_benchmark',
   }
 )
 

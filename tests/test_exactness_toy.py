@@ -7,7 +7,8 @@ samples per configuration are compared with it by a chi-square test, for every
 sampling mode, γ ∈ {1, 3, 7} and both verification rules (token: Algorithm 1;
 block: Sun et al.'s block verification), with a fixed draft length and with an
 adaptive one (the draft, `drafts.rollout_loop`, stops a row after a token it
-gave probability below a threshold). Run with `pytest -s` to see the p-values.
+gave probability below a threshold). `make test` runs a subset (every mode and
+rule), the rest are `slow`. Run with `pytest -s` to see the p-values.
 """
 
 import functools
@@ -222,11 +223,32 @@ def run_configuration(mode, gamma, seed=0, verification='token', draft_threshold
 # (gamma, draft_threshold): at gamma 1 a row drafts its one token whatever the
 # threshold, so the adaptive length is exercised from gamma 2 on.
 GAMMAS_AND_THRESHOLDS = [(g, 0.0) for g in GAMMAS] + [(g, DRAFT_THRESHOLD) for g in GAMMAS if g > 1]
+# `make test` runs every mode under both rules at gamma 3 with the adaptive draft
+# length, and temperature 1 also at the fixed gammas 1 and 7 (7 drafts past the
+# sequence end); the other cases (the same sample count each) are `slow`, run by
+# `make test-all`.
+FAST_GAMMA_AND_THRESHOLD = (3, DRAFT_THRESHOLD)
+FAST_TEMPERATURE_1 = {(1, 0.0), (7, 0.0)}
 
 
-@pytest.mark.parametrize('gamma, draft_threshold', GAMMAS_AND_THRESHOLDS)
-@pytest.mark.parametrize('verification', ['token', 'block'])
-@pytest.mark.parametrize('mode', [m for m in MODES if m != 'argmax'])
+def _joint_cases():
+  for mode in (m for m in MODES if m != 'argmax'):
+    for verification in ('token', 'block'):
+      for gamma, draft_threshold in GAMMAS_AND_THRESHOLDS:
+        fast = (gamma, draft_threshold) == FAST_GAMMA_AND_THRESHOLD or (
+          mode == 'temperature_1' and (gamma, draft_threshold) in FAST_TEMPERATURE_1
+        )
+        yield pytest.param(
+          mode,
+          gamma,
+          verification,
+          draft_threshold,
+          id=f'{mode}-{verification}-{gamma}-{draft_threshold}',
+          marks=() if fast else pytest.mark.slow,
+        )
+
+
+@pytest.mark.parametrize('mode, gamma, verification, draft_threshold', list(_joint_cases()))
 def test_joint_distribution_matches_target(mode, gamma, verification, draft_threshold):
   statistic, dof, p_value = run_configuration(mode, gamma, 0, verification, draft_threshold)
   print(
@@ -238,7 +260,10 @@ def test_joint_distribution_matches_target(mode, gamma, verification, draft_thre
 
 @pytest.mark.parametrize('draft_threshold', [0.0, DRAFT_THRESHOLD], ids=['fixed', 'adaptive'])
 @pytest.mark.parametrize('verification', ['token', 'block'])
-@pytest.mark.parametrize('gamma', GAMMAS)
+@pytest.mark.parametrize(
+  'gamma',
+  [g if g < LENGTH else pytest.param(g, marks=pytest.mark.slow) for g in GAMMAS],
+)  # Drafts past the sequence end (gamma 7) run in the sampled tests above.
 def test_argmax_emits_the_greedy_sequence(gamma, verification, draft_threshold):
   greedy = []
   state = jnp.zeros((), jnp.int32)

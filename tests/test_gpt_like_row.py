@@ -77,6 +77,7 @@ def workdir(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow  # Trains a pair and runs the whole script; about 2 minutes.
 def test_the_row_of_a_trained_workdir(workdir):
   row = gpt_like_row.main(
     [

@@ -372,7 +372,7 @@ def test_bad_configurations_name_the_problem(fixture, greedy_runs, tmp_path):
     r'= 8: example 0 has \d+ .*Raise TASK_FEATURE_LENGTHS',
   ):
     _infer(fixture, tmp_path / 'd', feature_lengths={'inputs': 8, 'targets': 16})
-  with pytest.raises(ValueError, match='gamma is required'):
+  with pytest.raises(ValueError, match=r'gamma \(or a tree\) is required'):
     _infer(fixture, tmp_path / 'e', gamma=None)
   with pytest.raises(ValueError, match=r"other settings \(differing: \['seed'\]"):
     _infer(fixture, greedy_runs['speculative_dir'], seed=1)

@@ -161,8 +161,23 @@ GREEDY_CASES = [
 ]
 
 
-@pytest.mark.parametrize('architecture', list(PAIRS))
-@pytest.mark.parametrize('batch, gamma, draft_kind', GREEDY_CASES)
+# `make test` runs each case for one architecture in turn (every draft kind, each
+# architecture with a model draft); the other two architectures' are `slow`.
+GREEDY_PARAMS = [
+  pytest.param(
+    batch,
+    gamma,
+    draft_kind,
+    architecture,
+    id=f'{batch}-{gamma}-{draft_kind}-{architecture}',
+    marks=() if a == i % len(PAIRS) else pytest.mark.slow,
+  )
+  for i, (batch, gamma, draft_kind) in enumerate(GREEDY_CASES)
+  for a, architecture in enumerate(PAIRS)
+]
+
+
+@pytest.mark.parametrize('batch, gamma, draft_kind, architecture', GREEDY_PARAMS)
 def test_greedy_speculative_equals_baseline_with_ragged_prompts(
   architecture, batch, gamma, draft_kind
 ):
@@ -196,11 +211,32 @@ def exact_continuations(model, input_row, prompt, length, **sample_args):
   return result
 
 
-@pytest.mark.parametrize('architecture', list(PAIRS))
+SAMPLE_ARGS = {
+  'temperature1': dict(temperature=1.0),
+  'topk3': dict(temperature=1.0, topk=3),
+  'topp0.7': dict(temperature=0.8, topp=0.7),
+}
+# `make test` runs each mode for one architecture (each architecture once), the
+# other pairs (the same sample count) are `slow`.
+FAST_SAMPLED = {
+  ('temperature1', 'encoder_decoder'),
+  ('topk3', 'prefix_lm'),
+  ('topp0.7', 'decoder_only'),
+}
+
+
 @pytest.mark.parametrize(
-  'sample_args',
-  [dict(temperature=1.0), dict(temperature=1.0, topk=3), dict(temperature=0.8, topp=0.7)],
-  ids=['temperature1', 'topk3', 'topp0.7'],
+  'architecture, sample_args',
+  [
+    pytest.param(
+      architecture,
+      args,
+      id=f'{name}-{architecture}',
+      marks=() if (name, architecture) in FAST_SAMPLED else pytest.mark.slow,
+    )
+    for name, args in SAMPLE_ARGS.items()
+    for architecture in PAIRS
+  ],
 )
 def test_sampled_continuations_follow_the_target(architecture, sample_args):
   """4096 continuations of a 3-token prompt (tiny vocabulary) vs exact probabilities."""
@@ -249,7 +285,9 @@ def test_sampled_continuations_follow_the_target(architecture, sample_args):
   assert len(exact) > 20 and p_value > 1e-3  # Many outcomes: a test that can fail.
 
 
-@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
+@pytest.mark.parametrize(
+  'architecture', [pytest.param('encoder_decoder', marks=pytest.mark.slow), 'decoder_only']
+)
 def test_new_prompts_of_the_same_width_do_not_recompile(architecture):
   kwargs = dict(gamma=3, temperature=1.0, max_decode_len=6)
   draft = PAIRS[architecture][1]

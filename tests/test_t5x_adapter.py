@@ -331,6 +331,8 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
     position_accepted=np.zeros(5, np.int32),
     beta_sum=np.float32(3.0),
     beta_count=np.int32(4),
+    rank_judged=np.zeros((5, 1), np.int32),
+    rank_accepted=np.zeros((5, 1), np.int32),
   )
   recorded = {}
   block = np.asarray(BATCH['decoder_input_tokens'][:, :2]) + 5
@@ -377,6 +379,7 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
     'num_decodes',
     'score_block',
     'temperature',
+    'tree',
     'verification',
   ]
   assert (recorded['gamma'], recorded['lenience'], recorded['eos_id']) == (5, 0.5, EOS)
