@@ -59,6 +59,7 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import profiles
 from speculative_t5x import reports
+from speculative_t5x import result_cache as result_cache_lib
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
 from speculative_t5x import theory
@@ -382,6 +383,7 @@ def sampled_quality(
   references: Optional[Sequence[str]],
   num_keys: int = QUALITY_KEYS,
   seed: int = 1,
+  result_cache: Optional[result_cache_lib.ResultCache] = None,
 ) -> Dict[str, Any]:
   """BLEU and mean output length of each decoder's samples: mean +- standard error over keys.
 
@@ -394,25 +396,55 @@ def sampled_quality(
   (tokens up to and including EOS), and the record is their mean and standard
   error (`acceptance.standard_error`) over the keys.
 
+  The samples are a function of the decoder (its models, settings and
+  sampling arguments), the inputs and the keys: each decoder's per-key
+  figures are kept in `result_cache` under that key, so the baseline's are
+  computed once for every gamma it is compared with, and a second run on the
+  same checkpoints and machine reads them back.
+
   Returns:
     {'num_keys', 'num_examples', and per decoder name {'bleu': {'mean',
     'stderr', 'per_key'} (None without references or vocabulary), 'length':
-    the same}}, and with exactly two decoders 'bleu_difference_in_stderr':
-    (second - first) / sqrt(stderr_first^2 + stderr_second^2).
+    the same, 'cached_from': None, or the date of the run that computed them}},
+    and with exactly two decoders 'bleu_difference_in_stderr': (second -
+    first) / sqrt(stderr_first^2 + stderr_second^2).
   """
   if num_keys < 2:
     raise ValueError(f'sampled_quality needs num_keys >= 2 for a standard error, got {num_keys}.')
+  result_cache = result_cache or result_cache_lib.ResultCache(None)
   inputs = jnp.asarray(inputs)
   prompts = None if decoder_prompts is None else jnp.asarray(decoder_prompts)
   keys = [jax.random.fold_in(jax.random.PRNGKey(seed), k) for k in range(num_keys)]
   record: Dict[str, Any] = dict(num_keys=num_keys, num_examples=int(len(inputs)))
-  for name, decode in decoders.items():
-    eos_id = decode.static_args['eos_id']
+
+  def per_key(decode: models.Decoder) -> Dict[str, List[Optional[float]]]:
     outputs = [np.asarray(decode(inputs, key, prompts).tokens) for key in keys]
-    bleus = [corpus_bleu(vocabulary_path, tokens, references) for tokens in outputs]
+    eos_id = decode.static_args['eos_id']
+    return dict(
+      bleu=[corpus_bleu(vocabulary_path, tokens, references) for tokens in outputs],
+      length=[float(layouts.output_lengths(tokens, eos_id).mean()) for tokens in outputs],
+    )
+
+  for name, decode in decoders.items():
+    entry = result_cache.get_or_compute(
+      'sampled_quality',
+      dict(
+        decoder=decode,
+        inputs=inputs,
+        decoder_prompts=prompts,
+        references=references,
+        vocabulary=result_cache_lib.file_digest(vocabulary_path),
+        num_keys=num_keys,
+        seed=seed,
+      ),
+      functools.partial(per_key, decode),
+      description=dict(decoder=name, num_examples=int(len(inputs)), num_keys=num_keys),
+    )
+    bleus, lengths = entry.value['bleu'], entry.value['length']
     record[name] = dict(
       bleu=None if bleus[0] is None else _mean_and_stderr(bleus),
-      length=_mean_and_stderr([layouts.output_lengths(t, eos_id).mean() for t in outputs]),
+      length=_mean_and_stderr(lengths),
+      cached_from=result_cache_lib.cached_from(entry),
     )
   names = list(decoders)
   if len(names) == 2 and record[names[0]]['bleu'] is not None:
@@ -563,6 +595,7 @@ def run_benchmark(
   emulate_alpha: Optional[float] = None,
   output_dir: Optional[str] = None,
   profile_dir: Optional[str] = None,
+  result_cache: Optional[result_cache_lib.ResultCache] = None,
   progress: Callable[[str], None] = print,
 ) -> List[Dict[str, Any]]:
   """Measures everything in the module docstring; returns JSON-ready records.
@@ -614,6 +647,11 @@ def run_benchmark(
       temperature is written there (`profile_t<T>.json`), and gamma='auto'
       with it is timed at every batch size (records of kind 'auto').
       Without it the batch-size sweep times one gamma (`batch_size_gamma`).
+    result_cache: where the figures that the models, inputs and machine
+      determine (alpha, sampled quality) are kept between runs
+      (`result_cache`); their records then say which run computed them
+      (`cached_from`). Timings are always measured. None: computed in this
+      run.
     progress: called with a line per step.
 
   Returns:
@@ -622,6 +660,7 @@ def run_benchmark(
     'distillation' if given. Every record names the target's `architecture`.
   """
   emulated = emulate_alpha is not None
+  result_cache = result_cache or result_cache_lib.ResultCache(None)
   # Checked before anything is measured; each gamma of the sweep replaces its gamma.
   settings = settings_lib.SpeculativeSettings(
     gamma=max(gammas), verification=verification, draft_threshold=draft_threshold
@@ -690,31 +729,44 @@ def run_benchmark(
       )
   for temperature in temperatures if candidates else ():
     progress(f'alpha of {", ".join(candidates)} at temperature {temperature} ...')
-    results = acceptance.measure_alpha(
+    measure_alphas = functools.partial(
+      _alpha_records,
       target,
       candidates,
       inputs,
-      decoder_prompts=decoder_prompts,
+      decoder_prompts,
       temperature=temperature,
       max_decode_len=max_decode_len,
-      min_tokens=alpha_tokens,
+      alpha_tokens=alpha_tokens,
     )
-    for name, result in results.items():
-      worst = sorted((v[1], k, v[0]) for k, v in result.beta_by_token.items() if v[0] >= 20)[:10]
+    entry = result_cache.get_or_compute(
+      'alpha',
+      dict(
+        target=target,
+        drafts=candidates,
+        inputs=inputs,
+        decoder_prompts=decoder_prompts,
+        temperature=temperature,
+        max_decode_len=max_decode_len,
+        alpha_tokens=alpha_tokens,
+      ),
+      measure_alphas,
+      description=dict(drafts=list(candidates), temperature=temperature, num_inputs=len(inputs)),
+    )
+    if entry.from_cache:
+      progress(f'  read from the result cache (computed {entry.computed})')
+    for alpha_record in entry.value:
       records.append(
         dict(
           common,
           kind='alpha',
-          draft=name,
           temperature=temperature,
-          alpha=result.alpha,
-          alpha_stderr=result.stderr,
-          num_tokens=result.num_tokens,
-          worst_tokens=[dict(token=k, count=n, beta=b) for b, k, n in worst],
+          **alpha_record,
+          cached_from=result_cache_lib.cached_from(entry),
         )
       )
-      if name == draft_name:
-        alphas[temperature] = result.alpha
+      if alpha_record['draft'] == draft_name:
+        alphas[temperature] = alpha_record['alpha']
 
   eos_id = -1 if emulated else EOS_ID  # Emulated rows run to full length.
   measure_walltime = functools.partial(
@@ -731,6 +783,7 @@ def run_benchmark(
     emulate_alpha=emulate_alpha,
     max_decode_len=max_decode_len,
     eos_id=eos_id,
+    result_cache=result_cache,
     progress=progress,
   )
   for temperature in temperatures:
@@ -784,6 +837,34 @@ def run_benchmark(
   return records
 
 
+def _alpha_records(
+  target, candidates, inputs, decoder_prompts, *, temperature, max_decode_len, alpha_tokens
+) -> List[Dict[str, Any]]:
+  """`acceptance.measure_alpha` of every candidate draft as alpha records (their own fields)."""
+  results = acceptance.measure_alpha(
+    target,
+    candidates,
+    inputs,
+    decoder_prompts=decoder_prompts,
+    temperature=temperature,
+    max_decode_len=max_decode_len,
+    min_tokens=alpha_tokens,
+  )
+  records = []
+  for name, result in results.items():
+    worst = sorted((v[1], k, v[0]) for k, v in result.beta_by_token.items() if v[0] >= 20)[:10]
+    records.append(
+      dict(
+        draft=name,
+        alpha=result.alpha,
+        alpha_stderr=result.stderr,
+        num_tokens=result.num_tokens,
+        worst_tokens=[dict(token=k, count=n, beta=b) for b, k, n in worst],
+      )
+    )
+  return records
+
+
 def _measure_walltime(
   target,
   draft,
@@ -802,6 +883,7 @@ def _measure_walltime(
   emulate_alpha,
   max_decode_len,
   eos_id,
+  result_cache,
   progress,
 ):
   """Times the baseline and speculative decoding, passes interleaved; returns the record."""
@@ -890,6 +972,7 @@ def _measure_walltime(
         decoder_prompts,
         vocabulary_path=vocabulary_path,
         references=references,
+        result_cache=result_cache,
       )
   progress(reports.walltime_line(record))
   return record
@@ -1100,6 +1183,8 @@ def benchmark_pair(
   ngram_examples: int = 20_000,
   random_input_length: int = 64,
   decoder_prompt_length: int = 0,
+  result_cache_dir: Optional[str] = None,
+  remeasure: bool = False,
   **settings,
 ) -> List[Dict[str, Any]]:
   """`run_benchmark` on a task split, a TSV file, or random inputs (emulation).
@@ -1129,6 +1214,9 @@ def benchmark_pair(
       tokens of each reference (at most all but one) become its decoder
       prompt and the rest its reference (T5X's `prompt_with_targets`); in the
       emulation mode, random prompts of this length. 0: no decoder prompts.
+    result_cache_dir: a folder that keeps alpha and the sampled quality
+      between runs (`result_cache`; None: recomputed every run).
+    remeasure: recompute (and overwrite) what `result_cache_dir` holds.
     **settings: `run_benchmark`'s keyword arguments (gammas, temperatures,
       batch_sizes, emulate_alpha, ...).
   """
@@ -1191,6 +1279,7 @@ def benchmark_pair(
     vocabulary_path=vocabulary_path,
     ngram_corpus=ngram_corpus,
     output_dir=output_dir,
+    result_cache=result_cache_lib.ResultCache(result_cache_dir, remeasure=remeasure),
     **settings,
   )
 

@@ -9,7 +9,7 @@ matplotlib is imported when a figure is asked for.
 
 import json
 import os
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -70,6 +70,7 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
       f'| {_fmt(r["alpha_stderr"], 3)} | {r["num_tokens"]} |'
       for r in alpha
     ]
+    lines += _cached_lines(r.get('cached_from') for r in alpha)
   lines += _distillation_lines(records)
   lines += _profile_lines(records)
   batched = [r for r in walltime if r['batch_size'] != 1]
@@ -198,7 +199,23 @@ def _sampled_quality_lines(walltime: Sequence[Dict[str, Any]]) -> List[str]:
       f'| {"-" if diff is None else f"{diff:+.1f}"} '
       f'| {cell("baseline", "length")} | {cell("speculative", "length")} |'
     )
-  return lines
+  return lines + _cached_lines(
+    r['sampled_quality'][name].get('cached_from')
+    for r in rows
+    for name in ('baseline', 'speculative')
+  )
+
+
+def _cached_lines(cached_from: Iterable[Optional[Dict[str, str]]]) -> List[str]:
+  """Markdown: which runs computed the figures above that were read from the result cache."""
+  dates = sorted({c['computed'] for c in cached_from if c})
+  if not dates:
+    return []
+  return [
+    '',
+    f'Read from the result cache (computed in the run of {", ".join(dates)}: same '
+    'checkpoints, inputs, code and machine kind; `--remeasure` recomputes them).',
+  ]
 
 
 def _pair_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
