@@ -192,6 +192,7 @@ def test_emulated_tokens_per_call_follow_eq_1():
   assert run.tokens == 16 * 60  # No EOS: every emulated row runs to full length.
 
 
+@pytest.mark.slow  # The emulation runs fast in test_emulated_tokens_per_call_follow_eq_1.
 def test_gin_main_runs_a_pair_file_in_the_emulation_mode(tmp_path):
   """`python -m speculative_t5x.benchmark` with random weights, as for XXL/small."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -307,10 +308,11 @@ def decoder_prompt_records(tmp_path_factory):
       'decoder-only prefix LM',
       {benchmark.PAIR_DRAFT, 'prompt lookup', '1-gram', '2-gram'},
     ),
-    (
+    pytest.param(  # `slow`: the gin main's decoder-prompt test below runs that path fast.
       'decoder_prompt_records',
       'encoder-decoder',
       {benchmark.PAIR_DRAFT, 'model', '1-gram', '2-gram'},
+      marks=pytest.mark.slow,
     ),
   ],
 )

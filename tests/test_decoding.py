@@ -285,21 +285,31 @@ class TestLoopBehaviour:
       )
 
 
+WHOLE_SEQUENCE_MODES = {
+  'temperature1': dict(temperature=1.0, topk=0),
+  'topk3': dict(temperature=0.7, topk=3),
+  'topp0.8': dict(temperature=1.0, topk=0, topp=0.8),
+}
+WHOLE_SEQUENCE_DRAFTS = {
+  'bigram-3': ('bigram', 3, 0.0, 25),
+  'lookup-3': ('lookup', 3, 0.0, 25),
+  'bigram-adaptive-gamma7': ('bigram', 7, 0.15, 50),
+}
+
+
+# `make test` runs every mode with the bigram draft, and prompt lookup and the adaptive
+# length at temperature 1; the other pairs (the same sample counts) are `slow`.
 @pytest.mark.parametrize(
-  'sample_args',
+  'sample_args, draft_kind, gamma, draft_threshold, calls',
   [
-    dict(temperature=1.0, topk=0),
-    dict(temperature=0.7, topk=3),
-    dict(temperature=1.0, topk=0, topp=0.8),
-  ],
-  ids=['temperature1', 'topk3', 'topp0.8'],
-)
-@pytest.mark.parametrize(
-  'draft_kind, gamma, draft_threshold, calls',
-  [
-    ('bigram', 3, 0.0, 25),
-    ('lookup', 3, 0.0, 25),
-    pytest.param('bigram', 7, 0.15, 50, id='bigram-adaptive-gamma7'),
+    pytest.param(
+      args,
+      *draft,
+      id=f'{draft_name}-{mode}',
+      marks=() if draft_name == 'bigram-3' or mode == 'temperature1' else pytest.mark.slow,
+    )
+    for mode, args in WHOLE_SEQUENCE_MODES.items()
+    for draft_name, draft in WHOLE_SEQUENCE_DRAFTS.items()
   ],
 )
 def test_whole_sequences_match_the_target_distribution(

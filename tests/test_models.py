@@ -29,6 +29,8 @@ DRAFT = tiny_model(seed=1, scale=3.0)
 
 
 class TestGreedyEquality:
+  # `make test`: every draft kind under token verification, and block verification with a
+  # model draft (batch 8) and a wrong draft; the other block cases are `slow`.
   @pytest.mark.parametrize(
     'draft_kind, batch, gamma, verification',
     [
@@ -39,20 +41,27 @@ class TestGreedyEquality:
       ('wrong', 5, 2, 'token'),
       ('bigram', 4, 5, 'token'),
       ('lookup', 6, 3, 'token'),
-      ('model', 3, 4, 'block'),
+      pytest.param('model', 3, 4, 'block', marks=pytest.mark.slow),
       ('model', 8, 7, 'block'),
-      ('target', 2, 3, 'block'),
+      pytest.param('target', 2, 3, 'block', marks=pytest.mark.slow),
       ('wrong', 5, 2, 'block'),
-      ('bigram', 4, 5, 'block'),
-      ('lookup', 6, 3, 'block'),
+      pytest.param('bigram', 4, 5, 'block', marks=pytest.mark.slow),
+      pytest.param('lookup', 6, 3, 'block', marks=pytest.mark.slow),
     ],
   )
   def test_speculative_equals_baseline(self, draft_kind, batch, gamma, verification):
     self.check_equals_baseline(draft_kind, batch, gamma, verification)
 
-  @pytest.mark.parametrize('verification', ['token', 'block'])
   @pytest.mark.parametrize(
-    'draft_kind, batch, gamma', [('model', 1, 7), ('model', 6, 5), ('bigram', 4, 7)]
+    'draft_kind, batch, gamma, verification',
+    [
+      ('model', 6, 5, 'token'),
+      ('model', 6, 5, 'block'),
+      ('model', 1, 7, 'token'),
+      ('bigram', 4, 7, 'block'),
+      pytest.param('model', 1, 7, 'block', marks=pytest.mark.slow),
+      pytest.param('bigram', 4, 7, 'token', marks=pytest.mark.slow),
+    ],
   )
   def test_an_adaptive_draft_length_equals_baseline(self, draft_kind, batch, gamma, verification):
     stats = self.check_equals_baseline(draft_kind, batch, gamma, verification, draft_threshold=0.5)
@@ -138,20 +147,45 @@ def exact_sequence_distribution(model, input_tokens, length, **sample_args):
   return result
 
 
+SAMPLED_MODES = {
+  'temperature1': dict(temperature=1.0),
+  'topk3': dict(temperature=1.0, topk=3),
+  'topp0.7': dict(temperature=0.8, topp=0.7),
+}
+SAMPLED_SIZES = {  # (gamma, draft_threshold, batch, calls)
+  '4096_sequences': (3, 0.0, 2_048, 2),
+  '102400_sequences': (3, 0.0, 12_800, 8),
+  'adaptive-4096_sequences': (3, 0.9, 2_048, 2),
+  'adaptive-gamma7-204800_sequences': (7, 0.9, 12_800, 16),
+}
+# `make test` runs the 4096-sequence cases at temperature 1 (both rules, fixed and adaptive
+# length), top-k with token verification and top-p with block verification and the adaptive
+# length; the rest, and every full-size case, are `slow`.
+SAMPLED_FAST = {
+  *(
+    ('temperature1', rule, size)
+    for rule in ('token', 'block')
+    for size in ('4096_sequences', 'adaptive-4096_sequences')
+  ),
+  ('topk3', 'token', '4096_sequences'),
+  ('topp0.7', 'block', 'adaptive-4096_sequences'),
+}
+
+
 @pytest.mark.parametrize(
-  'gamma, draft_threshold, batch, calls',
+  'sample_args, verification, gamma, draft_threshold, batch, calls',
   [
-    pytest.param(3, 0.0, 2_048, 2, id='4096_sequences'),
-    pytest.param(3, 0.0, 12_800, 8, id='102400_sequences', marks=pytest.mark.slow),
-    pytest.param(3, 0.9, 2_048, 2, id='adaptive-4096_sequences'),
-    pytest.param(7, 0.9, 12_800, 16, id='adaptive-gamma7-204800_sequences', marks=pytest.mark.slow),
+    pytest.param(
+      args,
+      rule,
+      *size,
+      id=f'{mode}-{rule}-{size_name}',
+      marks=() if (mode, rule, size_name) in SAMPLED_FAST else pytest.mark.slow,
+    )
+    for mode, args in SAMPLED_MODES.items()
+    for rule in ('token', 'block')
+    for size_name, size in SAMPLED_SIZES.items()
   ],
-)
-@pytest.mark.parametrize('verification', ['token', 'block'])
-@pytest.mark.parametrize(
-  'sample_args',
-  [dict(temperature=1.0), dict(temperature=1.0, topk=3), dict(temperature=0.8, topp=0.7)],
-  ids=['temperature1', 'topk3', 'topp0.7'],
 )
 def test_sampled_sequences_follow_the_target(
   sample_args, gamma, draft_threshold, batch, calls, verification

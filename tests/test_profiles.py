@@ -135,7 +135,7 @@ def test_the_benchmark_sweep_writes_a_profile_that_auto_follows(tmp_path):
   assert (tmp_path / 'report' / 'profile_t0.png').exists()
 
 
-@pytest.mark.parametrize('num_decodes', [1, 2])
+@pytest.mark.parametrize('num_decodes', [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_the_t5x_batch_decodes_with_the_profiles_gamma_or_the_baseline(tmp_path, num_decodes):
   """`speculative_predict_batch` (what both T5X models run): gamma 0 is T5X-style decoding."""
   module, draft_module = network.Transformer(TARGET.config), network.Transformer(DRAFT.config)

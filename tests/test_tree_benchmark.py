@@ -5,6 +5,7 @@ import os
 
 import gin
 import numpy as np
+import pytest
 
 from speculative_t5x import decoding
 from speculative_t5x import gin_utils
@@ -31,6 +32,7 @@ def test_tokens_per_call_is_the_ratio_of_sums_with_the_delta_method_error():
   np.testing.assert_allclose(result['stderr'], np.sqrt(np.sum(residual**2) / 6) / (8 / 3))
 
 
+@pytest.mark.slow  # Six decoders compiled; tests/test_tree_decoding.py checks greedy trees fast.
 def test_a_greedy_comparison_gives_the_baselines_outputs_for_every_decoder():
   inputs = padded_inputs(0, 4, 9, TARGET.vocab_size)
   records = tree_benchmark.compare_trees_and_chains(

@@ -45,8 +45,8 @@ class TestGreedyEquality:
   @pytest.mark.parametrize(
     'tree_name, batch, draft_kind',
     [
-      ('2-2', 1, 'model'),
-      ('3-1-1', 3, 'model'),
+      pytest.param('2-2', 1, 'model', marks=pytest.mark.slow),  # Fast with ragged prompts.
+      pytest.param('3-1-1', 3, 'model', marks=pytest.mark.slow),
       ('2-2-1-1', 8, 'model'),
       ('non_uniform', 5, 'model'),
       ('2-1', 4, 'bigram'),
@@ -72,8 +72,21 @@ class TestGreedyEquality:
     accepted = np.asarray(out.stats.accepted).sum()
     assert accepted == np.asarray(out.stats.rank_accepted).sum()
 
-  @pytest.mark.parametrize('architecture', list(PAIRS))
-  @pytest.mark.parametrize('tree_name, batch', [('2-2', 1), ('3-1-1', 6), ('non_uniform', 8)])
+  # `make test` runs each tree with one architecture in turn; the other pairs are `slow`.
+  @pytest.mark.parametrize(
+    'tree_name, batch, architecture',
+    [
+      pytest.param(
+        tree_name,
+        batch,
+        architecture,
+        id=f'{tree_name}-{batch}-{architecture}',
+        marks=() if a == i else pytest.mark.slow,
+      )
+      for i, (tree_name, batch) in enumerate([('2-2', 1), ('3-1-1', 6), ('non_uniform', 8)])
+      for a, architecture in enumerate(PAIRS)
+    ],
+  )
   def test_tree_equals_baseline_with_ragged_prompts(self, architecture, tree_name, batch):
     input_tokens, prompts, _ = pair_inputs(architecture, batch, batch, 6)
     kwargs = dict(temperature=0.0, max_decode_len=10)
@@ -92,7 +105,7 @@ class TestGreedyEquality:
     assert float(tree.stats.mean_acceptance_length) > float(chain.stats.mean_acceptance_length)
 
 
-@pytest.mark.parametrize('draft_kind', ['model', 'bigram'])
+@pytest.mark.parametrize('draft_kind', ['model', pytest.param('bigram', marks=pytest.mark.slow)])
 def test_a_chain_tree_judges_as_the_chain(draft_kind):
   """Greedy, tree=(1,)*gamma accepts exactly what gamma does, iteration for iteration."""
   inputs = padded_inputs(3, 6, 9, TARGET.vocab_size)
@@ -187,7 +200,10 @@ def test_sampled_sequences_follow_the_target(draft_kind, mode, tree_name, batch,
 
 
 @pytest.mark.parametrize('batch, num_sequences', SIZES)
-@pytest.mark.parametrize('architecture', list(PAIRS))
+@pytest.mark.parametrize(
+  'architecture',
+  [a if a != 'decoder_only' else pytest.param(a, marks=pytest.mark.slow) for a in PAIRS],
+)  # `make test`: the encoder-decoder and the prefix LM (a decoder-only network too).
 def test_sampled_continuations_follow_the_target(architecture, batch, num_sequences):
   """After a prompt, both architectures (a prefix LM too), tree (2, 2), temperature 1."""
   vocab, length = 6, 3
