@@ -425,6 +425,7 @@ def sampled_quality(
       length=[float(layouts.output_lengths(tokens, eos_id).mean()) for tokens in outputs],
     )
 
+  vocabulary_digest = result_cache_lib.file_digest(vocabulary_path)  # Read once, not per decoder.
   for name, decode in decoders.items():
     entry = result_cache.get_or_compute(
       'sampled_quality',
@@ -433,7 +434,7 @@ def sampled_quality(
         inputs=inputs,
         decoder_prompts=prompts,
         references=references,
-        vocabulary=result_cache_lib.file_digest(vocabulary_path),
+        vocabulary=vocabulary_digest,
         num_keys=num_keys,
         seed=seed,
       ),

@@ -34,7 +34,9 @@ figures are of: the pool's CPUs differ about 2x. Every step is cached in
 The compiled programs are cached in <workdir>/jax_cache, and what the
 checkpoints, inputs and machine determine (alpha, the sampled quality) in
 <workdir>/result_cache (`result_cache`; --remeasure recomputes it): that is
-what makes the second run fast. Its timings are measured again. The target is decoder-heavy (1 encoder, 4 decoder layers
+what makes the second run fast. Its timings are measured again.
+
+The target is decoder-heavy (1 encoder, 4 decoder layers
 of width 768): a decoder step reads 163 MB of float32 weights, five times the
 32 MiB last-level cache of the 2-core CPUs this runs on, so, as on the paper's
 accelerators, a step is bound by memory bandwidth and a (gamma+1)-token block
