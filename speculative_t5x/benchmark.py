@@ -816,6 +816,7 @@ def run_benchmark(
           draft,
           walltime_inputs,
           walltime_prompts,
+          gammas=gammas,
           common=common,
           repetitions=repetitions,
           max_decode_len=max_decode_len,
@@ -906,6 +907,8 @@ def _measure_walltime(
   stats = speculative.stats
   speedups = [b / s for b, s in zip(baseline.ms_per_token, speculative.ms_per_token)]
   part = parts[temperature, gamma]
+  # [batches, batch_size]: what each batch's rows emit, the length of each batch's loop.
+  lengths_by_batch = layouts.output_lengths(baseline.outputs, eos_id).reshape(-1, batch_size)
   record = dict(
     common,
     kind='walltime',
@@ -925,6 +928,7 @@ def _measure_walltime(
     drafted_per_iteration=float(stats.drafted_per_iteration),
     draft_steps_per_call=int(stats.draft_steps) / max(int(stats.target_calls), 1),
     finished_row_share=speculative.finished_row_share,
+    baseline_finished_row_share=theory.finished_row_share(alpha, 0, lengths_by_batch),
     accepted_histogram=stats.accepted_histogram.tolist(),
     acceptance_by_position=np.asarray(stats.acceptance_by_position).tolist(),
     memory=speculative.memory,
@@ -946,6 +950,11 @@ def _measure_walltime(
         theory.walltime_improvement(alpha, gamma, part.c, verify_cost=part.verify_cost)
       ),
       predicted_speedup_free_verify=float(theory.walltime_improvement(alpha, gamma, part.c)),
+      # Both loops wait for their slowest row: the baseline's lengths set each batch's.
+      predicted_speedup_batched=theory.batch_walltime_improvement(
+        alpha, gamma, part.c, part.verify_cost, lengths_by_batch
+      ),
+      predicted_finished_row_share=theory.finished_row_share(alpha, gamma, lengths_by_batch),
     )
     if batch_size == 1:
       call = part.call_seconds(
@@ -1037,25 +1046,38 @@ def _measure_auto(
   settings: settings_lib.SpeculativeSettings,
   batch_size: int,
   *,
+  gammas: Sequence[int],
   common: Mapping[str, Any],
   repetitions: int,
   max_decode_len: int,
   eos_id: int,
   progress: Callable[[str], None],
 ) -> Dict[str, Any]:
-  """Times gamma='auto' (a profile's choice, possibly the baseline) against the baseline."""
+  """Times gamma='auto' (a profile's choice, possibly the baseline) and every fixed gamma.
+
+  All run side by side with the baseline, passes interleaved, so auto's
+  speedup and the best fixed gamma's (the baseline's 1 included) come from
+  the same moments, measured after, and apart from, the sweep the profile
+  chose on.
+  """
   sampling_args = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
-  baseline, auto = time_decodings(
+  baseline, auto, *fixed = time_decodings(
     [
       models.make_decoder(target, None, **sampling_args),
       models.make_decoder(target, draft, settings, **sampling_args),
+    ]
+    + [
+      models.make_decoder(target, draft, settings.replace(gamma=g, profile=None), **sampling_args)
+      for g in gammas
     ],
     inputs,
     decoder_prompts=decoder_prompts,
     batch_size=batch_size,
     repetitions=repetitions,
   )
-  speedups = [b / s for b, s in zip(baseline.ms_per_token, auto.ms_per_token)]
+  speedup = lambda run: _summary([b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)])
+  fixed_speedups = {g: speedup(run) for g, run in zip(gammas, fixed)}
+  best_fixed = max([0] + list(gammas), key=lambda g: fixed_speedups[g]['median'] if g else 1.0)
   record = dict(
     common,
     kind='auto',
@@ -1065,13 +1087,19 @@ def _measure_auto(
     profile=settings.profile,
     ms_per_token_baseline=_summary(baseline.ms_per_token),
     ms_per_token_auto=_summary(auto.ms_per_token),
-    speedup=_summary(speedups),
+    speedup=speedup(auto),
+    fixed_speedups={str(g): s for g, s in fixed_speedups.items()},
+    best_fixed_gamma=best_fixed,
     finished_row_share=auto.finished_row_share,
     identical_outputs=float(np.mean(np.all(baseline.outputs == auto.outputs, axis=1))),
   )
+  record['auto_over_best_fixed'] = record['speedup']['median'] / (
+    fixed_speedups[best_fixed]['median'] if best_fixed else 1.0
+  )
   progress(
     f'  T={temperature} gamma=auto (ran {auto.gamma}) batch={batch_size}: '
-    f'{record["speedup"]["median"]:.2f}x'
+    f'{record["speedup"]["median"]:.2f}x; best fixed gamma {best_fixed}, auto / best '
+    f'{record["auto_over_best_fixed"]:.2f}'
   )
   return record
 

@@ -5,8 +5,9 @@ A larger batch moves the target from memory-bound toward compute-bound: its
 work, and past some batch size speculative decoding loses. A profile holds,
 for one pair on one machine in one decoding mode (temperature, top-k, top-p),
 what the benchmark's profile sweep measured at each batch size B: alpha, c(B),
-v(γ, B), the share of target-call rows already finished, the speedup that
-Theorem 3.8 predicts from them and the speedup measured, per γ; and the γ
+v(γ, B), the share of target-call rows already finished, the speedups that
+Theorem 3.8 predicts from them (as the paper states it, and for loops that
+wait for their batch's slowest row) and the speedup measured, per γ; and the γ
 chosen per batch size by `theory.choose_gamma` over γ ∈ {0, 1, ...} with γ = 0
 the baseline (speedup 1), so the choice never picks a loss it measured.
 
@@ -24,9 +25,12 @@ The file (JSON):
    "mode": {"temperature": 0.0, "topk": 0, "topp": 0.0},
    "alpha": 0.65, "basis": "measured",
    "gamma_by_batch_size": {"1": 5, ..., "64": 0},
-   "batch_sizes": {"1": {"target_step_ms": ..., "gammas": {"3": {"c": ...,
-     "verify_cost": ..., "predicted_speedup": ..., "measured_speedup": ...,
-     "finished_row_share": ...}, ...}}, ...}}
+   "predicted_gamma_by_batch_size": {...},
+   "batch_sizes": {"1": {"gammas": {"3": {"c": ..., "verify_cost": ...,
+     "predicted_speedup": ..., "predicted_speedup_batched": ...,
+     "measured_speedup": ..., "finished_row_share": ...,
+     "predicted_finished_row_share": ..., "baseline_finished_row_share": ...},
+     ...}}, ...}}
 """
 
 import dataclasses
@@ -170,10 +174,14 @@ def profile_from_records(
     alpha: the measured alpha (None: no predictions, e.g. no alpha measured).
 
   Returns:
-    {'mode', 'alpha', 'basis', 'gamma_by_batch_size', 'batch_sizes'}: per
-    batch size and gamma c, v, the predicted (Theorem 3.8 with c(B) and
-    v(gamma, B)) and measured (median) speedups and the finished-row share;
-    gamma chosen on the measured speedups (`choose_gammas`).
+    {'mode', 'alpha', 'basis', 'gamma_by_batch_size',
+    'predicted_gamma_by_batch_size', 'batch_sizes'}: per batch size and
+    gamma c, v, the speedup predicted by Theorem 3.8 (c(B), v(gamma, B)) and
+    by `theory.batch_walltime_improvement` (the same, with both loops
+    waiting for their batch's slowest row), the measured (median) speedup,
+    and the finished-row shares (measured, predicted, the baseline's); gamma
+    chosen on the measured speedups (`choose_gammas`), and on the batched
+    prediction alone.
   """
   by_size: Dict[int, Dict[int, Dict[str, Any]]] = {}
   for r in walltime:
@@ -181,12 +189,19 @@ def profile_from_records(
       c=r['c'],
       verify_cost=r['verify_cost'],
       predicted_speedup=r.get('predicted_speedup'),
+      predicted_speedup_batched=r.get('predicted_speedup_batched'),
       measured_speedup=r['speedup']['median'],
       finished_row_share=r.get('finished_row_share'),
+      predicted_finished_row_share=r.get('predicted_finished_row_share'),
+      baseline_finished_row_share=r.get('baseline_finished_row_share'),
     )
   measured = {b: {g: v['measured_speedup'] for g, v in gs.items()} for b, gs in by_size.items()}
   predicted = {
-    b: {g: v['predicted_speedup'] for g, v in gs.items() if v['predicted_speedup'] is not None}
+    b: {
+      g: v['predicted_speedup_batched']
+      for g, v in gs.items()
+      if v['predicted_speedup_batched'] is not None
+    }
     for b, gs in by_size.items()
   }
   return dict(

@@ -406,8 +406,9 @@ def _breakdown_misses(rows: Sequence[Dict[str, Any]]) -> List[str]:
 
 
 def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
-  """Markdown: per temperature and batch size, each gamma's predicted and measured
-  speedup, the profile's choice, and gamma='auto' against the baseline and the best gamma."""
+  """Markdown: per temperature, batch size and gamma the measured and predicted speedups and
+  finished-row shares; then per batch size the profile's choice and gamma='auto' against
+  every fixed gamma, timed side by side."""
   lines = []
   for profile in (r for r in records if r['kind'] == 'profile'):
     temperature = profile['temperature']
@@ -415,54 +416,61 @@ def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       r['batch_size']: r for r in records if r['kind'] == 'auto' and r['temperature'] == temperature
     }
     sizes = sorted(profile['batch_sizes'], key=int)
-    gammas = sorted({g for b in sizes for g in profile['batch_sizes'][b]['gammas']}, key=int)
     # Integer keys in memory, strings when read back from benchmark.json.
     chosen = {int(b): g for b, g in profile['gamma_by_batch_size'].items()}
     lines += [
       '',
       f'## Speculation profile, T = {temperature} ({profile["path"]})',
       '',
-      'Per gamma: measured speedup (median) / predicted (Theorem 3.8 with c and v measured at '
-      "that batch size and the measured alpha) / share of the target calls' rows already "
-      "finished. Chosen: the profile's gamma (0: the baseline). auto: gamma='auto' with "
-      'this profile, timed again against the baseline.',
+      'Measured: the median speedup over the baseline. Theorem 3.8: with alpha and c, v '
+      'measured at that batch size. Batched: the same for loops that run until their '
+      "batch's slowest row ends (`theory.batch_walltime_improvement`, the baseline's output "
+      "lengths). Finished: the share of the target calls' rows whose row had ended, measured "
+      "(predicted); the baseline's own share beside it.",
       '',
-      '| batch | '
-      + ' | '.join(f'gamma {g}' for g in gammas)
-      + ' | chosen | auto (ran) | auto / best gamma |',
-      '|' + '---|' * (len(gammas) + 4),
+      '| batch | gamma | measured | Theorem 3.8 | batched | batched / measured '
+      "| finished, measured (predicted) | baseline's finished |",
+      '|---|---|---|---|---|---|---|---|',
     ]
     for size in sizes:
-      cells = profile['batch_sizes'][size]['gammas']
-      best = max(cells[g]['measured_speedup'] for g in cells)
-      row = [
-        f'{_fmt(cells[g]["measured_speedup"])}x / {_fmt(cells[g]["predicted_speedup"])}x / '
-        f'{_fmt(cells[g]["finished_row_share"])}'
-        if g in cells
-        else '-'
-        for g in gammas
-      ]
+      for gamma, cell in sorted(
+        profile['batch_sizes'][size]['gammas'].items(), key=lambda x: int(x[0])
+      ):
+        batched = cell.get('predicted_speedup_batched')
+        lines.append(
+          f'| {size} | {gamma} | {_fmt(cell["measured_speedup"])}x '
+          f'| {_fmt(cell["predicted_speedup"])}x | {_fmt(batched)}x '
+          f'| {_fmt(batched and batched / cell["measured_speedup"])} '
+          f'| {_fmt(cell["finished_row_share"])} ({_fmt(cell.get("predicted_finished_row_share"))}) '
+          f'| {_fmt(cell.get("baseline_finished_row_share"))} |'
+        )
+    lines += [
+      '',
+      "Chosen: the profile's gamma (0: the baseline), on the sweep's measurements. Then, "
+      "timed again side by side in one interleaved run: gamma='auto' with this profile, "
+      'every fixed gamma, and the baseline.',
+      '',
+      '| batch | chosen | auto (ran) | best fixed gamma (speedup) | auto / best fixed |',
+      '|---|---|---|---|---|',
+    ]
+    for size in sizes:
       record = auto.get(int(size))
-      auto_cells = (
-        [
-          f'{_fmt(record["speedup"]["median"])}x ({record["gamma_ran"]})',
-          f'{_fmt(record["speedup"]["median"] / max(best, 1.0))}',
-        ]
-        if record
-        else ['-', '-']
-      )
+      if record is None:
+        lines.append(f'| {size} | {chosen[int(size)]} | - | - | - |')
+        continue
+      best = record['best_fixed_gamma']
+      best_speedup = record['fixed_speedups'][str(best)]['median'] if best else 1.0
       lines.append(
-        f'| {size} | '
-        + ' | '.join(row)
-        + f' | {chosen[int(size)]} | '
-        + ' | '.join(auto_cells)
-        + ' |'
+        f'| {size} | {chosen[int(size)]} | {_fmt(record["speedup"]["median"])}x '
+        f'({record["gamma_ran"]}) | {best} ({_fmt(best_speedup)}x) '
+        f'| {_fmt(record["auto_over_best_fixed"])} |'
       )
   return lines
 
 
 def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], path: str) -> None:
-  """Speedup vs batch size: each gamma measured (solid) and predicted (dashed), and auto."""
+  """Speedup vs batch size: each gamma measured (solid) and predicted for loops that wait for
+  their batch's slowest row (dashed, `theory.batch_walltime_improvement`), and auto."""
   from matplotlib import pyplot as plt
 
   temperature = profile['temperature']
@@ -483,9 +491,15 @@ def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], pat
       color=color,
       label=f'gamma {gamma}, measured',
     )
-    predicted = [(b, p['predicted_speedup']) for b, p in points if p['predicted_speedup']]
+    predicted = [
+      (b, p.get('predicted_speedup_batched'))
+      for b, p in points
+      if p.get('predicted_speedup_batched')
+    ]
     if predicted:
-      ax.plot(*zip(*predicted), '--', color=color, alpha=0.7, label=f'gamma {gamma}, predicted')
+      ax.plot(
+        *zip(*predicted), '--', color=color, alpha=0.7, label=f'gamma {gamma}, predicted (batched)'
+      )
   auto = sorted(
     (r['batch_size'], r['speedup']['median'])
     for r in records

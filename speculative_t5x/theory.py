@@ -19,7 +19,7 @@ Every function is vectorized: arguments are numpy arrays (or scalars, or
 anything numpy converts) that broadcast together; results are numpy arrays.
 """
 
-from typing import Dict, Mapping
+from typing import Dict, Iterator, Mapping, Tuple
 
 import numpy as np
 
@@ -57,29 +57,128 @@ def expected_tokens(alpha, gamma) -> np.ndarray:
   return np.where(alpha == 1, calls, geometric_sum)
 
 
+def _emitted_per_iteration(alpha: float, gamma: int) -> np.ndarray:
+  """float64 [γ + 1]: P(an iteration emits k tokens), k = 1..γ+1, under the i.i.d. assumption."""
+  return np.array(
+    [alpha ** (k - 1) * (1 - alpha) for k in range(1, gamma + 1)] + [alpha**gamma], dtype=np.float64
+  )
+
+
+def iteration_count_cdfs(alpha: float, gamma: int, max_tokens: int) -> Iterator[np.ndarray]:
+  """Yields F_i = P(I(n) <= i) over n = 0..max_tokens, for i = 0, 1, ..., max_tokens.
+
+  A row that must stop at n tokens (its EOS, or the length limit) needs I(n)
+  iterations; its last one is cut. Under the i.i.d. assumption an iteration
+  emits k tokens with probability α^{k−1}(1 − α) for k <= γ and α^γ for
+  k = γ + 1, so F_i(n) = Σ_k P(k) F_{i−1}(n − k), with F_i(n) = 1 for n <= 0
+  and F_0(n) = 0 for n > 0. I(n) <= n: every iteration emits a token.
+
+  Args:
+    alpha: float in [0, 1].
+    gamma: int >= 1.
+    max_tokens: the largest n of interest (>= 0).
+
+  Yields:
+    float64 [max_tokens + 1], F_i(n) at index n.
+  """
+  emitted = _emitted_per_iteration(alpha, gamma)
+  # Index n + γ + 1 holds F(n); the γ + 1 entries before it are n <= 0, where F = 1.
+  cdf = np.zeros(max_tokens + gamma + 2)
+  cdf[: gamma + 2] = 1.0
+  yield cdf[gamma + 1 :]
+  for _ in range(max_tokens):
+    cdf = np.concatenate(
+      [
+        cdf[: gamma + 2],
+        sum(p * cdf[gamma + 2 - k : len(cdf) - k] for k, p in enumerate(emitted, 1)),
+      ]
+    )
+    yield cdf[gamma + 1 :]
+
+
+def _iteration_moments(alpha: float, gamma: int, lengths_by_batch) -> Tuple[float, float]:
+  """(Σ_batches E[max_row I(L_row)], Σ_rows E[I(L_row)]) by E[X] = Σ_{i >= 0} P(X > i).
+
+  The rows' counts are independent under the i.i.d. assumption, so
+  P(max_row I > i) = 1 − Π_row F_i(L_row). The sum stops once every term is
+  below 1e-15 of a row.
+  """
+  lengths = [np.asarray(batch, dtype=np.int64) for batch in lengths_by_batch]
+  batch_iterations = row_iterations = 0.0
+  for cdf in iteration_count_cdfs(alpha, gamma, int(max(batch.max() for batch in lengths))):
+    batch_term = sum(1 - np.prod(cdf[batch]) for batch in lengths)
+    batch_iterations += batch_term
+    row_iterations += sum(float(np.sum(1 - cdf[batch])) for batch in lengths)
+    if batch_term < 1e-15:
+      break
+  return float(batch_iterations), float(row_iterations)
+
+
 def expected_iterations(alpha: float, gamma: int, num_tokens: int) -> float:
-  """Expected iterations to emit exactly `num_tokens` tokens (a row cut at a length).
+  """E[I(n)]: expected iterations to emit exactly `num_tokens` tokens (a row cut at a length).
 
   Eq. 1 counts the tokens of an uncut iteration; a row that must stop at
-  `num_tokens` (no EOS) emits fewer in its last iteration, so its tokens per
-  call are `num_tokens / expected_iterations(...)`, below Eq. 1. Under the
-  i.i.d. assumption an iteration emits k tokens with probability
-  α^{k−1}(1 − α) for k ≤ γ and α^γ for k = γ + 1, and the last one is cut:
-  E(n) = 1 + Σ_k P(k) E(n − k), with E(n) = 0 for n ≤ 0.
+  `num_tokens` emits fewer in its last iteration, so its tokens per call are
+  `num_tokens / expected_iterations(...)`, below Eq. 1 (`iteration_count_cdfs`).
 
   Args:
     alpha: float in [0, 1].
     gamma: int >= 1.
     num_tokens: int >= 0.
   """
-  emit = np.array(
-    [alpha ** (k - 1) * (1 - alpha) for k in range(1, gamma + 1)] + [alpha**gamma], dtype=np.float64
-  )
-  iterations = np.zeros(num_tokens + 1)
-  for n in range(1, num_tokens + 1):
-    remaining = np.maximum(n - np.arange(1, gamma + 2), 0)
-    iterations[n] = 1 + np.dot(emit, iterations[remaining])
-  return float(iterations[num_tokens])
+  return _iteration_moments(alpha, gamma, [[num_tokens]])[1]
+
+
+def expected_batch_iterations(alpha: float, gamma: int, lengths_by_batch) -> float:
+  """Σ over batches of E[max_row I(L_row)]: the iterations of loops that wait for their slowest row.
+
+  Args:
+    alpha: float in [0, 1].
+    gamma: int >= 1.
+    lengths_by_batch: int [num_batches, batch_size], the tokens each row emits.
+  """
+  return _iteration_moments(alpha, gamma, lengths_by_batch)[0]
+
+
+def batch_walltime_improvement(alpha, gamma, c, verify_cost, lengths_by_batch) -> float:
+  """Theorem 3.8 for batched loops that run until their slowest row ends, rows cut at EOS.
+
+  A batch's baseline loop takes max_row L_row target steps; its speculative
+  loop takes max_row I(L_row) iterations of γc + v target steps each (the
+  rows' I independent). Both loops keep scoring rows that have ended. At one
+  row of unbounded length this is `walltime_improvement`.
+
+  Args:
+    alpha, gamma, c, verify_cost: as in `walltime_improvement` (scalars).
+    lengths_by_batch: int [num_batches, batch_size]: the tokens each row
+      emits (e.g. the baseline's output lengths, split into its batches).
+
+  Returns:
+    Σ_batches max L / (Σ_batches E[max I] · (γc + v)).
+  """
+  baseline_steps = sum(int(np.max(batch)) for batch in lengths_by_batch)
+  iterations = expected_batch_iterations(alpha, gamma, lengths_by_batch)
+  return float(baseline_steps / (iterations * iteration_walltime(gamma, c, verify_cost)))
+
+
+def finished_row_share(alpha: float, gamma: int, lengths_by_batch) -> float:
+  """The expected share of a batched loop's (row, call) pairs whose row had already ended.
+
+  1 − Σ_row E[I(L_row)] / (batch_size · Σ_batches E[max_row I(L_row)]).
+  γ = 0 is the baseline, one token per step: 1 − Σ L / (batch_size · Σ max L).
+
+  Args:
+    alpha: float in [0, 1] (unused at γ = 0).
+    gamma: int >= 0.
+    lengths_by_batch: int [num_batches, batch_size], the tokens each row emits.
+  """
+  batch_size = len(lengths_by_batch[0])
+  if gamma == 0:
+    calls = sum(int(np.max(batch)) for batch in lengths_by_batch)
+    rows = sum(int(np.sum(batch)) for batch in lengths_by_batch)
+  else:
+    calls, rows = _iteration_moments(alpha, gamma, lengths_by_batch)
+  return float(1 - rows / (batch_size * calls))
 
 
 def walltime_improvement(alpha, gamma, c, verify_cost=1.0) -> np.ndarray:

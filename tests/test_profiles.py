@@ -13,6 +13,7 @@ from speculative_t5x import profiles
 from speculative_t5x import reports
 from speculative_t5x import settings
 from speculative_t5x import t5x_adapter
+from speculative_t5x import theory
 from testing_utils import tiny_model
 
 TARGET = tiny_model(seed=0, layers=2, scale=3.0)
@@ -124,8 +125,19 @@ def test_the_benchmark_sweep_writes_a_profile_that_auto_follows(tmp_path):
       profile['gamma_by_batch_size'][b] == profiles.choose_gammas({b: measured}, {b: measured})[b]
     )
     assert 0.0 <= walltime[b, 2]['finished_row_share'] < 1.0
+    # Emulated rows run to the full length, so no baseline row waits for another.
+    assert walltime[b, 2]['baseline_finished_row_share'] == 0.0
+    assert walltime[b, 2]['predicted_speedup_batched'] == pytest.approx(
+      theory.batch_walltime_improvement(
+        0.7, 2, walltime[b, 2]['c'], walltime[b, 2]['verify_cost'], [[8] * b] * (2 // b)
+      )
+    )
   auto = {r['batch_size']: r for r in records if r['kind'] == 'auto'}
   assert {b: r['gamma_ran'] for b, r in auto.items()} == profile['gamma_by_batch_size']
+  for r in auto.values():  # Every fixed gamma timed beside auto, the best of them named.
+    assert set(r['fixed_speedups']) == {'1', '2'}
+    best = max([1.0] + [s['median'] for s in r['fixed_speedups'].values()])
+    assert r['auto_over_best_fixed'] == pytest.approx(r['speedup']['median'] / best)
   assert all(r['emulated'] and r['pair'] == 'pair' for r in records)  # Every record's labels.
   report = (tmp_path / 'report' / 'benchmark.md').read_text()
   assert '## Speculation profile, T = 0.0' in report

@@ -111,6 +111,18 @@ def test_acceptance_rate_by_hand():
   np.testing.assert_allclose(theory.acceptance_rate(p, p), [1.0, 1.0])
 
 
+def _simulated_iterations(rng, alpha, gamma, num_tokens):
+  """Iterations of one row of the i.i.d. model to emit `num_tokens` tokens."""
+  emitted, iterations = 0, 0
+  while emitted < num_tokens:
+    accepted = 0
+    while accepted < gamma and rng.random() < alpha:
+      accepted += 1
+    emitted += accepted + 1
+    iterations += 1
+  return iterations
+
+
 def test_expected_iterations_of_a_cut_row():
   # Without a cut the tokens per iteration tend to Eq. 1.
   alpha, gamma = 0.75, 3
@@ -126,17 +138,42 @@ def test_expected_iterations_of_a_cut_row():
   assert theory.expected_iterations(0.6, 1, 2) == pytest.approx(0.6 * 1 + 0.4 * 2)
   # Monte Carlo of the i.i.d. model.
   rng = np.random.default_rng(0)
-  counts = []
-  for _ in range(20_000):
-    emitted, iterations = 0, 0
-    while emitted < 32:
-      accepted = 0
-      while accepted < gamma and rng.random() < alpha:
-        accepted += 1
-      emitted += accepted + 1
-      iterations += 1
-    counts.append(iterations)
+  counts = [_simulated_iterations(rng, alpha, gamma, 32) for _ in range(20_000)]
   assert np.mean(counts) == pytest.approx(theory.expected_iterations(alpha, gamma, 32), abs=0.05)
+
+
+def test_batched_loops_run_until_their_slowest_row_ends():
+  alpha, gamma = 0.8, 3
+  lengths = [[10, 12, 30, 5], [7, 7, 7, 7]]
+  rng = np.random.default_rng(1)
+  runs = np.array(
+    [
+      [[_simulated_iterations(rng, alpha, gamma, n) for n in batch] for batch in lengths]
+      for _ in range(5_000)
+    ]
+  )  # [runs, batches, rows]
+  batch_iterations = runs.max(axis=2).sum(axis=1)  # Each batch runs as long as its slowest row.
+  assert np.mean(batch_iterations) == pytest.approx(
+    theory.expected_batch_iterations(alpha, gamma, lengths), abs=4 * np.std(batch_iterations) / 70
+  )
+  finished = 1 - runs.sum(axis=(1, 2)) / (4 * batch_iterations)
+  assert np.mean(finished) == pytest.approx(
+    theory.finished_row_share(alpha, gamma, lengths), abs=0.01
+  )
+  # The baseline's loop: one token per step, each batch as long as its longest row.
+  assert theory.finished_row_share(alpha, 0, lengths) == pytest.approx(1 - 85 / (4 * 37))
+  speedup = theory.batch_walltime_improvement(alpha, gamma, 0.05, 1.2, lengths)
+  assert speedup == pytest.approx(
+    37 / (theory.expected_batch_iterations(alpha, gamma, lengths) * (3 * 0.05 + 1.2))
+  )
+  # One unbounded row: Theorem 3.8.
+  assert theory.batch_walltime_improvement(alpha, gamma, 0.05, 1.2, [[5_000]]) == pytest.approx(
+    theory.walltime_improvement(alpha, gamma, 0.05, 1.2), rel=1e-3
+  )
+  # More rows per batch: the slowest row of more draws is slower, and more rows wait for it.
+  wide = theory.batch_walltime_improvement(alpha, gamma, 0.05, 1.2, [[20] * 16])
+  narrow = theory.batch_walltime_improvement(alpha, gamma, 0.05, 1.2, [[20]] * 16)
+  assert wide < narrow
 
 
 def test_choose_gamma_maximizes_the_predicted_speedup_over_the_measured_gammas():
