@@ -41,7 +41,7 @@ after the prompt. There are two ways in, T5X's two:
 """
 
 import functools
-from typing import Any, Callable, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 import flax
 from flax import traverse_util
@@ -583,6 +583,19 @@ def judge_block(
   return Judgement(num_drafted, num_accepted, next_token, beta, target_probs)
 
 
+def check_emulate_alpha(emulate_alpha, tree: Optional[tree_lib.Tree]) -> None:
+  """ValueError unless emulate_alpha is None, one rate (a chain) or rates by rank (a tree)."""
+  if emulate_alpha is None:
+    return
+  if tree is not None:
+    tree_lib.emulation_rates(emulate_alpha, tree)
+  elif np.ndim(emulate_alpha) != 0:
+    raise ValueError(
+      f'emulate_alpha for a chain is one acceptance rate; got {emulate_alpha!r}. Rates by '
+      'sibling rank are for a token tree (tree=...).'
+    )  # Its range is `speculative_sampling.emulated_verify`'s check.
+
+
 def judge_tree(
   rng: Array,
   tree: tree_lib.Tree,
@@ -591,6 +604,8 @@ def judge_tree(
   draft_probs: Optional[Array],
   target_logits: Array,
   sample_args: Mapping[str, Any],
+  *,
+  emulated_rates: Optional[Sequence[float]] = None,
 ) -> Tuple[Judgement, tree_lib.TreeJudgement]:
   """Standardizes the target's logits at every node and verifies the tree.
 
@@ -603,6 +618,8 @@ def judge_tree(
       from, or None for a greedy target.
     target_logits: float [BN, N, V], the target's logits at every node.
     sample_args: `temperature`, `topk`, `topp` (as `sampling.standardize`).
+    emulated_rates: timing only, acceptance by sibling rank (see
+      `tree.verify_tree`), or None: the exact rule.
 
   Returns:
     (the accepted path as a chain's `Judgement` of D positions, for
@@ -611,7 +628,14 @@ def judge_tree(
   target_probs = sampling.standardize(target_logits, **sample_args)
   one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
   verdict = tree_lib.verify_tree(
-    rng, tree, node_tokens, node_valid, draft_probs, target_probs, one_hot_target=one_hot_target
+    rng,
+    tree,
+    node_tokens,
+    node_valid,
+    draft_probs,
+    target_probs,
+    one_hot_target=one_hot_target,
+    emulated_rates=emulated_rates,
   )
   # At each depth of the path the valid children up to the accepted one were judged.
   ranks = jnp.arange(tree.max_children)
@@ -791,6 +815,8 @@ def speculative_sample(
       this probability instead of by `verify` (see
       `speculative_sampling.emulated_verify`): the output is not the target's
       distribution. For walltime at a given alpha with untrained weights.
+      With a tree: one rate per sibling rank, rank 0 first (see
+      `tree.emulation_rates`).
     draft_threshold: an adaptive draft length, in [0, 1): a row stops
       drafting after a token to which the draft gave probability below this
       (its own softmax at temperature 1; Hugging Face's
@@ -826,12 +852,7 @@ def speculative_sample(
     draft_threshold=draft_threshold,
     tree=tree,
   )
-  if spec.tree is not None and emulate_alpha is not None:
-    raise ValueError(
-      'emulate_alpha draws acceptances per chain position; a token tree is judged by '
-      'recursive rejection sampling over its nodes, which has no emulation yet. Time a '
-      'tree with trained weights (emulate_alpha=None), or a chain.'
-    )
+  check_emulate_alpha(emulate_alpha, spec.tree)
   if spec.tree is not None and compact_cache is None:
     raise ValueError(
       f'A token tree ({spec.tree}) needs compact_cache, the target cache compaction '
@@ -885,7 +906,14 @@ def speculative_sample(
     target_logits, cache = score_block(node_tokens, state.position, state.cache, tree=spec.tree)
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
     judgement, verdict = judge_tree(
-      verify_rng, spec.tree, node_tokens, node_valid, node_probs, target_logits, sample_args
+      verify_rng,
+      spec.tree,
+      node_tokens,
+      node_valid,
+      node_probs,
+      target_logits,
+      sample_args,
+      emulated_rates=emulate_alpha,
     )
     cache = compact_cache(cache, state.position, verdict.path)
     draft_cache = draft.compact_tree(

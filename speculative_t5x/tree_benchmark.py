@@ -205,6 +205,7 @@ def compare_trees_and_chains(
   node_budgets: Sequence[int] = NODE_BUDGETS,
   max_decode_len: int = 48,
   repetitions: int = 3,
+  emulate_rates: Optional[Sequence[float]] = None,
   progress=print,
 ) -> List[Dict[str, Any]]:
   """The module docstring's measurements at one temperature, batch 1; returns records.
@@ -220,20 +221,36 @@ def compare_trees_and_chains(
     node_budgets: drafted-node budgets of the chosen trees.
     max_decode_len: output length.
     repetitions: timed passes per decoder.
+    emulate_rates: timing only, for random weights (e.g. XXL/small): K
+      acceptance rates by sibling rank (`tree.emulation_rates`), used instead
+      of measured ones to choose the trees, and drawn i.i.d. per node when
+      they decode; chains are emulated at the rank-0 rate. Rows run to the
+      full length (no EOS) and the records say `emulated`; no text is made.
     progress: called with a line per step.
   """
   inputs = layouts.trim_padding(np.asarray(inputs))
   rate_inputs = inputs if rate_inputs is None else layouts.trim_padding(np.asarray(rate_inputs))
-  progress(f'T={temperature:g}: acceptance by depth and rank ({probe_tree().describe()}) ...')
-  rates = measure_rates(
-    target, draft, rate_inputs, temperature=temperature, max_decode_len=max_decode_len
-  )
+  emulated = emulate_rates is not None
+  if emulated:
+    rates = dict(
+      kind='tree_rates', temperature=temperature, emulated=True, rates=list(emulate_rates)
+    )
+  else:
+    progress(f'T={temperature:g}: acceptance by depth and rank ({probe_tree().describe()}) ...')
+    rates = measure_rates(
+      target, draft, rate_inputs, temperature=temperature, max_decode_len=max_decode_len
+    )
   records = [rates]
   trees = {
     budget: tree_lib.choose_tree(np.asarray(rates['rates']), budget) for budget in node_budgets
   }
-  configs = {f'chain gamma={g}': dict(gamma=g) for g in gammas}
-  configs.update({f'tree <= {b} nodes': dict(tree=t) for b, t in trees.items()})
+  configs = {
+    f'chain gamma={g}': dict(gamma=g, emulate_alpha=emulate_rates and emulate_rates[0])
+    for g in gammas
+  }
+  configs.update(
+    {f'tree <= {b} nodes': dict(tree=t, emulate_alpha=emulate_rates) for b, t in trees.items()}
+  )
   for budget, tree in trees.items():
     progress(f'T={temperature:g}: costs of the best tree of <= {budget} nodes, {tree} ...')
     records.append(
@@ -252,7 +269,12 @@ def compare_trees_and_chains(
       )
     )
   progress(f'T={temperature:g}: baseline, {len(configs)} speculative decoders, interleaved ...')
-  sampling_args = dict(temperature=temperature, max_decode_len=max_decode_len)
+  # Emulated rows run to the full length: random weights' EOS would end them at random.
+  sampling_args = dict(
+    temperature=temperature,
+    max_decode_len=max_decode_len,
+    eos_id=-1 if emulated else layouts.EOS_ID,
+  )
   decoders = [models.make_decoder(target, None, **sampling_args)] + [
     models.make_decoder(target, draft, **config, **sampling_args) for config in configs.values()
   ]
@@ -265,6 +287,7 @@ def compare_trees_and_chains(
       dict(
         kind='tree_walltime',
         temperature=temperature,
+        emulated=emulated,
         name=name,
         tree=None if tree is None else tree.describe(),
         parents=None if tree is None else list(tree.parents),
@@ -297,7 +320,16 @@ def markdown_row(record: Dict[str, Any]) -> str:
 
 def markdown_table(records: Sequence[Dict[str, Any]]) -> str:
   """The walltime records side by side, then the costs (v(nodes), the draft per depth)."""
-  lines = [
+  lines = []
+  emulated = [r for r in records if r['kind'] == 'tree_rates' and r.get('emulated')]
+  if emulated:
+    lines += [
+      f'**EMULATION**: acceptance drawn i.i.d. per node at rates by sibling rank '
+      f'{emulated[0]["rates"]} (chains at the rank-0 rate), on random weights; timings only, '
+      'no text.',
+      '',
+    ]
+  lines += [
     '| T | decoder | nodes/call | tokens/call | base ms/tok | ms/tok | speedup |',
     '| ---: | --- | ---: | ---: | ---: | ---: | ---: |',
   ]
@@ -364,42 +396,58 @@ def benchmark_pair_trees(
   *,
   target: models.Model,
   draft: models.Model,
-  tsv_path: str,
-  vocabulary_path: str,
   output_dir: str,
+  tsv_path: Optional[str] = None,
+  vocabulary_path: Optional[str] = None,
   temperatures: Sequence[float] = (0.0, 1.0),
   num_examples: int = 32,
   rate_examples: int = 128,
   prefix: Optional[str] = None,
+  emulate_rates: Optional[Sequence[float]] = None,
+  random_input_length: int = 64,
   **comparison,
 ) -> List[Dict[str, Any]]:
-  """`compare_trees_and_chains` on a TSV split at each temperature, report written.
+  """`compare_trees_and_chains` on a TSV split (or random inputs) at each temperature, report written.
 
   The first `num_examples` lines are timed; the acceptance rates come from
-  the `rate_examples` after them. `comparison`: the rest of
-  `compare_trees_and_chains`'s keywords (gammas, node_budgets, ...).
+  the `rate_examples` after them. With `emulate_rates` (random weights, e.g.
+  configs/pairs/xxl_small.gin) no TSV is read: `num_examples` random inputs
+  of `random_input_length` tokens are timed at those rates. `comparison`:
+  the rest of `compare_trees_and_chains`'s keywords (gammas, node_budgets, ...).
   """
-  from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
-
-  inputs, _ = benchmark.tsv_inputs(
-    tsv_path,
-    vocabulary_path,
-    prefix=tasks_core.EN_DE_PREFIX if prefix is None else prefix,
-    num_examples=num_examples + rate_examples,
-  )
-  if len(inputs) < num_examples + rate_examples:
+  if emulate_rates is not None:
+    inputs = benchmark.random_inputs(num_examples, random_input_length, target.vocab_size)[0]
+    rate_inputs = None
+  elif tsv_path is None or vocabulary_path is None:
     raise ValueError(
-      f'{tsv_path} has {len(inputs)} examples; the tree benchmark times {num_examples} and '
-      f'measures acceptance on {rate_examples} others. Lower NUM_EXAMPLES or RATE_EXAMPLES.'
+      'The tree benchmark decodes TSV_PATH (source<TAB>target lines, tokenized with '
+      'VOCABULARY), or random inputs when EMULATE_RATES gives acceptance rates by sibling '
+      f'rank; got tsv_path={tsv_path!r}, vocabulary_path={vocabulary_path!r}.'
     )
+  else:
+    from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
+
+    inputs, _ = benchmark.tsv_inputs(
+      tsv_path,
+      vocabulary_path,
+      prefix=tasks_core.EN_DE_PREFIX if prefix is None else prefix,
+      num_examples=num_examples + rate_examples,
+    )
+    if len(inputs) < num_examples + rate_examples:
+      raise ValueError(
+        f'{tsv_path} has {len(inputs)} examples; the tree benchmark times {num_examples} and '
+        f'measures acceptance on {rate_examples} others. Lower NUM_EXAMPLES or RATE_EXAMPLES.'
+      )
+    inputs, rate_inputs = inputs[:num_examples], inputs[num_examples:]
   records: List[Dict[str, Any]] = [dict(kind='machine', **measure.machine())]
   for temperature in temperatures:
     records += compare_trees_and_chains(
       target,
       draft,
-      inputs[:num_examples],
-      rate_inputs=inputs[num_examples:],
+      inputs,
+      rate_inputs=rate_inputs,
       temperature=temperature,
+      emulate_rates=emulate_rates,
       **comparison,
     )
   write_report(records, output_dir)

@@ -801,3 +801,51 @@ def test_measured_rates_match_the_rule():
   rejected_before = np.cumprod(np.pad(1 - accept, ((0, 0), (1, 0)), constant_values=1), axis=1)
   exact = (weights @ (rejected_before[:, :-1] * accept)) / (weights @ rejected_before[:, :-1])
   np.testing.assert_allclose(rates[0], exact, atol=5 * stderr[0].max())
+
+
+@pytest.mark.parametrize('one_hot_target', [False, True])
+def test_emulated_verification_accepts_each_rank_at_its_rate(one_hot_target):
+  """Timing only: rank r is accepted at rates[r] after ranks < r were rejected, i.i.d. per node."""
+  tree, rows, vocab_size, rates = Tree.from_branching((3, 2)), 20_000, 6, (0.7, 0.4, 0.2)
+  node_tokens = jnp.tile(jnp.arange(tree.num_nodes, dtype=jnp.int32) % vocab_size, (rows, 1))
+  node_valid = jnp.ones((rows, tree.num_nodes), bool).at[:, 3].set(False)  # Root's 3rd child.
+  target_probs = jax.nn.softmax(
+    jax.random.normal(jax.random.key(0), (rows, tree.num_nodes, vocab_size)), axis=-1
+  )
+  judgement = jax.jit(
+    tree_lib.verify_tree, static_argnames=('tree', 'one_hot_target', 'emulated_rates')
+  )(
+    jax.random.key(1),
+    tree,
+    node_tokens,
+    node_valid,
+    None,
+    target_probs,
+    one_hot_target=one_hot_target,
+    emulated_rates=rates + (0.9,),  # Ranks past the tree's are unused.
+  )
+  measured, stderr = tree_lib.acceptance_rates_from_counts(
+    *tree_lib.rank_counts(judgement, tree.max_children)
+  )
+  # Depth 0: ranks 0 and 1 at their rates, the invalid rank 2 never; depth 1: two ranks.
+  np.testing.assert_allclose(measured[0], [0.7, 0.4, 0.0], atol=4 * np.nanmax(stderr[0]))
+  np.testing.assert_allclose(measured[1, :2], [0.7, 0.4], atol=4 * np.nanmax(stderr[1]))
+  assert np.all(np.asarray(judgement.accepted_rank[:, 0]) != 2)
+  np.testing.assert_allclose(np.asarray(judgement.beta)[np.asarray(judgement.judged)], 0.7)
+  if one_hot_target:  # The token after the walk is p's argmax at the node where it stopped.
+    stop = np.asarray(judgement.path)[np.arange(rows), np.asarray(judgement.num_accepted)]
+    argmax = np.argmax(np.asarray(target_probs)[np.arange(rows), stop], axis=-1)
+    np.testing.assert_array_equal(judgement.next_token, argmax)
+
+
+@pytest.mark.parametrize(
+  'rates, message',
+  [
+    (0.7, r'needs an acceptance rate per sibling rank, 2 of them'),
+    ((0.7,), r'needs an acceptance rate per sibling rank, 2 of them'),
+    ((0.7, 1.5), r'must lie in \[0, 1\]'),
+  ],
+)
+def test_emulation_rates_name_the_problem(rates, message):
+  with pytest.raises(ValueError, match=message):
+    tree_lib.emulation_rates(rates, Tree.from_branching((2, 1)))

@@ -90,3 +90,43 @@ def test_the_gin_main_writes_the_report(fixture, tmp_path):  # noqa: F811
   walltime = [r for r in records if r['kind'] == 'tree_walltime']
   assert [r['name'] for r in walltime] == ['chain gamma=2', 'tree <= 4 nodes']
   assert all(r['identical_to_baseline'] == 1.0 for r in walltime)
+
+
+@pytest.mark.slow  # The emulated walk itself: tests/test_tree.py and tests/test_tree_decoding.py.
+def test_the_emulated_gin_main_times_random_weights_at_the_given_rates(tmp_path):
+  """EMULATE_RATES: no TSV, random inputs, the trees chosen from the rates, records marked."""
+  bindings = [
+    'CHECKPOINT_PATH = None',
+    'VOCAB_SIZE = 64',
+    f"TREE_BENCHMARK_DIR = '{tmp_path}'",
+    'EMULATE_RATES = [0.9, 0.5]',
+    'TEMPERATURES = [0.0]',
+    'NUM_EXAMPLES = 2',
+    'tree_benchmark.benchmark_pair_trees.random_input_length = 6',
+    'tree_benchmark.benchmark_pair_trees.gammas = [2]',
+    'tree_benchmark.benchmark_pair_trees.node_budgets = [4]',
+    'tree_benchmark.benchmark_pair_trees.max_decode_len = 8',
+    'tree_benchmark.benchmark_pair_trees.repetitions = 1',
+  ]
+  files = ['configs/models/tiny.gin', 'configs/pairs/pair.gin', 'configs/runs/tree_benchmark.gin']
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin_flags([], files, bindings)
+    tree_benchmark.main(['tree_benchmark'])
+  finally:
+    gin.clear_config()
+  with open(tmp_path / 'tree_benchmark.json') as f:
+    records = json.load(f)
+  (rates,) = [r for r in records if r['kind'] == 'tree_rates']
+  assert rates['emulated'] and rates['rates'] == [0.9, 0.5]
+  walltime = [r for r in records if r['kind'] == 'tree_walltime']
+  assert [r['name'] for r in walltime] == ['chain gamma=2', 'tree <= 4 nodes']
+  assert all(r['emulated'] for r in walltime)
+  # Rows run to the full length: 8 tokens each, at least 1 per call.
+  assert all(1.0 <= r['tokens_per_call']['mean'] <= r['nodes_per_call'] for r in walltime)
+  assert (tmp_path / 'tree_benchmark.md').read_text().startswith('**EMULATION**')
+
+
+def test_the_tree_benchmark_without_a_tsv_or_rates_is_a_named_error():
+  with pytest.raises(ValueError, match='decodes TSV_PATH.*EMULATE_RATES'):
+    tree_benchmark.benchmark_pair_trees(target=TARGET, draft=DRAFT, output_dir='/tmp/unused')

@@ -263,7 +263,27 @@ class TestErrors:
         TARGET, drafts.PromptLookupDraft(vocab_size=TARGET.vocab_size), inputs, tree=(2, 2)
       )
 
-  def test_emulated_acceptance_has_no_tree(self):
-    inputs = padded_inputs(0, 2, 6, TARGET.vocab_size)
-    with pytest.raises(ValueError, match='no emulation'):
-      models.generate(TARGET, DRAFT, inputs, tree=(2, 2), emulate_alpha=0.7)
+  @pytest.mark.parametrize(
+    'fields, message',
+    [
+      (dict(tree=(2, 2), emulate_alpha=0.7), 'an acceptance rate per sibling rank, 2 of them'),
+      (dict(gamma=2, emulate_alpha=(0.7, 0.3)), 'for a chain is one acceptance rate'),
+    ],
+  )
+  def test_emulated_acceptance_is_a_rate_per_rank_for_a_tree_and_one_for_a_chain(
+    self, fields, message
+  ):
+    with pytest.raises(ValueError, match=message):
+      models.make_decoder(TARGET, DRAFT, **fields)
+
+
+@pytest.mark.parametrize('rates, iterations', [((1.0, 0.0), 3), ((0.0, 0.0), 8)])
+def test_an_emulated_tree_accepts_at_its_rates(rates, iterations):
+  """Timing only. Rank 0 always accepted: depth + 1 = 3 tokens per call (8 tokens in 3
+  calls); never accepted: one token per call. eos_id -1: rows run to the full length."""
+  inputs = padded_inputs(0, 2, 6, TARGET.vocab_size)
+  out = models.generate(
+    TARGET, DRAFT, inputs, tree=(2, 2), emulate_alpha=rates, max_decode_len=8, eos_id=-1
+  )
+  np.testing.assert_array_equal(out.stats.iterations, [iterations, iterations])
+  np.testing.assert_array_equal(out.stats.emitted, [8, 8])
