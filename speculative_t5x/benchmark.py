@@ -887,8 +887,13 @@ def _measure_walltime(
   eos_id,
   result_cache,
   progress,
+  row_alphas: Optional[np.ndarray] = None,
 ):
-  """Times the baseline and speculative decoding, passes interleaved; returns the record."""
+  """Times the baseline and speculative decoding, passes interleaved; returns the record.
+
+  `row_alphas` (float [N], `theory.fit_row_alphas` of this gamma's batch-1
+  record): adds the batched prediction with each row's own acceptance.
+  """
   gamma, draft_threshold = settings.gamma, settings.draft_threshold
   sampling_args = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
   progress(
@@ -936,6 +941,11 @@ def _measure_walltime(
   )
   if batch_size == 1:
     record['breakdown'] = iteration_breakdown(part, baseline, speculative)
+    # Per row, in input order: what `theory.fit_row_alphas` fits each row's acceptance to.
+    record.update(
+      row_lengths=lengths_by_batch.ravel().tolist(),
+      row_iterations=np.asarray(stats.iterations).ravel().tolist(),
+    )
   if alpha is not None and not draft_threshold:  # Eq. 1 is for a fixed gamma.
     # Emulated rows run to the full length: their last call is cut (Eq. 1 overstates).
     tokens_per_call = (
@@ -956,6 +966,16 @@ def _measure_walltime(
       ),
       predicted_finished_row_share=theory.finished_row_share(alpha, gamma, lengths_by_batch),
     )
+    if row_alphas is not None:
+      row_alphas = np.reshape(row_alphas, lengths_by_batch.shape)
+      record.update(
+        predicted_speedup_rows=theory.batch_walltime_improvement(
+          row_alphas, gamma, part.c, part.verify_cost, lengths_by_batch
+        ),
+        predicted_finished_row_share_rows=theory.finished_row_share(
+          row_alphas, gamma, lengths_by_batch
+        ),
+      )
     if batch_size == 1:
       call = part.call_seconds(
         tokens=speculative.tokens / len(inputs),
@@ -1010,11 +1030,32 @@ def _profile_sweep(
   batch size. Returns the new records: walltime, 'profile' and 'auto'.
   """
   new_records = []
+  row_alphas = {}  # gamma: float [N], each row's acceptance fitted to its batch-1 decode.
+  for r in records:
+    if r['kind'] == 'walltime' and r['temperature'] == temperature and r['batch_size'] == 1:
+      row_alphas[r['gamma']] = theory.fit_row_alphas(
+        r['gamma'], r['row_lengths'], r['row_iterations']
+      )
+      if alpha is not None:  # Batch 1 with the fitted alphas: the cost terms alone.
+        r['predicted_speedup_rows'] = theory.batch_walltime_improvement(
+          row_alphas[r['gamma']][:, None],
+          r['gamma'],
+          r['c'],
+          r['verify_cost'],
+          np.asarray(r['row_lengths'])[:, None],
+        )
   for batch_size in sorted(set(batch_sizes) - {1}):
     parts = measure_batch_parts(batch_size=batch_size)
     for gamma in gammas:
       new_records.append(
-        measure_walltime(temperature, settings.replace(gamma=gamma), batch_size, alpha, parts=parts)
+        measure_walltime(
+          temperature,
+          settings.replace(gamma=gamma),
+          batch_size,
+          alpha,
+          parts=parts,
+          row_alphas=row_alphas.get(gamma) if alpha is not None else None,
+        )
       )
   walltime = [
     r
@@ -1093,13 +1134,20 @@ def _measure_auto(
     finished_row_share=auto.finished_row_share,
     identical_outputs=float(np.mean(np.all(baseline.outputs == auto.outputs, axis=1))),
   )
-  record['auto_over_best_fixed'] = record['speedup']['median'] / (
-    fixed_speedups[best_fixed]['median'] if best_fixed else 1.0
+  fixed_median = lambda g: fixed_speedups[g]['median'] if g else 1.0
+  record['auto_over_best_fixed'] = record['speedup']['median'] / fixed_median(best_fixed)
+  # The choice itself, apart from the noise between two timings of one program: the chosen
+  # gamma's fixed decoder against the best, timed in the same passes (None: not timed).
+  record['chosen_over_best_fixed'] = (
+    fixed_median(auto.gamma) / fixed_median(best_fixed)
+    if auto.gamma == 0 or auto.gamma in fixed_speedups
+    else None
   )
   progress(
     f'  T={temperature} gamma=auto (ran {auto.gamma}) batch={batch_size}: '
     f'{record["speedup"]["median"]:.2f}x; best fixed gamma {best_fixed}, auto / best '
-    f'{record["auto_over_best_fixed"]:.2f}'
+    f'{record["auto_over_best_fixed"]:.2f}, chosen gamma / best '
+    f'{record["chosen_over_best_fixed"] or float("nan"):.2f}'
   )
   return record
 

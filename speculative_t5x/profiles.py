@@ -190,18 +190,23 @@ def profile_from_records(
       verify_cost=r['verify_cost'],
       predicted_speedup=r.get('predicted_speedup'),
       predicted_speedup_batched=r.get('predicted_speedup_batched'),
+      predicted_speedup_rows=r.get('predicted_speedup_rows'),
       measured_speedup=r['speedup']['median'],
       finished_row_share=r.get('finished_row_share'),
       predicted_finished_row_share=r.get('predicted_finished_row_share'),
+      predicted_finished_row_share_rows=r.get('predicted_finished_row_share_rows'),
       baseline_finished_row_share=r.get('baseline_finished_row_share'),
+      **speedup_terms(r),
     )
   measured = {b: {g: v['measured_speedup'] for g, v in gs.items()} for b, gs in by_size.items()}
+  # The best prediction each cell has: each row's own alpha, else one alpha for all.
+  best_prediction = lambda v: (
+    v['predicted_speedup_batched']
+    if v['predicted_speedup_rows'] is None
+    else v['predicted_speedup_rows']
+  )
   predicted = {
-    b: {
-      g: v['predicted_speedup_batched']
-      for g, v in gs.items()
-      if v['predicted_speedup_batched'] is not None
-    }
+    b: {g: best_prediction(v) for g, v in gs.items() if best_prediction(v) is not None}
     for b, gs in by_size.items()
   }
   return dict(
@@ -214,6 +219,43 @@ def profile_from_records(
       str(b): {'gammas': {str(g): v for g, v in sorted(gs.items())}}
       for b, gs in sorted(by_size.items())
     },
+  )
+
+
+def speedup_terms(walltime: Mapping[str, Any]) -> Dict[str, Optional[float]]:
+  """A walltime record's speedup as (baseline steps per target call) x (a step / an iteration).
+
+  Measured: B rows, baseline steps S = Σ_batches max L, speculative calls C;
+  the tokens are Σ L = B·S·(1 − f_base) = τ·B·C·(1 − f_spec), τ the tokens per
+  live row and call, so S / C = τ (1 − f_spec) / (1 − f_base), and the
+  speedup over S / C is what one baseline step costs against one iteration.
+  Predicted: S / E[C] from `theory.batch_walltime_improvement`'s model (one
+  alpha; and each row's fitted alpha, `_rows`), and 1 / (γc + v). Comparing
+  the pairs names the term a prediction misses.
+
+  Returns:
+    {steps_per_call_measured, steps_per_call_predicted,
+    steps_per_call_predicted_rows, step_over_iteration_measured,
+    step_over_iteration_predicted}; None where a field is missing (e.g. no alpha).
+  """
+  speedup, tokens_per_call = walltime['speedup']['median'], walltime.get('tokens_per_call')
+  finished, baseline_finished = (
+    walltime.get('finished_row_share'),
+    walltime.get('baseline_finished_row_share'),
+  )
+  measured = None
+  if None not in (tokens_per_call, finished, baseline_finished):
+    measured = tokens_per_call * (1 - finished) / (1 - baseline_finished)
+  iteration = float(
+    theory.iteration_walltime(walltime['gamma'], walltime['c'], walltime['verify_cost'])
+  )
+  steps = lambda key: None if walltime.get(key) is None else walltime[key] * iteration
+  return dict(
+    steps_per_call_measured=measured,
+    steps_per_call_predicted=steps('predicted_speedup_batched'),
+    steps_per_call_predicted_rows=steps('predicted_speedup_rows'),
+    step_over_iteration_measured=None if measured is None else speedup / measured,
+    step_over_iteration_predicted=1 / iteration,
   )
 
 

@@ -418,6 +418,9 @@ def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
     sizes = sorted(profile['batch_sizes'], key=int)
     # Integer keys in memory, strings when read back from benchmark.json.
     chosen = {int(b): g for b, g in profile['gamma_by_batch_size'].items()}
+    by_prediction = {
+      int(b): g for b, g in (profile.get('predicted_gamma_by_batch_size') or {}).items()
+    }
     lines += [
       '',
       f'## Speculation profile, T = {temperature} ({profile["path"]})',
@@ -425,52 +428,69 @@ def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       'Measured: the median speedup over the baseline. Theorem 3.8: with alpha and c, v '
       'measured at that batch size. Batched: the same for loops that run until their '
       "batch's slowest row ends (`theory.batch_walltime_improvement`, the baseline's output "
-      "lengths). Finished: the share of the target calls' rows whose row had ended, measured "
-      "(predicted); the baseline's own share beside it.",
+      "lengths), with one alpha for every row, and with each row's own (`theory.fit_row_alphas`, "
+      'fitted to its batch-1 decode). The speedup splits into baseline steps per target call '
+      'and one step / one iteration (`profiles.speedup_terms`): measured against predicted, '
+      "they name the term a prediction misses. Finished: the share of the target calls' "
+      "rows whose row had ended, measured (one alpha; per row); the baseline's beside it.",
       '',
-      '| batch | gamma | measured | Theorem 3.8 | batched | batched / measured '
-      "| finished, measured (predicted) | baseline's finished |",
-      '|---|---|---|---|---|---|---|---|',
+      '| batch | gamma | measured | Theorem 3.8 | batched, one alpha | batched, per row '
+      '| per row / measured | steps per call: measured, one alpha, per row '
+      '| step / iteration: measured, predicted | finished: measured (one alpha; per row) '
+      "| baseline's finished |",
+      '|---|---|---|---|---|---|---|---|---|---|---|',
     ]
     for size in sizes:
-      for gamma, cell in sorted(
-        profile['batch_sizes'][size]['gammas'].items(), key=lambda x: int(x[0])
-      ):
-        batched = cell.get('predicted_speedup_batched')
+      by_gamma = sorted(profile['batch_sizes'][size]['gammas'].items(), key=lambda x: int(x[0]))
+      for gamma, cell in by_gamma:
+        rows = cell.get('predicted_speedup_rows')
         lines.append(
           f'| {size} | {gamma} | {_fmt(cell["measured_speedup"])}x '
-          f'| {_fmt(cell["predicted_speedup"])}x | {_fmt(batched)}x '
-          f'| {_fmt(batched and batched / cell["measured_speedup"])} '
-          f'| {_fmt(cell["finished_row_share"])} ({_fmt(cell.get("predicted_finished_row_share"))}) '
+          f'| {_fmt(cell["predicted_speedup"])}x | {_fmt(cell.get("predicted_speedup_batched"))}x '
+          f'| {_fmt(rows)}x | {_fmt(rows and rows / cell["measured_speedup"])} '
+          f'| {_fmt(cell.get("steps_per_call_measured"))}, '
+          f'{_fmt(cell.get("steps_per_call_predicted"))}, '
+          f'{_fmt(cell.get("steps_per_call_predicted_rows"))} '
+          f'| {_fmt(cell.get("step_over_iteration_measured"))}, '
+          f'{_fmt(cell.get("step_over_iteration_predicted"))} '
+          f'| {_fmt(cell["finished_row_share"])} '
+          f'({_fmt(cell.get("predicted_finished_row_share"))}; '
+          f'{_fmt(cell.get("predicted_finished_row_share_rows"))}) '
           f'| {_fmt(cell.get("baseline_finished_row_share"))} |'
         )
     lines += [
       '',
       "Chosen: the profile's gamma (0: the baseline), on the sweep's measurements. Then, "
       "timed again side by side in one interleaved run: gamma='auto' with this profile, "
-      'every fixed gamma, and the baseline.',
+      'every fixed gamma, and the baseline. auto / best fixed compares two timings (auto '
+      "runs a fixed gamma's program); the last column compares the chosen gamma's fixed "
+      'decoder with the best one, timed in the same passes.',
       '',
-      '| batch | chosen | auto (ran) | best fixed gamma (speedup) | auto / best fixed |',
-      '|---|---|---|---|---|',
+      '| batch | chosen (on the prediction alone) | auto (ran) | best fixed gamma (speedup) '
+      '| auto / best fixed | chosen gamma, fixed / best fixed |',
+      '|---|---|---|---|---|---|',
     ]
     for size in sizes:
       record = auto.get(int(size))
+      choice = f'{chosen[int(size)]} ({by_prediction.get(int(size), "-")})'
       if record is None:
-        lines.append(f'| {size} | {chosen[int(size)]} | - | - | - |')
+        lines.append(f'| {size} | {choice} | - | - | - | - |')
         continue
       best = record['best_fixed_gamma']
       best_speedup = record['fixed_speedups'][str(best)]['median'] if best else 1.0
       lines.append(
-        f'| {size} | {chosen[int(size)]} | {_fmt(record["speedup"]["median"])}x '
+        f'| {size} | {choice} | {_fmt(record["speedup"]["median"])}x '
         f'({record["gamma_ran"]}) | {best} ({_fmt(best_speedup)}x) '
-        f'| {_fmt(record["auto_over_best_fixed"])} |'
+        f'| {_fmt(record["auto_over_best_fixed"])} '
+        f'| {_fmt(record.get("chosen_over_best_fixed"))} |'
       )
   return lines
 
 
 def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], path: str) -> None:
   """Speedup vs batch size: each gamma measured (solid) and predicted for loops that wait for
-  their batch's slowest row (dashed, `theory.batch_walltime_improvement`), and auto."""
+  their batch's slowest row (dashed, `theory.batch_walltime_improvement` with each row's
+  fitted alpha), and auto."""
   from matplotlib import pyplot as plt
 
   temperature = profile['temperature']
@@ -491,10 +511,11 @@ def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], pat
       color=color,
       label=f'gamma {gamma}, measured',
     )
+    # Each row's own alpha where fitted, else one alpha for all rows.
     predicted = [
-      (b, p.get('predicted_speedup_batched'))
+      (b, p.get('predicted_speedup_rows') or p.get('predicted_speedup_batched'))
       for b, p in points
-      if p.get('predicted_speedup_batched')
+      if p.get('predicted_speedup_rows') or p.get('predicted_speedup_batched')
     ]
     if predicted:
       ax.plot(
@@ -705,6 +726,11 @@ def walltime_line(record: Dict[str, Any]) -> str:
     + (
       f', from the parts {record["predicted_speedup_parts"]:.2f}x'
       if 'predicted_speedup_parts' in record
+      else ''
+    )
+    + (
+      f', batched {record["predicted_speedup_batched"]:.2f}x'
+      if record['batch_size'] > 1 and 'predicted_speedup_batched' in record
       else ''
     )
     + (')' if predicted is not None else '')

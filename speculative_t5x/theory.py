@@ -15,6 +15,12 @@ single token, true on memory-bound accelerators. `walltime_improvement` takes
 that cost ratio as `verify_cost` (v), predicting Eq. 1 / (γc + v); v = 1 is
 the paper's assumption, and on CPUs v is measured.
 
+At batch B > 1 a decode loop runs until its slowest row ends, and every call
+scores all B rows, finished or not. `batch_walltime_improvement` predicts the
+speedup of such loops from the rows' lengths: the baseline's batch takes
+max L target steps, the speculative batch E[max_row I(L_row)] iterations,
+with I(n) the iterations a row needs for n tokens (`iteration_count_cdfs`).
+
 Every function is vectorized: arguments are numpy arrays (or scalars, or
 anything numpy converts) that broadcast together; results are numpy arrays.
 """
@@ -57,14 +63,14 @@ def expected_tokens(alpha, gamma) -> np.ndarray:
   return np.where(alpha == 1, calls, geometric_sum)
 
 
-def _emitted_per_iteration(alpha: float, gamma: int) -> np.ndarray:
-  """float64 [γ + 1]: P(an iteration emits k tokens), k = 1..γ+1, under the i.i.d. assumption."""
-  return np.array(
-    [alpha ** (k - 1) * (1 - alpha) for k in range(1, gamma + 1)] + [alpha**gamma], dtype=np.float64
-  )
+def _emitted_per_iteration(alpha, gamma: int) -> np.ndarray:
+  """float64 [..., γ + 1]: P(an iteration emits k tokens), k = 1..γ+1, i.i.d. at alpha [...]."""
+  alpha = np.asarray(alpha, np.float64)[..., None]
+  k = np.arange(1, gamma + 2)
+  return np.where(k <= gamma, alpha ** (k - 1) * (1 - alpha), alpha**gamma)
 
 
-def iteration_count_cdfs(alpha: float, gamma: int, max_tokens: int) -> Iterator[np.ndarray]:
+def iteration_count_cdfs(alpha, gamma: int, max_tokens: int) -> Iterator[np.ndarray]:
   """Yields F_i = P(I(n) <= i) over n = 0..max_tokens, for i = 0, 1, ..., max_tokens.
 
   A row that must stop at n tokens (its EOS, or the length limit) needs I(n)
@@ -74,44 +80,93 @@ def iteration_count_cdfs(alpha: float, gamma: int, max_tokens: int) -> Iterator[
   and F_0(n) = 0 for n > 0. I(n) <= n: every iteration emits a token.
 
   Args:
-    alpha: float in [0, 1].
+    alpha: float in [0, 1], or float [R]: one acceptance rate per row.
     gamma: int >= 1.
     max_tokens: the largest n of interest (>= 0).
 
   Yields:
-    float64 [max_tokens + 1], F_i(n) at index n.
+    float64 [max_tokens + 1] (or [R, max_tokens + 1]), F_i(n) at index n.
   """
-  emitted = _emitted_per_iteration(alpha, gamma)
+  emitted = _emitted_per_iteration(alpha, gamma)  # [..., γ + 1]
   # Index n + γ + 1 holds F(n); the γ + 1 entries before it are n <= 0, where F = 1.
-  cdf = np.zeros(max_tokens + gamma + 2)
-  cdf[: gamma + 2] = 1.0
-  yield cdf[gamma + 1 :]
+  cdf = np.zeros(emitted.shape[:-1] + (max_tokens + gamma + 2,))
+  cdf[..., : gamma + 2] = 1.0
+  width = cdf.shape[-1]
+  yield cdf[..., gamma + 1 :]
   for _ in range(max_tokens):
     cdf = np.concatenate(
       [
-        cdf[: gamma + 2],
-        sum(p * cdf[gamma + 2 - k : len(cdf) - k] for k, p in enumerate(emitted, 1)),
-      ]
+        cdf[..., : gamma + 2],
+        sum(
+          emitted[..., k - 1 : k] * cdf[..., gamma + 2 - k : width - k] for k in range(1, gamma + 2)
+        ),
+      ],
+      axis=-1,
     )
-    yield cdf[gamma + 1 :]
+    yield cdf[..., gamma + 1 :]
 
 
-def _iteration_moments(alpha: float, gamma: int, lengths_by_batch) -> Tuple[float, float]:
+def _iteration_moments(alpha, gamma: int, lengths_by_batch) -> Tuple[float, float]:
   """(Σ_batches E[max_row I(L_row)], Σ_rows E[I(L_row)]) by E[X] = Σ_{i >= 0} P(X > i).
 
-  The rows' counts are independent under the i.i.d. assumption, so
+  `alpha` is one rate, or one per row (the shape of `lengths_by_batch`). The
+  rows' counts are independent under the i.i.d. assumption, so
   P(max_row I > i) = 1 − Π_row F_i(L_row). The sum stops once every term is
   below 1e-15 of a row.
   """
-  lengths = [np.asarray(batch, dtype=np.int64) for batch in lengths_by_batch]
+  lengths = np.asarray(lengths_by_batch, dtype=np.int64)  # [batches, rows]
+  per_row = np.ndim(alpha) != 0
+  if per_row and np.shape(alpha) != lengths.shape:
+    raise ValueError(
+      f'Per-row alphas must have the shape of lengths_by_batch {lengths.shape}; got '
+      f'{np.shape(alpha)}.'
+    )
+  flat_alpha = np.ravel(alpha) if per_row else alpha
   batch_iterations = row_iterations = 0.0
-  for cdf in iteration_count_cdfs(alpha, gamma, int(max(batch.max() for batch in lengths))):
-    batch_term = sum(1 - np.prod(cdf[batch]) for batch in lengths)
+  for cdf in iteration_count_cdfs(flat_alpha, gamma, int(lengths.max())):
+    at_length = (
+      cdf[np.arange(lengths.size), lengths.ravel()] if per_row else cdf[lengths.ravel()]
+    ).reshape(lengths.shape)
+    batch_term = float(np.sum(1 - np.prod(at_length, axis=1)))
     batch_iterations += batch_term
-    row_iterations += sum(float(np.sum(1 - cdf[batch])) for batch in lengths)
+    row_iterations += float(np.sum(1 - at_length))
     if batch_term < 1e-15:
       break
-  return float(batch_iterations), float(row_iterations)
+  return batch_iterations, row_iterations
+
+
+def fit_row_alphas(gamma: int, lengths, iterations, steps: int = 50) -> np.ndarray:
+  """Per row, the alpha whose i.i.d. model needs the row's measured iterations, in expectation.
+
+  Acceptance differs between rows (a hard sentence accepts little), and the
+  slowest row of a batch sets its loop's length: a model with one alpha for
+  every row underestimates that. Fitting each row's alpha to what its
+  batch-1 decode measured, E[I(L_row; α_row)] = iterations_row (bisection:
+  E[I] falls as α grows), keeps that spread.
+
+  Args:
+    gamma: int >= 1.
+    lengths: int [R], the tokens each row emitted.
+    iterations: int [R], the iterations its decode took (ceil(L / (γ + 1))
+      to L; outside that range the fit is clipped to alpha 1 or 0).
+    steps: bisection steps (50: below float64's resolution of alpha).
+
+  Returns:
+    float64 [R] in [0, 1].
+  """
+  lengths = np.asarray(lengths, np.int64)
+  iterations = np.asarray(iterations, np.float64)
+  if lengths.shape != iterations.shape or lengths.ndim != 1:
+    raise ValueError(
+      f'lengths and iterations must both be [R]; got {lengths.shape} and {iterations.shape}.'
+    )
+  low, high = np.zeros(lengths.shape), np.ones(lengths.shape)
+  for _ in range(steps):
+    middle = (low + high) / 2
+    expected = np.array([_iteration_moments(a, gamma, [[n]])[1] for a, n in zip(middle, lengths)])
+    too_slow = expected > iterations  # More iterations than measured: alpha is higher.
+    low, high = np.where(too_slow, middle, low), np.where(too_slow, high, middle)
+  return (low + high) / 2
 
 
 def expected_iterations(alpha: float, gamma: int, num_tokens: int) -> float:
@@ -133,7 +188,7 @@ def expected_batch_iterations(alpha: float, gamma: int, lengths_by_batch) -> flo
   """Σ over batches of E[max_row I(L_row)]: the iterations of loops that wait for their slowest row.
 
   Args:
-    alpha: float in [0, 1].
+    alpha: float in [0, 1], or one per row as `lengths_by_batch`.
     gamma: int >= 1.
     lengths_by_batch: int [num_batches, batch_size], the tokens each row emits.
   """
@@ -149,7 +204,9 @@ def batch_walltime_improvement(alpha, gamma, c, verify_cost, lengths_by_batch) -
   row of unbounded length this is `walltime_improvement`.
 
   Args:
-    alpha, gamma, c, verify_cost: as in `walltime_improvement` (scalars).
+    alpha: one acceptance rate, or float [num_batches, batch_size], one per
+      row (`fit_row_alphas`).
+    gamma, c, verify_cost: as in `walltime_improvement` (scalars).
     lengths_by_batch: int [num_batches, batch_size]: the tokens each row
       emits (e.g. the baseline's output lengths, split into its batches).
 
@@ -168,7 +225,7 @@ def finished_row_share(alpha: float, gamma: int, lengths_by_batch) -> float:
   γ = 0 is the baseline, one token per step: 1 − Σ L / (batch_size · Σ max L).
 
   Args:
-    alpha: float in [0, 1] (unused at γ = 0).
+    alpha: float in [0, 1], or one per row as `lengths_by_batch` (unused at γ = 0).
     gamma: int >= 0.
     lengths_by_batch: int [num_batches, batch_size], the tokens each row emits.
   """

@@ -125,6 +125,10 @@ def test_the_benchmark_sweep_writes_a_profile_that_auto_follows(tmp_path):
       profile['gamma_by_batch_size'][b] == profiles.choose_gammas({b: measured}, {b: measured})[b]
     )
     assert 0.0 <= walltime[b, 2]['finished_row_share'] < 1.0
+    # Batch 1 keeps each row's length and iterations; every size predicts with the rows'
+    # fitted alphas.
+    assert len(walltime[1, 2]['row_iterations']) == len(walltime[1, 2]['row_lengths']) == 2
+    assert walltime[b, 2]['predicted_speedup_rows'] > 0
     # Emulated rows run to the full length, so no baseline row waits for another.
     assert walltime[b, 2]['baseline_finished_row_share'] == 0.0
     assert walltime[b, 2]['predicted_speedup_batched'] == pytest.approx(
@@ -138,6 +142,8 @@ def test_the_benchmark_sweep_writes_a_profile_that_auto_follows(tmp_path):
     assert set(r['fixed_speedups']) == {'1', '2'}
     best = max([1.0] + [s['median'] for s in r['fixed_speedups'].values()])
     assert r['auto_over_best_fixed'] == pytest.approx(r['speedup']['median'] / best)
+    chosen = r['fixed_speedups'][str(r['gamma_ran'])]['median'] if r['gamma_ran'] else 1.0
+    assert r['chosen_over_best_fixed'] == pytest.approx(chosen / best)
   assert all(r['emulated'] and r['pair'] == 'pair' for r in records)  # Every record's labels.
   report = (tmp_path / 'report' / 'benchmark.md').read_text()
   assert '## Speculation profile, T = 0.0' in report

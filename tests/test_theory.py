@@ -176,6 +176,28 @@ def test_batched_loops_run_until_their_slowest_row_ends():
   assert wide < narrow
 
 
+def test_row_alphas_are_fitted_to_each_rows_iterations():
+  gamma, lengths = 3, np.array([10, 12, 30, 5, 48, 8])
+  iterations = np.array([4, 12, 10, 2, 20, 2])  # 12 of 12: nothing accepted; 2 of 8: all.
+  alphas = theory.fit_row_alphas(gamma, lengths, iterations)
+  expected = [theory.expected_iterations(a, gamma, n) for a, n in zip(alphas, lengths)]
+  np.testing.assert_allclose(expected, iterations, rtol=1e-6)
+  assert alphas[1] == pytest.approx(0.0, abs=1e-9) and alphas[5] == pytest.approx(1.0, abs=1e-6)
+  # Rows of one alpha: the per-row model is the one-alpha model.
+  same = np.full((2, 3), 0.7)
+  lengths_by_batch = lengths.reshape(2, 3)
+  assert theory.expected_batch_iterations(same, gamma, lengths_by_batch) == pytest.approx(
+    theory.expected_batch_iterations(0.7, gamma, lengths_by_batch)
+  )
+  # Spread alphas of the same mean make the slowest row slower: more iterations per batch.
+  spread = np.array([[0.4, 0.7, 1.0], [0.4, 0.7, 1.0]])
+  assert theory.expected_batch_iterations(
+    spread, gamma, [[20] * 3] * 2
+  ) > theory.expected_batch_iterations(0.7, gamma, [[20] * 3] * 2)
+  with pytest.raises(ValueError, match='shape of lengths_by_batch'):
+    theory.expected_batch_iterations(np.full(6, 0.7), gamma, lengths_by_batch)
+
+
 def test_choose_gamma_maximizes_the_predicted_speedup_over_the_measured_gammas():
   # v grows with gamma: the free-verify optimum (7 for alpha 0.9, c 0.05) moves down.
   verify_cost = {1: 1.0, 3: 1.2, 5: 2.0, 7: 3.0}
