@@ -106,8 +106,8 @@ def iteration_count_cdfs(alpha, gamma: int, max_tokens: int) -> Iterator[np.ndar
     yield cdf[..., gamma + 1 :]
 
 
-def _iteration_moments(alpha, gamma: int, lengths_by_batch) -> Tuple[float, float]:
-  """(Σ_batches E[max_row I(L_row)], Σ_rows E[I(L_row)]) by E[X] = Σ_{i >= 0} P(X > i).
+def _iteration_moments(alpha, gamma: int, lengths_by_batch) -> Tuple[float, np.ndarray]:
+  """(Σ_batches E[max_row I(L_row)], E[I(L_row)] [batches, rows]) by E[X] = Σ_{i >= 0} P(X > i).
 
   `alpha` is one rate, or one per row (the shape of `lengths_by_batch`). The
   rows' counts are independent under the i.i.d. assumption, so
@@ -122,14 +122,14 @@ def _iteration_moments(alpha, gamma: int, lengths_by_batch) -> Tuple[float, floa
       f'{np.shape(alpha)}.'
     )
   flat_alpha = np.ravel(alpha) if per_row else alpha
-  batch_iterations = row_iterations = 0.0
+  batch_iterations, row_iterations = 0.0, np.zeros(lengths.shape)
   for cdf in iteration_count_cdfs(flat_alpha, gamma, int(lengths.max())):
     at_length = (
       cdf[np.arange(lengths.size), lengths.ravel()] if per_row else cdf[lengths.ravel()]
     ).reshape(lengths.shape)
     batch_term = float(np.sum(1 - np.prod(at_length, axis=1)))
     batch_iterations += batch_term
-    row_iterations += float(np.sum(1 - at_length))
+    row_iterations += 1 - at_length
     if batch_term < 1e-15:
       break
   return batch_iterations, row_iterations
@@ -163,7 +163,7 @@ def fit_row_alphas(gamma: int, lengths, iterations, steps: int = 50) -> np.ndarr
   low, high = np.zeros(lengths.shape), np.ones(lengths.shape)
   for _ in range(steps):
     middle = (low + high) / 2
-    expected = np.array([_iteration_moments(a, gamma, [[n]])[1] for a, n in zip(middle, lengths)])
+    expected = _iteration_moments(middle[None], gamma, lengths[None])[1][0]
     too_slow = expected > iterations  # More iterations than measured: alpha is higher.
     low, high = np.where(too_slow, middle, low), np.where(too_slow, high, middle)
   return (low + high) / 2
@@ -181,7 +181,7 @@ def expected_iterations(alpha: float, gamma: int, num_tokens: int) -> float:
     gamma: int >= 1.
     num_tokens: int >= 0.
   """
-  return _iteration_moments(alpha, gamma, [[num_tokens]])[1]
+  return float(_iteration_moments(alpha, gamma, [[num_tokens]])[1].sum())
 
 
 def expected_batch_iterations(alpha: float, gamma: int, lengths_by_batch) -> float:
@@ -234,7 +234,8 @@ def finished_row_share(alpha: float, gamma: int, lengths_by_batch) -> float:
     calls = sum(int(np.max(batch)) for batch in lengths_by_batch)
     rows = sum(int(np.sum(batch)) for batch in lengths_by_batch)
   else:
-    calls, rows = _iteration_moments(alpha, gamma, lengths_by_batch)
+    calls, per_row = _iteration_moments(alpha, gamma, lengths_by_batch)
+    rows = float(per_row.sum())
   return float(1 - rows / (batch_size * calls))
 
 

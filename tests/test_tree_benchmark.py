@@ -56,6 +56,17 @@ def test_a_greedy_comparison_gives_the_baselines_outputs_for_every_decoder():
   assert '| 0 | tree <= 4 nodes | 5 |' in tree_benchmark.markdown_table(records)
 
 
+def _run_gin_main(bindings):
+  """configs/runs/tree_benchmark.gin's main on the tiny pair, with `bindings`."""
+  files = ['configs/models/tiny.gin', 'configs/pairs/pair.gin', 'configs/runs/tree_benchmark.gin']
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin_flags([], files, bindings)
+    tree_benchmark.main(['tree_benchmark'])
+  finally:
+    gin.clear_config()
+
+
 def test_the_gin_main_writes_the_report(fixture, tmp_path):  # noqa: F811
   """configs/runs/tree_benchmark.gin on tests/test_infer.py's saved pair and TSV split."""
   bindings = [
@@ -73,13 +84,7 @@ def test_the_gin_main_writes_the_report(fixture, tmp_path):  # noqa: F811
     'tree_benchmark.benchmark_pair_trees.max_decode_len = 8',
     'tree_benchmark.benchmark_pair_trees.repetitions = 1',
   ]
-  files = ['configs/models/tiny.gin', 'configs/pairs/pair.gin', 'configs/runs/tree_benchmark.gin']
-  gin.clear_config()
-  try:
-    gin_utils.parse_gin_flags([], files, bindings)
-    tree_benchmark.main(['tree_benchmark'])
-  finally:
-    gin.clear_config()
+  _run_gin_main(bindings)
   assert sorted(os.listdir(tmp_path)) == [
     'tree_benchmark.json',
     'tree_benchmark.md',
@@ -108,13 +113,7 @@ def test_the_emulated_gin_main_times_random_weights_at_the_given_rates(tmp_path)
     'tree_benchmark.benchmark_pair_trees.max_decode_len = 8',
     'tree_benchmark.benchmark_pair_trees.repetitions = 1',
   ]
-  files = ['configs/models/tiny.gin', 'configs/pairs/pair.gin', 'configs/runs/tree_benchmark.gin']
-  gin.clear_config()
-  try:
-    gin_utils.parse_gin_flags([], files, bindings)
-    tree_benchmark.main(['tree_benchmark'])
-  finally:
-    gin.clear_config()
+  _run_gin_main(bindings)
   with open(tmp_path / 'tree_benchmark.json') as f:
     records = json.load(f)
   (rates,) = [r for r in records if r['kind'] == 'tree_rates']
