@@ -887,12 +887,13 @@ def _measure_walltime(
   eos_id,
   result_cache,
   progress,
-  row_alphas: Optional[np.ndarray] = None,
+  batch1_rows: Optional[Mapping[str, Sequence[int]]] = None,
 ):
   """Times the baseline and speculative decoding, passes interleaved; returns the record.
 
-  `row_alphas` (float [N], `theory.fit_row_alphas` of this gamma's batch-1
-  record): adds the batched prediction with each row's own acceptance.
+  `batch1_rows` ({'row_lengths', 'row_iterations'}: int [N] each, this
+  gamma's batch-1 record's): adds the batched prediction from each row's own
+  batch-1 decode (`_predict_from_rows`).
   """
   gamma, draft_threshold = settings.gamma, settings.draft_threshold
   sampling_args = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
@@ -941,7 +942,7 @@ def _measure_walltime(
   )
   if batch_size == 1:
     record['breakdown'] = iteration_breakdown(part, baseline, speculative)
-    # Per row, in input order: what `theory.fit_row_alphas` fits each row's acceptance to.
+    # Per row, in input order: what the batched predictions start from (`_predict_from_rows`).
     record.update(
       row_lengths=lengths_by_batch.ravel().tolist(),
       row_iterations=np.asarray(stats.iterations).ravel().tolist(),
@@ -966,16 +967,11 @@ def _measure_walltime(
       ),
       predicted_finished_row_share=theory.finished_row_share(alpha, gamma, lengths_by_batch),
     )
-    if row_alphas is not None:
-      row_alphas = np.reshape(row_alphas, lengths_by_batch.shape)
-      record.update(
-        predicted_speedup_rows=theory.batch_walltime_improvement(
-          row_alphas, gamma, part.c, part.verify_cost, lengths_by_batch
-        ),
-        predicted_finished_row_share_rows=theory.finished_row_share(
-          row_alphas, gamma, lengths_by_batch
-        ),
-      )
+    if batch_size == 1:  # Its own rows: at batch 1 this checks the cost terms alone.
+      batch1_rows = {k: record[k] for k in ('row_lengths', 'row_iterations')}
+    # An emulated acceptance is i.i.d. at one known rate: the one-alpha model is exact.
+    if batch1_rows is not None and emulate_alpha is None:
+      record.update(_predict_from_rows(temperature, gamma, part, batch1_rows, lengths_by_batch))
     if batch_size == 1:
       call = part.call_seconds(
         tokens=speculative.tokens / len(inputs),
@@ -1008,6 +1004,42 @@ def _measure_walltime(
   return record
 
 
+def _predict_from_rows(
+  temperature: float,
+  gamma: int,
+  part: measure.IterationParts,
+  batch1_rows: Mapping[str, Sequence[int]],
+  lengths_by_batch: np.ndarray,
+) -> Dict[str, float]:
+  """The batched prediction from each row's batch-1 decode: {'predicted_speedup_rows', ...}.
+
+  Greedy: each row's batch-1 iterations replayed (a greedy row accepts the same
+  tokens in any batch; `theory.replayed_batch_walltime_improvement`). Sampled:
+  each row's alpha fitted to them (`theory.fit_row_alphas`) in the i.i.d.
+  model; one sampled decode per row overstates the rows' spread, so the
+  profile chooses sampled gammas on the one-alpha prediction instead
+  (`profiles.profile_from_records`).
+
+  Args:
+    batch1_rows: {'row_lengths', 'row_iterations'}, int [N] each, in input order.
+    lengths_by_batch: int [N / B, B], the tokens each row emits in this run.
+  """
+  iterations = np.reshape(batch1_rows['row_iterations'], lengths_by_batch.shape)
+  if sampling.is_greedy(temperature):
+    speedup, finished = theory.replayed_batch_walltime_improvement(
+      iterations, gamma, part.c, part.verify_cost, lengths_by_batch
+    )
+  else:
+    alphas = theory.fit_row_alphas(
+      gamma, batch1_rows['row_lengths'], batch1_rows['row_iterations']
+    ).reshape(lengths_by_batch.shape)
+    speedup = theory.batch_walltime_improvement(
+      alphas, gamma, part.c, part.verify_cost, lengths_by_batch
+    )
+    finished = theory.finished_row_share(alphas, gamma, lengths_by_batch)
+  return dict(predicted_speedup_rows=speedup, predicted_finished_row_share_rows=finished)
+
+
 def _profile_sweep(
   records: List[Dict[str, Any]],
   measure_walltime: Callable[..., Dict[str, Any]],
@@ -1030,20 +1062,10 @@ def _profile_sweep(
   batch size. Returns the new records: walltime, 'profile' and 'auto'.
   """
   new_records = []
-  row_alphas = {}  # gamma: float [N], each row's acceptance fitted to its batch-1 decode.
+  batch1_rows = {}  # gamma: {'row_lengths', 'row_iterations'} of its batch-1 record.
   for r in records:
     if r['kind'] == 'walltime' and r['temperature'] == temperature and r['batch_size'] == 1:
-      row_alphas[r['gamma']] = theory.fit_row_alphas(
-        r['gamma'], r['row_lengths'], r['row_iterations']
-      )
-      if alpha is not None:  # Batch 1 with the fitted alphas: the cost terms alone.
-        r['predicted_speedup_rows'] = theory.batch_walltime_improvement(
-          row_alphas[r['gamma']][:, None],
-          r['gamma'],
-          r['c'],
-          r['verify_cost'],
-          np.asarray(r['row_lengths'])[:, None],
-        )
+      batch1_rows[r['gamma']] = {k: r[k] for k in ('row_lengths', 'row_iterations')}
   for batch_size in sorted(set(batch_sizes) - {1}):
     parts = measure_batch_parts(batch_size=batch_size)
     for gamma in gammas:
@@ -1054,7 +1076,7 @@ def _profile_sweep(
           batch_size,
           alpha,
           parts=parts,
-          row_alphas=row_alphas.get(gamma) if alpha is not None else None,
+          batch1_rows=batch1_rows.get(gamma) if alpha is not None else None,
         )
       )
   walltime = [

@@ -39,7 +39,7 @@ import json
 import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from speculative_t5x import theory
+from speculative_t5x import sampling, theory
 
 PROFILE_VERSION = 1
 HOW_TO_MAKE_ONE = (
@@ -199,15 +199,9 @@ def profile_from_records(
       **speedup_terms(r),
     )
   measured = {b: {g: v['measured_speedup'] for g, v in gs.items()} for b, gs in by_size.items()}
-  # The best prediction each cell has: each row's own alpha, else one alpha for all.
-  best_prediction = lambda v: (
-    v['predicted_speedup_batched']
-    if v['predicted_speedup_rows'] is None
-    else v['predicted_speedup_rows']
-  )
+  predict = lambda v: best_prediction(v, temperature)
   predicted = {
-    b: {g: best_prediction(v) for g, v in gs.items() if best_prediction(v) is not None}
-    for b, gs in by_size.items()
+    b: {g: predict(v) for g, v in gs.items() if predict(v) is not None} for b, gs in by_size.items()
   }
   return dict(
     mode=dict(temperature=float(temperature), topk=0, topp=0.0),
@@ -222,6 +216,21 @@ def profile_from_records(
   )
 
 
+def best_prediction(cell: Mapping[str, Any], temperature: float) -> Optional[float]:
+  """The batched prediction a profile cell is judged and chosen on (None: none made).
+
+  Greedy: from each row's batch-1 iterations (`predicted_speedup_rows`, exact
+  up to the cost of an iteration: a greedy row accepts the same tokens in any
+  batch). Sampled: one alpha for every row (`predicted_speedup_batched`): an
+  alpha fitted to one sampled decode per row spreads the rows too far, and
+  predicted the T = 1 sweep's batches 0.64-1.17x of measured against one
+  alpha's 0.85-1.32x (README, "Speculation profile").
+  """
+  if sampling.is_greedy(temperature) and cell.get('predicted_speedup_rows') is not None:
+    return cell['predicted_speedup_rows']
+  return cell.get('predicted_speedup_batched')
+
+
 def speedup_terms(walltime: Mapping[str, Any]) -> Dict[str, Optional[float]]:
   """A walltime record's speedup as (baseline steps per target call) x (a step / an iteration).
 
@@ -230,7 +239,8 @@ def speedup_terms(walltime: Mapping[str, Any]) -> Dict[str, Optional[float]]:
   live row and call, so S / C = τ (1 − f_spec) / (1 − f_base), and the
   speedup over S / C is what one baseline step costs against one iteration.
   Predicted: S / E[C] from `theory.batch_walltime_improvement`'s model (one
-  alpha; and each row's fitted alpha, `_rows`), and 1 / (γc + v). Comparing
+  alpha) and from each row's batch-1 decode (`_rows`, see
+  `benchmark._predict_from_rows`), and 1 / (γc + v). Comparing
   the pairs names the term a prediction misses.
 
   Returns:

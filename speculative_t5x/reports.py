@@ -13,6 +13,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from speculative_t5x import profiles
+
 
 def _fmt(value, digits=2):
   return '-' if value is None else f'{value:.{digits}f}'
@@ -428,8 +430,9 @@ def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       'Measured: the median speedup over the baseline. Theorem 3.8: with alpha and c, v '
       'measured at that batch size. Batched: the same for loops that run until their '
       "batch's slowest row ends (`theory.batch_walltime_improvement`, the baseline's output "
-      "lengths), with one alpha for every row, and with each row's own (`theory.fit_row_alphas`, "
-      'fitted to its batch-1 decode). The speedup splits into baseline steps per target call '
+      'lengths), with one alpha for every row, and per row from its batch-1 decode (greedy: its '
+      'iterations replayed, exact but for the cost of one; sampled: its alpha fitted, '
+      '`theory.fit_row_alphas`). The speedup splits into baseline steps per target call '
       'and one step / one iteration (`profiles.speedup_terms`): measured against predicted, '
       "they name the term a prediction misses. Finished: the share of the target calls' "
       "rows whose row had ended, measured (one alpha; per row); the baseline's beside it.",
@@ -489,8 +492,7 @@ def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
 
 def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], path: str) -> None:
   """Speedup vs batch size: each gamma measured (solid) and predicted for loops that wait for
-  their batch's slowest row (dashed, `theory.batch_walltime_improvement` with each row's
-  fitted alpha), and auto."""
+  their batch's slowest row (dashed, `profiles.best_prediction`), and auto."""
   from matplotlib import pyplot as plt
 
   temperature = profile['temperature']
@@ -511,11 +513,11 @@ def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], pat
       color=color,
       label=f'gamma {gamma}, measured',
     )
-    # Each row's own alpha where fitted, else one alpha for all rows.
+    # The prediction the profile chose on (`profiles.best_prediction`).
     predicted = [
-      (b, p.get('predicted_speedup_rows') or p.get('predicted_speedup_batched'))
+      (b, profiles.best_prediction(p, temperature))
       for b, p in points
-      if p.get('predicted_speedup_rows') or p.get('predicted_speedup_batched')
+      if profiles.best_prediction(p, temperature) is not None
     ]
     if predicted:
       ax.plot(

@@ -218,6 +218,38 @@ def batch_walltime_improvement(alpha, gamma, c, verify_cost, lengths_by_batch) -
   return float(baseline_steps / (iterations * iteration_walltime(gamma, c, verify_cost)))
 
 
+def replayed_batch_walltime_improvement(
+  row_iterations_by_batch, gamma, c, verify_cost, lengths_by_batch
+) -> Tuple[float, float]:
+  """Greedy batched loops from each row's batch-1 iterations: (speedup, finished-row share).
+
+  A greedy decode is deterministic row by row: at a fixed γ a row drafts and
+  accepts in a batch what it did alone, so a batch's loop runs exactly
+  max_row I_row iterations; nothing is modelled but the cost of one (γc + v).
+  Sampling draws new tokens in every run, so its rows' counts are random and
+  `batch_walltime_improvement` models them.
+
+  Args:
+    row_iterations_by_batch: int [num_batches, batch_size], each row's
+      iterations at batch 1 (the batch-1 record's `row_iterations`).
+    gamma, c, verify_cost: as in `walltime_improvement` (scalars).
+    lengths_by_batch: int [num_batches, batch_size], the tokens each row emits.
+
+  Returns:
+    (Σ max L / (Σ max I · (γc + v)), 1 − Σ I / (batch_size · Σ max I)).
+  """
+  iterations = np.asarray(row_iterations_by_batch, np.int64)
+  lengths = np.asarray(lengths_by_batch, np.int64)
+  if iterations.shape != lengths.shape or iterations.ndim != 2:
+    raise ValueError(
+      f'row_iterations_by_batch and lengths_by_batch must both be [num_batches, batch_size]; '
+      f'got {iterations.shape} and {lengths.shape}.'
+    )
+  calls = int(iterations.max(axis=1).sum())
+  speedup = lengths.max(axis=1).sum() / (calls * iteration_walltime(gamma, c, verify_cost))
+  return float(speedup), float(1 - iterations.sum() / (iterations.shape[1] * calls))
+
+
 def finished_row_share(alpha: float, gamma: int, lengths_by_batch) -> float:
   """The expected share of a batched loop's (row, call) pairs whose row had already ended.
 

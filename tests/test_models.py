@@ -103,6 +103,17 @@ class TestGreedyEquality:
       np.testing.assert_array_equal(emitted, iterations)
     return out.stats
 
+  def test_a_greedy_row_takes_its_batch_1_iterations_in_any_batch(self):
+    """What `theory.replayed_batch_walltime_improvement` predicts batched greedy loops from."""
+    inputs = padded_inputs(2, 6, 9, TARGET.vocab_size)
+    kwargs = dict(gamma=3, temperature=0.0, max_decode_len=12)
+    batched = models.generate(TARGET, DRAFT, inputs, **kwargs).stats
+    alone = [models.generate(TARGET, DRAFT, inputs[i : i + 1], **kwargs).stats for i in range(6)]
+    alone_iterations = [int(np.asarray(s.iterations).item()) for s in alone]
+    np.testing.assert_array_equal(np.ravel(batched.iterations), alone_iterations)
+    assert len(set(alone_iterations)) > 1  # Ragged: the rows differ.
+    assert int(batched.target_calls) == max(alone_iterations)
+
   def test_baseline_is_one_token_per_call_greedy_argmax(self):
     """The baseline's first token is the argmax of a teacher-forced forward pass."""
     inputs = padded_inputs(0, 3, 7, TARGET.vocab_size)

@@ -176,6 +176,21 @@ def test_batched_loops_run_until_their_slowest_row_ends():
   assert wide < narrow
 
 
+def test_replayed_greedy_batches_wait_for_their_slowest_row():
+  iterations = np.array([[4, 12, 10], [2, 20, 2]])
+  lengths = np.array([[10, 12, 30], [5, 48, 8]])
+  speedup, finished = theory.replayed_batch_walltime_improvement(iterations, 3, 0.05, 1.2, lengths)
+  # Batches run 12 and 20 iterations (their slowest rows) against 30 and 48 baseline steps.
+  assert speedup == pytest.approx((30 + 48) / ((12 + 20) * (3 * 0.05 + 1.2)))
+  assert finished == pytest.approx(1 - 50 / (3 * 32))
+  # One row per batch: nothing waits.
+  assert theory.replayed_batch_walltime_improvement(
+    iterations.reshape(6, 1), 3, 0.05, 1.2, lengths.reshape(6, 1)
+  )[1] == pytest.approx(0.0)
+  with pytest.raises(ValueError, match='both be'):
+    theory.replayed_batch_walltime_improvement(iterations.ravel(), 3, 0.05, 1.2, lengths)
+
+
 def test_row_alphas_are_fitted_to_each_rows_iterations():
   gamma, lengths = 3, np.array([10, 12, 30, 5, 48, 8])
   iterations = np.array([4, 12, 10, 2, 20, 2])  # 12 of 12: nothing accepted; 2 of 8: all.
