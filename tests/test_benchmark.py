@@ -302,13 +302,14 @@ def decoder_prompt_records(tmp_path_factory):
 
 @pytest.mark.parametrize(
   'fixture, architecture, alpha_drafts',
-  [
-    (
+  [  # `slow`: the gpt-like pair file and the gin main's decoder prompts run these paths fast.
+    pytest.param(
       'decoder_only_records',
       'decoder-only prefix LM',
       {benchmark.PAIR_DRAFT, 'prompt lookup', '1-gram', '2-gram'},
+      marks=pytest.mark.slow,
     ),
-    pytest.param(  # `slow`: the gin main's decoder-prompt test below runs that path fast.
+    pytest.param(
       'decoder_prompt_records',
       'encoder-decoder',
       {benchmark.PAIR_DRAFT, 'model', '1-gram', '2-gram'},

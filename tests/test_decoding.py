@@ -297,8 +297,16 @@ WHOLE_SEQUENCE_DRAFTS = {
 }
 
 
-# `make test` runs every mode with the bigram draft, and prompt lookup and the adaptive
-# length at temperature 1; the other pairs (the same sample counts) are `slow`.
+# `make test` runs the bigram draft at temperature 1 and top-p, and prompt lookup at
+# temperature 1 (top-k and the adaptive length: test_models, test_exactness_toy); the
+# other pairs (the same sample counts) are `slow`.
+WHOLE_SEQUENCE_FAST = {
+  ('bigram-3', 'temperature1'),
+  ('bigram-3', 'topp0.8'),
+  ('lookup-3', 'temperature1'),
+}
+
+
 @pytest.mark.parametrize(
   'sample_args, draft_kind, gamma, draft_threshold, calls',
   [
@@ -306,7 +314,7 @@ WHOLE_SEQUENCE_DRAFTS = {
       args,
       *draft,
       id=f'{draft_name}-{mode}',
-      marks=() if draft_name == 'bigram-3' or mode == 'temperature1' else pytest.mark.slow,
+      marks=() if (draft_name, mode) in WHOLE_SEQUENCE_FAST else pytest.mark.slow,
     )
     for mode, args in WHOLE_SEQUENCE_MODES.items()
     for draft_name, draft in WHOLE_SEQUENCE_DRAFTS.items()

@@ -174,7 +174,10 @@ DISTILL_ARGS = dict(
 )
 
 
-@pytest.mark.parametrize('data_mix', [{'draft': 1.0}, {'target': 1.0, 'ground_truth': 1.0}])
+@pytest.mark.parametrize(
+  'data_mix',
+  [{'draft': 1.0}, pytest.param({'target': 1.0, 'ground_truth': 1.0}, marks=pytest.mark.slow)],
+)
 def test_distillation_raises_held_out_alpha(pair, phrase_task, tmp_path, data_mix):
   target, draft = pair
   result = distill.distill(
@@ -341,6 +344,7 @@ tasks.register_tsv_task:
   jax.tree.map(np.testing.assert_array_equal, resumed.params, reference.params)
 
 
+@pytest.mark.slow  # The demo's greedy distillation; its loss is checked fast above.
 def test_greedy_target_outputs_in_chunks_and_their_one_hot_teacher(pair):
   """The chunked greedy decode gives each step's own greedy outputs, and the step that takes
   the target's distribution from them computes the loss of the step that calls the target."""

@@ -113,7 +113,7 @@ class TestPromptLookupDraft:
 class TestModelDraft:
   """The draft's cache stays exact across the loop's position moves, with catch-ups."""
 
-  @pytest.mark.parametrize('draft_threshold', [0.0, 0.45])
+  @pytest.mark.parametrize('draft_threshold', [0.0, pytest.param(0.45, marks=pytest.mark.slow)])
   def test_rollouts_equal_the_full_forward_pass_after_any_acceptance(self, draft_threshold):
     """Every drafted q is the full forward pass's, whatever was drafted and accepted before.
 

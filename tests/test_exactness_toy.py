@@ -224,11 +224,11 @@ def run_configuration(mode, gamma, seed=0, verification='token', draft_threshold
 # threshold, so the adaptive length is exercised from gamma 2 on.
 GAMMAS_AND_THRESHOLDS = [(g, 0.0) for g in GAMMAS] + [(g, DRAFT_THRESHOLD) for g in GAMMAS if g > 1]
 # `make test` runs every mode under both rules at gamma 3 with the adaptive draft
-# length, and temperature 1 also at the fixed gammas 1 and 7 (7 drafts past the
-# sequence end); the other cases (the same sample count each) are `slow`, run by
-# `make test-all`.
+# length, and temperature 1 also at the fixed gamma 1 (both rules) and 7 (block: 7
+# drafts past the sequence end); the other cases (the same sample count each) are
+# `slow`, run by `make test-all`.
 FAST_GAMMA_AND_THRESHOLD = (3, DRAFT_THRESHOLD)
-FAST_TEMPERATURE_1 = {(1, 0.0), (7, 0.0)}
+FAST_TEMPERATURE_1 = {(1, 0.0, 'token'), (1, 0.0, 'block'), (7, 0.0, 'block')}
 
 
 def _joint_cases():
@@ -236,7 +236,7 @@ def _joint_cases():
     for verification in ('token', 'block'):
       for gamma, draft_threshold in GAMMAS_AND_THRESHOLDS:
         fast = (gamma, draft_threshold) == FAST_GAMMA_AND_THRESHOLD or (
-          mode == 'temperature_1' and (gamma, draft_threshold) in FAST_TEMPERATURE_1
+          mode == 'temperature_1' and (gamma, draft_threshold, verification) in FAST_TEMPERATURE_1
         )
         yield pytest.param(
           mode,

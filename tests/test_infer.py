@@ -234,6 +234,7 @@ def test_a_finished_run_reruns_to_nothing(fixture, greedy_runs):
   assert summary['metrics'] == greedy_runs['speculative']['metrics']
 
 
+@pytest.mark.slow  # Resuming runs fast in test_a_longer_run_continues_a_shorter_one.
 def test_sampled_run_resumed_inside_a_batch_equals_the_uninterrupted_run(fixture, tmp_path):
   sampling = dict(temperature=1.0, seed=3)
   _infer(fixture, tmp_path / 'whole', **sampling)
@@ -526,6 +527,7 @@ def test_decoder_only_prefix_lm_outputs_equal_generate(lm_fixture, tmp_path):
   assert settings['target']['inputs_bidirectional_attention'] is True
 
 
+@pytest.mark.slow  # The decoder-only infer path runs fast in the test above.
 def test_the_gpt_like_pair_file_runs_infer_on_a_prefix_task(fixture, lm_fixture, tmp_path):
   """configs/pairs/gpt_like.gin at a tiny size: the task's inputs (with EOS) are the prompts."""
   directory = lm_fixture['directory']

@@ -11,7 +11,7 @@ TARGET = tiny_model(seed=0)
 DRAFT = tiny_model(seed=1)
 
 
-@pytest.mark.parametrize('verification', ['token', 'block'])
+@pytest.mark.parametrize('verification', ['token', pytest.param('block', marks=pytest.mark.slow)])
 def test_the_judge_part_runs_the_settings_verification_rule(monkeypatch, verification):
   """A verification='block' record's breakdown timed the token rule before (issue 20)."""
   rules = []

@@ -30,12 +30,12 @@ DRAFT = tiny_model(seed=1, scale=3.0)
 
 class TestGreedyEquality:
   # `make test`: every draft kind under token verification, and block verification with a
-  # model draft (batch 8) and a wrong draft; the other block cases are `slow`.
+  # model draft (batch 8) and a wrong draft; the other cases are `slow`.
   @pytest.mark.parametrize(
     'draft_kind, batch, gamma, verification',
     [
-      ('model', 1, 1, 'token'),
-      ('model', 3, 4, 'token'),
+      pytest.param('model', 1, 1, 'token', marks=pytest.mark.slow),
+      pytest.param('model', 3, 4, 'token', marks=pytest.mark.slow),
       ('model', 8, 8, 'token'),
       ('target', 2, 3, 'token'),
       ('wrong', 5, 2, 'token'),
@@ -55,9 +55,9 @@ class TestGreedyEquality:
   @pytest.mark.parametrize(
     'draft_kind, batch, gamma, verification',
     [
-      ('model', 6, 5, 'token'),
+      pytest.param('model', 6, 5, 'token', marks=pytest.mark.slow),
       ('model', 6, 5, 'block'),
-      ('model', 1, 7, 'token'),
+      pytest.param('model', 1, 7, 'token', marks=pytest.mark.slow),
       ('bigram', 4, 7, 'block'),
       pytest.param('model', 1, 7, 'block', marks=pytest.mark.slow),
       pytest.param('bigram', 4, 7, 'token', marks=pytest.mark.slow),
@@ -169,15 +169,11 @@ SAMPLED_SIZES = {  # (gamma, draft_threshold, batch, calls)
   'adaptive-4096_sequences': (3, 0.9, 2_048, 2),
   'adaptive-gamma7-204800_sequences': (7, 0.9, 12_800, 16),
 }
-# `make test` runs the 4096-sequence cases at temperature 1 (both rules, fixed and adaptive
-# length), top-k with token verification and top-p with block verification and the adaptive
-# length; the rest, and every full-size case, are `slow`.
+# `make test` runs three 4096-sequence cases: temperature 1 and top-k with token
+# verification, top-p with block verification and the adaptive length (each mode, rule and
+# length once); the rest, and every full-size case, are `slow`.
 SAMPLED_FAST = {
-  *(
-    ('temperature1', rule, size)
-    for rule in ('token', 'block')
-    for size in ('4096_sequences', 'adaptive-4096_sequences')
-  ),
+  ('temperature1', 'token', '4096_sequences'),
   ('topk3', 'token', '4096_sequences'),
   ('topp0.7', 'block', 'adaptive-4096_sequences'),
 }

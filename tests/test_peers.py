@@ -134,6 +134,7 @@ def test_comparison_runs_end_to_end_and_outputs_agree(tmp_path):
   assert '1 intra-op thread(s)' in table
 
 
+@pytest.mark.slow  # Both loops on real networks; the divergence and argument tests below are fast.
 def test_draft_equal_to_target_accepts_gamma_per_round_in_both(tmp_path):
   """Acceptance 1: every round emits gamma + 1 tokens, length limit aside.
 

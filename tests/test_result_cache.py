@@ -75,7 +75,8 @@ def test_another_machine_kind_or_code_recomputes(tmp_path, monkeypatch):
   monkeypatch.setattr(
     result_cache,
     'environment',
-    lambda: dict(environment, cpu={'model name': 'AMD EPYC', 'cpu family': '25'}),
+    # Another kind than this machine's, whichever it is (the pool has families 25 and 26).
+    lambda: dict(environment, cpu=dict(environment['cpu'], **{'cpu family': 'another family'})),
   )
   result_cache.ResultCache(str(tmp_path)).get_or_compute('alpha', 'key', compute)
   monkeypatch.setattr(result_cache, 'code_fingerprint', lambda: 'another version of the code')
@@ -98,6 +99,7 @@ TARGET = tiny_model(seed=0, vocab_size=24, layers=2, scale=1.5)
 DRAFT = tiny_model(seed=1, vocab_size=24, scale=1.5)
 
 
+@pytest.mark.slow  # Two whole benchmarks; the cache's keys and files are tested fast here.
 def test_a_second_benchmark_reads_alpha_and_sampled_quality_back(tmp_path, monkeypatch):
   """The figures a second run on the same models and inputs does not compute again."""
   sampled_calls = []

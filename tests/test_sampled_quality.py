@@ -46,6 +46,7 @@ def test_each_decoder_gets_mean_and_stderr_over_its_keys():
     benchmark.sampled_quality(decoders, inputs, vocabulary_path=None, references=None, num_keys=1)
 
 
+@pytest.mark.slow  # Two sampled comparisons; one runs fast above.
 def test_a_decoder_shared_by_two_comparisons_samples_once(monkeypatch):
   """The baseline beside each gamma: its samples come from the result cache after the first."""
   decoded = []

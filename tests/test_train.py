@@ -487,6 +487,7 @@ def test_decoder_only_prefix_lm_learns_and_records_its_settings(prefix_lm_refere
   assert _complete_steps(model_dir) == [40, 80]
 
 
+@pytest.mark.slow  # The prefix LM above trains the decoder-only network fast.
 def test_decoder_only_plain_lm_learns(fixture_task, tmp_path):
   task, _, _ = fixture_task
   result = train.train(

@@ -177,7 +177,11 @@ def _self_attention_caches(config, cache):
   }
 
 
-@pytest.mark.parametrize('tree', [BRANCHING_2_2, UNEVEN], ids=['branching_2_2', 'uneven'])
+@pytest.mark.parametrize(  # `make test`: the uneven tree (depths 1-3 side by side).
+  'tree',
+  [pytest.param(BRANCHING_2_2, marks=pytest.mark.slow), UNEVEN],
+  ids=['branching_2_2', 'uneven'],
+)
 @pytest.mark.parametrize('kind', CASES)
 def test_tree_block_equals_teacher_forcing_of_each_path(kind, tree):
   """One call, and level-by-level calls as a draft makes them, over stale entries."""

@@ -67,6 +67,7 @@ def _run_gin_main(bindings):
     gin.clear_config()
 
 
+@pytest.mark.slow  # A whole comparison; its parts are the fast tests here and in test_tree*.
 def test_the_gin_main_writes_the_report(fixture, tmp_path):  # noqa: F811
   """configs/runs/tree_benchmark.gin on tests/test_infer.py's saved pair and TSV split."""
   bindings = [

@@ -32,6 +32,7 @@ from test_t5x_adapter import (  # noqa: F401 (pytest fixtures by name)
 )
 
 
+@pytest.mark.slow  # Builds test_infer's checkpoints again; greedy trees run fast in test_tree_decoding.
 def test_a_tree_run_writes_the_baselines_predictions(fixture, greedy_runs, tmp_path):  # noqa: F811
   _run_main_in_process(_cli(fixture, tmp_path / 'tree', '--gin.TREE=(2, 2, 1)', '--gin.GAMMA=None'))
   tree, baseline = _records(tmp_path / 'tree'), _records(greedy_runs['baseline_dir'])
