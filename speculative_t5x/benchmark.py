@@ -1018,7 +1018,7 @@ def _predict_from_rows(
   each row's alpha fitted to them (`theory.fit_row_alphas`) in the i.i.d.
   model; one sampled decode per row overstates the rows' spread, so the
   profile chooses sampled gammas on the one-alpha prediction instead
-  (`profiles.profile_from_records`).
+  (`profiles.best_prediction`).
 
   Args:
     batch1_rows: {'row_lengths', 'row_iterations'}, int [N] each, in input order.
@@ -1076,7 +1076,7 @@ def _profile_sweep(
           batch_size,
           alpha,
           parts=parts,
-          batch1_rows=batch1_rows.get(gamma) if alpha is not None else None,
+          batch1_rows=batch1_rows.get(gamma),  # Used only where alpha is measured.
         )
       )
   walltime = [

@@ -514,11 +514,8 @@ def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], pat
       label=f'gamma {gamma}, measured',
     )
     # The prediction the profile chose on (`profiles.best_prediction`).
-    predicted = [
-      (b, profiles.best_prediction(p, temperature))
-      for b, p in points
-      if profiles.best_prediction(p, temperature) is not None
-    ]
+    predictions = [(b, profiles.best_prediction(p, temperature)) for b, p in points]
+    predicted = [(b, s) for b, s in predictions if s is not None]
     if predicted:
       ax.plot(
         *zip(*predicted), '--', color=color, alpha=0.7, label=f'gamma {gamma}, predicted (batched)'
