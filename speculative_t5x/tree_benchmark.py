@@ -7,7 +7,9 @@ Per temperature, in one run on the same inputs:
      of `probe_depth` nodes, each with `probe_width` children: every rank is
      judged at every depth the spine reaches; `probe_tree`);
   2. the best tree for each node budget from those rates (`tree.choose_tree`,
-     Sequoia's dynamic program), with its predicted tokens per call;
+     Sequoia's dynamic program), with its predicted tokens per call, and any
+     other shapes given (`shapes`: a check of the chooser's picks against
+     trees it did not choose, on the same timed examples);
   3. the costs that decide whether a tree pays on this machine: v(nodes), a
      target call over a tree's N nodes (tree-masked) over a one-token step,
      and the draft's cost per depth (one tree-masked call over the level's
@@ -73,6 +75,17 @@ def tokens_per_call(stats: decoding.SpeculativeStats) -> Dict[str, float]:
   residual = emitted - ratio * iterations
   stderr = np.sqrt(np.sum(residual**2) / (count * (count - 1))) / iterations.mean()
   return dict(mean=float(ratio), stderr=float(stderr))
+
+
+def predicted_tokens_per_call(tree: tree_lib.Tree, rates) -> Optional[float]:
+  """1 + `tree.expected_accepted` at rates [D, K] (or [K]); None for a tree deeper than D.
+
+  A given shape may reach past the depths the probe measured, where no rate is
+  known; it is timed, not predicted.
+  """
+  if np.ndim(rates) == 2 and tree.max_depth > np.shape(rates)[0]:
+    return None
+  return 1 + tree_lib.expected_accepted(tree, rates)
 
 
 def measure_rates(
@@ -203,6 +216,7 @@ def compare_trees_and_chains(
   rate_inputs: Optional[np.ndarray] = None,
   gammas: Sequence[int] = CHAIN_GAMMAS,
   node_budgets: Sequence[int] = NODE_BUDGETS,
+  shapes: Sequence[Any] = (),
   max_decode_len: int = 48,
   repetitions: int = 3,
   emulate_rates: Optional[Sequence[float]] = None,
@@ -219,6 +233,10 @@ def compare_trees_and_chains(
       ones they are timed on).
     gammas: the chains compared.
     node_budgets: drafted-node budgets of the chosen trees.
+    shapes: further trees timed beside the chosen ones, anything
+      `tree.Tree.parse` reads (branching per depth such as (2, 2, 1, 1), a
+      parent array); their predicted tokens per call is None where they are
+      deeper than the rates were measured.
     max_decode_len: output length.
     repetitions: timed passes per decoder.
     emulate_rates: timing only, for random weights (e.g. XXL/small): K
@@ -241,18 +259,21 @@ def compare_trees_and_chains(
       target, draft, rate_inputs, temperature=temperature, max_decode_len=max_decode_len
     )
   records = [rates]
-  trees = {
-    budget: tree_lib.choose_tree(np.asarray(rates['rates']), budget) for budget in node_budgets
-  }
+  # (name, tree, node budget or None for a given shape) of every tree timed.
+  trees = [
+    (f'tree <= {budget} nodes', tree_lib.choose_tree(np.asarray(rates['rates']), budget), budget)
+    for budget in node_budgets
+  ]
+  for shape in shapes:
+    tree = tree_lib.Tree.parse(shape)
+    trees.append((f'tree {tree.branching or tree.parents} (given)', tree, None))
   configs = {
     f'chain gamma={g}': dict(gamma=g, emulate_alpha=emulate_rates and emulate_rates[0])
     for g in gammas
   }
-  configs.update(
-    {f'tree <= {b} nodes': dict(tree=t, emulate_alpha=emulate_rates) for b, t in trees.items()}
-  )
-  for budget, tree in trees.items():
-    progress(f'T={temperature:g}: costs of the best tree of <= {budget} nodes, {tree} ...')
+  configs.update({name: dict(tree=t, emulate_alpha=emulate_rates) for name, t, _ in trees})
+  for name, tree, budget in trees:
+    progress(f'T={temperature:g}: costs of {name}, {tree} ...')
     records.append(
       dict(
         tree_costs(
@@ -265,7 +286,7 @@ def compare_trees_and_chains(
         ),
         temperature=temperature,
         budget=budget,
-        predicted_tokens_per_call=1 + tree_lib.expected_accepted(tree, rates['rates']),
+        predicted_tokens_per_call=predicted_tokens_per_call(tree, rates['rates']),
       )
     )
   progress(f'T={temperature:g}: baseline, {len(configs)} speculative decoders, interleaved ...')
@@ -344,9 +365,10 @@ def markdown_table(records: Sequence[Dict[str, Any]]) -> str:
       levels = ', '.join(
         f'{ms:.2f} ({w})' for ms, w in zip(r['draft_level_ms'], r['draft_level_widths'])
       )
+      predicted = r['predicted_tokens_per_call']
       lines.append(
-        f'| {r["temperature"]:g} | {r["budget"]} | {r["tree"]} | '
-        f'{r["predicted_tokens_per_call"]:.2f} | {r["v_nodes"]:.2f} | {levels} |'
+        f'| {r["temperature"]:g} | {r["budget"] or "given"} | {r["tree"]} | '
+        f'{"-" if predicted is None else f"{predicted:.2f}"} | {r["v_nodes"]:.2f} | {levels} |'
       )
   return '\n'.join(lines)
 
@@ -362,7 +384,10 @@ def plot_trees(records: Sequence[Dict[str, Any]], path: str) -> None:
   figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
   for temperature in sorted({r['temperature'] for r in walltime}):
     for kind, marker in (('chain', 'o'), ('tree', 's')):
-      rows = [r for r in walltime if r['temperature'] == temperature and r['name'].startswith(kind)]
+      rows = sorted(
+        (r for r in walltime if r['temperature'] == temperature and r['name'].startswith(kind)),
+        key=lambda r: r['nodes_per_call'],
+      )
       nodes = [r['nodes_per_call'] for r in rows]
       label = f'{kind}s, T={temperature:g}'
       left.errorbar(

@@ -9,6 +9,7 @@ import pytest
 
 from speculative_t5x import decoding
 from speculative_t5x import gin_utils
+from speculative_t5x import tree as tree_lib
 from speculative_t5x import tree_benchmark
 from test_infer import VOCAB_SIZE, fixture  # noqa: F401 (a pytest fixture by name)
 from test_models import DRAFT, TARGET
@@ -42,18 +43,35 @@ def test_a_greedy_comparison_gives_the_baselines_outputs_for_every_decoder():
     temperature=0.0,
     gammas=(2,),
     node_budgets=(4,),
+    shapes=((3, 1),),
     max_decode_len=8,
     repetitions=1,
     progress=lambda line: None,
   )
   kinds = [r['kind'] for r in records]
-  assert kinds == ['tree_rates', 'tree_costs', 'tree_walltime', 'tree_walltime']
+  assert kinds == ['tree_rates'] + ['tree_costs'] * 2 + ['tree_walltime'] * 3
   walltime = [r for r in records if r['kind'] == 'tree_walltime']
-  assert [r['identical_to_baseline'] for r in walltime] == [1.0, 1.0]
-  assert [r['nodes_per_call'] for r in walltime] == [3, 5]
-  costs = records[1]
-  assert costs['v_nodes'] > 0 and len(costs['draft_level_ms']) == len(costs['draft_level_widths'])
-  assert '| 0 | tree <= 4 nodes | 5 |' in tree_benchmark.markdown_table(records)
+  assert [r['identical_to_baseline'] for r in walltime] == [1.0, 1.0, 1.0]
+  assert [r['nodes_per_call'] for r in walltime] == [3, 5, 7]
+  chosen, given = records[1:3]
+  assert chosen['budget'] == 4 and given['budget'] is None
+  assert chosen['v_nodes'] > 0 and len(chosen['draft_level_ms']) == len(
+    chosen['draft_level_widths']
+  )
+  assert given['predicted_tokens_per_call'] > 1
+  table = tree_benchmark.markdown_table(records)
+  assert '| 0 | tree <= 4 nodes | 5 |' in table and '| 0 | tree (3, 1) (given) | 7 |' in table
+
+
+def test_a_shape_deeper_than_the_measured_rates_is_not_predicted():
+  rates = np.array([[0.5, 0.2], [0.4, 0.1]])  # Parent depths 0 and 1.
+  shallow, deep = tree_lib.Tree.from_branching((2, 1)), tree_lib.Tree.chain(3)
+  assert tree_benchmark.predicted_tokens_per_call(shallow, rates) == pytest.approx(
+    1 + tree_lib.expected_accepted(shallow, rates)
+  )
+  assert tree_benchmark.predicted_tokens_per_call(deep, rates) is None
+  # Rates by rank alone hold at every depth.
+  assert tree_benchmark.predicted_tokens_per_call(deep, rates[0]) == pytest.approx(1.875)
 
 
 def _run_gin_main(bindings):
