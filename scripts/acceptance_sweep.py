@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, Sequence
 import numpy as np
 
 from speculative_t5x import acceptance
-from speculative_t5x import benchmark
+from speculative_t5x.bench import benchmark
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import settings as settings_lib
@@ -249,7 +249,7 @@ def main(argv=None) -> None:
 
   from speculative_t5x import checkpoints  # pylint: disable=g-import-not-at-top
   from speculative_t5x import gin_utils  # pylint: disable=g-import-not-at-top
-  from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
 
   vocab_size = sentencepiece.SentencePieceProcessor(model_file=args.vocabulary).get_piece_size()
   pair = []

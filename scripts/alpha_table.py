@@ -21,11 +21,11 @@ import json
 import os
 
 from speculative_t5x import acceptance
-from speculative_t5x import benchmark
+from speculative_t5x.bench import benchmark
 from speculative_t5x import demo
-from speculative_t5x import distill
+from speculative_t5x.training import distill
 from speculative_t5x import drafts
-from speculative_t5x import tasks_core
+from speculative_t5x.data import tasks_core
 
 
 def main():

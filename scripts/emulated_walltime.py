@@ -16,7 +16,7 @@ import json
 import jax
 import jax.numpy as jnp
 
-from speculative_t5x import benchmark
+from speculative_t5x.bench import benchmark
 from speculative_t5x import models
 from speculative_t5x import network
 

@@ -58,11 +58,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from speculative_t5x import corpora
+from speculative_t5x.data import corpora
 from speculative_t5x import gin_utils
 from speculative_t5x import network
-from speculative_t5x import tasks
-from speculative_t5x import train
+from speculative_t5x.data import tasks
+from speculative_t5x.training import train
 
 VOCABULARY_PIECES = 8000
 # The English LM task's pieces: inputs (4 words) 5.0 on average, 10 at the
@@ -202,7 +202,7 @@ def train_model(
       'from __gin__ import dynamic_registration',
       'import optax',
       'from speculative_t5x import network',
-      'from speculative_t5x import train',
+      'from speculative_t5x.training import train',
       *overrides,
       f'MODEL_DIR = {model_dir!r}',
       f'TRAIN_STEPS = {steps}',

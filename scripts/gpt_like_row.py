@@ -1,7 +1,7 @@
 """The paper's GPT-like row (Table 3) from a trained pair, with its walltime at batch 1.
 
 For a workdir holding a decoder-only target and draft trained by
-`speculative_t5x.train` on the English LM task (scripts/gpt_like_models.py
+`speculative_t5x.training.train` on the English LM task (scripts/gpt_like_models.py
 writes runs/gpt_like), measured with `benchmark.run_benchmark`, one code path
 with every other pair:
 
@@ -39,15 +39,15 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from speculative_t5x import benchmark
-from speculative_t5x import corpora
+from speculative_t5x.bench import benchmark
+from speculative_t5x.data import corpora
 from speculative_t5x import drafts
-from speculative_t5x import measure
+from speculative_t5x.bench import measure
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import tasks_core
+from speculative_t5x.data import tasks_core
 from speculative_t5x import theory
-from speculative_t5x import train
+from speculative_t5x.training import train
 
 # Leviathan et al. 2023, Table 3: the GPT-like pair (97M target, 6M draft, LM1B).
 PAPER_ALPHA = {0.0: 0.88, 1.0: 0.89}
@@ -72,7 +72,7 @@ def load_trained(model_dir: str) -> models.Model:
   settings = train.read_settings(model_dir)
   if settings is None or settings.get('network') != 'DecoderOnlyConfig':
     raise ValueError(
-      f'{model_dir} holds no decoder-only network trained by speculative_t5x.train (its '
+      f'{model_dir} holds no decoder-only network trained by speculative_t5x.training.train (its '
       f'{train.SETTINGS_FILE} is missing or names another network); pass the directories '
       'of the GPT-like target and draft (--target_dir, --draft_dir).'
     )
@@ -341,7 +341,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument('--output_dir', default=None, help='default: <workdir>/report')
   args = parser.parse_args(argv)
 
-  from speculative_t5x import tasks  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.data import tasks  # pylint: disable=g-import-not-at-top
 
   if (args.target_dir is None) != (args.draft_dir is None):
     parser.error('give both --target_dir and --draft_dir, or neither')

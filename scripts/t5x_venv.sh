@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The side venv of `make test-t5x`: the real T5X (google-research/t5x, Apache 2.0; not on PyPI),
-# this project with its test extras, and the import stubs of tests/t5x_stubs, installed by the
+# this project with its test extras, and the import stubs of speculative_t5x/t5x_stubs, installed by the
 # README's recipe ("Use with T5X") line for line. Nothing of T5X enters the repository: its source
 # is unpacked into the venv folder (git-ignored).
 #
@@ -50,7 +50,7 @@ export PIP_QUIET=1
 pip install --upgrade pip
 # The README's recipe, from the checkout's root ...
 pip install -e .                                   # this package, with jax, flax, seqio, orbax
-echo "$PWD/tests/t5x_stubs" > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/t5x_stubs.pth"
+echo "$PWD/speculative_t5x/t5x_stubs" > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/t5x_stubs.pth"
 # ... and for the tests, as the Makefile's .venv: CPU PyTorch first (no CUDA build), the extras.
 pip install torch==2.13.0
 pip install -e '.[test]'

@@ -57,15 +57,15 @@ from absl import flags
 from absl import logging
 import jax
 
-from speculative_t5x import benchmark
-from speculative_t5x import corpora
+from speculative_t5x.bench import benchmark
+from speculative_t5x.data import corpora
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import reports
-from speculative_t5x import result_cache as result_cache_lib
-from speculative_t5x import tasks_core
+from speculative_t5x.bench import reports
+from speculative_t5x.bench import result_cache as result_cache_lib
+from speculative_t5x.data import tasks_core
 
 MAX_DECODE_LEN = 48  # Output length of the timed decodes: the training targets' length.
 TARGET_STEPS = 400
@@ -159,7 +159,7 @@ def training_step_seconds(
   import numpy as np
   import optax
 
-  from speculative_t5x import measure
+  from speculative_t5x.bench import measure
 
   tx = optax.adafactor(0.03)
 
@@ -188,7 +188,7 @@ def training_step_seconds(
 
 def print_machine(vocab_size: int) -> Dict[str, Any]:
   """Prints and returns what this run measures on: `measure.machine()` and a training step."""
-  from speculative_t5x import measure
+  from speculative_t5x.bench import measure
 
   machine = measure.machine()
   config = gin_utils.model_config('gettext_target', vocab_size)
@@ -232,7 +232,7 @@ def trained_model(
 ) -> models.Model:
   """Trains configs/models/<name>.gin on the corpus (or resumes/finds it).
 
-  The training run is `python -m speculative_t5x.train` with the model file,
+  The training run is `python -m speculative_t5x.training.train` with the model file,
   configs/tasks/gettext_ende.gin and configs/runs/train.gin, keeping only the
   last checkpoint and without evaluation; `batch_size` replaces train.gin's
   BATCH_SIZE (None: keep it).
@@ -242,7 +242,7 @@ def trained_model(
 
   finished = os.path.isdir(model_dir) and os.path.isdir(os.path.join(model_dir, str(steps)))
   if not finished:
-    from speculative_t5x import train  # TensorFlow and seqio only when training.
+    from speculative_t5x.training import train  # TensorFlow and seqio only when training.
 
     num_params = network.parameter_count(network.abstract_params(config)[0])
     _step(f'Training {name} ({num_params / 1e6:.1f}M parameters, {steps} steps)')
@@ -288,7 +288,7 @@ def distilled_model(
 ) -> tuple:
   """Distills the data-trained draft from the target (or resumes/finds it): (model, record).
 
-  The run is `python -m speculative_t5x.distill` with the pair file
+  The run is `python -m speculative_t5x.training.distill` with the pair file
   configs/pairs/gettext_tiny.gin (target and draft read from their training
   directories in `workdir`), configs/tasks/gettext_ende.gin and
   configs/runs/distill.gin. The record holds the run's settings and its
@@ -312,7 +312,7 @@ def distilled_model(
   files = ['configs/pairs/gettext_tiny.gin', 'configs/tasks/gettext_ende.gin']
   files.append('configs/runs/distill.gin')
   if not os.path.isdir(os.path.join(model_dir, str(steps))):
-    from speculative_t5x import distill  # TensorFlow and seqio only when distilling.
+    from speculative_t5x.training import distill  # TensorFlow and seqio only when distilling.
 
     _step(
       f'Distilling the draft from the target for T={temperature:g} ({divergence}, {steps} '
@@ -334,7 +334,7 @@ def distilled_model(
 
 def compare_with_huggingface(target, draft, inputs, gamma, workdir, report_dir) -> str:
   """`peers.compare_with_huggingface`, written to report_dir/peers.{json,md}."""
-  from speculative_t5x import peers  # PyTorch and transformers only here.
+  from speculative_t5x.bench import peers  # PyTorch and transformers only here.
 
   result = peers.compare_with_huggingface(
     target,

@@ -105,7 +105,7 @@ from speculative_t5x import network
 from speculative_t5x import partitioning
 from speculative_t5x import run_settings
 from speculative_t5x import settings as settings_lib
-from speculative_t5x import tasks
+from speculative_t5x.data import tasks
 
 Record = Dict[str, Any]
 

@@ -691,7 +691,7 @@ def load_trained(model_dir: str, dtype=None) -> Model:
   path = os.path.join(model_dir, TRAIN_SETTINGS_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(
-      f'{model_dir} holds no {TRAIN_SETTINGS_FILE}: it was not written by speculative_t5x.train. '
+      f'{model_dir} holds no {TRAIN_SETTINGS_FILE}: it was not written by speculative_t5x.training.train. '
       'Load other checkpoints with load_model(config, path).'
     )
   with open(path) as f:

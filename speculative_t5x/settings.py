@@ -15,15 +15,14 @@ from their keywords. The defaults live here and only here.
 import dataclasses
 from typing import Any, Dict, Mapping, Optional, Union
 
-import jax
 import numpy as np
 
 from speculative_t5x import profiles
+from speculative_t5x import speculative_sampling
+from speculative_t5x import tree as tree_lib
 
 AUTO = 'auto'  # gamma chosen per batch size from a speculation profile.
 DEFAULT_GAMMA = 4  # A chain's gamma when none is given.
-
-VERIFICATIONS = ('token', 'block')
 
 
 def check_positive_int(name: str, value) -> int:
@@ -38,39 +37,6 @@ def check_positive_int(name: str, value) -> int:
       f'({type(value).__name__}). Pass a whole number, e.g. {name}=4.'
     )
   return int(value)
-
-
-def check_lenience(lenience):
-  """Returns a concrete lenience as a float; ValueError unless it is a scalar in (0, 1].
-
-  A traced lenience (a caller jitting over it) is returned unchecked.
-  """
-  if isinstance(lenience, jax.core.Tracer):
-    return lenience
-  if isinstance(lenience, (bool, np.bool_)):
-    value = None
-  else:
-    try:
-      value = np.asarray(lenience, dtype=np.float64)
-    except (TypeError, ValueError):
-      value = None
-  if value is None or value.ndim != 0 or not 0.0 < float(value) <= 1.0:
-    raise ValueError(
-      f'lenience must be a scalar in (0, 1] (1 is exact speculative sampling), got {lenience!r}.'
-    )
-  return float(value)
-
-
-def check_verification(verification: str, lenience=1.0) -> str:
-  """Returns `verification`; ValueError unless it is a known rule that fits `lenience`."""
-  if verification not in VERIFICATIONS:
-    raise ValueError(f"verification must be 'token' or 'block'; got {verification!r}.")
-  if verification == 'block' and (isinstance(lenience, jax.core.Tracer) or float(lenience) != 1.0):
-    raise ValueError(
-      f"verification='block' is exact only: it needs lenience 1, got "
-      f"{lenience!r}. Use verification='token' for lenient acceptance."
-    )
-  return verification
 
 
 def check_draft_threshold(value) -> float:
@@ -130,20 +96,19 @@ class SpeculativeSettings:
   verification: str = 'token'
   draft_threshold: float = 0.0
   profile: Optional[str] = None
-  tree: Optional['tree_lib.Tree'] = None  # noqa: F821 (imported below: a cycle)
+  tree: Optional[tree_lib.Tree] = None
 
   def __post_init__(self):
     if self.tree is not None:
-      # Here, not at the top: tree imports speculative_sampling, which imports this module.
-      from speculative_t5x import tree as tree_lib  # pylint: disable=g-import-not-at-top
-
       object.__setattr__(self, 'tree', tree_lib.Tree.parse(self.tree))
     normalized = dict(
       gamma=self._checked_gamma(),
-      lenience=check_lenience(self.lenience),
+      lenience=speculative_sampling.check_lenience(self.lenience),
       draft_threshold=check_draft_threshold(self.draft_threshold),
     )
-    normalized['verification'] = check_verification(self.verification, normalized['lenience'])
+    normalized['verification'] = speculative_sampling.check_verification(
+      self.verification, normalized['lenience']
+    )
     for name, value in normalized.items():
       object.__setattr__(self, name, value)
     if self.tree is not None:

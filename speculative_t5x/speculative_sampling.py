@@ -54,14 +54,49 @@ from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculative_t5x import sampling
-from speculative_t5x import settings
 
 # A residual mass below this many float eps is rounding noise (p and q agree to
 # float precision; the rejection that leads here has probability of the same
 # order), so the next token is drawn from p, the residual's limit as q → p.
 _RESIDUAL_MASS_FLOOR_IN_EPS = 8
+
+VERIFICATIONS = ('token', 'block')
+
+
+def check_lenience(lenience):
+  """Returns a concrete lenience as a float; ValueError unless it is a scalar in (0, 1].
+
+  A traced lenience (a caller jitting over it) is returned unchecked.
+  """
+  if isinstance(lenience, jax.core.Tracer):
+    return lenience
+  if isinstance(lenience, (bool, np.bool_)):
+    value = None
+  else:
+    try:
+      value = np.asarray(lenience, dtype=np.float64)
+    except (TypeError, ValueError):
+      value = None
+  if value is None or value.ndim != 0 or not 0.0 < float(value) <= 1.0:
+    raise ValueError(
+      f'lenience must be a scalar in (0, 1] (1 is exact speculative sampling), got {lenience!r}.'
+    )
+  return float(value)
+
+
+def check_verification(verification: str, lenience=1.0) -> str:
+  """Returns `verification`; ValueError unless it is a known rule that fits `lenience`."""
+  if verification not in VERIFICATIONS:
+    raise ValueError(f"verification must be 'token' or 'block'; got {verification!r}.")
+  if verification == 'block' and (isinstance(lenience, jax.core.Tracer) or float(lenience) != 1.0):
+    raise ValueError(
+      f"verification='block' is exact only: it needs lenience 1, got "
+      f"{lenience!r}. Use verification='token' for lenient acceptance."
+    )
+  return verification
 
 
 def acceptance_probability(
@@ -270,7 +305,7 @@ def verify(
     ValueError: on inconsistent shapes, γ < 1, lenience outside (0, 1]
       (concrete values only), or an rng that is neither one key nor B keys.
   """
-  settings.check_lenience(lenience)
+  check_lenience(lenience)
   if draft_tokens.ndim != 2 or draft_tokens.shape[1] < 1:
     raise ValueError(f'draft_tokens must have shape [B, γ] with γ >= 1; got {draft_tokens.shape}.')
   batch_size, gamma = draft_tokens.shape
@@ -286,7 +321,7 @@ def verify(
       f'{draft_probs.shape}.'
     )
 
-  settings.check_verification(verification, lenience)
+  check_verification(verification, lenience)
   num_drafted = _num_drafted(num_drafted, batch_size, gamma)
   if verification == 'token':
     verify_row = functools.partial(_verify_row, lenience=lenience, one_hot_target=one_hot_target)

@@ -38,9 +38,9 @@ Scoring and training see the target only: `loss_fn`, `eval_fn` and
 t5x is optional. This module imports without it, and so do its functions over
 arrays (`speculative_predict_batch`, `graft_draft_params`, ...), which the
 model classes call and which tests and notebooks use directly. The classes
-live in `t5x_models`, which imports t5x: `t5x_adapter.SpeculativeEncoderDecoderModel`
-(or `SpeculativeDecoderOnlyModel`, the names gin files use) loads it on first
-access and raises ImportError with installation instructions if t5x is missing.
+live in `t5x_models`, which imports t5x (gin files bind
+`t5x_models.SpeculativeEncoderDecoderModel` and `...DecoderOnlyModel`) and
+raises ImportError with installation instructions if t5x is missing.
 """
 
 import inspect
@@ -67,15 +67,6 @@ RestoreStateTransformationFn = Callable[..., PyTree]
 
 # Where the draft's parameters (and their logical axes) live in the tree.
 DRAFT_KEY = 'draft'
-
-_T5X_MISSING = (
-  'SpeculativeEncoderDecoderModel subclasses t5x.models.EncoderDecoderModel, '
-  'but t5x cannot be imported ({error!r}). t5x is not on PyPI: install it '
-  'from its source repository, google-research/t5x on GitHub (clone it, then '
-  '`pip install -e ./t5x`). Some of its own dependencies (airio, a recent '
-  "jestimator) also come from their source repositories; see t5x's "
-  'setup.py. The rest of speculative_t5x works without t5x.'
-)
 
 
 # ------------------------------------------------------------------------------
@@ -297,8 +288,8 @@ def graft_draft_params(
   if expected is None:
     raise ValueError(
       f"The model being restored has no '{DRAFT_KEY}' parameters: grafting a draft checkpoint "
-      'needs MODEL = @t5x_adapter.SpeculativeEncoderDecoderModel() (configs/t5x/speculative.gin) '
-      'or MODEL = @t5x_adapter.SpeculativeDecoderOnlyModel() '
+      'needs MODEL = @t5x_models.SpeculativeEncoderDecoderModel() (configs/t5x/speculative.gin) '
+      'or MODEL = @t5x_models.SpeculativeDecoderOnlyModel() '
       '(configs/t5x/speculative_decoder_only.gin). If a pair file is given, a gin file after it '
       "(one including T5X's base.gin) rebinds MODEL: give the pair file last."
     )
@@ -593,16 +584,3 @@ def _baseline_predict(
     'batch_gamma': jnp.zeros((batch_size,), jnp.int32),
   }
   return decodes, aux
-
-
-def __getattr__(name: str):
-  """The T5X model classes, from `t5x_models` (which imports t5x) on first access."""
-  if name in ('SpeculativeEncoderDecoderModel', 'SpeculativeDecoderOnlyModel'):
-    try:
-      from speculative_t5x import t5x_models  # pylint: disable=g-import-not-at-top
-    except ImportError as error:
-      if not (error.name or '').startswith('t5x'):
-        raise
-      raise ImportError(_T5X_MISSING.format(error=error)) from error
-    return getattr(t5x_models, name)
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

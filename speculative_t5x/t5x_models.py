@@ -1,11 +1,11 @@
 """The T5X model classes of speculative decoding; this module imports t5x.
 
 `SpeculativeEncoderDecoderModel` and `SpeculativeDecoderOnlyModel` subclass
-T5X's `EncoderDecoderModel` and `DecoderOnlyModel`. Gin files and users reach
-them as `t5x_adapter.SpeculativeEncoderDecoderModel` (and
-`...DecoderOnlyModel`): `t5x_adapter` loads this module on first access, so
-that the rest of the integration (parameter grafting, the array-level
-`t5x_adapter.speculative_predict_batch`) imports without t5x. See
+T5X's `EncoderDecoderModel` and `DecoderOnlyModel`; gin files bind them as
+`t5x_models.SpeculativeEncoderDecoderModel` (and `...DecoderOnlyModel`). The
+rest of the integration (parameter grafting, the array-level
+`t5x_adapter.speculative_predict_batch`) lives in `t5x_adapter`, which imports
+without t5x. See
 `t5x_adapter`'s docstring for where the draft's parameters live.
 """
 
@@ -14,13 +14,29 @@ from typing import Any, Mapping, MutableMapping, Optional, Tuple, Union
 
 import flax
 import jax
-from t5x import models as t5x_models
 
 from speculative_t5x import decoding
 from speculative_t5x import layouts
 from speculative_t5x import network
 from speculative_t5x import settings as settings_lib
 from speculative_t5x import t5x_adapter
+
+T5X_MISSING = (
+  'SpeculativeEncoderDecoderModel subclasses t5x.models.EncoderDecoderModel, '
+  'but t5x cannot be imported ({error!r}). t5x is not on PyPI: install it '
+  'from its source repository, google-research/t5x on GitHub (clone it, then '
+  '`pip install -e ./t5x`). Some of its own dependencies (airio, a recent '
+  "jestimator) also come from their source repositories; see t5x's "
+  'setup.py. The rest of speculative_t5x works without t5x.'
+)
+
+
+try:
+  from t5x import models as t5x_models
+except ImportError as error:
+  if not (error.name or '').startswith('t5x'):
+    raise
+  raise ImportError(T5X_MISSING.format(error=error)) from error
 
 Array = jax.Array
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from speculative_t5x import acceptance
-from speculative_t5x import benchmark
+from speculative_t5x.bench import benchmark
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
-from speculative_t5x import measure
+from speculative_t5x.bench import measure
 from speculative_t5x import network
 from speculative_t5x import theory
 from testing_utils import padded_inputs, tiny_decoder_only_model, tiny_model
@@ -194,12 +194,12 @@ def test_emulated_tokens_per_call_follow_eq_1():
 
 @pytest.mark.slow  # The emulation runs fast in test_emulated_tokens_per_call_follow_eq_1.
 def test_gin_main_runs_a_pair_file_in_the_emulation_mode(tmp_path):
-  """`python -m speculative_t5x.benchmark` with random weights, as for XXL/small."""
+  """`python -m speculative_t5x.bench.benchmark` with random weights, as for XXL/small."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   command = [
     sys.executable,
     '-m',
-    'speculative_t5x.benchmark',
+    'speculative_t5x.bench.benchmark',
     '--gin_file=configs/models/tiny.gin',
     '--gin_file=configs/pairs/pair.gin',
     '--gin_file=configs/runs/benchmark.gin',

@@ -20,7 +20,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from speculative_t5x import checkpoints
-from speculative_t5x import huggingface
+from speculative_t5x.checkpoints import huggingface
 from speculative_t5x import network
 from testing_utils import assert_trees_equal, write_t5x_legacy, write_t5x_orbax
 

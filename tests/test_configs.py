@@ -18,7 +18,7 @@ from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import tasks_core
+from speculative_t5x.data import tasks_core
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Macros the run files define, which model files use.

@@ -59,7 +59,7 @@ def test_sampled_quality_is_reported_as_mean_and_standard_error(capsys):
   """At T > 0 the report and the demo's table give BLEU and length as mean +- stderr over
   keys, with their difference in standard errors; greedy rows keep one BLEU each."""
   from speculative_t5x import demo
-  from speculative_t5x import reports
+  from speculative_t5x.bench import reports
 
   stats = lambda mean, stderr: dict(mean=mean, stderr=stderr, per_key=[mean] * 4)
   quality = dict(
@@ -98,7 +98,7 @@ def test_sampled_quality_is_reported_as_mean_and_standard_error(capsys):
 def test_the_breakdown_says_which_part_is_mis_timed():
   """Rows whose parts miss the measured iteration by more than 10% name the suspect: the
   target's timing when the baseline's step misses too, else the speculative-only parts."""
-  from speculative_t5x import reports
+  from speculative_t5x.bench import reports
 
   def row(gamma, measured, baseline_measured):
     parts = dict(draft_catch_up=0.1, draft_rollout=1.0, target_block=5.0, judge=0.1, emit=0.05)
@@ -132,8 +132,8 @@ def test_the_breakdown_says_which_part_is_mis_timed():
 
 def test_a_second_run_reads_distill_and_train_files_by_their_names():
   from speculative_t5x import demo
-  from speculative_t5x import distill
-  from speculative_t5x import train
+  from speculative_t5x.training import distill
+  from speculative_t5x.training import train
 
   assert demo.DISTILL_SETTINGS_FILE == distill.SETTINGS_FILE
   assert demo.METRICS_FILE == train.METRICS_FILE

@@ -1,4 +1,4 @@
-"""Tests for speculative_t5x.distill: divergences, their gradients, distillation, resumption."""
+"""Tests for speculative_t5x.training.distill: divergences, their gradients, distillation, resumption."""
 
 import dataclasses
 import os
@@ -16,10 +16,10 @@ import numpy as np
 import optax
 import pytest
 
-from speculative_t5x import distill
+from speculative_t5x.training import distill
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import train
+from speculative_t5x.training import train
 import testing_utils
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -282,7 +282,7 @@ def test_killed_distillation_resumes_to_the_uninterrupted_result(pair, phrase_ta
   pair_gin.write_text(f"""
 from __gin__ import dynamic_registration
 from speculative_t5x import network
-from speculative_t5x import tasks
+from speculative_t5x.data import tasks
 include 'configs/pairs/pair.gin'
 {config_lines('target/', target.config)}
 {config_lines('draft/', draft.config)}
@@ -321,7 +321,12 @@ tasks.register_tsv_task:
 
   reference = run_in_process(str(tmp_path / 'reference'))
   killed_dir = str(tmp_path / 'killed')
-  command = [sys.executable, '-m', 'speculative_t5x.distill', f'--gin.MODEL_DIR={killed_dir!r}']
+  command = [
+    sys.executable,
+    '-m',
+    'speculative_t5x.training.distill',
+    f'--gin.MODEL_DIR={killed_dir!r}',
+  ]
   command += [f'--gin_file={path}' for path in files]
   command += [f'--gin.{name}={value!r}' for name, value in bindings.items()]
   process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

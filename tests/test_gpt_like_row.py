@@ -12,11 +12,11 @@ import os
 
 import pytest
 
-from speculative_t5x import corpora
+from speculative_t5x.data import corpora
 from speculative_t5x import network
-from speculative_t5x import tasks
-from speculative_t5x import tasks_core
-from speculative_t5x import train
+from speculative_t5x.data import tasks
+from speculative_t5x.data import tasks_core
+from speculative_t5x.training import train
 from testing_utils import NOUNS, VERBS
 
 _PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts', 'gpt_like_row.py')

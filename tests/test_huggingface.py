@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative_t5x import huggingface
+from speculative_t5x.checkpoints import huggingface
 from speculative_t5x import network
 
 safetensors_numpy = pytest.importorskip(

@@ -27,8 +27,8 @@ from speculative_t5x import gin_utils
 from speculative_t5x import infer
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import tasks
-from speculative_t5x import tasks_core
+from speculative_t5x.data import tasks
+from speculative_t5x.data import tasks_core
 from testing_utils import NOUNS, PAIRS as PHRASE_PAIRS, VERBS, decoded_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -400,7 +400,7 @@ def test_a_damaged_checkpoint_file_is_named_as_the_target_or_the_draft(fixture, 
 
 def test_benchmark_reads_a_task_split_as_the_tsv_reader_does(fixture):
   """benchmark.task_inputs (seqio, for TFDS tasks) == benchmark.tsv_inputs (no TensorFlow)."""
-  from speculative_t5x import benchmark
+  from speculative_t5x.bench import benchmark
 
   task_rows, task_references = benchmark.task_inputs(fixture['task'], 'test')
   tsv_rows, tsv_references = benchmark.tsv_inputs(

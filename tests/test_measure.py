@@ -1,4 +1,4 @@
-"""Tests for speculative_t5x.measure's load monitor: what else ran on the CPU meanwhile.
+"""Tests for speculative_t5x.bench.measure's load monitor: what else ran on the CPU meanwhile.
 
 (The timing functions are tested with the benchmark, in test_benchmark.py.)
 """
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from speculative_t5x import measure
+from speculative_t5x.bench import measure
 
 SPIN = 'import time\nend = time.time() + 10\nwhile time.time() < end: pass'
 

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from speculative_t5x import benchmark
+from speculative_t5x.bench import benchmark
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import profiles
-from speculative_t5x import reports
+from speculative_t5x.bench import reports
 from speculative_t5x import settings
 from speculative_t5x import t5x_adapter
 from speculative_t5x import theory

@@ -198,7 +198,7 @@ def check_aux(records, gamma, max_length):
 # The encoder-decoder command: T5X's t5_1_1 base_wmt_infer.gin + our pair file.
 # ------------------------------------------------------------------------------
 TASK_MODULE = """
-from speculative_t5x import tasks
+from speculative_t5x.data import tasks
 
 # wmt_t2t_ende_v003's form (prefix, cc_all.32000-like vocabulary with 100 extra
 # ids, BLEU), over a local TSV file instead of TFDS's WMT data.
@@ -434,7 +434,7 @@ def test_readme_encoder_decoder_command_sharded_over_8_devices(encoder_decoder, 
 # The decoder-only command: T5X's decoder_only model file, infer.gin, our file.
 # ------------------------------------------------------------------------------
 DECODER_ONLY_TASK_MODULE = """
-from speculative_t5x import tasks
+from speculative_t5x.data import tasks
 
 tasks.register_tsv_task(
     'st5x_decoder_only_infer', {{'test': {test!r}}}, {vocabulary!r}, extra_ids=0, prefix='translate: ')

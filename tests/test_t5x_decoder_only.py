@@ -25,7 +25,13 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import settings
 from speculative_t5x import t5x_adapter
-from testing_utils import EOS, decoded_lengths, import_t5x, tiny_decoder_only_model
+from testing_utils import (
+  EOS,
+  decoded_lengths,
+  import_t5x,
+  speculative_t5x_models,
+  tiny_decoder_only_model,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GAMMA = 3
@@ -152,7 +158,7 @@ def _models(t5x, bidirectional):
     decode_fn=t5x['decoding'].temperature_sample,
     inputs_bidirectional_attention=bidirectional,
   )
-  ours = t5x_adapter.SpeculativeDecoderOnlyModel(
+  ours = speculative_t5x_models().SpeculativeDecoderOnlyModel(
     MODULE,
     t5x['vocabulary'],
     optimizer_def=None,
@@ -239,7 +245,7 @@ def test_t5x_gin_file_builds_the_speculative_model(t5x):
 @pytest.mark.t5x
 def test_t5x_model_rejects_bad_arguments(t5x):
   build = functools.partial(
-    t5x_adapter.SpeculativeDecoderOnlyModel, MODULE, t5x['vocabulary'], None
+    speculative_t5x_models().SpeculativeDecoderOnlyModel, MODULE, t5x['vocabulary'], None
   )
   with pytest.raises(ValueError, match='decode_fn must be a speculative decode function'):
     build(decode_fn=t5x['decoding'].temperature_sample, draft_module=MODULE, gamma=GAMMA)

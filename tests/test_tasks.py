@@ -1,4 +1,4 @@
-"""Tests for speculative_t5x.tasks: seqio tasks, gettext corpus, metrics, vocab.
+"""Tests for speculative_t5x.data.tasks: seqio tasks, gettext corpus, metrics, vocab.
 
 Everything runs offline on fixtures written here: a SentencePiece model trained
 on a few sentences, tiny datasets in TFDS format, and .mo catalogs written
@@ -19,9 +19,9 @@ import sacrebleu
 import seqio
 import tensorflow_datasets as tfds
 
-from speculative_t5x import corpora
-from speculative_t5x import tasks
-from speculative_t5x import tasks_core
+from speculative_t5x.data import corpora
+from speculative_t5x.data import tasks
+from speculative_t5x.data import tasks_core
 from testing_utils import write_mo
 
 # English/German UI strings: the vocabulary's training text and the TSV data.

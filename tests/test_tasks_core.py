@@ -1,4 +1,4 @@
-"""Tests for speculative_t5x.tasks_core and corpora: no TensorFlow, the TSV reader, unreadable catalogs.
+"""Tests for speculative_t5x.data.tasks_core and corpora: no TensorFlow, the TSV reader, unreadable catalogs.
 
 The metrics and the gettext corpus are tested in test_tasks.py, beside the
 seqio tasks that use them.
@@ -6,15 +6,15 @@ seqio tasks that use them.
 
 import pytest
 
-from speculative_t5x import corpora
-from speculative_t5x import tasks_core
+from speculative_t5x.data import corpora
+from speculative_t5x.data import tasks_core
 from testing_utils import python_output, write_mo
 
 
 def test_importing_the_core_imports_no_tensorflow():
   assert (
     python_output(
-      'import sys; from speculative_t5x import corpora, tasks_core; '
+      'import sys; from speculative_t5x.data import corpora, tasks_core; '
       'print(sorted({"tensorflow", "seqio", "tensorflow_datasets"} & set(sys.modules)))'
     )
     == '[]'

@@ -14,12 +14,12 @@ import gin
 import pytest
 import seqio
 
-from speculative_t5x import corpora
+from speculative_t5x.data import corpora
 from speculative_t5x import gin_utils
 from speculative_t5x import network
-from speculative_t5x import tasks
-from speculative_t5x import tasks_core
-from speculative_t5x import train
+from speculative_t5x.data import tasks
+from speculative_t5x.data import tasks_core
+from speculative_t5x.training import train
 from testing_utils import write_mo
 
 # ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tests for speculative_t5x.train: loss, learning, checkpoints, resumption, gin.
+"""Tests for speculative_t5x.training.train: loss, learning, checkpoints, resumption, gin.
 
 The fixture task is a TSV task over systematic English/German phrases written
 here, with a SentencePiece vocabulary trained on them, so that a tiny network
@@ -22,8 +22,8 @@ import pytest
 import seqio
 
 from speculative_t5x import network
-from speculative_t5x import tasks
-from speculative_t5x import train
+from speculative_t5x.data import tasks
+from speculative_t5x.training import train
 import testing_utils
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -198,8 +198,8 @@ network.T5Config:
   task_gin = configs / 'task.gin'
   task_gin.write_text(f"""
 from __gin__ import dynamic_registration
-from speculative_t5x import tasks
-from speculative_t5x import train
+from speculative_t5x.data import tasks
+from speculative_t5x.training import train
 
 TASK = @tasks.register_tsv_task()
 tasks.register_tsv_task:
@@ -293,7 +293,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(gin_config, reference, t
   files, bindings = gin_config
   reference_result, reference_dir = reference
   killed_dir = str(tmp_path / 'killed')
-  command = [sys.executable, '-m', 'speculative_t5x.train']
+  command = [sys.executable, '-m', 'speculative_t5x.training.train']
   command += [f'--gin_file={path}' for path in files]
   command += [f'--gin.{name}={value!r}' for name, value in bindings.items()]
   command += [f'--gin.MODEL_DIR={killed_dir!r}']
@@ -438,7 +438,7 @@ network.DecoderOnlyConfig:
   task_gin = configs / 'task.gin'
   task_gin.write_text(f"""
 from __gin__ import dynamic_registration
-from speculative_t5x import train
+from speculative_t5x.training import train
 
 TASK = {task!r}
 train.train.eval_every = 40

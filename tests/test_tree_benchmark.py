@@ -10,7 +10,7 @@ import pytest
 from speculative_t5x import decoding
 from speculative_t5x import gin_utils
 from speculative_t5x import tree as tree_lib
-from speculative_t5x import tree_benchmark
+from speculative_t5x.bench import tree_benchmark
 from test_infer import VOCAB_SIZE, fixture  # noqa: F401 (a pytest fixture by name)
 from test_models import DRAFT, TARGET
 from testing_utils import padded_inputs

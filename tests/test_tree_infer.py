@@ -12,7 +12,6 @@ import jax
 import numpy as np
 import pytest
 
-from speculative_t5x import t5x_adapter
 
 from test_infer import (  # noqa: F401 (pytest fixtures by name)
   TASK_NAME,
@@ -22,6 +21,7 @@ from test_infer import (  # noqa: F401 (pytest fixtures by name)
   fixture,
   greedy_runs,
 )
+from testing_utils import speculative_t5x_models
 from test_t5x_adapter import (  # noqa: F401 (pytest fixtures by name)
   BATCH,
   DRAFT,
@@ -47,7 +47,7 @@ def test_a_tree_run_writes_the_baselines_predictions(fixture, greedy_runs, tmp_p
 def test_a_t5x_model_with_a_tree_predicts_stock_t5x_greedy(t5x_env):  # noqa: F811
   """SpeculativeEncoderDecoderModel(tree=...): T5X's temperature_sample(topk=1) tokens."""
   vocabulary = t5x_env['vocabulary']
-  model = t5x_adapter.SpeculativeEncoderDecoderModel(
+  model = speculative_t5x_models().SpeculativeEncoderDecoderModel(
     MODULE,
     vocabulary,
     vocabulary,

@@ -3,10 +3,12 @@
 import pytest
 
 from speculative_t5x import network
-from speculative_t5x import xla_flags
+from speculative_t5x.bench import xla_flags
 from testing_utils import python_output
 
-SET_FLAGS = 'from speculative_t5x import xla_flags\nadded = xla_flags.set_decode_flags({bytes})\n'
+SET_FLAGS = (
+  'from speculative_t5x.bench import xla_flags\nadded = xla_flags.set_decode_flags({bytes})\n'
+)
 
 
 def test_a_memory_bound_target_gets_the_flag_in_a_fresh_process():

@@ -336,7 +336,7 @@ def phrase_task(directory, name, prefix):
   `directory`, trains a 64-piece SentencePiece vocabulary on them and
   registers the seqio TSV task `name` with the input prefix `prefix`.
   """
-  from speculative_t5x import tasks  # seqio and TensorFlow only where a task is needed.
+  from speculative_t5x.data import tasks  # seqio and TensorFlow only where a task is needed.
 
   for split, pairs in (('train', PAIRS), ('validation', PAIRS[::5])):
     with open(os.path.join(directory, f'{split}.tsv'), 'w', encoding='utf-8') as f:
@@ -379,3 +379,11 @@ def import_t5x():
 
     return t5x
   return pytest.importorskip('t5x', reason=T5X_REASON)
+
+
+def speculative_t5x_models():
+  """`speculative_t5x.t5x_models` (our T5X model classes), which imports t5x: see `import_t5x`."""
+  import_t5x()
+  from speculative_t5x import t5x_models  # pylint: disable=g-import-not-at-top
+
+  return t5x_models

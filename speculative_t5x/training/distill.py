@@ -4,7 +4,7 @@ The paper's first future-work item is a draft trained to maximize
 alpha = E[sum_x min(p, q)]; DistillSpec (Zhou et al., ICLR 2024) does it with
 on-policy data and a choice of divergence. `distill` trains a draft network
 against a frozen target network, with the training machinery of
-`speculative_t5x.train` (optax, the orbax layout, resume after a kill,
+`speculative_t5x.training.train` (optax, the orbax layout, resume after a kill,
 metrics.jsonl, a progress bar).
 
 Data. Each step takes a batch of inputs from the task's train split (seqio's
@@ -65,7 +65,7 @@ starts from `draft`'s parameters (a data-trained draft, or a random one:
 
 Command line (flags as in `gin_utils`; the pair file binds TARGET and DRAFT):
 
-  python -m speculative_t5x.distill \
+  python -m speculative_t5x.training.distill \
     --gin_file=configs/pairs/gettext_tiny.gin \
     --gin_file=configs/tasks/gettext_ende.gin \
     --gin_file=configs/runs/distill.gin \
@@ -97,8 +97,8 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import speculative_sampling
-from speculative_t5x import tasks
-from speculative_t5x import train
+from speculative_t5x.data import tasks
+from speculative_t5x.training import train
 
 PyTree = Any
 
@@ -474,7 +474,7 @@ def distill(
   if network.is_decoder_only(target.config) or network.is_decoder_only(draft.config):
     raise ValueError(
       'distill takes encoder-decoder pairs (network.T5Config); distilling a decoder-only '
-      'pair is not implemented. Train the decoder-only draft with speculative_t5x.train.'
+      'pair is not implemented. Train the decoder-only draft with speculative_t5x.training.train.'
     )
   if target.vocab_size != draft.vocab_size:
     raise ValueError(
@@ -634,7 +634,7 @@ def distill(
 # ------------------------------------------------------------------------------
 def main(argv: Sequence[str]) -> None:
   """Runs the gin-configured `distill` (`gin_utils.run` has parsed the gin flags)."""
-  from speculative_t5x import distill as distill_lib  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.training import distill as distill_lib  # pylint: disable=g-import-not-at-top
 
   gin_utils.run_configured(argv, distill_lib.distill)
 

@@ -56,7 +56,7 @@ that holds with XLA_FLAGS=--xla_gpu_deterministic_ops=true.
 
 Command line, T5X style (flags as in `gin_utils`):
 
-  python -m speculative_t5x.train \
+  python -m speculative_t5x.training.train \
     --gin_file=configs/models/gettext_target.gin \
     --gin_file=configs/tasks/gettext_ende.gin \
     --gin_file=configs/runs/train.gin \
@@ -92,7 +92,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import run_settings
-from speculative_t5x import tasks
+from speculative_t5x.data import tasks
 
 PyTree = Any
 Batch = Dict[str, np.ndarray]
@@ -998,7 +998,7 @@ def train(
 # ------------------------------------------------------------------------------
 def main(argv: Sequence[str]) -> None:
   """Runs the gin-configured `train` (`gin_utils.run` has parsed the gin flags)."""
-  from speculative_t5x import train as train_lib  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.training import train as train_lib  # pylint: disable=g-import-not-at-top
 
   gin_utils.run_configured(argv, train_lib.train)
 

@@ -75,7 +75,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import acceptance
-from speculative_t5x import huggingface
+from speculative_t5x.checkpoints import huggingface
 from speculative_t5x import settings
 from speculative_t5x import drafts
 from speculative_t5x import layouts

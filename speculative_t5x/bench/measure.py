@@ -57,7 +57,7 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
-from speculative_t5x import xla_flags
+from speculative_t5x.bench import xla_flags
 
 PyTree = Any
 Array = jax.Array

@@ -33,7 +33,7 @@ from absl import logging
 from etils import epath
 import polib
 
-from speculative_t5x import tasks_core
+from speculative_t5x.data import tasks_core
 
 # ---------------------------------------------------------------------------
 # The offline English->German corpus from gettext catalogs.

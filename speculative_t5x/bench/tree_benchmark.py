@@ -33,10 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5x import benchmark
+from speculative_t5x.bench import benchmark
 from speculative_t5x import decoding
 from speculative_t5x import layouts
-from speculative_t5x import measure
+from speculative_t5x.bench import measure
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tree as tree_lib
@@ -450,7 +450,7 @@ def benchmark_pair_trees(
       f'rank; got tsv_path={tsv_path!r}, vocabulary_path={vocabulary_path!r}.'
     )
   else:
-    from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
+    from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
 
     inputs, _ = benchmark.tsv_inputs(
       tsv_path,
@@ -488,7 +488,7 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
   import gin  # pylint: disable=g-import-not-at-top
 
-  from speculative_t5x import tree_benchmark as module  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.bench import tree_benchmark as module  # pylint: disable=g-import-not-at-top
 
   gin.get_configurable(module.benchmark_pair_trees)()
 

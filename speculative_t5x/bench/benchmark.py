@@ -34,7 +34,7 @@ decoder-only pair's prompts), measured in one run:
 
 Everything here imports jax/flax/numpy only (sentencepiece or seqio only for
 the input readers that need them), so the walltime benchmark runs on GPU/TPU
-machines without TensorFlow. `python -m speculative_t5x.benchmark
+machines without TensorFlow. `python -m speculative_t5x.bench.benchmark
 --gin_file=configs/runs/benchmark.gin ...` runs `run_benchmark` from gin;
 `scripts/` wraps it. The records become benchmark.json, benchmark.md and
 figures in `reports`.
@@ -54,12 +54,12 @@ from speculative_t5x import acceptance
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import layouts
-from speculative_t5x import measure
+from speculative_t5x.bench import measure
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import profiles
-from speculative_t5x import reports
-from speculative_t5x import result_cache as result_cache_lib
+from speculative_t5x.bench import reports
+from speculative_t5x.bench import result_cache as result_cache_lib
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
 from speculative_t5x import theory
@@ -95,7 +95,7 @@ def tsv_inputs(
     (inputs int32 [N, input_length], targets: list of N reference strings).
   """
   import sentencepiece  # pylint: disable=g-import-not-at-top
-  from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
   pairs = tasks_core.read_tsv(path, num_examples)
@@ -173,7 +173,7 @@ def tsv_target_tokens(
   The corpus for the n-gram drafts (`run_benchmark(ngram_corpus=...)`).
   """
   import sentencepiece  # pylint: disable=g-import-not-at-top
-  from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
   return [
@@ -351,7 +351,7 @@ def corpus_bleu(
   if vocabulary_path is None or references is None:
     return None
   import sentencepiece  # pylint: disable=g-import-not-at-top
-  from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
   pieces, unk = processor.get_piece_size(), processor.unk_id()
@@ -1334,7 +1334,7 @@ def benchmark_pair(
         "tsv_path needs vocabulary_path, the pair's SentencePiece model, to "
         'tokenize it (VOCABULARY in configs/runs/benchmark.gin).'
       )
-    from speculative_t5x import tasks_core  # pylint: disable=g-import-not-at-top
+    from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
 
     inputs, references = tsv_inputs(
       tsv_path,
@@ -1389,10 +1389,10 @@ def main(argv: Sequence[str]) -> None:
     from absl import app  # pylint: disable=g-import-not-at-top
 
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
-  # Bindings name `speculative_t5x.benchmark.benchmark_pair`, which is not this
-  # module's function when it runs as `python -m speculative_t5x.benchmark`.
+  # Bindings name `speculative_t5x.bench.benchmark.benchmark_pair`, which is not this
+  # module's function when it runs as `python -m speculative_t5x.bench.benchmark`.
   import gin  # pylint: disable=g-import-not-at-top
-  from speculative_t5x import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.bench import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
 
   from speculative_t5x import gin_utils  # pylint: disable=g-import-not-at-top
 

@@ -12,7 +12,7 @@ load from T5X or orbax checkpoints.
 `checkpoints.load_params` and `checkpoints.checkpoint_format` recognize these
 directories too (by `CONFIG_FILE`) and read them through `load_t5`. Errors
 follow `checkpoints`' conventions: FileNotFoundError for a missing file,
-`checkpoints.CorruptCheckpointError` for one that does not parse, ValueError
+`common.CorruptCheckpointError` for one that does not parse, ValueError
 for an unsupported variant or mismatched tensors. The safetensors package
 (`pip install "speculative_t5x[hf]"`) is imported on first use.
 """
@@ -30,7 +30,7 @@ from flax import traverse_util
 import ml_dtypes  # noqa: F401  pylint: disable=unused-import
 import numpy as np
 
-from speculative_t5x import checkpoints
+from speculative_t5x.checkpoints import common
 from speculative_t5x import network
 
 Params = Dict[str, Any]
@@ -122,10 +122,10 @@ def _read_json(path: str, what: str) -> Dict[str, Any]:
   """The JSON object in `path`, which should hold `what` (for the messages)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f'No {os.path.basename(path)} at {path}: expected {what}.')
-  with open(path, 'rb') as f, checkpoints.parsing(path, f'{what} (JSON)', checkpoints.JSON_ERRORS):
+  with open(path, 'rb') as f, common.parsing(path, f'{what} (JSON)', common.JSON_ERRORS):
     contents = json.loads(f.read())
   if not isinstance(contents, dict):
-    raise checkpoints.CorruptCheckpointError(
+    raise common.CorruptCheckpointError(
       path, f'{what} (a JSON object)', f'it holds a JSON {type(contents).__name__}'
     )
   return contents
@@ -134,7 +134,7 @@ def _read_json(path: str, what: str) -> Dict[str, Any]:
 def _safe_open(path: str):
   """safetensors' `safe_open(path)`, its errors for a damaged file naming it."""
   safetensors = _safetensors()
-  with checkpoints.parsing(path, 'safetensors weights', (safetensors.SafetensorError,)):
+  with common.parsing(path, 'safetensors weights', (safetensors.SafetensorError,)):
     return safetensors.safe_open(path, framework='np')
 
 
@@ -212,7 +212,7 @@ def _t5_config_from_json(hf: Dict[str, Any], logits_via_embedding: bool) -> netw
 @contextlib.contextmanager
 def _open(model_dir: str):
   """Yields (config.json contents, tensor names, read(name) -> float32 array)."""
-  model_dir = os.fspath(checkpoints.checkpoint_directory(model_dir))
+  model_dir = os.fspath(common.checkpoint_directory(model_dir))
   hf = _read_json(
     os.path.join(model_dir, CONFIG_FILE), 'the config.json of a transformers T5 model'
   )
@@ -325,8 +325,8 @@ def load_t5(
     flat[('decoder', 'logits_dense', 'kernel')] = (
       head * np.float32(config.emb_dim**-0.5) if scale else head
     ).T
-  differences = checkpoints.compare_shapes(
-    traverse_util.unflatten_dict(flat), checkpoints.expected_params(config)
+  differences = common.compare_shapes(
+    traverse_util.unflatten_dict(flat), common.expected_params(config)
   )
   if differences:
     raise ValueError(

@@ -42,7 +42,7 @@ from typing import Iterable, Iterator, Mapping, Optional, Sequence, Union
 import seqio
 import tensorflow as tf
 
-from speculative_t5x import tasks_core
+from speculative_t5x.data import tasks_core
 
 VocabularyOrPath = Union[str, seqio.Vocabulary]
 

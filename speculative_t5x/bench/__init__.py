@@ -1,0 +1,1 @@
+"""Experiments around the library: benchmarks, step costs, reports, the result cache, peers."""

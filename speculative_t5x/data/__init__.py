@@ -1,0 +1,1 @@
+"""The data layer: offline corpora, seqio tasks and vocabularies."""
