@@ -22,7 +22,7 @@ test-all: $(INSTALLED)
 # The T5X integration tests (-m t5x, slow ones included) against the real T5X, which is not on
 # PyPI: scripts/t5x_venv.sh builds (or reuses) the side venv $(T5X_VENV) with T5X from
 # T5X_SOURCE=<a T5X source tree> or else the snapshot ../shared/vendor/t5x-cc342d4.tar.gz, by
-# the README's recipe. There a t5x test that cannot import t5x, or skips, fails. One worker
+# the recipe of docs/t5x.md. There a t5x test that cannot import t5x, or skips, fails. One worker
 # per core, a module per worker, as for make test.
 T5X_VENV ?= .venv-t5x
 test-t5x:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The side venv of `make test-t5x`: the real T5X (google-research/t5x, Apache 2.0; not on PyPI),
 # this project with its test extras, and the import stubs of speculative_t5x/t5x_stubs, installed by the
-# README's recipe ("Use with T5X") line for line. Nothing of T5X enters the repository: its source
+# recipe of docs/t5x.md ("Install") line for line. Nothing of T5X enters the repository: its source
 # is unpacked into the venv folder (git-ignored).
 #
 #   scripts/t5x_venv.sh [VENV]                 (default .venv-t5x; run from anywhere)
@@ -48,13 +48,13 @@ python3 -m venv "$VENV"
 source "$VENV/bin/activate"
 export PIP_QUIET=1
 pip install --upgrade pip
-# The README's recipe, from the checkout's root ...
+# The recipe of docs/t5x.md, from the checkout's root ...
 pip install -e .                                   # this package, with jax, flax, seqio, orbax
 echo "$PWD/speculative_t5x/t5x_stubs" > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/t5x_stubs.pth"
 # ... and for the tests, as the Makefile's .venv: CPU PyTorch first (no CUDA build), the extras.
 pip install torch==2.13.0
 pip install -e '.[test]'
-# The README's `git clone https://github.com/google-research/t5x`: the snapshot (or T5X_SOURCE) as
+# The recipe's `git clone https://github.com/google-research/t5x`: the snapshot (or T5X_SOURCE) as
 # ./t5x, in the venv's folder rather than the checkout.
 cd "$VENV"
 if [ -n "${T5X_SOURCE:-}" ]; then

@@ -7,7 +7,7 @@ real t5x (marked `t5x`; it is not on PyPI, `make test-t5x` installs it; see
 `t5x_models.T5X_MISSING`): the model class inside T5X's own restore,
 partitioning and prediction code, compared with T5X's stock
 `EncoderDecoderModel` on T5X's own network, and the gin files of configs/t5x.
-The README's `python -m t5x.infer` commands run in tests/test_t5x_commands.py.
+The `python -m t5x.infer` commands of docs/t5x.md run in tests/test_t5x_commands.py.
 """
 
 import dataclasses

@@ -1,9 +1,10 @@
-"""The README's T5X commands, run as written against the real T5X (`make test-t5x`).
+"""The T5X commands of docs/t5x.md, run as written against the real T5X (`make test-t5x`).
 
-README.md's "Use with T5X" gives an install recipe and two `python -m t5x.infer`
-commands. The recipe is what scripts/t5x_venv.sh runs to build the side venv of
+docs/t5x.md gives an install recipe and two `python -m t5x.infer` commands
+(README.md repeats the recipe and the encoder-decoder command: checked equal
+here). The recipe is what scripts/t5x_venv.sh runs to build the side venv of
 `make test-t5x`, line for line (checked here without t5x). Each command is read
-from the README and run in a subprocess, with only the values that cannot run
+from docs/t5x.md and run in a subprocess, with only the values that cannot run
 offline on two CPU cores substituted (`--gin.X=` values replaced, bindings
 appended: see each test), on checkpoints written by T5X's own checkpointer, and
 compared with stock T5X on T5X's network: the same greedy outputs, and sampled
@@ -56,20 +57,26 @@ AUX_NAMES = [
 
 
 # ------------------------------------------------------------------------------
-# The README's text.
+# The documentation's text.
 # ------------------------------------------------------------------------------
-def readme_t5x_blocks():
-  """The fenced code blocks of README.md's "Use with T5X" section, in order."""
-  with open(os.path.join(REPO_ROOT, 'README.md'), encoding='utf-8') as f:
+def fenced_blocks(path, section=None):
+  """The fenced code blocks of the file at `path` (or of its `## section`), in order."""
+  with open(os.path.join(REPO_ROOT, path), encoding='utf-8') as f:
     text = f.read()
-  section = text.split('\n## Use with T5X\n', 1)[1].split('\n## ', 1)[0]
-  return re.findall(r'^```[^\n]*\n(.*?)^```', section, flags=re.M | re.S)
+  if section is not None:
+    text = text.split(f'\n## {section}\n', 1)[1].split('\n## ', 1)[0]
+  return re.findall(r'^```[^\n]*\n(.*?)^```', text, flags=re.M | re.S)
 
 
-def readme_command(index):
-  """The argv of the README's `index`-th `python -m t5x.infer` command, as a shell splits it."""
-  commands = [block for block in readme_t5x_blocks() if block.startswith('python -m t5x.infer')]
-  assert len(commands) == 2, 'README: "Use with T5X" should hold two t5x.infer commands'
+def t5x_doc_blocks():
+  """The fenced code blocks of docs/t5x.md, in order: the install recipe, then the commands."""
+  return fenced_blocks(os.path.join('docs', 't5x.md'))
+
+
+def t5x_doc_command(index):
+  """The argv of docs/t5x.md's `index`-th `python -m t5x.infer` command, as a shell splits it."""
+  commands = [block for block in t5x_doc_blocks() if block.startswith('python -m t5x.infer')]
+  assert len(commands) == 2, 'docs/t5x.md should hold two t5x.infer commands'
   return shlex.split(commands[index].replace('\\\n', ' '))
 
 
@@ -78,7 +85,7 @@ def substituted(argv, values, appended=()):
 
   A key of `values` is a whole argument (`--gin_file=/path/to/x.gin`) or a
   flag (`--gin.CHECKPOINT_PATH`); each must occur in `argv`, so that only the
-  README's own values are replaced.
+  command's own values are replaced.
   """
   unused = set(values)
   result = []
@@ -90,14 +97,14 @@ def substituted(argv, values, appended=()):
       continue
     unused.discard(key)
     result.append(values[key] if key == arg else f'{flag}={values[key]}')
-  assert not unused, f'not in the README command: {sorted(unused)}'
+  assert not unused, f'not in the docs/t5x.md command: {sorted(unused)}'
   assert result[:3] == ['python', '-m', 't5x.infer']
   return [sys.executable, *result[1:], *appended]
 
 
-def test_readme_install_recipe_is_what_make_test_t5x_runs():
-  """Every line of the README's recipe is a line of scripts/t5x_venv.sh, in the same order."""
-  recipe = [line for line in readme_t5x_blocks()[0].splitlines() if line.strip()]
+def test_install_recipe_is_what_make_test_t5x_runs():
+  """Every line of docs/t5x.md's recipe is a line of scripts/t5x_venv.sh, in the same order."""
+  recipe = [line for line in t5x_doc_blocks()[0].splitlines() if line.strip()]
   with open(os.path.join(REPO_ROOT, 'scripts', 't5x_venv.sh'), encoding='utf-8') as f:
     script = f.read().splitlines()
   with open(os.path.join(REPO_ROOT, 'Makefile'), encoding='utf-8') as f:
@@ -108,11 +115,17 @@ def test_readme_install_recipe_is_what_make_test_t5x_runs():
     if line.startswith('git clone '):  # The script unpacks the snapshot (or T5X_SOURCE) instead.
       assert line == 'git clone https://github.com/google-research/t5x'
       continue
-    assert line in script, f'scripts/t5x_venv.sh does not run the README line {line!r}'
+    assert line in script, f'scripts/t5x_venv.sh does not run the docs/t5x.md line {line!r}'
     positions.append(script.index(line))
   assert positions == sorted(positions)
   assert re.search(r'^test-t5x:.*\n(\t.*\n)*\tscripts/t5x_venv\.sh', makefile, flags=re.M)
   assert 'SPECULATIVE_T5X_REQUIRE_T5X=1' in makefile and '-m t5x' in makefile
+
+
+def test_readme_t5x_blocks_are_those_of_docs():
+  """README.md's "With T5X" recipe and command are docs/t5x.md's, which the tests run."""
+  readme = fenced_blocks('README.md', 'With T5X')
+  assert readme == t5x_doc_blocks()[:2]
 
 
 # ------------------------------------------------------------------------------
@@ -246,7 +259,7 @@ class EncoderDecoderRuns:
     }
     self._runs = {}
 
-  # The README's command, with these values substituted: the paths (checkpoints
+  # The documented command, with these values substituted: the paths (checkpoints
   # written above, the output directory, this repository) and the vocabulary
   # (a local SentencePiece model for the gs:// one). Appended: the sizes of the
   # checkpoints (tiny), this task (the same form as base_wmt_infer.gin's
@@ -254,7 +267,7 @@ class EncoderDecoderRuns:
   # networks and restore (exact comparisons), and `extra`.
   def speculative_argv(self, output_dir, extra=()):
     return substituted(
-      readme_command(0),
+      t5x_doc_command(0),
       {
         '--gin_search_paths': REPO_ROOT,
         '--gin.CHECKPOINT_PATH': repr(self.checkpoints['target']),
@@ -333,7 +346,7 @@ def encoder_decoder(tmp_path_factory):
 
 @pytest.mark.t5x
 @pytest.mark.slow
-def test_readme_encoder_decoder_command_equals_stock_t5x_greedy(encoder_decoder):
+def test_encoder_decoder_command_equals_stock_t5x_greedy(encoder_decoder):
   stock, ours = encoder_decoder.stock(), encoder_decoder.speculative()
   assert len(stock.records) == NUM_EXAMPLES
   assert len(set(stock.predictions)) > 1 and all(stock.predictions)  # Varied, non-empty.
@@ -353,8 +366,8 @@ def test_readme_encoder_decoder_command_equals_stock_t5x_greedy(encoder_decoder)
 
 @pytest.mark.t5x
 @pytest.mark.slow
-def test_readme_encoder_decoder_command_samples(encoder_decoder):
-  """The README's sampling overrides: valid decodes with the statistics, unlike greedy's."""
+def test_encoder_decoder_command_samples(encoder_decoder):
+  """The documented sampling overrides: valid decodes with the statistics, unlike greedy's."""
   sampled = encoder_decoder.run(
     'sampled',
     lambda output_dir: encoder_decoder.speculative_argv(
@@ -386,7 +399,7 @@ def _model_info(output_dir):
 @pytest.mark.t5x
 @pytest.mark.slow
 @pytest.mark.parametrize('model_partitions', [2, 4])
-def test_readme_encoder_decoder_command_sharded_over_8_devices(encoder_decoder, model_partitions):
+def test_encoder_decoder_command_sharded_over_8_devices(encoder_decoder, model_partitions):
   """T5X's PjitPartitioner on a (8 / k, k) ('data', 'model') mesh of 8 host CPU devices.
 
   On CPU, T5X's default mesh puts every device on 'model' whatever
@@ -444,7 +457,7 @@ tasks.register_tsv_task(
 @pytest.mark.t5x
 @pytest.mark.slow
 @pytest.mark.parametrize('bidirectional', [False, True], ids=['causal', 'prefix_lm'])
-def test_readme_decoder_only_command_equals_stock_t5x_greedy(tmp_path, bidirectional):
+def test_decoder_only_command_equals_stock_t5x_greedy(tmp_path, bidirectional):
   root = t5x_root()
   _, directory, vocabulary = phrase_task(os.fspath(tmp_path), 'st5x_phrases', 'translate: ')
   os.rename(os.path.join(directory, 'validation.tsv'), os.path.join(directory, 'test.tsv'))
@@ -474,11 +487,11 @@ def test_readme_decoder_only_command_equals_stock_t5x_greedy(tmp_path, bidirecti
     '--gin.utils.DatasetConfig.batch_size=4',
     f'--gin.models.DecoderOnlyModel.inputs_bidirectional_attention={bidirectional}',
   ]
-  # The README's command with its values substituted: the paths, the
+  # The documented command with its values substituted: the paths, the
   # target's size (tiny, as its checkpoint), the task. Appended: a vocabulary
   # of 64 (the checkpoints'), float32 networks, predict_with_aux.
-  readme = readme_command(1)
-  (model_file,) = [arg for arg in readme if arg.endswith('/decoder_only/models/base.gin')]
+  command = t5x_doc_command(1)
+  (model_file,) = [arg for arg in command if arg.endswith('/decoder_only/models/base.gin')]
   values = {
     '--gin_search_paths': REPO_ROOT,
     model_file: f'--gin_file={os.path.join(root, "t5x/examples/decoder_only/models/base.gin")}',
@@ -489,7 +502,7 @@ def test_readme_decoder_only_command_equals_stock_t5x_greedy(tmp_path, bidirecti
   }
   ours_dir, stock_dir = tmp_path / 'speculative', tmp_path / 'stock'
   ours_argv = substituted(
-    readme,
+    command,
     {**values, '--gin.INFER_OUTPUT_DIR': repr(os.fspath(ours_dir))},
     [
       *common,
@@ -503,7 +516,7 @@ def test_readme_decoder_only_command_equals_stock_t5x_greedy(tmp_path, bidirecti
   # the same size, greedy.
   stock_argv = [
     arg
-    for arg in substituted(readme, {**values, '--gin.INFER_OUTPUT_DIR': repr(os.fspath(stock_dir))})
+    for arg in substituted(command, {**values, '--gin.INFER_OUTPUT_DIR': repr(os.fspath(stock_dir))})
     if arg != '--gin_file=configs/t5x/speculative_decoder_only.gin'
     and not arg.startswith(('--gin.TARGET_SIZE', '--gin.DRAFT_SIZE', '--gin.DRAFT_CHECKPOINT'))
   ] + [

@@ -6,8 +6,8 @@ and `remove_prompts` is T5X's `remove_prefix`. The second part runs against
 the real t5x (marked `t5x`; it is not on PyPI, `make test-t5x` installs it):
 the model class inside T5X, compared with T5X's stock `DecoderOnlyModel` on
 T5X's own decoder-only network, and the gin file
-configs/t5x/speculative_decoder_only.gin. The README's `python -m t5x.infer`
-command for it runs in tests/test_t5x_commands.py.
+configs/t5x/speculative_decoder_only.gin. The `python -m t5x.infer`
+command of docs/t5x.md for it runs in tests/test_t5x_commands.py.
 """
 
 import dataclasses
