@@ -516,7 +516,9 @@ def test_decoder_only_command_equals_stock_t5x_greedy(tmp_path, bidirectional):
   # the same size, greedy.
   stock_argv = [
     arg
-    for arg in substituted(command, {**values, '--gin.INFER_OUTPUT_DIR': repr(os.fspath(stock_dir))})
+    for arg in substituted(
+      command, {**values, '--gin.INFER_OUTPUT_DIR': repr(os.fspath(stock_dir))}
+    )
     if arg != '--gin_file=configs/t5x/speculative_decoder_only.gin'
     and not arg.startswith(('--gin.TARGET_SIZE', '--gin.DRAFT_SIZE', '--gin.DRAFT_CHECKPOINT'))
   ] + [
