@@ -14,10 +14,10 @@ One run on one pair and one set of inputs (issue 13's acceptance figures):
     and v(γ), against the measured best.
 
     python scripts/acceptance_sweep.py \\
-      --target_dir=/work/demo/gettext_target --target_config=gettext_target \\
-      --draft_dir=/work/demo/gettext_draft --draft_config=gettext_draft \\
-      --vocabulary=/work/demo/vocabulary/spm_4000.model \\
-      --tsv=/work/demo/corpus/test.tsv --output=/tmp/acceptance_sweep.json
+      --target_dir=runs/demo/gettext_target --target_config=gettext_target \\
+      --draft_dir=runs/demo/gettext_draft --draft_config=gettext_draft \\
+      --vocabulary=runs/demo/vocabulary/spm_4000.model \\
+      --tsv=runs/demo/corpus/test.tsv --output=/tmp/acceptance_sweep.json
 
 Run from the repository root (the model names are configs/models/*.gin).
 Batch 1 (the regime of the paper's Table 2); it times on this machine, so run

@@ -74,8 +74,8 @@ TARGET_STEPS = 400
 # than rows (train.gin), so the target takes its 400 updates on half the rows, half the time.
 TARGET_BATCH_SIZE = 8
 DRAFT_STEPS = 400
-# The training step timed at the start, the pool's reference (DESIGN.md: 0.8 s on the Zen 5
-# kind, 1.65 s on the Zen 4 kind): the target on 16 packed rows of 48 tokens.
+# The training step timed at the start, against the machine kinds' (docs/results.md, "Machines":
+# 0.8 s on the Zen 5 kind, 1.65 s on the Zen 4 kind): the target on 16 packed rows of 48 tokens.
 REFERENCE_STEP_ROWS = 16
 # The default sweep: batch 1, gamma 3 and 5 (--full_sweep: gamma 3, 5 and 7 at batch 1 and 8).
 GAMMAS, FULL_GAMMAS = ('3', '5'), ('3', '5', '7')
@@ -198,8 +198,8 @@ def print_machine(vocab_size: int) -> Dict[str, Any]:
     f'Machine: {machine["cpu"]} (family {machine["cpu_family"]}), {machine["cores"]} cores, '
     f'{machine["bandwidth_gb_per_s"]:.1f} GB/s (a reduction over 512 MiB); a target '
     f'training step ({REFERENCE_STEP_ROWS} x {MAX_DECODE_LEN} tokens) takes '
-    f"{machine['training_step_s']:.2f} s (DESIGN.md: 0.8 s on the pool's Zen 5 kind, "
-    f'1.65 s on its Zen 4 kind).',
+    f'{machine["training_step_s"]:.2f} s (docs/results.md: 0.8 s on the Zen 5 kind, '
+    f'1.65 s on the Zen 4 kind).',
     flush=True,
   )
   return machine

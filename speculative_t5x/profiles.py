@@ -224,7 +224,7 @@ def best_prediction(cell: Mapping[str, Any], temperature: float) -> Optional[flo
   batch). Sampled: one alpha for every row (`predicted_speedup_batched`): an
   alpha fitted to one sampled decode per row spreads the rows too far, and
   predicted the T = 1 sweep's batches 0.64-1.17x of measured against one
-  alpha's 0.85-1.32x (README, "Speculation profile").
+  alpha's 0.85-1.32x (docs/results.md, "γ per batch size").
   """
   if sampling.is_greedy(temperature) and cell.get('predicted_speedup_rows') is not None:
     return cell['predicted_speedup_rows']

@@ -617,7 +617,7 @@ def memory_bandwidth(num_bytes: int = 512 * 2**20, repetitions: int = 5) -> floa
 def machine(bandwidth: Optional[float] = None) -> Dict[str, Any]:
   """What a measurement ran on: device, CPU model and family, cores, memory bandwidth.
 
-  The pool's CPUs differ about 2x in bandwidth (DESIGN.md), so every report
+  CPUs differ about 2x in bandwidth (docs/results.md, "Machines"), so every report
   and profile names its machine. `bandwidth` in bytes/s (measured if None).
   """
   cpu = {}
