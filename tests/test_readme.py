@@ -1,17 +1,29 @@
-"""README.md as a newcomer reads it: its two commands first, and its Python example runs.
+"""README.md as a newcomer reads it, and the commands of the documentation.
 
 The README starts with `make demo` and `make test`, which must be targets of
 the Makefile, and its "In Python" section holds one complete example (a
 fenced `python` block) that runs as written: executed here, its own asserts
 (greedy speculative decoding equals the baseline token for token) are the
-checks. The T5X commands, which moved to docs/t5x.md, run in
-tests/test_t5x_commands.py.
+checks. Every `python -m speculative_t5x...` command of README.md and docs/
+names a module that exists, and its gin files and bindings parse (they are
+not run). The T5X commands of docs/t5x.md run in tests/test_t5x_commands.py.
 """
 
+import glob
+import importlib
 import os
 import re
+import shlex
+
+import gin
+import pytest
+
+from speculative_t5x import gin_utils
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+DOCUMENTS = ['README.md', *sorted(glob.glob(os.path.join(REPO_ROOT, 'docs', '*.md')))]
 
 
 def read(path):
@@ -44,3 +56,47 @@ def test_readme_python_example_runs_as_written(capsys):
   calls = re.search(r'target calls: (\d+) and (\d+)', printed)
   assert calls, printed
   assert 1 <= int(calls.group(2)) <= int(calls.group(1)) <= 16
+
+
+def documented_commands():
+  """(document, argv) of each `python -m speculative_t5x...` command in a fenced block."""
+  commands = []
+  for path in DOCUMENTS:
+    for block in re.findall(r'^```[^\n]*\n(.*?)^```', read(path), flags=re.M | re.S):
+      for line in block.replace('\\\n', ' ').splitlines():
+        if line.startswith('python -m speculative_t5x'):
+          commands.append(
+            (os.path.relpath(os.path.join(REPO_ROOT, path), REPO_ROOT), shlex.split(line))
+          )
+  return commands
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_documentation_has_commands_for_every_main():
+  modules = {argv[2] for _, argv in COMMANDS}
+  assert modules >= {
+    'speculative_t5x.infer',
+    'speculative_t5x.training.train',
+    'speculative_t5x.training.distill',
+    'speculative_t5x.bench.benchmark',
+    'speculative_t5x.bench.tree_benchmark',
+  }
+
+
+@pytest.mark.parametrize(
+  'document, argv', COMMANDS, ids=[f'{doc}:{argv[2]}:{i}' for i, (doc, argv) in enumerate(COMMANDS)]
+)
+def test_documented_command_parses(document, argv):
+  module = importlib.import_module(argv[2])
+  assert hasattr(module, 'main'), f'{document}: {argv[2]} has no main'
+  args = gin_utils.rewrite_gin_args(argv[3:])
+  files = [arg.split('=', 1)[1] for arg in args if arg.startswith('--gin_file=')]
+  bindings = [arg.split('=', 1)[1] for arg in args if arg.startswith('--gin_bindings=')]
+  assert len(files) + len(bindings) == len(args), f'{document}: flags other than gin: {args}'
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin_flags([], files, bindings)
+  finally:
+    gin.clear_config()
