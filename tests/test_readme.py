@@ -6,7 +6,7 @@ fenced `python` block) that runs as written: executed here, its own asserts
 (greedy speculative decoding equals the baseline token for token) are the
 checks. Every `python -m speculative_t5x...` command of README.md and docs/
 names a module that exists, and its gin files and bindings parse (they are
-not run). The T5X commands of docs/t5x.md run in tests/test_t5x_commands.py.
+not run); every relative link names a file of the repository. The T5X commands of docs/t5x.md run in tests/test_t5x_commands.py.
 """
 
 import glob
@@ -21,9 +21,12 @@ import pytest
 from speculative_t5x import gin_utils
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-DOCUMENTS = ['README.md', *sorted(glob.glob(os.path.join(REPO_ROOT, 'docs', '*.md')))]
+DOCUMENTS = [
+  'README.md',
+  *sorted(
+    os.path.relpath(path, REPO_ROOT) for path in glob.glob(os.path.join(REPO_ROOT, 'docs', '*.md'))
+  ),
+]
 
 
 def read(path):
@@ -65,9 +68,7 @@ def documented_commands():
     for block in re.findall(r'^```[^\n]*\n(.*?)^```', read(path), flags=re.M | re.S):
       for line in block.replace('\\\n', ' ').splitlines():
         if line.startswith('python -m speculative_t5x'):
-          commands.append(
-            (os.path.relpath(os.path.join(REPO_ROOT, path), REPO_ROOT), shlex.split(line))
-          )
+          commands.append((path, shlex.split(line)))
   return commands
 
 
@@ -100,3 +101,15 @@ def test_documented_command_parses(document, argv):
     gin_utils.parse_gin_flags([], files, bindings)
   finally:
     gin.clear_config()
+
+
+@pytest.mark.parametrize('document', DOCUMENTS)
+def test_relative_links_name_files_of_the_repository(document):
+  """Each relative Markdown link of the README and docs/ names a file in the repository."""
+  directory = os.path.dirname(os.path.join(REPO_ROOT, document))
+  for target in re.findall(r'\]\(([^)#\s]+)(?:#[^)]*)?\)', read(document)):
+    if '://' in target:
+      continue
+    path = os.path.normpath(os.path.join(directory, target))
+    assert path.startswith(REPO_ROOT + os.sep), f'{document}: {target} is outside the repository'
+    assert os.path.exists(path), f'{document}: {target} does not exist'
