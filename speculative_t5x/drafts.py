@@ -94,6 +94,14 @@ class Draft(Protocol):
     stops a row after a token it gave probability below it (see
     `rollout_loop`); `active` bool [BN] marks the rows whose proposals are
     judged (None: all), so that ended rows do not keep a rollout going.
+
+    With a logit callback (T5X's `logit_callback_fn`) the decode loop also
+    passes the keyword `logit_callback(logits [BN, V], i, drafted [BN, gamma])
+    -> logits`, for the draft to apply to its logits of rollout step i before
+    standardizing them (`drafted`: the tokens drafted before step i, zeros
+    from i on; see `rollout_loop`), so that q follows the callback as p does.
+    A deterministic draft may ignore it: exactness needs only that `probs`
+    are what the tokens were drawn from.
     """
 
   # Drafts that rank candidates by probability (model, n-gram) also draft token
@@ -116,6 +124,7 @@ def rollout_loop(
   topp,
   draft_threshold: float,
   active: Optional[Array] = None,
+  logit_callback: Optional[Callable[[Array, Array, Array], Array]] = None,
 ) -> Tuple[Array, Array, Array, PyTree]:
   """Samples up to gamma draft tokens per row, stopping rows that become unsure.
 
@@ -132,6 +141,10 @@ def rollout_loop(
   `speculative_sampling.verify`). The rng of step i is
   `jax.random.split(rng, gamma)[i]` whatever the threshold.
 
+  `logit_callback(logits [BN, V], i, tokens [BN, gamma]) -> logits`, if
+  given, rewrites step i's logits before anything reads them (`tokens`: the
+  draft tokens so far, zeros from i on); see `Draft.propose`.
+
   Returns:
     (tokens int32 [BN, gamma], probs float32 [BN, gamma, V], num_drafted
     int32 [BN], the final carry); tokens and probs are 0 past a row's count.
@@ -145,6 +158,8 @@ def rollout_loop(
   def body(state):
     i, token, drafting, num_drafted, carry, tokens, probs = state
     logits, carry = step(carry, token)
+    if logit_callback is not None:
+      logits = logit_callback(logits, i, tokens)
     token, step_probs = sampling.sample_logits(keys[i], logits, temperature, topk, topp)
     tokens = tokens.at[:, i].set(jnp.where(drafting, token, 0))
     probs = probs.at[:, i].set(jnp.where(drafting[:, None], step_probs, 0.0))
@@ -334,6 +349,7 @@ class ModelDraft:
     topp,
     draft_threshold,
     active=None,
+    logit_callback=None,
   ):
     """Up to gamma single-token steps from each row's last token (see `rollout_loop`).
 
@@ -362,6 +378,7 @@ class ModelDraft:
       topp=topp,
       draft_threshold=draft_threshold,
       active=active,
+      logit_callback=logit_callback,
     )
     cache = {'decoder': decoder_cache, 'written_until': positions + num_drafted}
     return tokens, probs, num_drafted, cache
@@ -613,10 +630,12 @@ class PromptLookupDraft:
     topp,
     draft_threshold,
     active=None,
+    logit_callback=None,
   ):
     """Copies gamma tokens per row; no adaptive length (num_drafted None)."""
-    # Deterministic whatever the sampling mode; no confidence to threshold.
-    del rng, temperature, topk, topp, draft_threshold, active
+    # Deterministic whatever the sampling mode (a logit callback included: the
+    # target's p alone decides what is kept); no confidence to threshold.
+    del rng, temperature, topk, topp, draft_threshold, active, logit_callback
     input_tokens = cache['input_tokens']
     input_len = input_tokens.shape[1]
     # [BN, Lin + Ls]: input, then BOS and the generated tokens.
