@@ -624,9 +624,11 @@ def position_state(
       the prompt, beyond cur_index);
     ended: bool [BN], as T5X's for every row that is still decoding (an
       ended row's logits are discarded);
-    step: int32 [BN], per row (rows move apart under speculation): T5X's
-      step count at that position, `cur_index - start` (start int32 [BN],
-      where the row's decoding began).
+    step: int32 [BN, 1], T5X's step count at that position per row,
+      `cur_index - start` (start int32 [BN], where T5X's loop would have
+      begun: `initial_index`, else 0). T5X's is a scalar, one for the batch;
+      under speculation rows move apart, and [BN, 1] broadcasts against
+      logits [BN, V] as that scalar does.
   These are per block, not per position: `cache` is the target's cache
   before the block call (valid below the row's position), `rng` the
   iteration's key, `log_prob` the row's score before the block.
@@ -639,7 +641,7 @@ def position_state(
   from_block = jnp.take_along_axis(block, jnp.clip(after_position, 0, gamma_plus_one - 1), axis=1)
   cur_index = state.position + offset
   return SamplingLoopState(
-    step=cur_index - start,
+    step=(cur_index - start)[:, None],
     cur_index=cur_index,
     sequences=jnp.where(in_block, from_block, state.sequences),
     cache=state.cache,
@@ -1116,7 +1118,9 @@ def speculative_sample(
     )
   else:
     position = flat_batch_expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
-  start = position  # Where each row's decoding began: T5X's step 0 (see `position_state`).
+  # Where T5X's loop would have begun, its step 0 (see `position_state`): at
+  # BOS without initial_index, as it teacher-forces the prompt.
+  start = jnp.zeros_like(position) if initial_index is None else position
 
   def cond_fn(state: SpeculativeLoopState) -> Array:
     return ~jnp.all(state.ended)
