@@ -938,6 +938,25 @@ def speculative_cache_length(
   return max_decode_len + (gamma + 1 if tree is None else tree.num_nodes)
 
 
+def check_no_state_callback(state_callback_fn: Optional[StateCallbackFn]) -> None:
+  """ValueError unless `state_callback_fn` is None: speculation cannot run T5X's state callback.
+
+  T5X calls it before every single-token step, to read or rewrite the loop
+  state; a speculative iteration drafts, judges and emits up to gamma + 1
+  tokens per row at once, so a rewrite could not reach the tokens inside a
+  block. The message names the two ways that do work.
+  """
+  if state_callback_fn is not None:
+    raise ValueError(
+      f'state_callback_fn={state_callback_fn!r} cannot mean under speculation what it means '
+      "in T5X's temperature_sample, where it edits the loop state before every single-token "
+      'step: here each iteration drafts, judges and emits up to gamma + 1 tokens per row at '
+      "once. Decode with speculative_t5x.decoding.temperature_sample (T5X's behaviour), or "
+      'express the change as a logit_callback_fn, which speculative_sample applies at every '
+      'position (to force a token, leave only its logit finite).'
+    )
+
+
 def speculative_sample(
   inputs: Array,
   cache: PyTree,
@@ -1060,15 +1079,7 @@ def speculative_sample(
     stats)` with decodes and log_probs sorted by ascending log probability and
     per-row stats in the same order.
   """
-  if state_callback_fn is not None:
-    raise ValueError(
-      f'state_callback_fn={state_callback_fn!r} cannot mean under speculation what it means '
-      "in T5X's temperature_sample, where it edits the loop state before every single-token "
-      'step: here each iteration drafts, judges and emits up to gamma + 1 tokens per row at '
-      "once. Decode with speculative_t5x.decoding.temperature_sample (T5X's behaviour), or "
-      'express the change as a logit_callback_fn, which speculative_sample applies at every '
-      'position (to force a token, leave only its logit finite).'
-    )
+  check_no_state_callback(state_callback_fn)
   max_decode_steps = clip_max_decode_steps(max_decode_steps, max_decode_steps_hard_limit)
   _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
   check_prompts(inputs)

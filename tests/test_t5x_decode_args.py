@@ -18,10 +18,21 @@ import pytest
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import models
+from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import settings
+from speculative_t5x import t5x_adapter
 from speculative_t5x import tree as tree_lib
 import markov
-from testing_utils import EOS, import_t5x, outputs_as_tuples, sequence_chi_square_p_value
+from testing_utils import (
+  EOS,
+  import_t5x,
+  outputs_as_tuples,
+  padded_inputs,
+  sequence_chi_square_p_value,
+  tiny_model,
+)
 
 
 def constraining_callback(logits, state):
@@ -543,3 +554,62 @@ def test_t5x_per_row_temperatures_and_top_p_sample_what_ours_do(t5x_decoding):
       p_value = sequence_chi_square_p_value(outputs_as_tuples(decodes[rows]), exact[temperature])
       print(f'\nchi-square p-value, {name}, temperature {temperature}, top-p 0.8: {p_value:.4f}')
       assert p_value > 1e-3, (name, temperature)
+
+
+# ------------------------------------------------------------------------------
+# Through the T5X predict path: decoder_params reach the decode function.
+# ------------------------------------------------------------------------------
+def test_predict_batch_passes_t5x_decoder_params_to_the_decode_function():
+  """T5X's predict_batch hands `decoder_params` to `decode_fn`; so does ours.
+
+  Greedy with the callback, unscaled scores and a clipped max_decode_steps:
+  `t5x_adapter.speculative_predict_batch` gives the baseline's tokens and scores.
+  """
+  target, draft = tiny_model(seed=0, scale=3.0), tiny_model(seed=1, scale=3.0)
+  inputs = padded_inputs(seed=3, batch=3, length=7, vocab_size=target.vocab_size)
+  length = 10
+  decoder_params = dict(
+    temperature=0.0,
+    topk=0,
+    logit_callback_fn=constraining_callback,
+    rescale_log_probs=False,
+    max_decode_steps=8,
+    max_decode_steps_hard_limit=6,
+  )
+  expected, expected_scores = jax.jit(
+    lambda: models.baseline_decode(
+      target.config, target.params, inputs, length, eos_id=EOS, **decoder_params
+    )
+  )()
+  module = network.Transformer(target.config)
+  decodes, aux = jax.jit(
+    lambda params: t5x_adapter.speculative_predict_batch(
+      module,
+      network.Transformer(draft.config),
+      params,
+      {'encoder_input_tokens': inputs, 'decoder_input_tokens': np.zeros((3, length), np.int32)},
+      eos_id=EOS,
+      settings=settings.SpeculativeSettings(gamma=3),
+      decoder_params=decoder_params,
+    )
+  )({**target.params, t5x_adapter.DRAFT_KEY: draft.params})
+  np.testing.assert_array_equal(decodes, expected[:, 0])
+  assert np.sum(np.asarray(decodes) != 0, axis=1).max() == 6  # The hard limit.
+  np.testing.assert_allclose(aux['scores'], expected_scores[:, 0], rtol=1e-5)
+  assert np.all(np.asarray(aux['scores']) < 0)  # Unscaled: not 0 as greedy's rescaled are.
+
+
+def test_predict_batch_refuses_a_state_callback_before_choosing_a_decode():
+  """Named before gamma='auto' could pick the baseline: the same error at every batch size."""
+  target = tiny_model(seed=0)
+  module = network.Transformer(target.config)
+  with pytest.raises(ValueError, match='state_callback_fn=.*logit_callback_fn'):
+    t5x_adapter.speculative_predict_batch(
+      module,
+      module,
+      {**target.params, t5x_adapter.DRAFT_KEY: target.params},
+      {'encoder_input_tokens': np.ones((2, 3), np.int32), 'decoder_input_tokens': np.zeros((2, 5))},
+      eos_id=EOS,
+      settings=settings.SpeculativeSettings(gamma=3),
+      decoder_params={'state_callback_fn': force_eos_after_3},
+    )
