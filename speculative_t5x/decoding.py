@@ -633,7 +633,8 @@ def position_state(
   before the block call (valid below the row's position), `rng` the
   iteration's key, `log_prob` the row's score before the block.
 
-  `offset` may be traced (the draft's rollout steps through it).
+  `offset` may be traced (the draft's rollout steps through it). A token
+  tree's node is the block of its path from the root (`node_state`).
   """
   gamma_plus_one = block.shape[1]
   after_position = jnp.arange(state.sequences.shape[1])[None] - state.position[:, None]
@@ -652,23 +653,41 @@ def position_state(
   )
 
 
+def node_state(
+  state: SpeculativeLoopState,
+  tree: tree_lib.Tree,
+  node_tokens: Array,
+  node: int,
+  start: Array,
+) -> SamplingLoopState:
+  """`position_state` at one node of a block: its path from the root is the prefix.
+
+  node_tokens int32 [BN, N] are the block's tokens (node 0 the row's last
+  emitted token), laid out as the static `tree` (a chain: `Tree.chain`);
+  the state is T5X's after feeding node `node`'s path from the root.
+  """
+  path = np.flatnonzero(tree.ancestors[node])  # Root first: ancestors have lower ids.
+  return position_state(state, node_tokens[:, path], len(path) - 1, start)
+
+
 def apply_logit_callback(
   logit_callback_fn: LogitCallbackFn,
   logits: Array,
   state: SpeculativeLoopState,
-  block: Array,
+  node_tokens: Array,
+  tree: tree_lib.Tree,
   start: Array,
 ) -> Array:
-  """The target's block logits [BN, k, V] after the callback, position by position.
+  """The target's block logits [BN, N, V] after the callback, node by node.
 
-  One call per position j (k of them, each with batch BN as in T5X), with
-  `position_state(state, block, j, start)`: position j's logits are what T5X
-  would have passed the callback after feeding `block[:, j]`.
+  One call per node (N of them, each with batch BN as in T5X), with
+  `node_state`: node i's logits are what T5X would have passed the callback
+  after feeding the path to node i. A chain's nodes are its positions.
   """
   return jnp.stack(
     [
-      logit_callback_fn(logits[:, j], position_state(state, block, j, start))
-      for j in range(block.shape[1])
+      logit_callback_fn(logits[:, i], node_state(state, tree, node_tokens, i, start))
+      for i in range(tree.num_nodes)
     ],
     axis=1,
   )
@@ -1038,7 +1057,8 @@ def speculative_sample(
       `sequences`, `ended` and (per row) `step` are T5X's at that position;
       `cache`, `rng` and `log_prob` are the block's (see `position_state`).
       A callback that reads only the former samples exactly T5X's
-      distribution. Not with a token tree (a ValueError).
+      distribution. With a token tree, the same at every node, its path from
+      the root being the prefix (`node_state`).
     draft: a `drafts.Draft` (model, n-gram or prompt lookup).
     draft_cache: the draft's state for batch B, from `draft.init_cache`
       (and `draft.prefill` if `initial_index` is given).
@@ -1098,12 +1118,6 @@ def speculative_sample(
       "(`network.compact_tree_path` for this project's networks; `models.speculative_decode` "
       'passes it).'
     )
-  if spec.tree is not None and logit_callback_fn is not None:
-    raise ValueError(
-      f'logit_callback_fn is applied per position of a chain; with a token tree ({spec.tree}) '
-      'it is not supported. Pass tree=None (a chain of gamma draft tokens) to decode with a '
-      'logit callback.'
-    )
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   batch_size, max_decode_len = inputs.shape
   inputs = flat_batch_expand(inputs, num_decodes)
@@ -1132,6 +1146,7 @@ def speculative_sample(
   # Where T5X's loop would have begun, its step 0 (see `position_state`): at
   # BOS without initial_index, as it teacher-forces the prompt.
   start = jnp.zeros_like(position) if initial_index is None else position
+  chain = tree_lib.Tree.chain(spec.gamma)  # The block's layout for `apply_logit_callback`.
 
   def cond_fn(state: SpeculativeLoopState) -> Array:
     return ~jnp.all(state.ended)
@@ -1143,6 +1158,12 @@ def speculative_sample(
         f'A token tree needs a draft that ranks its candidates by probability (a model or '
         f'n-gram draft); a {type(draft).__name__} proposes one continuation. Pass tree=None.'
       )
+    callback_args = {}
+    if logit_callback_fn is not None:
+      # Passed only when set, so that a draft without the argument serves every other decode.
+      callback_args['logit_callback'] = lambda logits, node, node_tokens: logit_callback_fn(
+        logits, node_state(state, spec.tree, node_tokens, node, start)
+      )
     node_tokens, node_valid, node_probs, draft_cache = draft.propose_tree(
       state.draft_cache,
       state.sequences,
@@ -1150,9 +1171,14 @@ def speculative_sample(
       propose_rng,
       tree=spec.tree,
       **sample_args,
+      **callback_args,
     )
     target_logits, cache = score_block(node_tokens, state.position, state.cache, tree=spec.tree)
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
+    if logit_callback_fn is not None:
+      target_logits = apply_logit_callback(
+        logit_callback_fn, target_logits, state, node_tokens, spec.tree, start
+      )
     judgement, verdict = judge_tree(
       verify_rng,
       spec.tree,
@@ -1206,7 +1232,9 @@ def speculative_sample(
     target_logits, cache = score_block(block, state.position, state.cache)
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
     if logit_callback_fn is not None:
-      target_logits = apply_logit_callback(logit_callback_fn, target_logits, state, block, start)
+      target_logits = apply_logit_callback(
+        logit_callback_fn, target_logits, state, block, chain, start
+      )
     judgement = judge_block(
       verify_rng,
       draft_tokens,

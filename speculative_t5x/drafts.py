@@ -99,7 +99,9 @@ class Draft(Protocol):
     passes the keyword `logit_callback(logits [BN, V], i, drafted [BN, gamma])
     -> logits`, for the draft to apply to its logits of rollout step i before
     standardizing them (`drafted`: the tokens drafted before step i, zeros
-    from i on; see `rollout_loop`), so that q follows the callback as p does.
+    from i on; see `rollout_loop`), so that q follows the callback as p does
+    (a tree's `propose_tree` takes it as `logit_callback(logits, node,
+    node_tokens [BN, N])`: see `tree_rollout`).
     A deterministic draft may ignore it: exactness needs only that `probs`
     are what the tokens were drawn from.
     """
@@ -196,6 +198,7 @@ def tree_rollout(
   temperature,
   topk: int,
   topp,
+  logit_callback: Optional[Callable[[Array, int, Array], Array]] = None,
 ) -> Tuple[Array, Array, Array, PyTree]:
   """Drafts every node of a static token tree, one batched step per depth.
 
@@ -207,6 +210,9 @@ def tree_rollout(
   (`tree.draw_children`: Gumbel-top-k, or the k most likely when greedy, ranked
   by the draft's own logits), in the order of their sibling ranks. The
   deepest level is never fed. The rng of level d is `split(rng, D)[d]`.
+  `logit_callback(logits [BN, V], node, node_tokens [BN, N]) -> logits`, if
+  given, rewrites each fed node's logits first (node: its static id;
+  node_tokens: those drafted so far, zeros below the node's level).
 
   Returns:
     (node_tokens int32 [BN, N] with node 0 the root, node_valid bool [BN, N]
@@ -224,6 +230,10 @@ def tree_rollout(
     start, stop = tree.levels[depth]
     child_start, child_stop = tree.levels[depth + 1]
     logits, carry = step_level(carry, node_tokens[:, start:stop], start)
+    if logit_callback is not None:
+      logits = jnp.stack(
+        [logit_callback(logits[:, i], start + i, node_tokens) for i in range(stop - start)], axis=1
+      )
     probs = sampling.standardize(logits, temperature=temperature, topk=topk, topp=topp)
     node_probs = node_probs.at[:, start:stop].set(probs)
     width, max_children = stop - start, int(tree.num_children[start:stop].max())

@@ -36,8 +36,10 @@ class MarkovTarget:
     """The 'cache': only the per-row shift [B] (batch-leading, so it expands)."""
     return {'row_shift': jnp.asarray(row_shift, jnp.int32)}
 
-  def score_block(self, block_tokens, start_positions, cache):
-    positions = start_positions[:, None] + jnp.arange(block_tokens.shape[1])[None]
+  def score_block(self, block_tokens, start_positions, cache, tree=None):
+    """Logits of a block of consecutive positions, or of a token tree's nodes (at their depths)."""
+    offsets = jnp.arange(block_tokens.shape[1]) if tree is None else jnp.asarray(tree.depths)
+    positions = start_positions[:, None] + offsets[None]
     positions = jnp.minimum(positions + cache['row_shift'][:, None], self.table.shape[0] - 1)
     return self.table[positions, block_tokens], cache
 

@@ -3,7 +3,8 @@
 `decoding.temperature_sample` and `decoding.speculative_sample` take every argument of
 T5X's `decoding.temperature_sample` with its meaning: `max_decode_steps_hard_limit`,
 `rescale_log_probs`, `logit_callback_fn` (under speculation applied at every position
-of a block, to the target's logits and the draft's) and `state_callback_fn` (T5X's in
+of a block or node of a token tree, to the target's logits and the draft's) and
+`state_callback_fn` (T5X's in
 `temperature_sample`; a named error under speculation). On the Markov target of
 tests/markov.py, whose sequence probabilities are exact: chi-square over whole
 sequences with a callback that forbids some tokens and reshapes others, greedy
@@ -202,6 +203,61 @@ def test_greedy_speculative_equals_greedy_baseline_with_the_callback(draft_kind,
   np.testing.assert_array_equal(decodes, baseline)
 
 
+def tree_fn(target, row_shift, inputs, tree, **decode_args):
+  """A jitted `(rng, draft) -> (decodes, log_probs, stats)` of `speculative_sample` with a tree.
+
+  The Markov target keeps no keys/values, so compacting its cache is the identity.
+  """
+  return speculative_fn(
+    target,
+    row_shift,
+    inputs,
+    {},
+    tree.max_depth,
+    tree=tree,
+    compact_cache=lambda cache, positions, path: cache,
+    **decode_args,
+  )
+
+
+TREE = tree_lib.Tree(parents=(-1, 0, 0, 1, 1, 2, 3))  # Not uniform: depth 3, 7 nodes.
+
+
+def test_a_token_tree_follows_the_callback_distribution():
+  """Chi-square as above with a token tree (bigram draft, T = 1): each node's path is its prefix."""
+  target = markov.MarkovTarget(CHI_SQUARE_TABLE)
+  row_shift = np.zeros(BATCH, np.int32)
+  inputs = jnp.zeros((BATCH, LENGTH), jnp.int32)
+  args = dict(temperature=1.0, topk=0, logit_callback_fn=constraining_callback)
+  run = tree_fn(target, row_shift, inputs, TREE, **args)
+  draft, _ = make_draft('bigram', target, row_shift, VOCAB)
+  samples = []
+  for seed in range(25):
+    samples += outputs_as_tuples(run(jax.random.PRNGKey(seed), draft)[0])
+  exact = target.sequence_distribution(
+    LENGTH, EOS, logit_callback_fn=constraining_callback, temperature=1.0
+  )
+  p_value = sequence_chi_square_p_value(samples, exact)
+  print(f'\nchi-square p-value, logit callback, token tree {TREE.describe()}: {p_value:.4f}')
+  assert p_value > 1e-3
+
+
+def test_a_greedy_token_tree_equals_greedy_baseline_with_the_callback():
+  vocab, length = 7, 10
+  target = markov.MarkovTarget(
+    markov.random_table(seed=3, num_positions=40, vocab_size=vocab, scale=3.0)
+  )
+  row_shift = np.array([0, 3, 5, 9])
+  inputs = ragged_prompts(length, vocab)
+  args = dict(temperature=0.0, topk=0, logit_callback_fn=constraining_callback)
+  baseline, _ = baseline_fn(target, row_shift, inputs, **args)(jax.random.PRNGKey(0))
+  # The target's own bigram statistics: a draft that often agrees, so that paths are accepted.
+  draft = drafts.NgramDraft.fit([row[row != 0] for row in np.asarray(baseline[:, 0])], vocab)
+  decodes, _, stats = tree_fn(target, row_shift, inputs, TREE, **args)(jax.random.PRNGKey(0), draft)
+  np.testing.assert_array_equal(decodes, baseline)
+  assert np.sum(stats.accepted) > 0
+
+
 # ------------------------------------------------------------------------------
 # rescale_log_probs.
 # ------------------------------------------------------------------------------
@@ -331,25 +387,19 @@ def test_temperature_sample_runs_a_state_callback_as_t5x():
   np.testing.assert_array_equal(decodes[:, 0], [[5, 6, 7, 3, EOS], [8, 9, 3, EOS, 0]])
 
 
-def test_speculation_refuses_a_state_callback_and_a_callback_on_a_tree():
+def test_speculation_refuses_a_state_callback():
   target = markov.MarkovTarget(markov.random_table(seed=0, num_positions=10, vocab_size=4))
   draft = drafts.NgramDraft.fit([[2, 3]], 4)
-  inputs = np.zeros((1, 5), np.int32)
-  common = dict(draft=draft, draft_cache={}, gamma=2)
   with pytest.raises(ValueError, match='state_callback_fn=.*temperature_sample.*logit_callback_fn'):
     decoding.speculative_sample(
-      inputs, {}, target.score_block, EOS, state_callback_fn=force_eos_after_3, **common
-    )
-  with pytest.raises(ValueError, match='logit_callback_fn .* token tree .* Pass tree=None'):
-    decoding.speculative_sample(
-      inputs,
+      np.zeros((1, 5), np.int32),
       {},
       target.score_block,
       EOS,
-      logit_callback_fn=constraining_callback,
-      tree=tree_lib.Tree.chain(2),
-      compact_cache=lambda cache, *_: cache,
-      **common,
+      state_callback_fn=force_eos_after_3,
+      draft=draft,
+      draft_cache={},
+      gamma=2,
     )
 
 
