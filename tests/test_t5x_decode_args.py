@@ -4,12 +4,11 @@
 T5X's `decoding.temperature_sample` with its meaning: `max_decode_steps_hard_limit`,
 `rescale_log_probs`, `logit_callback_fn` (under speculation applied at every position
 of a block or node of a token tree, to the target's logits and the draft's) and
-`state_callback_fn` (T5X's in
-`temperature_sample`; a named error under speculation). On the Markov target of
-tests/markov.py, whose sequence probabilities are exact: chi-square over whole
-sequences with a callback that forbids some tokens and reshapes others, greedy
-equality, scores, and T5X's docstring examples. The tests marked `t5x` run the same
-inputs through the real `t5x.decoding.temperature_sample`.
+`state_callback_fn` (T5X's in `temperature_sample`; a named error under speculation).
+On the Markov target of tests/markov.py, whose sequence probabilities are exact:
+chi-square over whole sequences with a callback that forbids some tokens and reshapes
+others, greedy equality, scores, and T5X's docstring examples. The tests marked `t5x`
+run the same inputs through the real `t5x.decoding.temperature_sample`.
 """
 
 import jax
