@@ -636,10 +636,9 @@ def position_state(
   `offset` may be traced (the draft's rollout steps through it). A token
   tree's node is the block of its path from the root (`node_state`).
   """
-  gamma_plus_one = block.shape[1]
   after_position = jnp.arange(state.sequences.shape[1])[None] - state.position[:, None]
   in_block = (after_position >= 1) & (after_position <= offset)
-  from_block = jnp.take_along_axis(block, jnp.clip(after_position, 0, gamma_plus_one - 1), axis=1)
+  from_block = jnp.take_along_axis(block, jnp.clip(after_position, 0, block.shape[1] - 1), axis=1)
   cur_index = state.position + offset
   return SamplingLoopState(
     step=(cur_index - start)[:, None],

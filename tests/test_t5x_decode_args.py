@@ -294,7 +294,8 @@ def exact_scores(target, row_shift, inputs, decodes, rescale, **sample_args):
 def test_scores_follow_rescale_log_probs(rescale_log_probs, sample_args):
   """T5X's rescale_log_probs: True scores under p (0 when greedy), False under the logits.
 
-  Both functions, with the callback (whose logits are the ones scored) and prompts.
+  Both functions (a chain and a token tree), with the callback (whose logits are the
+  ones scored) and prompts.
   """
   vocab, length, gamma = 6, 9, 3
   target = markov.MarkovTarget(markov.random_table(seed=4, num_positions=30, vocab_size=vocab))
@@ -307,6 +308,9 @@ def test_scores_follow_rescale_log_probs(rescale_log_probs, sample_args):
     'baseline': baseline_fn(target, row_shift, inputs, **args)(jax.random.PRNGKey(1)),
     'speculative': speculative_fn(target, row_shift, inputs, draft_cache, gamma, **args)(
       jax.random.PRNGKey(1), draft
+    )[:2],
+    'tree': tree_fn(target, row_shift, inputs, TREE, **args)(
+      jax.random.PRNGKey(1), drafts.NgramDraft.fit([[2, 3, 4, 5, 1], [4, 2, 1]], vocab)
     )[:2],
   }
   for name, (decodes, scores) in results.items():
