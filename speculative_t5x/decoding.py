@@ -341,7 +341,10 @@ def temperature_sample(
     eos_id: end-of-sequence id.
     decode_rng: PRNG key (default `PRNGKey(0)`).
     num_decodes: independent samples per row.
-    temperature: scalar or float [B]; 0 means argmax.
+    temperature: scalar or float [B]; 0 means argmax. Every row draws with
+      its own key (T5X's per-row path draws all rows with one key, so its
+      rows with equal logits sample equal tokens; each row's distribution is
+      the same).
     topk: keep the k most likely tokens (0: off). T5X's default 1 is greedy.
     topp: nucleus mass (0: off). At most one of topk/topp may be non-zero.
     cache_offset: batch axis of cache leaves (1 for scanned layers).
@@ -1145,7 +1148,6 @@ def speculative_sample(
   # Where T5X's loop would have begun, its step 0 (see `position_state`): at
   # BOS without initial_index, as it teacher-forces the prompt.
   start = jnp.zeros_like(position) if initial_index is None else position
-  chain = tree_lib.Tree.chain(spec.gamma)  # The block's layout for `apply_logit_callback`.
 
   def cond_fn(state: SpeculativeLoopState) -> Array:
     return ~jnp.all(state.ended)
@@ -1231,6 +1233,7 @@ def speculative_sample(
     target_logits, cache = score_block(block, state.position, state.cache)
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
     if logit_callback_fn is not None:
+      chain = tree_lib.Tree.chain(spec.gamma)  # The block's layout, node i at position i.
       target_logits = apply_logit_callback(
         logit_callback_fn, target_logits, state, block, chain, start
       )
