@@ -202,6 +202,50 @@ def test_greedy_speculative_equals_greedy_baseline_with_the_callback(draft_kind,
   np.testing.assert_array_equal(decodes, baseline)
 
 
+PER_ROW_TEMPERATURES = (0.6, 1.5)
+PER_ROW_ARGS = dict(topk=0, topp=0.8, logit_callback_fn=constraining_callback)
+
+
+def assert_per_row_samples_follow_the_target(run, row_temperatures, name):
+  """Chi-square per temperature of `run(rng) -> decodes int [BATCH, LENGTH]` over 25 calls.
+
+  Row i samples at row_temperatures[i] (float [BATCH], PER_ROW_TEMPERATURES' values)
+  with PER_ROW_ARGS: top-p 0.8 on the tempered distribution and the callback.
+  """
+  target = markov.MarkovTarget(CHI_SQUARE_TABLE)
+  decodes = np.concatenate([np.asarray(run(jax.random.PRNGKey(seed))) for seed in range(25)])
+  for temperature in PER_ROW_TEMPERATURES:
+    exact = target.sequence_distribution(
+      LENGTH, EOS, logit_callback_fn=constraining_callback, temperature=temperature, topp=0.8
+    )
+    rows = np.tile(np.asarray(row_temperatures) == np.float32(temperature), 25)
+    p_value = sequence_chi_square_p_value(outputs_as_tuples(decodes[rows]), exact)
+    print(f'\nchi-square p-value, {name}, temperature {temperature}, top-p 0.8: {p_value:.4f}')
+    assert p_value > 1e-3, (name, temperature)
+
+
+def test_per_row_temperatures_and_top_p_follow_the_target():
+  """Per-row temperatures float [B], expanded with num_decodes = 2, top-p 0.8, the callback.
+
+  Both functions; 25 calls x 2048 inputs x 2 decodes per temperature pair.
+  """
+  target = markov.MarkovTarget(CHI_SQUARE_TABLE)
+  num_inputs = BATCH // 2
+  row_shift = np.zeros(num_inputs, np.int32)
+  inputs = jnp.zeros((num_inputs, LENGTH), jnp.int32)
+  temperatures = np.tile(np.asarray(PER_ROW_TEMPERATURES, np.float32), num_inputs // 2)
+  args = dict(temperature=temperatures, num_decodes=2, **PER_ROW_ARGS)
+  baseline = baseline_fn(target, row_shift, inputs, **args)
+  draft, draft_cache = make_draft('bigram', target, row_shift, VOCAB)
+  speculative = speculative_fn(target, row_shift, inputs, draft_cache, 3, **args)
+  row_temperatures = np.repeat(temperatures, 2)  # [el0, el0, el1, el1, ...]
+  for name, run in (
+    ('temperature_sample', lambda rng: baseline(rng)[0].reshape(BATCH, LENGTH)),
+    ('speculative_sample', lambda rng: speculative(rng, draft)[0].reshape(BATCH, LENGTH)),
+  ):
+    assert_per_row_samples_follow_the_target(run, row_temperatures, name)
+
+
 def tree_fn(target, row_shift, inputs, tree, **decode_args):
   """A jitted `(rng, draft) -> (decodes, log_probs, stats)` of `speculative_sample` with a tree.
 
@@ -553,60 +597,34 @@ def test_t5x_state_callback_as_ours(t5x_decoding):
 
 
 @pytest.mark.t5x
-def test_t5x_per_row_temperatures_and_top_p_sample_what_ours_do(t5x_decoding):
-  """Chi-square of T5X's samples and ours against one exact distribution per temperature.
+def test_t5x_per_row_temperatures_and_top_p_sample_the_same_distribution(t5x_decoding):
+  """T5X's samples at per-row temperatures with top-p and the callback: the exact distribution.
 
-  Rows alternate temperatures 0.6 and 1.5 (float [B]), with top-p 0.8 on the
-  tempered distribution, and the callback: 25 calls x 4096 rows per sampler. T5X's
-  per-row path draws every row with one key (its vmap over rows shares `rng1`), so
-  rows with equal logits sample equal tokens: its rows are not independent samples,
-  only each row's marginal distribution is T5X's. Its 4096 samples per call are
-  therefore 2048 independent decodes of a 2-row batch (a vmap over keys).
+  The one `test_per_row_temperatures_and_top_p_follow_the_target` holds ours to. T5X's
+  per-row path draws every row with one key (its vmap over rows shares `rng1`), so rows
+  with equal logits sample equal tokens: its rows are not independent samples, only each
+  row's distribution is T5X's. Its 4096 samples per call are therefore 2048 independent
+  decodes of a 2-row batch (a vmap over keys).
   """
   target = markov.MarkovTarget(CHI_SQUARE_TABLE)
-  row_shift = np.zeros(BATCH, np.int32)
-  inputs = jnp.zeros((BATCH, LENGTH), jnp.int32)
-  temperatures = np.tile(np.asarray([0.6, 1.5], np.float32), BATCH // 2)
-  args = dict(topk=0, topp=0.8, logit_callback_fn=constraining_callback)
-  draft, draft_cache = make_draft('bigram', target, row_shift, VOCAB)
-  speculative = speculative_fn(
-    target, row_shift, inputs, draft_cache, 3, temperature=temperatures, **args
-  )
+  temperatures = np.asarray(PER_ROW_TEMPERATURES, np.float32)
 
   @jax.jit
-  def t5x_run(rng):
+  def run(rng):
     def two_rows(key):
       return t5x_decoding.temperature_sample(
-        inputs[:2],
-        target.cache(row_shift[:2]),
+        jnp.zeros((2, LENGTH), jnp.int32),
+        target.cache(np.zeros(2, np.int32)),
         target.tokens_to_logits,
         EOS,
         decode_rng=key,
-        temperature=temperatures[:2],
-        **args,
-      )[0]
+        temperature=temperatures,
+        **PER_ROW_ARGS,
+      )[0][:, 0]
 
-    decodes = jax.vmap(two_rows)(jax.random.split(rng, BATCH // 2))
-    return (decodes.reshape(BATCH, 1, LENGTH),)
+    return jax.vmap(two_rows)(jax.random.split(rng, BATCH // 2)).reshape(BATCH, LENGTH)
 
-  samplers = {
-    't5x': t5x_run,
-    'temperature_sample': baseline_fn(target, row_shift, inputs, temperature=temperatures, **args),
-    'speculative_sample': lambda rng: speculative(rng, draft),
-  }
-  exact = {
-    temperature: target.sequence_distribution(
-      LENGTH, EOS, logit_callback_fn=constraining_callback, temperature=temperature, topp=0.8
-    )
-    for temperature in (0.6, 1.5)
-  }
-  for name, run in samplers.items():
-    decodes = np.concatenate([run(jax.random.PRNGKey(seed))[0][:, 0] for seed in range(25)])
-    for column, temperature in enumerate((0.6, 1.5)):
-      rows = np.tile(np.arange(BATCH) % 2 == column, 25)
-      p_value = sequence_chi_square_p_value(outputs_as_tuples(decodes[rows]), exact[temperature])
-      print(f'\nchi-square p-value, {name}, temperature {temperature}, top-p 0.8: {p_value:.4f}')
-      assert p_value > 1e-3, (name, temperature)
+  assert_per_row_samples_follow_the_target(run, np.tile(temperatures, BATCH // 2), 't5x')
 
 
 # ------------------------------------------------------------------------------
