@@ -110,12 +110,14 @@ VOCAB, LENGTH, BATCH = 5, 4, 4096
 CHI_SQUARE_TABLE = markov.random_table(seed=5, num_positions=20, vocab_size=VOCAB, scale=1.5)
 
 
+# `make test` runs the bigram chain (and test_per_row_temperatures_and_top_p_follow_the_target
+# both functions with top-p); the baseline alone and the Markov draft with top-p are `slow`.
 @pytest.mark.parametrize(
   'draft_kind, gamma, sample_args',
   [
-    (None, 0, dict(temperature=1.0, topk=0)),
+    pytest.param(None, 0, dict(temperature=1.0, topk=0), marks=pytest.mark.slow),
     ('bigram', 3, dict(temperature=1.0, topk=0)),
-    ('markov', 2, dict(temperature=0.8, topk=0, topp=0.85)),
+    pytest.param('markov', 2, dict(temperature=0.8, topk=0, topp=0.85), marks=pytest.mark.slow),
   ],
   ids=['baseline', 'bigram-3-temperature1', 'markov-2-topp0.85'],
 )
