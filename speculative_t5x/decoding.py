@@ -1,14 +1,22 @@
 """Decode functions: T5X-style temperature sampling and speculative sampling.
 
-Both functions follow T5X's decode-function conventions (`t5x/decoding.py`):
-keyword arguments `inputs, cache, eos_id, decode_rng, num_decodes, temperature,
-topk, topp, cache_offset, max_decode_steps`; `num_decodes` expands the batch
-in place ([el0, el0, el1, el1, ...]); the result is
-`(decodes [B, num_decodes, L], log_probs [B, num_decodes])` sorted by
-ascending log probability, so `[:, -1]` is the most likely decode. A row ends
-when it emits `eos_id` or fills the output length; tokens after the end are 0.
-`log_probs` are log probabilities under the *standardized* distribution that was
-sampled from (T5X's `rescale_log_probs=True`): 0 for greedy decoding.
+Both functions follow T5X's decode-function conventions (`t5x/decoding.py`)
+and take every argument of its `temperature_sample`, with its meaning: `inputs,
+cache, eos_id, decode_rng, num_decodes, temperature, topk, topp, cache_offset,
+initial_index, max_decode_steps, max_decode_steps_hard_limit,
+rescale_log_probs, state_callback_fn, logit_callback_fn` (the one exception:
+`speculative_sample` refuses a state callback, which edits T5X's loop one token
+at a time; see its docstring). `num_decodes` expands the batch in place ([el0,
+el0, el1, el1, ...]); the result is `(decodes [B, num_decodes, L], log_probs
+[B, num_decodes])` sorted by ascending log probability, so `[:, -1]` is the
+most likely decode. A row ends when it emits `eos_id` or fills the output
+length; tokens after the end are 0. By default `log_probs` are log
+probabilities under the *standardized* distribution that was sampled from
+(T5X's `rescale_log_probs=True`): 0 for greedy decoding; with
+`rescale_log_probs=False`, under the logits alone. A logit callback
+(`logit_callback_fn(logits, state)`) rewrites the target's logits before
+temperature, top-k and top-p, so it defines the distribution both functions
+sample (see `SamplingLoopState`, `position_state`).
 
 As in T5X, `topk` defaults to 1 (greedy). Pass `topk=0` to sample.
 
@@ -225,24 +233,78 @@ def check_initial_index(inputs, initial_index) -> None:
 
 @flax.struct.dataclass
 class SamplingLoopState:
-  """Loop state of `temperature_sample`.
+  """Loop state of `temperature_sample`: T5X's fields (`t5x.decoding.SamplingLoopState`).
+
+  It is what `state_callback_fn` and `logit_callback_fn` receive. Under
+  speculation `speculative_sample` builds one per scored position for the
+  logit callback (see `position_state`, whose docstring says which fields
+  keep T5X's meaning there).
 
   Attributes:
-    cur_index: int32 [BN] cache position of the token each row feeds next
-      (rows differ when started from `initial_index`; an ended row stays).
-    sequences: int32 [BN, L + 1] BOS, outputs, and one spare slot.
+    step: int32 scalar, loop iterations so far.
+    cur_index: int32 [BN] cache position of `cur_token` (rows differ when
+      started from `initial_index`; an ended row stays where it ended).
+    sequences: int32 [BN, L + 1]: BOS at index 0, the prompt and the tokens
+      so far at 1..cur_index, then the prompt's remaining (teacher-forced)
+      tokens and zeros; one spare slot at the end.
     cache: the target's decoder cache.
-    ended: bool [BN].
+    cur_token: int32 [BN, 1] the token fed next, `sequences[:, cur_index]`.
+    ended: bool [BN] (T5X's is [BN, 1]).
     rng: PRNG key.
-    log_prob: float32 [BN].
+    log_prob: float32 [BN] the score of the tokens generated so far.
   """
 
+  step: Array
   cur_index: Array
   sequences: Array
   cache: PyTree
+  cur_token: Array
   ended: Array
   rng: Array
   log_prob: Array
+
+
+# T5X's callbacks: `state_callback_fn(state) -> state`, run before each step
+# and once on the final state; `logit_callback_fn(logits [BN, V], state) ->
+# logits`, run on the target's logits before temperature, top-k and top-p.
+StateCallbackFn = Callable[[SamplingLoopState], SamplingLoopState]
+LogitCallbackFn = Callable[[Array, SamplingLoopState], Array]
+
+
+def clip_max_decode_steps(max_decode_steps, max_decode_steps_hard_limit: Optional[int]):
+  """`max_decode_steps` clipped to the hard limit, as T5X's `temperature_sample` does.
+
+  The limit applies only when it is set (not None and > 0) and
+  `max_decode_steps` is set too. ValueError unless it is a Python int or None.
+  """
+  if max_decode_steps_hard_limit is None:
+    return max_decode_steps
+  if not isinstance(max_decode_steps_hard_limit, (int, np.integer)) or isinstance(
+    max_decode_steps_hard_limit, bool
+  ):
+    raise ValueError(
+      'max_decode_steps_hard_limit must be a Python int or None (T5X: a fixed limit, known '
+      f'when the decode is traced); got {max_decode_steps_hard_limit!r}. Pass a per-batch '
+      'cap as max_decode_steps instead.'
+    )
+  if max_decode_steps_hard_limit > 0 and max_decode_steps is not None:
+    return jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
+  return max_decode_steps
+
+
+def token_log_probs(tokens: Array, probs: Array, logits: Optional[Array] = None) -> Array:
+  """float32 [...]: the log probabilities that score tokens int32 [...].
+
+  T5X's `rescale_log_probs`: True scores under the distribution sampled from,
+  `log probs[token]` (probs float [..., V], standardized: temperature, top-k,
+  top-p; 0 for greedy decoding); False under the logits alone,
+  `log_softmax(logits)[token]` (logits float [..., V], after any logit
+  callback), which is what passing `logits` asks for.
+  """
+  if logits is None:
+    return jnp.log(jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0])
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
 
 
 def _take_column(x: Array, index: Array) -> Array:
@@ -263,6 +325,10 @@ def temperature_sample(
   cache_offset: int = 0,
   initial_index: Optional[Array] = None,
   max_decode_steps: Optional[Union[int, Array]] = None,
+  max_decode_steps_hard_limit: Optional[int] = None,
+  rescale_log_probs: bool = True,
+  state_callback_fn: Optional[StateCallbackFn] = None,
+  logit_callback_fn: Optional[LogitCallbackFn] = None,
 ) -> Tuple[Array, Array]:
   """Samples one token per target call, as T5X's `temperature_sample`.
 
@@ -275,19 +341,39 @@ def temperature_sample(
     eos_id: end-of-sequence id.
     decode_rng: PRNG key (default `PRNGKey(0)`).
     num_decodes: independent samples per row.
-    temperature: scalar or float [B]; 0 means argmax.
+    temperature: scalar or float [B]; 0 means argmax. Every row draws with
+      its own key (T5X's per-row path draws all rows with one key, so its
+      rows with equal logits sample equal tokens; each row's distribution is
+      the same).
     topk: keep the k most likely tokens (0: off). T5X's default 1 is greedy.
     topp: nucleus mass (0: off). At most one of topk/topp may be non-zero.
     cache_offset: batch axis of cache leaves (1 for scanned layers).
     initial_index: optional int32 [B], where each row starts: the cache is
       prefilled below it and `inputs[:, initial_index]` is fed first (T5X's
       decoder-only convention; see the module docstring). None starts at 0.
-    max_decode_steps: optional cap on tokens generated after the prompt.
+    max_decode_steps: optional cap on tokens generated after the prompt
+      (int, or int [BN] per expanded row).
+    max_decode_steps_hard_limit: optional Python int; when it is > 0 and
+      `max_decode_steps` is set, `max_decode_steps` is clipped to it (T5X's).
+    rescale_log_probs: T5X's: True scores each generated token under the
+      distribution it was sampled from (temperature, top-k, top-p applied; 0
+      for greedy decoding); False under `log_softmax` of the logits (after
+      `logit_callback_fn`) alone.
+    state_callback_fn: T5X's `state -> state` on the `SamplingLoopState`,
+      before every step and once on the final state (e.g. to force a token
+      by writing `sequences[:, cur_index + 1]`, which the step then keeps as
+      teacher forcing). A row ends when the count of `eos_id` in its
+      `sequences` grows, as in T5X, so an EOS written this way ends it too.
+    logit_callback_fn: T5X's `(logits [BN, V], state) -> logits`, applied to
+      the target's logits of every step (`state` the step's
+      `SamplingLoopState`, after `state_callback_fn`) before temperature,
+      top-k and top-p: it defines the distribution sampled from.
 
   Returns:
     `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes])`,
     sorted by ascending log probability.
   """
+  max_decode_steps = clip_max_decode_steps(max_decode_steps, max_decode_steps_hard_limit)
   _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
   check_initial_index(inputs, initial_index)
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
@@ -301,21 +387,32 @@ def temperature_sample(
     start = jnp.zeros((flat_size,), jnp.int32)
   else:
     start = flat_batch_expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
+  # One spare slot past the end keeps the forced-token read in bounds.
+  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, 1)))
+  sequences = sequences.at[:, 0].set(0)
+  # T5X's end rule: a row ends when its count of EOS grows, so that an EOS in
+  # the prompt does not end it but one written by the step (sampled, or
+  # forced by `state_callback_fn`) does.
+  initial_eos_count = jnp.sum(sequences == eos_id, axis=1)
 
   def cond_fn(state: SamplingLoopState) -> Array:
     return ~jnp.all(state.ended)
 
   def body_fn(state: SamplingLoopState) -> SamplingLoopState:
+    if state_callback_fn is not None:
+      state = state_callback_fn(state)
     rng, sample_rng = jax.random.split(state.rng)
     index = state.cur_index
     logits, new_cache = tokens_to_logits(
       DecodingState(
         cur_index=index,
         sequences=state.sequences[:, :max_decode_len],
-        cur_token=_take_column(state.sequences, index)[:, None],
+        cur_token=state.cur_token,
         cache=state.cache,
       )
     )
+    if logit_callback_fn is not None:
+      logits = logit_callback_fn(logits, state)
     sampled, probs = sampling.sample_logits(
       sample_rng, logits, temperature=temperature, topk=topk, topp=topp
     )
@@ -324,33 +421,38 @@ def temperature_sample(
     generated = ~in_prompt & ~state.ended
     # An ended row rewrites the token it holds at index + 1, and stays.
     next_token = jnp.where(generated, sampled, forced)
-    token_prob = jnp.take_along_axis(probs, sampled[:, None], axis=-1)[:, 0]
-    log_prob = state.log_prob + jnp.where(generated, jnp.log(token_prob), 0.0)
+    score = token_log_probs(sampled, probs, None if rescale_log_probs else logits)
+    log_prob = state.log_prob + jnp.where(generated, score, 0.0)
     sequences = jax.vmap(lambda row, token, at: row.at[at].set(token))(
       state.sequences, next_token, index + 1
     )
-    ended = state.ended | (generated & (next_token == eos_id)) | (index + 1 >= limits)
+    eos_written = jnp.sum(sequences == eos_id, axis=1) > initial_eos_count
+    ended = state.ended | eos_written | (index + 1 >= limits)
+    cur_index = jnp.where(ended, index, index + 1)
     return SamplingLoopState(
-      cur_index=jnp.where(ended, index, index + 1),
+      step=state.step + 1,
+      cur_index=cur_index,
       sequences=sequences,
       cache=new_cache,
+      cur_token=_take_column(sequences, cur_index)[:, None],
       ended=ended,
       rng=rng,
       log_prob=log_prob,
     )
 
-  # One spare slot past the end keeps the forced-token read in bounds.
-  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, 1)))
-  sequences = sequences.at[:, 0].set(0)
   init_state = SamplingLoopState(
+    step=jnp.zeros((), jnp.int32),
     cur_index=start,
     sequences=sequences,
     cache=cache,
+    cur_token=_take_column(sequences, start)[:, None],
     ended=start >= limits,
     rng=decode_rng,
     log_prob=jnp.zeros((flat_size,), jnp.float32),
   )
   final_state = lax.while_loop(cond_fn, body_fn, init_state)
+  if state_callback_fn is not None:
+    final_state = state_callback_fn(final_state)
   decodes = final_state.sequences[:, 1 : max_decode_len + 1]
   return _sort_by_log_prob(decodes, final_state.log_prob, batch_size, num_decodes)
 
@@ -506,6 +608,93 @@ class SpeculativeLoopState:
   stats: SpeculativeStats
 
 
+def position_state(
+  state: SpeculativeLoopState, block: Array, offset: Union[int, Array], start: Array
+) -> SamplingLoopState:
+  """The `SamplingLoopState` that T5X's loop would hold when feeding `block[:, offset]`.
+
+  What `speculative_sample` hands a logit callback for one position of a
+  block. Per row b, the block's tokens `block[b]` (int32 [BN, k]: the row's
+  last emitted token, then its draft tokens) sit at cache positions
+  `state.position[b] + 0..k-1`; the callback is about the logits predicting
+  the token after `block[b, offset]`. These fields mean exactly what T5X's do
+  at that step, so a callback that reads only them defines T5X's
+  distribution for the same prefix:
+    cur_index: int32 [BN] `state.position + offset`;
+    cur_token: int32 [BN, 1] `block[:, offset]`;
+    sequences: int32 [BN, L + gamma + 2], the loop's with the block's tokens
+      up to `offset` written after each row's position (zeros, or the rest of
+      the prompt, beyond cur_index);
+    ended: bool [BN], as T5X's for every row that is still decoding (an
+      ended row's logits are discarded);
+    step: int32 [BN, 1], T5X's step count at that position per row,
+      `cur_index - start` (start int32 [BN], where T5X's loop would have
+      begun: `initial_index`, else 0). T5X's is a scalar, one for the batch;
+      under speculation rows move apart, and [BN, 1] broadcasts against
+      logits [BN, V] as that scalar does.
+  These are per block, not per position: `cache` is the target's cache
+  before the block call (valid below the row's position), `rng` the
+  iteration's key, `log_prob` the row's score before the block.
+
+  `offset` may be traced (the draft's rollout steps through it). A token
+  tree's node is the block of its path from the root (`node_state`).
+  """
+  after_position = jnp.arange(state.sequences.shape[1])[None] - state.position[:, None]
+  in_block = (after_position >= 1) & (after_position <= offset)
+  from_block = jnp.take_along_axis(block, jnp.clip(after_position, 0, block.shape[1] - 1), axis=1)
+  cur_index = state.position + offset
+  return SamplingLoopState(
+    step=(cur_index - start)[:, None],
+    cur_index=cur_index,
+    sequences=jnp.where(in_block, from_block, state.sequences),
+    cache=state.cache,
+    cur_token=lax.dynamic_slice_in_dim(block, offset, 1, axis=1),
+    ended=state.ended,
+    rng=state.rng,
+    log_prob=state.log_prob,
+  )
+
+
+def node_state(
+  state: SpeculativeLoopState,
+  tree: tree_lib.Tree,
+  node_tokens: Array,
+  node: int,
+  start: Array,
+) -> SamplingLoopState:
+  """`position_state` at one node of a block: its path from the root is the prefix.
+
+  node_tokens int32 [BN, N] are the block's tokens (node 0 the row's last
+  emitted token), laid out as the static `tree` (a chain: `Tree.chain`);
+  the state is T5X's after feeding node `node`'s path from the root.
+  """
+  path = np.flatnonzero(tree.ancestors[node])  # Root first: ancestors have lower ids.
+  return position_state(state, node_tokens[:, path], len(path) - 1, start)
+
+
+def apply_logit_callback(
+  logit_callback_fn: LogitCallbackFn,
+  logits: Array,
+  state: SpeculativeLoopState,
+  node_tokens: Array,
+  tree: tree_lib.Tree,
+  start: Array,
+) -> Array:
+  """The target's block logits [BN, N, V] after the callback, node by node.
+
+  One call per node (N of them, each with batch BN as in T5X), with
+  `node_state`: node i's logits are what T5X would have passed the callback
+  after feeding the path to node i. A chain's nodes are its positions.
+  """
+  return jnp.stack(
+    [
+      logit_callback_fn(logits[:, i], node_state(state, tree, node_tokens, i, start))
+      for i in range(tree.num_nodes)
+    ],
+    axis=1,
+  )
+
+
 @flax.struct.dataclass
 class Judgement:
   """What verification decided for one block, per row.
@@ -520,6 +709,9 @@ class Judgement:
     rank_judged: bool [BN, gamma, K], which sibling ranks were judged at
       each depth (a tree's; None for a chain: rank 0 where judged).
     rank_accepted: bool [BN, gamma, K], which one was accepted (None: chain).
+    score_logits: float [BN, gamma + 1, V], the target's logits (after any
+      logit callback) that score the emitted tokens when they are scored
+      unscaled (`rescale_log_probs=False`); None: scored by `target_probs`.
   """
 
   num_drafted: Array
@@ -529,6 +721,7 @@ class Judgement:
   target_probs: Array
   rank_judged: Optional[Array] = None
   rank_accepted: Optional[Array] = None
+  score_logits: Optional[Array] = None
 
 
 def judge_block(
@@ -541,6 +734,7 @@ def judge_block(
   *,
   emulate_alpha: Optional[float] = None,
   num_drafted: Optional[Array] = None,
+  rescale_log_probs: bool = True,
 ) -> Judgement:
   """Standardizes the target's block logits and verifies the draft tokens.
 
@@ -554,6 +748,8 @@ def judge_block(
       (see `speculative_sampling.verify`).
     emulate_alpha: see `speculative_sample`.
     num_drafted: int32 [BN] tokens each row drafted, or None for gamma.
+    rescale_log_probs: False keeps `target_logits` to score the emitted
+      tokens unscaled (see `speculative_sample`).
   """
   target_probs = sampling.standardize(target_logits, **sample_args)
   one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
@@ -580,7 +776,14 @@ def judge_block(
       one_hot_target=one_hot_target,
       num_drafted=num_drafted,
     )
-  return Judgement(num_drafted, num_accepted, next_token, beta, target_probs)
+  return Judgement(
+    num_drafted,
+    num_accepted,
+    next_token,
+    beta,
+    target_probs,
+    score_logits=None if rescale_log_probs else target_logits,
+  )
 
 
 def check_emulate_alpha(emulate_alpha, tree: Optional[tree_lib.Tree]) -> None:
@@ -606,6 +809,7 @@ def judge_tree(
   sample_args: Mapping[str, Any],
   *,
   emulated_rates: Optional[Sequence[float]] = None,
+  rescale_log_probs: bool = True,
 ) -> Tuple[Judgement, tree_lib.TreeJudgement]:
   """Standardizes the target's logits at every node and verifies the tree.
 
@@ -620,6 +824,8 @@ def judge_tree(
     sample_args: `temperature`, `topk`, `topp` (as `sampling.standardize`).
     emulated_rates: timing only, acceptance by sibling rank (see
       `tree.verify_tree`), or None: the exact rule.
+    rescale_log_probs: False keeps the logits along the accepted path to
+      score the emitted tokens unscaled (see `speculative_sample`).
 
   Returns:
     (the accepted path as a chain's `Judgement` of D positions, for
@@ -649,6 +855,9 @@ def judge_tree(
     target_probs=verdict.path_target_probs,
     rank_judged=rank_judged,
     rank_accepted=rank_accepted,
+    score_logits=None
+    if rescale_log_probs
+    else jnp.take_along_axis(target_logits, verdict.path[:, :, None], axis=1),
   )
   return judgement, verdict
 
@@ -697,8 +906,8 @@ def emit_block(
   new_position = position + num_kept
   ended = state.ended | jnp.any(is_eos & keep, axis=1) | (new_position >= limits)
 
-  token_probs = jnp.take_along_axis(judgement.target_probs, emitted[..., None], axis=-1)[..., 0]
-  log_prob = state.log_prob + jnp.sum(jnp.where(keep, jnp.log(token_probs), 0.0), axis=1)
+  scores = token_log_probs(emitted, judgement.target_probs, judgement.score_logits)
+  log_prob = state.log_prob + jnp.sum(jnp.where(keep, scores, 0.0), axis=1)
 
   active = ~state.ended
   drafted = jnp.where(active, judgement.num_drafted, 0)
@@ -750,6 +959,25 @@ def speculative_cache_length(
   return max_decode_len + (gamma + 1 if tree is None else tree.num_nodes)
 
 
+def check_no_state_callback(state_callback_fn: Optional[StateCallbackFn]) -> None:
+  """ValueError unless `state_callback_fn` is None: speculation cannot run T5X's state callback.
+
+  T5X calls it before every single-token step, to read or rewrite the loop
+  state; a speculative iteration drafts, judges and emits up to gamma + 1
+  tokens per row at once, so a rewrite could not reach the tokens inside a
+  block. The message names the two ways that do work.
+  """
+  if state_callback_fn is not None:
+    raise ValueError(
+      f'state_callback_fn={state_callback_fn!r} cannot mean under speculation what it means '
+      "in T5X's temperature_sample, where it edits the loop state before every single-token "
+      'step: here each iteration drafts, judges and emits up to gamma + 1 tokens per row at '
+      "once. Decode with speculative_t5x.decoding.temperature_sample (T5X's behaviour), or "
+      'express the change as a logit_callback_fn, which speculative_sample applies at every '
+      'position (to force a token, leave only its logit finite).'
+    )
+
+
 def speculative_sample(
   inputs: Array,
   cache: PyTree,
@@ -763,6 +991,10 @@ def speculative_sample(
   cache_offset: int = 0,
   initial_index: Optional[Array] = None,
   max_decode_steps: Optional[Union[int, Array]] = None,
+  max_decode_steps_hard_limit: Optional[int] = None,
+  rescale_log_probs: bool = True,
+  state_callback_fn: Optional[StateCallbackFn] = None,
+  logit_callback_fn: Optional[LogitCallbackFn] = None,
   *,
   draft: drafts.Draft,
   draft_cache: PyTree,
@@ -778,6 +1010,8 @@ def speculative_sample(
 
   The output is distributed as `temperature_sample` with the same arguments
   (exactly for `lenience=1`); with greedy settings it is the same tokens.
+  It takes every argument of T5X's `temperature_sample`, with T5X's meaning,
+  except `state_callback_fn` (a ValueError: see below).
 
   Args:
     inputs: int32 [B, L] decoder prompts as `temperature_sample`'s (shifted
@@ -802,6 +1036,31 @@ def speculative_sample(
       call each, skipped at run time when no row has a prompt.
     max_decode_steps: optional cap on generated tokens per row, counted
       after the prompt.
+    max_decode_steps_hard_limit: optional Python int; when it is > 0 and
+      `max_decode_steps` is set, `max_decode_steps` is clipped to it (T5X's).
+    rescale_log_probs: as T5X's: True scores the emitted tokens under the
+      standardized target distribution p (0 for greedy decoding); False
+      under `log_softmax` of the target's logits (after `logit_callback_fn`).
+    state_callback_fn: must be None. T5X calls it before every single-token
+      step to read or rewrite the loop state; here an iteration emits up to
+      gamma + 1 tokens per row at once and a rewrite could not reach the
+      tokens drafted and judged within the block, so it cannot mean the same:
+      a ValueError says so. Use `temperature_sample` (one token per step, T5X's
+      behaviour), or express the change as a `logit_callback_fn` (e.g. to
+      force a token, leave only its logit finite).
+    logit_callback_fn: T5X's `(logits [BN, V], state) -> logits`, applied
+      before temperature, top-k and top-p: it defines the distribution to
+      sample, so the output is distributed as `temperature_sample`'s with the
+      same callback (greedy: the same tokens). It runs on the target's logits
+      at each of the block's gamma + 1 positions, one call per position with
+      batch BN, and on the draft's logits at each rollout step (so that q
+      follows p; only p matters for exactness), each time with
+      `position_state` for that position: `cur_index`, `cur_token`,
+      `sequences`, `ended` and (per row) `step` are T5X's at that position;
+      `cache`, `rng` and `log_prob` are the block's (see `position_state`).
+      A callback that reads only the former samples exactly T5X's
+      distribution. With a token tree, the same at every node, its path from
+      the root being the prefix (`node_state`).
     draft: a `drafts.Draft` (model, n-gram or prompt lookup).
     draft_cache: the draft's state for batch B, from `draft.init_cache`
       (and `draft.prefill` if `initial_index` is given).
@@ -842,6 +1101,8 @@ def speculative_sample(
     stats)` with decodes and log_probs sorted by ascending log probability and
     per-row stats in the same order.
   """
+  check_no_state_callback(state_callback_fn)
+  max_decode_steps = clip_max_decode_steps(max_decode_steps, max_decode_steps_hard_limit)
   _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
   check_prompts(inputs)
   check_initial_index(inputs, initial_index)
@@ -884,6 +1145,9 @@ def speculative_sample(
     )
   else:
     position = flat_batch_expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
+  # Where T5X's loop would have begun, its step 0 (see `position_state`): at
+  # BOS without initial_index, as it teacher-forces the prompt.
+  start = jnp.zeros_like(position) if initial_index is None else position
 
   def cond_fn(state: SpeculativeLoopState) -> Array:
     return ~jnp.all(state.ended)
@@ -895,6 +1159,12 @@ def speculative_sample(
         f'A token tree needs a draft that ranks its candidates by probability (a model or '
         f'n-gram draft); a {type(draft).__name__} proposes one continuation. Pass tree=None.'
       )
+    callback_args = {}
+    if logit_callback_fn is not None:
+      # Passed only when set, so that a draft without the argument serves every other decode.
+      callback_args['logit_callback'] = lambda logits, node, node_tokens: logit_callback_fn(
+        logits, node_state(state, spec.tree, node_tokens, node, start)
+      )
     node_tokens, node_valid, node_probs, draft_cache = draft.propose_tree(
       state.draft_cache,
       state.sequences,
@@ -902,9 +1172,14 @@ def speculative_sample(
       propose_rng,
       tree=spec.tree,
       **sample_args,
+      **callback_args,
     )
     target_logits, cache = score_block(node_tokens, state.position, state.cache, tree=spec.tree)
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
+    if logit_callback_fn is not None:
+      target_logits = apply_logit_callback(
+        logit_callback_fn, target_logits, state, node_tokens, spec.tree, start
+      )
     judgement, verdict = judge_tree(
       verify_rng,
       spec.tree,
@@ -914,6 +1189,7 @@ def speculative_sample(
       target_logits,
       sample_args,
       emulated_rates=emulate_alpha,
+      rescale_log_probs=rescale_log_probs,
     )
     cache = compact_cache(cache, state.position, verdict.path)
     draft_cache = draft.compact_tree(
@@ -929,6 +1205,13 @@ def speculative_sample(
 
   def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
     rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
+    last_token = jnp.take_along_axis(state.sequences, state.position[:, None], axis=1)
+    callback_args = {}
+    if logit_callback_fn is not None:
+      # Passed only when set, so that a draft without the argument serves every other decode.
+      callback_args['logit_callback'] = lambda logits, i, drafted: logit_callback_fn(
+        logits, position_state(state, jnp.concatenate([last_token, drafted], axis=1), i, start)
+      )
     draft_tokens, draft_probs, num_drafted, draft_cache = draft.propose(
       state.draft_cache,
       state.sequences,
@@ -938,6 +1221,7 @@ def speculative_sample(
       **sample_args,
       draft_threshold=spec.draft_threshold,
       active=~state.ended,
+      **callback_args,
     )
     if spec.draft_threshold and num_drafted is None:
       raise ValueError(
@@ -945,12 +1229,14 @@ def speculative_sample(
         f'probabilities (a model or n-gram draft); a {type(draft).__name__} always '
         'drafts gamma tokens. Pass draft_threshold=0.'
       )
-    block = jnp.concatenate(
-      [jnp.take_along_axis(state.sequences, state.position[:, None], axis=1), draft_tokens],
-      axis=1,
-    )
+    block = jnp.concatenate([last_token, draft_tokens], axis=1)
     target_logits, cache = score_block(block, state.position, state.cache)
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
+    if logit_callback_fn is not None:
+      chain = tree_lib.Tree.chain(spec.gamma)  # The block's layout, node i at position i.
+      target_logits = apply_logit_callback(
+        logit_callback_fn, target_logits, state, block, chain, start
+      )
     judgement = judge_block(
       verify_rng,
       draft_tokens,
@@ -960,6 +1246,7 @@ def speculative_sample(
       spec,
       emulate_alpha=emulate_alpha,
       num_drafted=num_drafted,
+      rescale_log_probs=rescale_log_probs,
     )
     return emit_block(
       state.replace(rng=rng, cache=cache, draft_cache=draft_cache),

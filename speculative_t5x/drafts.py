@@ -94,6 +94,16 @@ class Draft(Protocol):
     stops a row after a token it gave probability below it (see
     `rollout_loop`); `active` bool [BN] marks the rows whose proposals are
     judged (None: all), so that ended rows do not keep a rollout going.
+
+    With a logit callback (T5X's `logit_callback_fn`) the decode loop also
+    passes the keyword `logit_callback(logits [BN, V], i, drafted [BN, gamma])
+    -> logits`, for the draft to apply to its logits of rollout step i before
+    standardizing them (`drafted`: the tokens drafted before step i, zeros
+    from i on; see `rollout_loop`), so that q follows the callback as p does
+    (a tree's `propose_tree` takes it as `logit_callback(logits, node,
+    node_tokens [BN, N])`: see `tree_rollout`).
+    A deterministic draft may ignore it: exactness needs only that `probs`
+    are what the tokens were drawn from.
     """
 
   # Drafts that rank candidates by probability (model, n-gram) also draft token
@@ -116,6 +126,7 @@ def rollout_loop(
   topp,
   draft_threshold: float,
   active: Optional[Array] = None,
+  logit_callback: Optional[Callable[[Array, Array, Array], Array]] = None,
 ) -> Tuple[Array, Array, Array, PyTree]:
   """Samples up to gamma draft tokens per row, stopping rows that become unsure.
 
@@ -132,6 +143,10 @@ def rollout_loop(
   `speculative_sampling.verify`). The rng of step i is
   `jax.random.split(rng, gamma)[i]` whatever the threshold.
 
+  `logit_callback(logits [BN, V], i, tokens [BN, gamma]) -> logits`, if
+  given, rewrites step i's logits before anything reads them (`tokens`: the
+  draft tokens so far, zeros from i on); see `Draft.propose`.
+
   Returns:
     (tokens int32 [BN, gamma], probs float32 [BN, gamma, V], num_drafted
     int32 [BN], the final carry); tokens and probs are 0 past a row's count.
@@ -145,6 +160,8 @@ def rollout_loop(
   def body(state):
     i, token, drafting, num_drafted, carry, tokens, probs = state
     logits, carry = step(carry, token)
+    if logit_callback is not None:
+      logits = logit_callback(logits, i, tokens)
     token, step_probs = sampling.sample_logits(keys[i], logits, temperature, topk, topp)
     tokens = tokens.at[:, i].set(jnp.where(drafting, token, 0))
     probs = probs.at[:, i].set(jnp.where(drafting[:, None], step_probs, 0.0))
@@ -181,6 +198,7 @@ def tree_rollout(
   temperature,
   topk: int,
   topp,
+  logit_callback: Optional[Callable[[Array, int, Array], Array]] = None,
 ) -> Tuple[Array, Array, Array, PyTree]:
   """Drafts every node of a static token tree, one batched step per depth.
 
@@ -192,6 +210,9 @@ def tree_rollout(
   (`tree.draw_children`: Gumbel-top-k, or the k most likely when greedy, ranked
   by the draft's own logits), in the order of their sibling ranks. The
   deepest level is never fed. The rng of level d is `split(rng, D)[d]`.
+  `logit_callback(logits [BN, V], node, node_tokens [BN, N]) -> logits`, if
+  given, rewrites each fed node's logits first (node: its static id;
+  node_tokens: those drafted so far, zeros below the node's level).
 
   Returns:
     (node_tokens int32 [BN, N] with node 0 the root, node_valid bool [BN, N]
@@ -209,6 +230,10 @@ def tree_rollout(
     start, stop = tree.levels[depth]
     child_start, child_stop = tree.levels[depth + 1]
     logits, carry = step_level(carry, node_tokens[:, start:stop], start)
+    if logit_callback is not None:
+      logits = jnp.stack(
+        [logit_callback(logits[:, i], start + i, node_tokens) for i in range(stop - start)], axis=1
+      )
     probs = sampling.standardize(logits, temperature=temperature, topk=topk, topp=topp)
     node_probs = node_probs.at[:, start:stop].set(probs)
     width, max_children = stop - start, int(tree.num_children[start:stop].max())
@@ -334,6 +359,7 @@ class ModelDraft:
     topp,
     draft_threshold,
     active=None,
+    logit_callback=None,
   ):
     """Up to gamma single-token steps from each row's last token (see `rollout_loop`).
 
@@ -362,6 +388,7 @@ class ModelDraft:
       topp=topp,
       draft_threshold=draft_threshold,
       active=active,
+      logit_callback=logit_callback,
     )
     cache = {'decoder': decoder_cache, 'written_until': positions + num_drafted}
     return tokens, probs, num_drafted, cache
@@ -613,10 +640,12 @@ class PromptLookupDraft:
     topp,
     draft_threshold,
     active=None,
+    logit_callback=None,
   ):
     """Copies gamma tokens per row; no adaptive length (num_drafted None)."""
-    # Deterministic whatever the sampling mode; no confidence to threshold.
-    del rng, temperature, topk, topp, draft_threshold, active
+    # Deterministic whatever the sampling mode (a logit callback included: the
+    # target's p alone decides what is kept); no confidence to threshold.
+    del rng, temperature, topk, topp, draft_threshold, active, logit_callback
     input_tokens = cache['input_tokens']
     input_len = input_tokens.shape[1]
     # [BN, Lin + Ls]: input, then BOS and the generated tokens.

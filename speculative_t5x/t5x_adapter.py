@@ -411,9 +411,11 @@ def speculative_predict_batch(
     decode_fn: a speculative decode function with the signature of
       `decoding.speculative_sample` (sampling settings bound in gin).
     rng: PRNG key for sampling, passed as `decode_rng`.
-    decoder_params: more keyword arguments of `decode_fn` (e.g.
-      `temperature`, `max_decode_steps`); the fields of `settings` here
-      ('gamma', 'lenience', ...) override its own.
+    decoder_params: more keyword arguments of `decode_fn`, as T5X's
+      predict_batch passes them (e.g. `temperature`, `max_decode_steps`,
+      `max_decode_steps_hard_limit`, `rescale_log_probs`,
+      `logit_callback_fn`); the fields of `settings` here ('gamma',
+      'lenience', ...) override its own.
     num_decodes: samples per input.
     return_all_decodes: return every sample, not only the most likely one.
     decoder_prompt: optional int32 [B, L] decoder prompts in T5X's layout
@@ -429,7 +431,8 @@ def speculative_predict_batch(
     leading axis is the batch (as T5X's `predict_with_aux` output needs), per
     decode [B] (or [B, num_decodes]):
       scores: float32 log probability under the target's standardized
-        distribution (0 for greedy decoding);
+        distribution (0 for greedy decoding), or with
+        `rescale_log_probs=False` under its logits alone (T5X's);
       iterations, accepted, emitted, drafted: int32 loop iterations in which
         the row was active, draft tokens accepted, tokens written, draft
         tokens proposed;
@@ -447,6 +450,9 @@ def speculative_predict_batch(
     network.DecoderOnly if isinstance(module, network.DecoderOnly) else network.Transformer,
   )
   decoder_params = dict(decoder_params or {})
+  # Before gamma='auto' may choose the baseline for this batch size, so that a
+  # state callback fails alike at every batch size.
+  decoding.check_no_state_callback(decoder_params.get('state_callback_fn'))
   settings = settings.overridden(decoder_params)  # Validated again, if overridden.
   batch_size = batch['decoder_input_tokens'].shape[0]
   sampling = decode_fn_sampling(decode_fn, decoder_params)

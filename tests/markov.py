@@ -6,6 +6,8 @@ sequences without a network: the logits of the next token depend on the cache
 position of the current token, its id and a per-row shift kept in the cache.
 """
 
+import functools
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -34,8 +36,10 @@ class MarkovTarget:
     """The 'cache': only the per-row shift [B] (batch-leading, so it expands)."""
     return {'row_shift': jnp.asarray(row_shift, jnp.int32)}
 
-  def score_block(self, block_tokens, start_positions, cache):
-    positions = start_positions[:, None] + jnp.arange(block_tokens.shape[1])[None]
+  def score_block(self, block_tokens, start_positions, cache, tree=None):
+    """Logits of a block of consecutive positions, or of a token tree's nodes (at their depths)."""
+    offsets = jnp.arange(block_tokens.shape[1]) if tree is None else jnp.asarray(tree.depths)
+    positions = start_positions[:, None] + offsets[None]
     positions = jnp.minimum(positions + cache['row_shift'][:, None], self.table.shape[0] - 1)
     return self.table[positions, block_tokens], cache
 
@@ -43,29 +47,72 @@ class MarkovTarget:
     logits, cache = self.score_block(state.cur_token, state.cur_index, state.cache)
     return logits[:, 0], cache
 
-  def sequence_distribution(self, length, eos_id, row_shift=0, prompt=(), **sample_args):
+  def next_logits(self, sequence, row_shift=0, logit_callback_fn=None, width=None):
+    """float32 [V]: the logits that follow the decoder inputs `sequence` (BOS, prompt, outputs).
+
+    With a T5X `logit_callback_fn(logits, state)`, rewritten by it, `state` being
+    the `decoding.SamplingLoopState` that `temperature_sample` holds when it feeds
+    `sequence[-1]` after starting at BOS: `sequences` int32 [1, width] (`sequence`,
+    then zeros), `cur_index` and `step` the position of `sequence[-1]`.
+    """
+    position = len(sequence) - 1
+    logits = self.table[min(position + row_shift, self.table.shape[0] - 1), sequence[-1]]
+    if logit_callback_fn is None:
+      return logits
+    sequences = np.zeros((1, width), np.int32)
+    sequences[0, : len(sequence)] = sequence
+    return _apply_logit_callback(logit_callback_fn, logits[None], sequences, position)[0]
+
+  def sequence_distribution(
+    self, length, eos_id, row_shift=0, prompt=(), logit_callback_fn=None, **sample_args
+  ):
     """Exact probabilities of every complete output (tokens then EOS or length).
 
     With a decoder `prompt` (tokens at positions 1..P), the outputs are its
     continuations: at most `length - P` tokens, the prompt itself not included.
-    Returns a dict {output tuple (without trailing padding): probability}.
+    With a T5X `logit_callback_fn`, each step's logits are rewritten by it first
+    (see `next_logits`). Returns a dict {output tuple (without trailing padding):
+    probability}.
     """
     probs = np.asarray(sampling.standardize(self.table, **sample_args), np.float64)
     result = {}
-    length -= len(prompt)
+    output_length = length - len(prompt)
 
-    def extend(prefix, token, position, prob):
+    def next_probs(sequence):
+      if logit_callback_fn is None:
+        return probs[min(len(sequence) - 1 + row_shift, probs.shape[0] - 1), sequence[-1]]
+      logits = self.next_logits(sequence, row_shift, logit_callback_fn, width=length + 1)
+      return np.asarray(sampling.standardize(logits, **sample_args), np.float64)
+
+    def extend(prefix, prob):
       if prob == 0.0:
         return
-      if len(prefix) == length or (prefix and prefix[-1] == eos_id):
+      if len(prefix) == output_length or (prefix and prefix[-1] == eos_id):
         result[tuple(prefix)] = result.get(tuple(prefix), 0.0) + prob
         return
-      row = probs[min(position + row_shift, probs.shape[0] - 1), token]
+      row = next_probs([0, *prompt, *prefix])
       for next_token in range(self.vocab_size):
-        extend(prefix + [next_token], next_token, position + 1, prob * row[next_token])
+        extend(prefix + [next_token], prob * row[next_token])
 
-    extend([], prompt[-1] if len(prompt) else 0, len(prompt), 1.0)
+    extend([], 1.0)
     return result
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _apply_logit_callback(logit_callback_fn, logits, sequences, cur_index):
+  """`logit_callback_fn(logits [1, V], state)` with `temperature_sample`'s state at cur_index."""
+  cur_index = jnp.full((1,), cur_index, jnp.int32)
+  state = decoding.SamplingLoopState(
+    step=cur_index[0],
+    cur_index=cur_index,
+    sequences=sequences,
+    cache={},
+    cur_token=jnp.take_along_axis(sequences, cur_index[:, None], axis=1),
+    ended=jnp.zeros((1,), bool),
+    rng=jax.random.PRNGKey(0),
+    log_prob=jnp.zeros((1,), jnp.float32),
+  )
+  return logit_callback_fn(logits, state)
 
 
 def deterministic_table(outputs_per_row, vocab_size, stride):

@@ -556,6 +556,37 @@ def test_t5x_decoder_prompts_equal_stock_t5x_greedy(t5x_env):
 
 
 @pytest.mark.t5x
+def test_t5x_decoder_params_reach_the_decode_function_as_in_stock_t5x(t5x_env):
+  """T5X's decode arguments in decoder_params (a logit callback, unscaled scores, the hard
+  limit): T5X's predict hands them to its temperature_sample, ours to speculative_sample."""
+  stock, model = t5x_env['stock'], t5x_env['model']
+
+  def logit_callback_fn(logits, state):  # No token twice in a row; token 5 later and later.
+    ids = jnp.arange(logits.shape[-1])
+    logits = jnp.where(ids == 5, logits + 0.5 * state.cur_index[:, None], logits)
+    return jnp.where((ids == state.cur_token) & (ids != EOS), -jnp.inf, logits)
+
+  decoder_params = dict(
+    logit_callback_fn=logit_callback_fn,
+    rescale_log_probs=False,
+    max_decode_steps=9,
+    max_decode_steps_hard_limit=7,
+  )
+  expected, expected_aux = jax.jit(
+    functools.partial(stock.predict_batch_with_aux, decoder_params=dict(decoder_params))
+  )(TARGET.params, BATCH)
+  decodes, aux = jax.jit(
+    functools.partial(model.predict_batch_with_aux, decoder_params=dict(decoder_params))
+  )(_with_draft(DRAFT.params), BATCH)
+  np.testing.assert_array_equal(decodes, expected)
+  assert np.sum(np.asarray(decodes) != 0, axis=1).max() == 7
+  without = jax.jit(stock.predict_batch_with_aux)(TARGET.params, BATCH)[0]
+  assert not np.array_equal(expected, without)  # The callback changed the tokens.
+  np.testing.assert_allclose(aux['scores'], expected_aux['scores'], rtol=1e-5)
+  assert np.all(np.asarray(aux['scores']) < 0)  # Unscaled greedy scores are not 0.
+
+
+@pytest.mark.t5x
 def test_t5x_initial_variables_are_partitioned_like_the_target(t5x_env):
   from t5x import partitioning as t5x_partitioning  # pylint: disable=g-import-not-at-top
   from t5x import train_state as t5x_train_state  # pylint: disable=g-import-not-at-top
