@@ -1,0 +1,494 @@
+"""The feature-level draft head (`drafts.FeatureDraft`, `feature_head`): features, exactness, cache.
+
+Random tiny networks. A random head drafts almost nothing the target accepts, so
+most tests use a target made nearly Markov (its decoder layers' residual
+branches scaled down: the last layer's output is close to the embedding of the
+token fed) and a head aligned to it (the embedding passed through, the features
+mixed in at a smaller scale): it is accepted often but not always, so rows
+accept ragged counts and both the accept and the reject paths run.
+"""
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative_t5x import decoding
+from speculative_t5x import drafts
+from speculative_t5x import feature_head
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import sampling
+from test_models import exact_sequence_distribution
+from test_prompts import exact_continuations
+from testing_utils import (
+  EOS,
+  decoded_lengths,
+  outputs_as_tuples,
+  padded_inputs,
+  sequence_chi_square_p_value,
+  tiny_decoder_only_model,
+  tiny_model,
+)
+
+
+def scale_residual_branches(params, scale):
+  """A copy of a decoder's (or head's) params with every layer's output kernels times `scale`."""
+  params = jax.tree.map(np.array, params)
+  layers = params['decoder'] if 'decoder' in params else params
+  for name, layer in layers.items():
+    if name.startswith('layers_'):
+      for branch in ('self_attention', 'encoder_decoder_attention'):
+        if branch in layer:
+          layer[branch]['out']['kernel'] *= scale
+      layer['mlp']['wo']['kernel'] *= scale
+  return params
+
+
+def near_markov(model, scale=0.3):
+  """The model with its decoder layers' residual branches scaled down (see the module docstring)."""
+  params = scale_residual_branches(model.params, scale)
+  return models.Model(model.config, params, model.inputs_bidirectional_attention)
+
+
+def head_config(target, **fields):
+  fields = dict(dict(emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32), **fields)
+  return feature_head.config_for(target.config, **fields)
+
+
+def random_head(target, seed=0, **fields):
+  config = head_config(target, **fields)
+  return drafts.FeatureDraft.for_target(target, feature_head.init_params(config, seed), config)
+
+
+def aligned_head(target, mix=0.3, seed=0):
+  """A head of the target's width whose prediction is mostly the next token's embedding.
+
+  pre_projection passes the embedding through and mixes the features in at
+  `mix`; post_projection is the identity; the head layer's branches are
+  scaled by `mix`, so its keys/values still depend on the features.
+  """
+  width = target.config.emb_dim
+  config = head_config(target, emb_dim=width, mlp_dim=2 * width)
+  params = scale_residual_branches(feature_head.init_params(config, seed), mix)
+  kernel = params['pre_projection']['kernel']
+  kernel[: config.feature_width] *= mix
+  kernel[config.feature_width :] = np.eye(width)
+  params['post_projection']['kernel'] = np.eye(width, dtype=np.float32)
+  return drafts.FeatureDraft.for_target(target, params, config)
+
+
+ENCODER_DECODER = near_markov(tiny_model(seed=0, layers=2, scale=3.0))
+DECODER_ONLY = near_markov(tiny_decoder_only_model(seed=0, layers=2, scale=3.0))
+TARGETS = {'encoder_decoder': ENCODER_DECODER, 'decoder_only': DECODER_ONLY}
+
+
+def batch_inputs(architecture, seed, batch):
+  """(input_tokens, decoder_prompts) of a batch: encoder inputs, or decoder-only prompts."""
+  target = TARGETS[architecture]
+  if architecture == 'encoder_decoder':
+    return padded_inputs(seed, batch, 9, target.vocab_size), None
+  prompts = padded_inputs(seed, batch, 5, target.vocab_size)
+  return np.where(prompts == EOS, 3, prompts), None  # Prompts continue rather than end.
+
+
+def fresh_features(target, input_tokens, decoder_inputs, feature_layers, prompt_lengths=None):
+  """The target's features [B, L, Df] at every decoder input, by one teacher-forced pass."""
+  batch = dict(
+    decoder_input_tokens=decoder_inputs, decoder_target_tokens=np.ones_like(decoder_inputs)
+  )
+  if not network.is_decoder_only(target.config):
+    batch['encoder_input_tokens'] = input_tokens
+  elif target.inputs_bidirectional_attention:
+    positions = np.arange(decoder_inputs.shape[1])[None]
+    batch['decoder_causal_attention'] = positions <= np.asarray(prompt_lengths)[:, None]
+  return np.asarray(
+    network.compute_logits(target.config, target.params, batch, feature_layers=feature_layers)[1]
+  )
+
+
+# ------------------------------------------------------------------------------
+# Features from the target's own calls.
+# ------------------------------------------------------------------------------
+@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
+@pytest.mark.parametrize('feature_layers', [(1,), (0, 1)])
+def test_block_calls_return_the_features_of_a_fresh_forward_pass(architecture, feature_layers):
+  """A prefill and two blocks at ragged positions vs teacher forcing; logits unchanged."""
+  target = TARGETS[architecture]
+  config, params = target.config, target.params
+  input_tokens, _ = batch_inputs(architecture, 0, 3)
+  rng = np.random.default_rng(0)
+  sequence = rng.integers(2, target.vocab_size, (3, 10)).astype(np.int32)
+  sequence[:, 0] = 0
+  expected = fresh_features(target, input_tokens, sequence, feature_layers)
+  cache = network.init_decoder_cache(config, params, jnp.asarray(input_tokens), 16)
+  cache, prefill_features = network.prefill_decoder_cache(
+    config, params, cache, sequence[:, :3], np.full(3, 3), feature_layers=feature_layers
+  )
+  np.testing.assert_allclose(prefill_features, expected[:, :3], atol=1e-5)
+  # One block writes positions 3..5; the next starts at ragged positions 3, 4, 5.
+  _, cache = network.apply_decode_block(config, params, cache, sequence[:, 3:6], np.full(3, 3))
+  starts = np.array([3, 4, 5], np.int32)
+  block = np.stack([sequence[b, s : s + 4] for b, s in enumerate(starts)])
+  (logits, features), _ = network.apply_decode_block(
+    config, params, cache, block, starts, feature_layers=feature_layers
+  )
+  plain_logits, _ = network.apply_decode_block(config, params, cache, block, starts)
+  np.testing.assert_array_equal(logits, plain_logits)
+  want = np.stack([expected[b, s : s + 4] for b, s in enumerate(starts)])
+  assert features.shape == (3, 4, len(feature_layers) * config.emb_dim)
+  np.testing.assert_allclose(features, want, atol=1e-5)
+  # The last layer's feature is the output before the final norm: it gives the logits.
+  top = np.asarray(features)[..., -config.emb_dim :]
+  if feature_layers[-1] == 1:
+    np.testing.assert_allclose(
+      network.logits_from_features(config, params, top), logits, rtol=1e-5, atol=1e-5
+    )
+
+
+@flax.struct.dataclass
+class RecordingFeatureDraft(drafts.FeatureDraft):
+  """A FeatureDraft that sends what the loop hands it to the host (jax.debug.callback)."""
+
+  def prefill(self, cache, prompt_block, prompt_lengths, features=None):
+    jax.debug.callback(
+      lambda *args: RECORDED.append(('prefill',) + args), features, prompt_lengths, ordered=True
+    )
+    return super().prefill(cache, prompt_block, prompt_lengths, features)
+
+  def observe(self, cache, features, next_tokens, positions, num_accepted):
+    jax.debug.callback(
+      lambda *args: RECORDED.append(('observe',) + args),
+      features,
+      positions,
+      num_accepted,
+      ordered=True,
+    )
+    return super().observe(cache, features, next_tokens, positions, num_accepted)
+
+
+RECORDED = []
+
+
+@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only', 'prefix_lm'])
+def test_the_loop_hands_the_head_the_features_of_a_fresh_forward_pass(architecture):
+  """Every true position's feature the loop hands over == teacher forcing the final output."""
+  if architecture == 'encoder_decoder':
+    target, prompts = ENCODER_DECODER, np.array([[5, 6, 0], [7, 0, 0], [0, 0, 0]], np.int32)
+    input_tokens = padded_inputs(1, 3, 9, target.vocab_size)
+  else:
+    target = TARGETS['decoder_only']
+    if architecture == 'prefix_lm':
+      target = models.Model(target.config, target.params, inputs_bidirectional_attention=True)
+    input_tokens, prompts = np.array([[5, 6, 9], [7, 0, 0], [4, 8, 0]], np.int32), None
+  head = aligned_head(target)
+  draft = RecordingFeatureDraft(head.params, head.target_params, head.config, head.target_config)
+  RECORDED.clear()
+  out = models.generate(
+    target, draft, input_tokens, decoder_prompts=prompts, gamma=3, max_decode_len=8
+  )
+  jax.effects_barrier()
+  prompt_rows = input_tokens if prompts is None else prompts
+  prompt_lengths = np.sum(prompt_rows != 0, axis=1)
+  tokens = np.asarray(out.tokens)
+  decoder_inputs = np.zeros((3, 1 + prompt_rows.shape[1] + tokens.shape[1]), np.int32)
+  for row, length in enumerate(prompt_lengths):
+    decoder_inputs[row, 1 : 1 + length] = prompt_rows[row, :length]
+    decoder_inputs[row, 1 + length : 1 + length + tokens.shape[1]] = tokens[row]
+  expected = fresh_features(
+    target, input_tokens, decoder_inputs, head.feature_layers, prompt_lengths
+  )
+  kinds = [record[0] for record in RECORDED]
+  assert kinds[0] == 'prefill' and set(kinds[1:]) == {'observe'}
+  _, features, lengths = RECORDED[0]
+  np.testing.assert_array_equal(lengths, prompt_lengths)
+  for row, length in enumerate(prompt_lengths):
+    np.testing.assert_allclose(features[row, :length], expected[row, :length], atol=1e-5)
+  # Inputs at positions < 1 + P + m are true (m tokens emitted, through EOS).
+  ended = 1 + prompt_lengths + decoded_lengths(tokens)
+  checked = 0
+  for _, features, positions, num_accepted in RECORDED[1:]:
+    for row in range(3):
+      # Positions p..p+n are true; past a row's end nothing is compared.
+      stop = min(positions[row] + num_accepted[row] + 1, ended[row])
+      count = max(stop - positions[row], 0)
+      np.testing.assert_allclose(
+        features[row, :count], expected[row, positions[row] : stop], atol=1e-5
+      )
+      checked += count
+  assert checked >= decoded_lengths(tokens).sum()
+  assert np.asarray(out.stats.accepted).sum() > 0
+
+
+# ------------------------------------------------------------------------------
+# Exactness.
+# ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+  'architecture, batch, gamma, verification, output',
+  [
+    ('encoder_decoder', 1, 3, 'token', 'target'),
+    ('encoder_decoder', 5, 4, 'block', 'target'),
+    ('encoder_decoder', 8, 2, 'token', 'own'),
+    ('decoder_only', 1, 4, 'block', 'target'),
+    ('decoder_only', 6, 3, 'token', 'target'),
+    ('decoder_only', 8, 5, 'token', 'own'),
+  ],
+)
+def test_greedy_equals_the_baseline_token_for_token(
+  architecture, batch, gamma, verification, output
+):
+  target = TARGETS[architecture]
+  input_tokens, _ = batch_inputs(architecture, batch, batch)
+  head = aligned_head(target) if output == 'target' else random_head(target, output='own')
+  kwargs = dict(temperature=0.0, max_decode_len=12)
+  baseline = models.generate(target, None, input_tokens, **kwargs)
+  out = models.generate(
+    target, head, input_tokens, gamma=gamma, verification=verification, **kwargs
+  )
+  np.testing.assert_array_equal(out.tokens, baseline.tokens)
+  if output == 'target' and batch > 1:  # Ragged: rows accept different counts.
+    accepted = np.asarray(out.stats.accepted) / np.asarray(out.stats.iterations)
+    assert accepted.max() > 0 and len(set(np.round(accepted, 6))) > 1
+
+
+@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
+def test_greedy_with_prompts_and_an_adaptive_length_equals_the_baseline(architecture):
+  target = TARGETS[architecture]
+  input_tokens, _ = batch_inputs(architecture, 3, 6)
+  prompts = None
+  if architecture == 'encoder_decoder':
+    prompts = np.array([[5, 6], [7, 0], [0, 0], [4, 4], [9, 0], [3, 8]], np.int32)
+  kwargs = dict(temperature=0.0, max_decode_len=10, decoder_prompts=prompts)
+  baseline = models.generate(target, None, input_tokens, **kwargs)
+  out = models.generate(target, aligned_head(target), input_tokens, gamma=5, **kwargs)
+  np.testing.assert_array_equal(out.tokens, baseline.tokens)
+  adaptive = models.generate(
+    target, aligned_head(target), input_tokens, gamma=5, draft_threshold=0.9, **kwargs
+  )
+  np.testing.assert_array_equal(adaptive.tokens, baseline.tokens)
+  assert np.sum(adaptive.stats.drafted) < 5 * np.sum(adaptive.stats.iterations)
+
+
+CHI_SQUARE_CASES = {
+  'encoder_decoder-temperature1-token': ('encoder_decoder', dict(temperature=1.0), 'token'),
+  'encoder_decoder-topk3-block': ('encoder_decoder', dict(temperature=1.0, topk=3), 'block'),
+  'decoder_only-topp0.7-token': ('decoder_only', dict(temperature=0.8, topp=0.7), 'token'),
+  'prefix_lm-temperature1-block': ('prefix_lm', dict(temperature=1.0), 'block'),
+}
+
+
+@pytest.mark.parametrize('case', list(CHI_SQUARE_CASES))
+def test_sampled_sequences_follow_the_target(case):
+  """4096 whole outputs vs the target's exact distribution (every output enumerated)."""
+  architecture, sample_args, verification = CHI_SQUARE_CASES[case]
+  vocab, length, batch, calls = 6, 3, 2048, 2
+  if architecture == 'encoder_decoder':
+    target = near_markov(tiny_model(seed=2, vocab_size=vocab, emb_dim=16, scale=2.0))
+    input_row = np.array([3, 4, 2, EOS, 0], np.int32)
+    exact = exact_sequence_distribution(target, input_row, length, **sample_args)
+  else:
+    target = near_markov(
+      tiny_decoder_only_model(
+        seed=4,
+        vocab_size=vocab,
+        emb_dim=16,
+        scale=2.0,
+        inputs_bidirectional_attention=architecture == 'prefix_lm',
+      )
+    )
+    input_row = np.array([3, 4, EOS], np.int32)
+    exact = exact_continuations(target, input_row, input_row, length, **sample_args)
+  inputs = np.tile(input_row, (batch, 1))
+  head = aligned_head(target)
+  samples = []
+  for call in range(calls):
+    out = models.generate(
+      target,
+      head,
+      inputs,
+      gamma=3,
+      max_decode_len=length,
+      rng=jax.random.PRNGKey(call),
+      verification=verification,
+      **sample_args,
+    )
+    samples += outputs_as_tuples(out.tokens)
+  p_value = sequence_chi_square_p_value(samples, exact)
+  alpha = float(out.stats.mean_beta)
+  print(f'\nchi-square p-value, feature head, {case}: {p_value:.4f}, alpha {alpha:.3f}')
+  assert len(exact) > 20 and p_value > 1e-3
+  assert 0.2 < alpha < 0.99  # Both the accept and the reject paths ran.
+
+
+def test_q_is_the_distribution_the_head_sampled_from():
+  """Each drafted token's probs are the standardized softmax of the logits that drew it."""
+  target = TARGETS['decoder_only']
+  head = aligned_head(target)
+  sample_args = dict(temperature=0.7, topk=3, topp=0.0)
+  prompts = jnp.asarray(batch_inputs('decoder_only', 0, 4)[0])
+  cache = head.init_cache(prompts, 16)
+  prompt_block = jnp.pad(prompts, ((0, 0), (1, 0)))
+  lengths = decoding.prompt_lengths(prompt_block)
+  target_cache = network.init_decoder_cache(target.config, target.params, prompts, 16)
+  _, features = network.prefill_decoder_cache(
+    target.config, target.params, target_cache, prompt_block, lengths, feature_layers=(1,)
+  )
+  cache = head.prefill(cache, prompt_block, lengths, features=features)
+  sequences = jnp.pad(prompt_block, ((0, 0), (0, 8)))
+  tokens, probs, _, _ = head.propose(
+    cache, sequences, lengths, jax.random.PRNGKey(0), gamma=3, draft_threshold=0.0, **sample_args
+  )
+  # Step 1 from the state's logits, step 2 from the head fed its own prediction.
+  np.testing.assert_allclose(probs[:, 0], sampling.standardize(cache['logits'], **sample_args))
+  (predicted, hidden), _ = head._head_block(
+    cache['head'], cache['feature'][:, None], tokens[:, :1], lengths
+  )
+  second = sampling.standardize(head._logits(predicted[:, 0], hidden[:, 0]), **sample_args)
+  np.testing.assert_allclose(probs[:, 1], second, atol=1e-6)
+  drawn = jnp.take_along_axis(probs, tokens[..., None], axis=-1)
+  assert np.all(np.asarray(drawn) > 0)
+
+
+# ------------------------------------------------------------------------------
+# The head's cache after a rejection.
+# ------------------------------------------------------------------------------
+def head_cache_after_one_iteration(draft, architecture, num_accepted):
+  """(prefix [B, p + n + 2], cache, start p) after prefill, a rollout and `observe` of n accepted."""
+  target = TARGETS[architecture]
+  batch, gamma, length = len(num_accepted), 3, 16
+  if architecture == 'encoder_decoder':
+    input_tokens = jnp.asarray(padded_inputs(7, batch, 9, target.vocab_size))
+    prompt_block = jnp.asarray([[0, 5, 6, 0], [0, 7, 8, 9], [0, 4, 0, 0], [0, 3, 3, 0]])
+  else:
+    prompt_block = jnp.asarray([[0, 5, 6, 0], [0, 7, 8, 9], [0, 4, 0, 0], [0, 3, 3, 0]])
+    input_tokens = prompt_block[:, 1:]
+  starts = decoding.prompt_lengths(prompt_block)
+  target_cache = network.init_decoder_cache(target.config, target.params, input_tokens, length)
+  target_cache, features = network.prefill_decoder_cache(
+    target.config, target.params, target_cache, prompt_block, starts, feature_layers=(1,)
+  )
+  cache = draft.prefill(draft.init_cache(input_tokens, length), prompt_block, starts, features)
+  sequences = jnp.pad(prompt_block, ((0, 0), (0, length - 4)))
+  draft_tokens, _, _, cache = draft.propose(
+    cache,
+    sequences,
+    starts,
+    jax.random.PRNGKey(1),
+    gamma=gamma,
+    temperature=1.0,
+    topk=0,
+    topp=0.0,
+    draft_threshold=0.0,
+  )
+  block = jnp.concatenate([prompt_block[jnp.arange(batch), starts][:, None], draft_tokens], 1)
+  (_, features), _ = network.apply_decode_block(
+    target.config, target.params, target_cache, block, starts, feature_layers=(1,)
+  )
+  num_accepted = jnp.asarray(num_accepted, jnp.int32)
+  next_token = jnp.full((batch,), 2, jnp.int32)  # Any residual token: it is the row's last.
+  judgement = decoding.Judgement(num_accepted, num_accepted, next_token, None, None)
+  next_tokens = decoding.emitted_block(draft_tokens, judgement)
+  cache = draft.observe(cache, features, next_tokens, starts, num_accepted)
+  prefixes = [
+    np.concatenate([prompt_block[b, : starts[b] + 1], next_tokens[b, : num_accepted[b] + 1]])
+    for b in range(batch)
+  ]
+  return prefixes, input_tokens, cache
+
+
+def fresh_head_cache(draft, architecture, prefix, input_tokens, length=16):
+  """The head's cache and last outputs after one pass over a row's true prefix."""
+  target = TARGETS[architecture]
+  decoder_inputs = np.asarray(prefix, np.int32)[None, :-1]
+  features = fresh_features(target, input_tokens, decoder_inputs, draft.feature_layers)
+  cache = draft.init_cache(input_tokens, length)
+  next_embedded = network.embed_tokens(target.config, target.params, prefix[None, 1:])
+  (predicted, hidden), head_cache = feature_head.apply_block(
+    draft.config, draft.params, cache['head'], features, next_embedded, jnp.zeros(1, jnp.int32)
+  )
+  return head_cache, predicted[:, -1], hidden[:, -1]
+
+
+def self_attention_entries(head_cache, row, count):
+  """Row `row`'s cached keys and values at positions < count, for every head layer."""
+  leaves = jax.tree_util.tree_leaves_with_path(head_cache)
+  return {
+    jax.tree_util.keystr(path): np.asarray(leaf[row, :count])
+    for path, leaf in leaves
+    if 'self_attention' in jax.tree_util.keystr(path)
+  }
+
+
+@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
+def test_the_head_cache_after_a_rejection_equals_a_fresh_pass_over_the_true_prefix(architecture):
+  draft = aligned_head(TARGETS[architecture])
+  num_accepted = [0, 1, 3, 2]  # Ragged, up to all of gamma = 3.
+  prefixes, input_tokens, cache = head_cache_after_one_iteration(draft, architecture, num_accepted)
+  for row, prefix in enumerate(prefixes):
+    row_inputs = input_tokens[row : row + 1]
+    fresh_cache, predicted, hidden = fresh_head_cache(draft, architecture, prefix, row_inputs)
+    count = len(prefix) - 1  # Positions 0..p+n are true.
+    got = self_attention_entries(cache['head'], row, count)
+    want = self_attention_entries(fresh_cache, 0, count)
+    for name in want:
+      np.testing.assert_allclose(got[name], want[name], atol=2e-5, err_msg=f'row {row} {name}')
+    np.testing.assert_allclose(cache['feature'][row], predicted[0], atol=2e-5)
+    np.testing.assert_allclose(cache['logits'][row], draft._logits(predicted, hidden)[0], atol=2e-4)
+
+
+# ------------------------------------------------------------------------------
+# Errors.
+# ------------------------------------------------------------------------------
+def test_a_head_for_another_target_is_refused_naming_both():
+  target = TARGETS['decoder_only']
+  config = head_config(target)
+  params = feature_head.init_params(config)
+  wider = tiny_decoder_only_model(seed=0, layers=2, emb_dim=48)
+  with pytest.raises(ValueError, match='width 32.*width 48'):
+    drafts.FeatureDraft.for_target(wider, params, config)
+  other_vocab = tiny_decoder_only_model(seed=0, layers=2, vocab_size=40)
+  with pytest.raises(ValueError, match='vocabulary 32.*vocabulary 40'):
+    drafts.FeatureDraft.for_target(other_vocab, params, config)
+  with pytest.raises(ValueError, match='decoder-only.*encoder-decoder'):
+    drafts.FeatureDraft.for_target(tiny_model(seed=0, layers=2), params, config)
+  draft = drafts.FeatureDraft.for_target(target, params, config)
+  with pytest.raises(ValueError, match='width 32.*width 48'):
+    models.generate(wider, draft, np.array([[3, 4]]), gamma=2)
+
+
+def test_head_parameters_of_another_config_are_refused_naming_both_shapes():
+  target = TARGETS['encoder_decoder']
+  params = feature_head.init_params(head_config(target, emb_dim=24))
+  with pytest.raises(ValueError, match=r'head_norm.*\(24,\).*width 16.*\(16,\)'):
+    drafts.FeatureDraft.for_target(target, params, head_config(target))
+  own = feature_head.init_params(head_config(target, output='own'))
+  with pytest.raises(ValueError, match='logits_dense'):
+    drafts.FeatureDraft.for_target(target, own, head_config(target))
+
+
+def test_bad_head_configs_and_feature_widths_are_refused():
+  target = TARGETS['decoder_only']
+  with pytest.raises(ValueError, match=r"output='target'.*\(0,\)"):
+    head_config(target, feature_layers=(0,))
+  with pytest.raises(ValueError, match=r'feature_layers.*\[0, 2\).*\(2,\)'):
+    head_config(target, feature_layers=(2,))
+  with pytest.raises(ValueError, match='output must be one of'):
+    head_config(target, output='shared')
+  config = head_config(target, feature_layers=(0, 1))
+  draft = drafts.FeatureDraft.for_target(target, feature_head.init_params(config), config)
+  cache = draft.init_cache(jnp.ones((1, 2), jnp.int32), 8)
+  with pytest.raises(ValueError, match=r'width 64 .*\(1, 1, 32\)'):
+    draft.observe(
+      cache,
+      jnp.zeros((1, 1, 32)),
+      jnp.zeros((1, 1), jnp.int32),
+      jnp.zeros(1, jnp.int32),
+      jnp.zeros(1, jnp.int32),
+    )
+
+
+def test_a_tree_is_refused_by_name():
+  target = TARGETS['decoder_only']
+  with pytest.raises(ValueError, match='token tree is not implemented for a FeatureDraft'):
+    models.generate(target, random_head(target), np.array([[3, 4]]), gamma=2, tree='2,1')
