@@ -20,6 +20,7 @@ from speculative_t5x import feature_head
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import train_feature_head
 from test_models import exact_sequence_distribution
 from test_prompts import exact_continuations
 from testing_utils import (
@@ -492,3 +493,62 @@ def test_a_tree_is_refused_by_name():
   target = TARGETS['decoder_only']
   with pytest.raises(ValueError, match='token tree is not implemented for a FeatureDraft'):
     models.generate(target, random_head(target), np.array([[3, 4]]), gamma=2, tree='2,1')
+
+
+# ------------------------------------------------------------------------------
+# Training.
+# ------------------------------------------------------------------------------
+TRAIN_TARGET = tiny_model(seed=0, layers=2, scale=3.0)  # Random: a random head drafts poorly.
+
+
+def train_head(model_dir, num_steps, **kwargs):
+  config = head_config(TRAIN_TARGET, emb_dim=32, head_dim=16, mlp_dim=64)
+  inputs = padded_inputs(0, 256, 8, TRAIN_TARGET.vocab_size)
+  result = train_feature_head.train_feature_head(
+    str(model_dir),
+    TRAIN_TARGET,
+    config,
+    inputs,
+    max_decode_len=10,
+    batch_size=16,
+    num_steps=num_steps,
+    **kwargs,
+  )
+  return config, result
+
+
+def test_training_raises_alpha_held_out_and_in_the_loop(tmp_path):
+  """30 steps on the target's own outputs (unrolled 3 steps): alpha rises, measured twice."""
+  held_out = padded_inputs(1, 32, 8, TRAIN_TARGET.vocab_size)
+  config, result = train_head(tmp_path, 30, eval_inputs=held_out, eval_every=30, log_every=10)
+  start, end = result.eval_metrics[0]['alpha'], result.eval_metrics[-1]['alpha']
+  print(f'\nheld-out alpha (T = 1) of the head: {start:.3f} at step 0, {end:.3f} at step 30')
+  assert end > start + 0.15
+  tokens_per_call = {}
+  for name, params in (('random', feature_head.init_params(config)), ('trained', result.params)):
+    draft = drafts.FeatureDraft.for_target(TRAIN_TARGET, params, config)
+    out = models.generate(TRAIN_TARGET, draft, held_out, gamma=3, max_decode_len=10)
+    tokens_per_call[name] = float(out.stats.tokens_per_target_call)
+  print(f'greedy tokens per target call: {tokens_per_call}')
+  assert tokens_per_call['trained'] > tokens_per_call['random'] + 0.2
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
+  _, whole = train_head(tmp_path / 'whole', 4, checkpoint_every=2, log_every=2)
+  train_head(tmp_path / 'killed', 2, checkpoint_every=2, log_every=2)
+  _, resumed = train_head(tmp_path / 'killed', 4, checkpoint_every=2, log_every=2)
+  assert resumed.step == 4 and [r['step'] for r in resumed.train_metrics] == [4]
+  jax.tree.map(np.testing.assert_array_equal, resumed.params, whole.params)
+  with pytest.raises(ValueError, match='unroll_steps'):
+    train_head(tmp_path / 'killed', 6, unroll_steps=5)
+
+
+def test_the_loss_settings_are_checked():
+  config = head_config(TRAIN_TARGET)
+  with pytest.raises(ValueError, match='decay must be in'):
+    train_feature_head.HeadLossConfig(config, TRAIN_TARGET.config, decay=0.0)
+  with pytest.raises(ValueError, match='unroll_steps'):
+    train_feature_head.HeadLossConfig(config, TRAIN_TARGET.config, unroll_steps=0)
+  with pytest.raises(ValueError, match='width 32.*width 16'):
+    other = tiny_model(seed=0, layers=2, emb_dim=16)
+    train_feature_head.HeadLossConfig(config, other.config)
