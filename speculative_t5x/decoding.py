@@ -813,7 +813,9 @@ def speculative_sample(
       call each, skipped at run time when no row has a prompt.
     max_decode_steps: optional cap on generated tokens per row, counted
       after the prompt.
-    draft: a `drafts.Draft` (model, n-gram or prompt lookup).
+    draft: a `drafts.Draft` (model, n-gram, prompt lookup, or a feature head
+      that reads the target's features: `drafts.FeatureDraft`, which needs a
+      `score_block` taking `feature_layers`, chains only).
     draft_cache: the draft's state for batch B, from `draft.init_cache`
       (and `draft.prefill` if `initial_index` is given).
     gamma: draft tokens proposed per iteration, >= 1.

@@ -551,7 +551,9 @@ def check_same_architecture(target: Model, draft: Any) -> None:
 
   An encoder-decoder target needs an encoder-decoder draft and a decoder-only
   target a decoder-only one (n-gram and prompt-lookup drafts fit both): the
-  prompt reaches the two networks the same way.
+  prompt reaches the two networks the same way. A feature head must have been
+  built for a target of this vocabulary, width, depth and architecture
+  (`feature_head.check_target`).
   """
   if isinstance(draft, drafts.FeatureDraft):
     feature_head.check_target(draft.config, target.config)
@@ -644,8 +646,9 @@ def generate(
 
   Args:
     target: the target model.
-    draft: a `Model` with the target's vocabulary, an n-gram or prompt-lookup
-      draft from `drafts`, or None for plain (baseline) decoding.
+    draft: a `Model` with the target's vocabulary, an n-gram, prompt-lookup or
+      feature-head draft from `drafts` (`drafts.FeatureDraft.for_target`), or
+      None for plain (baseline) decoding.
     input_tokens: int [B, Lin] encoder inputs, 0-padded, EOS-terminated; for a
       decoder-only target, the prompts: each row's tokens, then 0-padding (a
       prefix LM's inputs keep their EOS, as seqio writes them). B may be 0.
