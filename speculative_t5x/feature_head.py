@@ -27,8 +27,9 @@ logits layer it uses: output 'own' with a small H avoids reading the target's
 [D, V] logits kernel at every draft step.
 
 `FeatureHeadConfig` (static, hashable), `FeatureHead` (the flax module),
-`config_for(target_config, ...)`, `check_target`, `init_params`, and
-`apply_block` / `init_cache` / `teacher_forced` as pure functions.
+`config_for(target_config, ...)`, `check_target`, `check_params`,
+`init_params`, and `apply_block` / `init_cache` / `unrolled` (training's
+pass) / `logits` as pure functions.
 """
 
 import dataclasses
@@ -256,14 +257,45 @@ class FeatureHead(nn.Module):
       encoder_mask: bool [B, Lin], its non-padding positions.
       deterministic: disables dropout.
     """
-    positions = jnp.arange(features.shape[1])[None]
-    causal = positions[:, None, None, :] <= positions[:, None, :, None]
-    self_bias = self._bias(positions, positions, causal)
+    return self.unrolled(features, next_embedded, encoded, encoder_mask, 1, deterministic)[0]
+
+  def unrolled(
+    self,
+    features: Array,
+    next_embedded: Array,
+    encoded: Optional[Array],
+    encoder_mask: Optional[Array],
+    steps: int,
+    deterministic: bool = True,
+  ) -> Sequence[Tuple[Array, Array]]:
+    """The training-time test: [(predicted, hidden) of depth k] for k < steps, [B, L, ...] each.
+
+    Depth 0 is `__call__` on the true features. The depth-k entry at
+    position t is what the rollout computes k steps past the last true
+    position t - k: it reads the depth k - 1 prediction made at t - 1 and the
+    embedding of the token at t + 1, and sees the true entries at positions
+    <= t - k and its own chain, the depth-j entries at t - k + j (j = 1..k),
+    exactly the cache a rollout's step k + 1 sees (EAGLE-3's masks). At
+    t < k the chain starts from the true feature at position 0.
+    """
+    positions = jnp.arange(features.shape[1])
+    query, key = positions[:, None], positions[None, :]
     cross_bias = self._cross_bias(encoder_mask)
-    y = self.pre_projection(jnp.concatenate([features, next_embedded.astype(features.dtype)], -1))
-    for layer in self.layers:
-      y = layer(y, encoded, self_bias, cross_bias, deterministic)
-    return self._outputs(y)
+    contexts = [[] for _ in self.layers]
+    outputs, inputs = [], features
+    for depth in range(steps):
+      visible = [key <= query - depth] + [key == query - depth + j for j in range(1, depth + 1)]
+      visible = jnp.concatenate(visible, axis=1)[None, None]
+      key_positions = jnp.tile(positions, depth + 1)[None]
+      self_bias = self._bias(positions[None], key_positions, visible)
+      y = self.pre_projection(jnp.concatenate([inputs, next_embedded.astype(inputs.dtype)], -1))
+      for layer, context in zip(self.layers, contexts):
+        y, normed = layer.with_context(y, context, self_bias, encoded, cross_bias, deterministic)
+        context.append(normed)
+      outputs.append(self._outputs(y))
+      # Depth k + 1 reads at position t the depth-k prediction made at t - 1.
+      inputs = jnp.concatenate([features[:, :1], outputs[-1][0][:, :-1]], axis=1)
+    return outputs
 
   def init_cache(
     self,
@@ -429,24 +461,31 @@ def apply_block(
   return outputs, variables['cache']
 
 
-def teacher_forced(
+def unrolled(
   config: FeatureHeadConfig,
   params: PyTree,
   features: Array,
   next_embedded: Array,
   encoded: Optional[Array] = None,
   encoder_mask: Optional[Array] = None,
+  steps: int = 1,
   dropout_key: Optional[Array] = None,
-) -> Tuple[Array, Array]:
-  """`FeatureHead.__call__` as a function: (predicted [B, L, Df], hidden [B, L, H])."""
+) -> Sequence[Tuple[Array, Array]]:
+  """`FeatureHead.unrolled` as a function: [(predicted [B, L, Df], hidden [B, L, H])] by depth.
+
+  features [B, L, Df] are the target's true features at positions 0..L-1,
+  next_embedded [B, L, D] the target's embedding of the token after each.
+  """
   return FeatureHead(config).apply(
     {'params': params},
     features,
     next_embedded,
     encoded,
     encoder_mask,
+    steps,
     deterministic=dropout_key is None,
     rngs=None if dropout_key is None else {'dropout': dropout_key},
+    method=FeatureHead.unrolled,
   )
 
 

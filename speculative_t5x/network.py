@@ -784,6 +784,28 @@ class DecoderLayer(nn.Module):
     attend = lambda x: self.self_attention.prefill_self_cache(x, self_bias)
     return self._layer(inputs, attend, None, cross_bias, True)
 
+  def with_context(
+    self,
+    inputs: Array,
+    context: Sequence[Array],
+    self_bias: Array,
+    encoded: Optional[Array],
+    cross_bias: Optional[Array],
+    deterministic: bool,
+  ) -> Tuple[Array, Array]:
+    """Uncached, with more self-attention keys: (output [B, q, emb], normalized inputs).
+
+    The self-attention's keys/values are those of concat(context + [the
+    normalized inputs]) along the length: `context` holds the normalized
+    inputs of other calls ([B, k_i, emb] each; this call's second output), and
+    `self_bias` [B|1, heads|1, q, sum k_i + q] says what each query sees. A
+    draft head's training-time test uses it (`feature_head`).
+    """
+    normed = self.pre_self_attention_layer_norm(inputs)
+    keys = jnp.concatenate([*context, normed], axis=1)
+    attend = lambda x: self.self_attention(x, keys, self_bias, deterministic=deterministic)
+    return self._layer(inputs, attend, encoded, cross_bias, deterministic), normed
+
   def _layer(self, inputs, self_attend, encoded, cross_bias, deterministic):
     x = inputs + self.dropout(
       self_attend(self.pre_self_attention_layer_norm(inputs)), deterministic

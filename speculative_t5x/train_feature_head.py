@@ -13,19 +13,19 @@ t, the target's features f_t and its standardized next-token distribution
 p_{t+1} at the run's sampling mode (temperature 1 by default: the full
 distribution, as EAGLE's heads are trained, so one head can serve every
 temperature). The head is then unrolled K steps (training-time test,
-EAGLE-3):
+EAGLE-3; `feature_head.FeatureHead.unrolled`):
   step 0: the head at position t reads (f_t, embed(x_{t+1})), the true feature;
-  step k: it reads (its own step k - 1 prediction of f_t, embed(x_{t+1})),
-so that it learns from the inputs it drafts from after its first token. The
+  step k: it reads (its own step k - 1 prediction of f_t, embed(x_{t+1})) and
+    attends to the true entries at positions <= t - k and to its own chain
+    of predicted entries after them,
+exactly what a rollout's step k + 1 computes, so that it learns from the
+inputs and the cache it drafts from after its first token. The
 loss of step k is the soft cross entropy -sum_x p_{t+2}(x) log q^k_t(x) of
 the head's distribution (its log-softmax at the mode's temperature) against
 the target's, averaged over real positions and weighted by decay^k
 (normalized); `feature_weight` > 0 adds EAGLE-1's smooth-L1 regression of the
-step-0 prediction onto f_{t+1}. Each step of the unroll is a causal pass over
-the whole sequence of its inputs: a simplification of EAGLE-3's masks, under
-which a later step's attention also reads predicted (not true) features of
-earlier positions. Only the head's parameters train; the target's are
-constants of the loss.
+step-0 prediction onto f_{t+1}. Only the head's parameters train; the
+target's are constants of the loss.
 
 Metrics: 'loss', and 'alpha', the mean over real positions of
 beta = sum_x min(p, q) between the standardized target and step-0 head
@@ -108,12 +108,11 @@ def head_loss(
     encoded = network.encode(target_config, target_params, batch['encoder_input_tokens'])
     encoder_mask = batch['encoder_input_tokens'] > 0
   scale = config.temperature if config.temperature > 0 else 1.0
-  inputs, total, norm = features, 0.0, 0.0
-  sums = {}
-  for k in range(config.unroll_steps):
-    predicted, hidden = feature_head.teacher_forced(
-      head, params, inputs, next_embedded, encoded, encoder_mask
-    )
+  total, norm, sums = 0.0, 0.0, {}
+  depths = feature_head.unrolled(
+    head, params, features, next_embedded, encoded, encoder_mask, config.unroll_steps
+  )
+  for k, (predicted, hidden) in enumerate(depths):
     logits = feature_head.logits(head, params, target_config, target_params, predicted, hidden)
     log_q = jax.nn.log_softmax(logits[:, :-1] / scale, axis=-1)
     per_token = -jnp.sum(jnp.where(p > 0, p * log_q, 0.0), axis=-1)
@@ -125,8 +124,6 @@ def head_loss(
       if config.feature_weight:
         regression = optax.huber_loss(predicted[:, :-1], features[:, 1:]).mean(-1)
         total += config.feature_weight * jnp.sum(regression * weights)
-    # Step k + 1 reads at position t the prediction of f_t made at t - 1.
-    inputs = jnp.concatenate([features[:, :1], predicted[:, :-1]], axis=1)
   sums['loss'] = total / norm
   sums['weight'] = jnp.sum(weights)
   return sums['loss'] / jnp.maximum(sums['weight'], 1.0), sums

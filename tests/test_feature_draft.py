@@ -544,6 +544,67 @@ def test_a_tree_is_refused_by_name():
 # ------------------------------------------------------------------------------
 # Training.
 # ------------------------------------------------------------------------------
+@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
+def test_the_training_time_test_computes_what_a_rollout_drafts_from(architecture):
+  """Rollout step m + 1's q == the unrolled pass's depth-m distribution at position P - 1 + m.
+
+  The training pass (`feature_head.unrolled`) must see what the rollout's
+  cache holds: true entries up to the last true position, then the head's
+  own chain. A random head: any mismatch of inputs or masks shows.
+  """
+  target = TARGETS[architecture]
+  draft = random_head(target, seed=3)
+  gamma, sample_args = 4, dict(temperature=1.0, topk=0, topp=0.0)
+  input_tokens = cache_test_inputs(architecture)
+  prompt_block = jnp.asarray(PROMPT_BLOCK)
+  lengths = decoding.prompt_lengths(prompt_block)
+  target_cache = network.init_decoder_cache(
+    target.config, target.params, input_tokens, HEAD_CACHE_LENGTH
+  )
+  _, features = network.prefill_decoder_cache(
+    target.config, target.params, target_cache, prompt_block, lengths, feature_layers=(1,)
+  )
+  cache = draft.prefill(
+    draft.init_cache(input_tokens, HEAD_CACHE_LENGTH), prompt_block, lengths, features
+  )
+  sequences = jnp.pad(prompt_block, ((0, 0), (0, HEAD_CACHE_LENGTH - 4)))
+  tokens, probs, _, _ = draft.propose(
+    cache,
+    sequences,
+    lengths,
+    jax.random.PRNGKey(2),
+    gamma=gamma,
+    draft_threshold=0.0,
+    **sample_args,
+  )
+  # Each row's sequence: BOS, its prompt, the drafted tokens.
+  rows = np.arange(len(PROMPT_BLOCK))
+  width = 4 + gamma
+  decoder_inputs = np.zeros((len(rows), width), np.int32)
+  for row, length in enumerate(np.asarray(lengths)):
+    decoder_inputs[row, : length + 1] = PROMPT_BLOCK[row, : length + 1]
+    decoder_inputs[row, length + 1 : length + 1 + gamma] = tokens[row]
+  true_features = fresh_features(target, input_tokens, decoder_inputs, draft.feature_layers)
+  next_tokens = np.pad(decoder_inputs[:, 1:], ((0, 0), (0, 1)))
+  encoded = encoder_mask = None
+  if architecture == 'encoder_decoder':
+    encoded = network.encode(target.config, target.params, input_tokens)
+    encoder_mask = input_tokens > 0
+  depths = feature_head.unrolled(
+    draft.config,
+    draft.params,
+    jnp.asarray(true_features),
+    network.embed_tokens(target.config, target.params, next_tokens),
+    encoded,
+    encoder_mask,
+    steps=gamma,
+  )
+  for m, (predicted, hidden) in enumerate(depths):
+    at = np.asarray(lengths) - 1 + m
+    q = sampling.standardize(draft._logits(predicted[rows, at], hidden[rows, at]), **sample_args)
+    np.testing.assert_allclose(probs[:, m], q, atol=2e-5, err_msg=f'rollout step {m + 1}')
+
+
 TRAIN_TARGET = tiny_model(seed=0, layers=2, scale=3.0)  # Random: a random head drafts poorly.
 
 
