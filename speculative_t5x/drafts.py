@@ -16,12 +16,16 @@ that caches keys/values lacks at most the one token it never fed (the last
 draft token, when all drafted tokens were accepted); `ModelDraft` feeds it in
 one single-token step, only in iterations where some row needs it.
 
+`FeatureDraft` is not a separate network: an EAGLE-style head
+(`feature_head`) that drafts from the target's own features, which the loop
+hands it from the target's block call (`observe`) and prefill.
+
 An adaptive draft length (`draft_threshold` > 0, Hugging Face's
 `assistant_confidence_threshold`): a row stops drafting after a token that the
 draft gave probability below the threshold, and the rollout (`rollout_loop`, a
 `lax.while_loop`) stops as soon as every active row has stopped, so the steps
-it saves are real time at batch 1. Model and n-gram drafts support it; a
-deterministic draft (prompt lookup) drafts a fixed gamma.
+it saves are real time at batch 1. Model, n-gram and feature drafts support
+it; a deterministic draft (prompt lookup) drafts a fixed gamma.
 """
 
 from typing import Any, Callable, Iterable, Optional, Protocol, Tuple
