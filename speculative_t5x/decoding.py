@@ -90,7 +90,10 @@ TokensToLogits = Callable[[DecodingState], Tuple[Array, PyTree]]
 # `score_block(block_tokens [BN, k], start_positions [BN], cache, tree=None)
 #   -> (logits [BN, k, V], new_cache)`: the target scores k tokens per row,
 # writing their keys/values at positions start..start+k-1 (overwriting). With a
-# `tree.Tree` the block is the tree's nodes (`network.apply_decode_block`).
+# `tree.Tree` the block is the tree's nodes (`network.apply_decode_block`). A
+# draft that reads the target's features (`drafts.FeatureDraft`) needs a scorer
+# that also takes `feature_layers=` and then returns ((logits, features
+# [BN, k, Df]), new_cache) from the same call.
 ScoreBlock = Callable[..., Tuple[Array, PyTree]]
 # `compact_cache(cache, start_positions [BN], path [BN, P]) -> cache`: moves
 # the keys/values of the accepted tree path's nodes (slots start + path[:, i])
@@ -887,11 +890,7 @@ def emit_block(
   num_accepted = judgement.num_accepted
   position = state.position
   block_offsets = jnp.arange(gamma + 1, dtype=jnp.int32)
-  # The emitted block: accepted draft tokens, then the residual/bonus token.
-  padded_draft = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
-  emitted = jnp.where(
-    block_offsets[None] < num_accepted[:, None], padded_draft, judgement.next_token[:, None]
-  )
+  emitted = emitted_block(draft_tokens, judgement)
   # Cut at each row's end: past the accepted prefix, the length, an EOS.
   slot = position[:, None] + 1 + block_offsets[None]
   keep = (block_offsets[None] <= num_accepted[:, None]) & (slot <= limits[:, None])
@@ -941,6 +940,18 @@ def emit_block(
   )
   return state.replace(
     position=new_position, sequences=sequences, ended=ended, log_prob=log_prob, stats=stats
+  )
+
+
+def emitted_block(draft_tokens: Array, judgement: Judgement) -> Array:
+  """int32 [BN, gamma + 1]: the accepted draft tokens, then the residual/bonus token.
+
+  Entries past num_accepted repeat the next token; they are not emitted.
+  """
+  offsets = jnp.arange(draft_tokens.shape[1] + 1)
+  padded_draft = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
+  return jnp.where(
+    offsets[None] < judgement.num_accepted[:, None], padded_draft, judgement.next_token[:, None]
   )
 
 
@@ -1061,7 +1072,9 @@ def speculative_sample(
       A callback that reads only the former samples exactly T5X's
       distribution. With a token tree, the same at every node, its path from
       the root being the prefix (`node_state`).
-    draft: a `drafts.Draft` (model, n-gram or prompt lookup).
+    draft: a `drafts.Draft` (model, n-gram, prompt lookup, or a feature head
+      that reads the target's features: `drafts.FeatureDraft`, which needs a
+      `score_block` taking `feature_layers`, chains only).
     draft_cache: the draft's state for batch B, from `draft.init_cache`
       (and `draft.prefill` if `initial_index` is given).
     gamma: draft tokens proposed per iteration, >= 1.
@@ -1131,14 +1144,19 @@ def speculative_sample(
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
   # BOS, the prompts, zeros; room for one block running past the end.
   sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, spec.gamma + 2))).at[:, 0].set(0)
+  # A draft that reads the target's features gets them from the target's own calls.
+  feature_layers = getattr(draft, 'feature_layers', None)
+  feature_args = {} if feature_layers is None else {'feature_layers': feature_layers}
   if initial_index is None:
     position = prompt_lengths(inputs)
 
     def prefill(caches):
       cache, draft_cache = caches
       prompt_block = sequences[:, :max_decode_len]
-      _, cache = score_block(prompt_block, jnp.zeros_like(position), cache)
-      return cache, draft.prefill(draft_cache, prompt_block, position)
+      outputs, cache = score_block(prompt_block, jnp.zeros_like(position), cache, **feature_args)
+      if feature_layers is None:
+        return cache, draft.prefill(draft_cache, prompt_block, position)
+      return cache, draft.prefill(draft_cache, prompt_block, position, features=outputs[1])
 
     cache, draft_cache = lax.cond(
       jnp.any(position > 0), prefill, lambda caches: caches, (cache, draft_cache)
@@ -1154,6 +1172,13 @@ def speculative_sample(
 
   def tree_body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
     rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
+    if feature_layers is not None:
+      raise ValueError(
+        f'A token tree is not implemented for a {type(draft).__name__} (a draft that reads '
+        "the target's features: its head would expand each depth's frontier in one "
+        'tree-masked call, and its cache would be compacted to the accepted path). Pass '
+        'tree=None (a chain; the adaptive draft length works).'
+      )
     if not hasattr(draft, 'propose_tree'):
       raise ValueError(
         f'A token tree needs a draft that ranks its candidates by probability (a model or '
@@ -1230,7 +1255,9 @@ def speculative_sample(
         'drafts gamma tokens. Pass draft_threshold=0.'
       )
     block = jnp.concatenate([last_token, draft_tokens], axis=1)
-    target_logits, cache = score_block(block, state.position, state.cache)
+    target_logits, cache = score_block(block, state.position, state.cache, **feature_args)
+    if feature_layers is not None:
+      target_logits, features = target_logits
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
     if logit_callback_fn is not None:
       chain = tree_lib.Tree.chain(spec.gamma)  # The block's layout, node i at position i.
@@ -1248,6 +1275,15 @@ def speculative_sample(
       num_drafted=num_drafted,
       rescale_log_probs=rescale_log_probs,
     )
+    if feature_layers is not None:
+      # The head's entries over the accepted positions, rewritten from the true features.
+      draft_cache = draft.observe(
+        draft_cache,
+        features,
+        emitted_block(draft_tokens, judgement),
+        state.position,
+        judgement.num_accepted,
+      )
     return emit_block(
       state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
       draft_tokens,

@@ -16,12 +16,16 @@ that caches keys/values lacks at most the one token it never fed (the last
 draft token, when all drafted tokens were accepted); `ModelDraft` feeds it in
 one single-token step, only in iterations where some row needs it.
 
+`FeatureDraft` is not a separate network: an EAGLE-style head
+(`feature_head`) that drafts from the target's own features, which the loop
+hands it from the target's block call (`observe`) and prefill.
+
 An adaptive draft length (`draft_threshold` > 0, Hugging Face's
 `assistant_confidence_threshold`): a row stops drafting after a token that the
 draft gave probability below the threshold, and the rollout (`rollout_loop`, a
 `lax.while_loop`) stops as soon as every active row has stopped, so the steps
-it saves are real time at batch 1. Model and n-gram drafts support it; a
-deterministic draft (prompt lookup) drafts a fixed gamma.
+it saves are real time at batch 1. Model, n-gram and feature drafts support
+it; a deterministic draft (prompt lookup) drafts a fixed gamma.
 """
 
 from typing import Any, Callable, Iterable, Optional, Protocol, Tuple
@@ -32,6 +36,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x import feature_head
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import tree as tree_lib
@@ -106,6 +111,11 @@ class Draft(Protocol):
     are what the tokens were drawn from.
     """
 
+  # Drafts that read the target (`FeatureDraft`) have `feature_layers`, a tuple of
+  # the target's decoder layers: the loop then asks the target's block call for
+  # those features (`score_block(..., feature_layers=...)`), passes the prompt's to
+  # `prefill(..., features=...)` and, after each verification, calls
+  # `observe(cache, features, next_tokens, positions, num_accepted) -> cache`.
   # Drafts that rank candidates by probability (model, n-gram) also draft token
   # trees: `propose_tree(cache, sequences, positions, rng, *, tree, temperature,
   # topk, topp) -> (node_tokens, node_valid, node_probs, cache)` (see
@@ -446,6 +456,175 @@ class ModelDraft:
       'decoder': decoder_cache,
       'written_until': positions + jnp.minimum(num_accepted + 1, depth),
     }
+
+
+# ------------------------------------------------------------------------------
+# A head that reads the target's features (EAGLE-style).
+# ------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class FeatureDraft:
+  """Drafts with a `feature_head.FeatureHead` from the target's own features.
+
+  The head's state per row (`init_cache`): its block cache ('head', keys and
+  values by position, as a model draft's), and the head's output at the
+  row's last true position ('feature' float32 [B, Df], its predicted
+  feature; 'logits' float32 [B, V], the first draft token's logits). The
+  loop keeps them true (see `observe`): after each verification, the head is
+  rerun over the block with the target's true features at the row's
+  accepted positions, overwriting whatever the rollout wrote there from its
+  own guesses. A rollout then samples draft token 1 from 'logits' (the
+  true feature of the last accepted token and the embedding of the token
+  after it), and each later token from the head fed its own predicted
+  feature (EAGLE-1).
+
+  Attributes:
+    params: the head's parameters.
+    target_params: the target's parameters, read frozen (its embedding, its
+      final norm and logits layer with output 'target', its encoder for an
+      encoder-decoder target).
+    config: the head's `feature_head.FeatureHeadConfig` (static).
+    target_config: the target's network config (static).
+  """
+
+  params: PyTree
+  target_params: PyTree
+  config: feature_head.FeatureHeadConfig = flax.struct.field(pytree_node=False)
+  target_config: Any = flax.struct.field(pytree_node=False)
+
+  def __post_init__(self):
+    feature_head.check_target(self.config, self.target_config)
+
+  @classmethod
+  def for_target(cls, target: Any, params: PyTree, config: feature_head.FeatureHeadConfig):
+    """The head `params` of `config` for a `models.Model` target, shapes checked."""
+    feature_head.check_params(config, params)
+    return cls(params, target.params, config, target.config)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def feature_layers(self):
+    return self.config.feature_layers
+
+  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
+    """The head's zero state for B rows (see the class docstring).
+
+    For an encoder-decoder target this runs the target's encoder on the
+    inputs once per decode call, for the head's cross-attention.
+    """
+    batch = encoder_input_tokens.shape[0]
+    encoded = encoder_mask = None
+    if self.config.cross_attention:
+      encoded = network.encode(self.target_config, self.target_params, encoder_input_tokens)
+      encoder_mask = encoder_input_tokens > 0
+    return {
+      'head': feature_head.init_cache(
+        self.config, self.params, batch, cache_length, encoded, encoder_mask
+      ),
+      'feature': jnp.zeros((batch, self.config.feature_width), jnp.float32),
+      'logits': jnp.zeros((batch, self.vocab_size), jnp.float32),
+    }
+
+  def _logits(self, predicted, hidden):
+    return feature_head.logits(
+      self.config, self.params, self.target_config, self.target_params, predicted, hidden
+    )
+
+  def _head_block(self, head_cache, features, next_tokens, start_positions):
+    """The head over k positions per row: ((predicted [BN, k, Df], hidden), cache)."""
+    next_embedded = network.embed_tokens(self.target_config, self.target_params, next_tokens)
+    return feature_head.apply_block(
+      self.config, self.params, head_cache, features, next_embedded, start_positions
+    )
+
+  def observe(self, cache, features, next_tokens, positions, num_accepted):
+    """Rewrites each row's head cache over its accepted positions with the true features.
+
+    One head call over the block at the rows' positions p (as the target's):
+    entry j (position p + j) reads the target's true feature there,
+    `features` [BN, k, Df], and the embedding of the token at p + j + 1,
+    `next_tokens` int32 [BN, k] (the accepted draft tokens, then the
+    target's next token). Entries j <= num_accepted [BN] are the row's
+    true positions; later ones are masked until overwritten. The head's
+    output at entry num_accepted, the row's new last true position, gives
+    the next rollout's first draft token. Returns the new cache.
+    """
+    (predicted, hidden), head_cache = self._head_block(
+      cache['head'], features, next_tokens, positions
+    )
+    take = lambda x: jnp.take_along_axis(x, num_accepted[:, None, None], axis=1)[:, 0]
+    return self._last_outputs(head_cache, take(predicted), take(hidden))
+
+  def _last_outputs(self, head_cache, predicted, hidden):
+    """The state with the head's outputs at each row's last true position [BN, ...]."""
+    return {
+      'head': head_cache,
+      'feature': predicted.astype(jnp.float32),
+      'logits': self._logits(predicted, hidden).astype(jnp.float32),
+    }
+
+  def prefill(self, cache, prompt_block, prompt_lengths, features=None):
+    """Writes the head's entries of each row's prompt positions 0..P-1 (see `Draft.prefill`).
+
+    `features` [BN, W, Df]: the target's features of `prompt_block` [BN, W]
+    (from its prefill call: `network.prefill_decoder_cache(...,
+    feature_layers=...)` or the target's block call). A row without a prompt
+    (P = 0) keeps the zero state: its first rollout drafts from zero logits.
+    """
+    if features is None:
+      raise ValueError(
+        "A FeatureDraft's prefill reads the target's features of the prompt "
+        '(features=[batch, width, feature width]); decoding.speculative_sample and '
+        'models.speculative_decode pass them.'
+      )
+    next_tokens = jnp.pad(prompt_block[:, 1:], ((0, 0), (0, 1)))
+    (predicted, hidden), head_cache = self._head_block(
+      cache['head'], features, next_tokens, jnp.zeros_like(prompt_lengths)
+    )
+    last = jnp.maximum(prompt_lengths - 1, 0)
+    take = lambda x: jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+    state = self._last_outputs(head_cache, take(predicted), take(hidden))
+    has_prompt = prompt_lengths > 0
+    for name in ('feature', 'logits'):
+      state[name] = jnp.where(has_prompt[:, None], state[name], cache[name])
+    return state
+
+  def propose(self, cache, sequences, positions, rng, **rollout_args):
+    """Up to gamma tokens per row (see `rollout_loop`); returns (tokens, probs, num_drafted, cache).
+
+    Step 1 samples from the state's 'logits'; step i > 1 runs the head one
+    position on (p + i - 2, first the row's position p) with the previous
+    step's predicted feature and the embedding of the token just drafted.
+    The head's entries at p.. are guesses; `observe` rewrites them.
+    """
+    last_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
+
+    def step(carry, token):
+      i, feature, logits, position, head_cache = carry
+
+      def advance(operands):
+        feature, _, position, head_cache = operands
+        (predicted, hidden), head_cache = self._head_block(
+          head_cache, feature[:, None], token[:, None], position
+        )
+        state = self._last_outputs(head_cache, predicted[:, 0], hidden[:, 0])
+        return state['feature'], state['logits'], position + 1, state['head']
+
+      # Step 1's logits are the state's (the head already read the last token).
+      feature, logits, position, head_cache = lax.cond(
+        i > 0, advance, lambda operands: operands, (feature, logits, position, head_cache)
+      )
+      return logits, (i + 1, feature, logits, position, head_cache)
+
+    carry = (jnp.zeros((), jnp.int32), cache['feature'], cache['logits'], positions, cache['head'])
+    tokens, probs, num_drafted, carry = rollout_loop(
+      step, carry, last_token, rng, vocab_size=self.vocab_size, **rollout_args
+    )
+    return tokens, probs, num_drafted, dict(cache, head=carry[-1])
 
 
 # ------------------------------------------------------------------------------

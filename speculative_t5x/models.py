@@ -35,6 +35,7 @@ import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import feature_head
 from speculative_t5x import layouts
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -128,7 +129,8 @@ def prefilled_target_cache(
   *,
   prefill_width: Optional[int] = None,
   inputs_bidirectional_attention: bool = False,
-) -> Tuple[PyTree, Optional[Array]]:
+  feature_layers: Optional[Tuple[int, ...]] = None,
+) -> Tuple[PyTree, Optional[Array]] | Tuple[PyTree, Optional[Array], Optional[Array]]:
   """The target's block cache, prefilled with the decoder prompts if there are any.
 
   Args:
@@ -143,25 +145,33 @@ def prefilled_target_cache(
       L); must exceed every prompt length.
     inputs_bidirectional_attention: a prefix LM (decoder-only only): the
       prompt's positions 0..P attend to each other.
+    feature_layers: optional static decoder layer indices: also return the
+      prefill's features of the prompt block (for a `drafts.FeatureDraft`).
 
   Returns:
     (cache, initial_index): initial_index int32 [B] is each row's prompt
-    length P (where decoding starts), or None without `decoder_prompt`.
+    length P (where decoding starts), or None without `decoder_prompt`. With
+    `feature_layers`, (cache, initial_index, features [B, W, Df] or None).
   """
   cache = network.init_decoder_cache(config, params, input_tokens, cache_length)
+  features = None
   if decoder_prompt is None:
-    return cache, None
-  initial_index = decoding.prompt_lengths(decoder_prompt)
-  width = decoder_prompt.shape[1] if prefill_width is None else prefill_width
-  cache = network.prefill_decoder_cache(
-    config,
-    params,
-    cache,
-    decoder_prompt[:, :width],
-    initial_index,
-    bidirectional=inputs_bidirectional_attention,
-  )
-  return cache, initial_index
+    initial_index = None
+  else:
+    initial_index = decoding.prompt_lengths(decoder_prompt)
+    width = decoder_prompt.shape[1] if prefill_width is None else prefill_width
+    cache = network.prefill_decoder_cache(
+      config,
+      params,
+      cache,
+      decoder_prompt[:, :width],
+      initial_index,
+      bidirectional=inputs_bidirectional_attention,
+      feature_layers=feature_layers,
+    )
+    if feature_layers is not None:
+      cache, features = cache
+  return (cache, initial_index) if feature_layers is None else (cache, initial_index, features)
 
 
 def speculative_decode(
@@ -221,7 +231,9 @@ def speculative_decode(
   """
   tree = decode_args.get('tree')
   cache_length = decoding.speculative_cache_length(max_decode_len, gamma, tree)
-  cache, initial_index = prefilled_target_cache(
+  # A draft that reads the target's features (`drafts.FeatureDraft`) gets the prompt's.
+  feature_layers = getattr(draft, 'feature_layers', None)
+  cache, initial_index, *prompt_features = prefilled_target_cache(
     target_config,
     target_params,
     input_tokens,
@@ -229,17 +241,27 @@ def speculative_decode(
     decoder_prompt,
     prefill_width=prefill_width,
     inputs_bidirectional_attention=inputs_bidirectional_attention,
+    feature_layers=feature_layers,
   )
   draft_cache = draft.init_cache(input_tokens, cache_length)
   if decoder_prompt is None:
     decoder_prompt = jnp.zeros((input_tokens.shape[0], max_decode_len), jnp.int32)
   else:
     width = max_decode_len if prefill_width is None else prefill_width
-    draft_cache = draft.prefill(draft_cache, decoder_prompt[:, :width], initial_index)
+    feature_args = {} if feature_layers is None else {'features': prompt_features[0]}
+    draft_cache = draft.prefill(
+      draft_cache, decoder_prompt[:, :width], initial_index, **feature_args
+    )
 
-  def score_block(block_tokens, start_positions, cache, tree=None):
+  def score_block(block_tokens, start_positions, cache, tree=None, feature_layers=None):
     return network.apply_decode_block(
-      target_config, target_params, cache, block_tokens, start_positions, tree=tree
+      target_config,
+      target_params,
+      cache,
+      block_tokens,
+      start_positions,
+      tree=tree,
+      feature_layers=feature_layers,
     )
 
   if tree is not None:
@@ -529,8 +551,13 @@ def check_same_architecture(target: Model, draft: Any) -> None:
 
   An encoder-decoder target needs an encoder-decoder draft and a decoder-only
   target a decoder-only one (n-gram and prompt-lookup drafts fit both): the
-  prompt reaches the two networks the same way.
+  prompt reaches the two networks the same way. A feature head must have been
+  built for a target of this vocabulary, width, depth and architecture
+  (`feature_head.check_target`).
   """
+  if isinstance(draft, drafts.FeatureDraft):
+    feature_head.check_target(draft.config, target.config)
+    return
   if not isinstance(draft, drafts.ModelDraft):
     return
   kind = lambda config: 'decoder-only' if network.is_decoder_only(config) else 'encoder-decoder'
@@ -619,8 +646,9 @@ def generate(
 
   Args:
     target: the target model.
-    draft: a `Model` with the target's vocabulary, an n-gram or prompt-lookup
-      draft from `drafts`, or None for plain (baseline) decoding.
+    draft: a `Model` with the target's vocabulary, an n-gram, prompt-lookup or
+      feature-head draft from `drafts` (`drafts.FeatureDraft.for_target`), or
+      None for plain (baseline) decoding.
     input_tokens: int [B, Lin] encoder inputs, 0-padded, EOS-terminated; for a
       decoder-only target, the prompts: each row's tokens, then 0-padding (a
       prefix LM's inputs keep their EOS, as seqio writes them). B may be 0.

@@ -32,7 +32,10 @@ What is new is block-cached decoding for speculative decoding:
 
 `decode_block` scores k >= 1 tokens per row at per-row positions, writes their
 keys and values there (overwriting), and attends to the cached positions before
-each row's start. A row is rolled back by passing a smaller start position next
+each row's start. With static `feature_layers` it (and `prefill`) also returns
+the features of every scored position, those decoder layers' outputs (the last
+layer's is the output before the final norm), from the same call: what a draft
+head that reads the target (`drafts.FeatureDraft`) drafts from. A row is rolled back by passing a smaller start position next
 time: entries at positions >= the start are masked until overwritten. `prefill`
 writes a block's keys and values at positions 0..W-1 without computing logits;
 for a decoder-only model it can attend bidirectionally within the prompt (T5X's
@@ -784,6 +787,28 @@ class DecoderLayer(nn.Module):
     attend = lambda x: self.self_attention.prefill_self_cache(x, self_bias)
     return self._layer(inputs, attend, None, cross_bias, True)
 
+  def with_context(
+    self,
+    inputs: Array,
+    context: Sequence[Array],
+    self_bias: Array,
+    encoded: Optional[Array],
+    cross_bias: Optional[Array],
+    deterministic: bool,
+  ) -> Tuple[Array, Array]:
+    """Uncached, with more self-attention keys: (output [B, q, emb], normalized inputs).
+
+    The self-attention's keys/values are those of concat(context + [the
+    normalized inputs]) along the length: `context` holds the normalized
+    inputs of other calls ([B, k_i, emb] each; this call's second output), and
+    `self_bias` [B|1, heads|1, q, sum k_i + q] says what each query sees. A
+    draft head's training-time test uses it (`feature_head`).
+    """
+    normed = self.pre_self_attention_layer_norm(inputs)
+    keys = jnp.concatenate([*context, normed], axis=1)
+    attend = lambda x: self.self_attention(x, keys, self_bias, deterministic=deterministic)
+    return self._layer(inputs, attend, encoded, cross_bias, deterministic), normed
+
   def _layer(self, inputs, self_attend, encoded, cross_bias, deterministic):
     x = inputs + self.dropout(
       self_attend(self.pre_self_attention_layer_norm(inputs)), deterministic
@@ -876,7 +901,7 @@ class Decoder(nn.Module):
         )
       index = self.get_variable('cache', 'cache_index')
       start_positions = jnp.broadcast_to(index, (batch,)).astype(jnp.int32)
-      y = self._decode_block(y, encoded, cross_bias, start_positions)
+      y, _ = self._decode_block(y, encoded, cross_bias, start_positions)
       self.put_variable('cache', 'cache_index', index + 1)
       return self._logits(y, deterministic=True)
     if decode:
@@ -895,7 +920,7 @@ class Decoder(nn.Module):
       self._check_block(
         decoder_input_tokens, prefill_lengths, 'prefill_lengths', 'decoder_input_tokens'
       )
-      y = self._prefill(y, self_bias, cross_bias)
+      y = self._prefill(y, self_bias, cross_bias, (len(self.layers) - 1,))
       self.put_variable('cache', 'cache_index', jnp.asarray(prefill_lengths, jnp.int32))
       return self._logits(y, deterministic=True)
     for layer in self.layers:
@@ -921,17 +946,31 @@ class Decoder(nn.Module):
       self.put_variable('cache', 'encoder_mask', encoder_mask)
 
   def decode_block(
-    self, block_tokens: Array, start_positions: Array, tree: Any = None, first_node: int = 0
-  ) -> Array:
+    self,
+    block_tokens: Array,
+    start_positions: Array,
+    tree: Any = None,
+    first_node: int = 0,
+    feature_layers: Optional[Tuple[int, ...]] = None,
+  ) -> Array | Tuple[Array, Array]:
     """See `Transformer.decode_block`."""
     cross_bias = self._block_cross_bias('decode_block')
     self._check_block(block_tokens, start_positions, 'start_positions')
     y = self._embedder()(block_tokens)
-    y = self._decode_block(y, None, cross_bias, start_positions.astype(jnp.int32), tree, first_node)
-    return self._logits(y, deterministic=True)
+    y, features = self._decode_block(
+      y, None, cross_bias, start_positions.astype(jnp.int32), tree, first_node, feature_layers
+    )
+    logits = self._logits(y, deterministic=True)
+    return logits if feature_layers is None else (logits, features)
 
-  def prefill(self, block_tokens: Array, prefix_lengths: Array, bidirectional: bool):
-    """See `DecoderOnly.prefill`."""
+  def prefill(
+    self,
+    block_tokens: Array,
+    prefix_lengths: Array,
+    bidirectional: bool,
+    feature_layers: Optional[Tuple[int, ...]] = None,
+  ) -> Optional[Array]:
+    """See `DecoderOnly.prefill`; the block's features with `feature_layers`, else None."""
     cross_bias = self._block_cross_bias('prefill')
     prefix_lengths = jnp.asarray(prefix_lengths, jnp.int32)
     self._check_block(block_tokens, prefix_lengths, 'prefix_lengths')
@@ -941,7 +980,7 @@ class Decoder(nn.Module):
       in_prefix = positions <= prefix_lengths[:, None]
       allowed = jnp.logical_or(allowed, make_attention_mask(in_prefix, in_prefix))
     self_bias = self._self_bias(positions, positions, allowed)
-    self._prefill(self._embedder()(block_tokens), self_bias, cross_bias)
+    return self._prefill(self._embedder()(block_tokens), self_bias, cross_bias, feature_layers)
 
   def _block_cross_bias(self, method: str) -> Optional[Array]:
     """Checks that the block cache exists; its cross-attention bias (None if decoder-only)."""
@@ -978,8 +1017,13 @@ class Decoder(nn.Module):
         f'A block of {block_tokens.shape[1]} tokens does not fit a cache of length {cache_length}.'
       )
 
-  def _decode_block(self, y, encoded, cross_bias, start_positions, tree=None, first_node=0):
-    """Block (chain or tree nodes, see `tree_attention_layout`) through the layers."""
+  def _decode_block(
+    self, y, encoded, cross_bias, start_positions, tree=None, first_node=0, feature_layers=None
+  ):
+    """Block (chain or tree nodes, see `tree_attention_layout`) through the layers.
+
+    Returns (the last layer's output, `select_features` of every layer's).
+    """
     cache_length = self.layers[0].self_attention.cache_shape()[1]
     query_positions, key_positions, visible = tree_attention_layout(
       start_positions, cache_length, y.shape[1], tree, first_node
@@ -987,16 +1031,20 @@ class Decoder(nn.Module):
     self_bias = self._self_bias(query_positions, key_positions, visible)
     # Node i's key/value goes to slot start + i.
     write_positions = start_positions + first_node if first_node else start_positions
+    outputs = []
     for layer in self.layers:
       y = layer.decode_block(y, encoded, self_bias, cross_bias, write_positions)
-    return y
+      outputs.append(y)
+    return y, select_features(outputs, feature_layers)
 
-  def _prefill(self, y, self_bias, cross_bias):
-    # Only the caches are needed: under jit, XLA drops the last layer's
-    # attention output and MLP when the caller discards the result.
+  def _prefill(self, y, self_bias, cross_bias, feature_layers=None):
+    # Without features only the caches are needed: under jit, XLA drops the
+    # last layer's attention output and MLP when the caller discards them.
+    outputs = []
     for layer in self.layers:
       y = layer.prefill(y, self_bias, cross_bias)
-    return y
+      outputs.append(y)
+    return select_features(outputs, feature_layers)
 
   def _self_bias(self, query_positions, key_positions, allowed):
     """[B|1, heads, q, k]: causal-bucket relative biases where `allowed`, else NEG_INF.
@@ -1010,12 +1058,53 @@ class Decoder(nn.Module):
   def _embedder(self) -> Embed:
     return self.token_embedder if self._decoder_only else self.shared_embedding
 
+  def embed(self, tokens: Array) -> Array:
+    """int [...] -> [..., emb]: the decoder's token embedding (no dropout)."""
+    return self._embedder()(tokens)
+
+  def feature_logits(self, features: Array) -> Array:
+    """float32 logits [..., vocab] of last-layer outputs [..., emb]: final norm, logits layer."""
+    return self._logits(features, deterministic=True)
+
   def _logits(self, y, deterministic):
     y = self.dropout(self.decoder_norm(y), deterministic)
     if self.config.logits_via_embedding:
       # The tied embedding needs 1/sqrt(emb) to keep logits at unit scale.
       return self._embedder().attend(y) / jnp.sqrt(y.shape[-1])
     return self.logits_dense(y)
+
+
+def check_feature_layers(config: NetworkConfig, feature_layers: Any) -> Tuple[int, ...]:
+  """`feature_layers` as a tuple of distinct decoder layer indices in [0, num_layers).
+
+  Layer i's feature is its output (the residual stream after layer i): the
+  last layer's is the decoder output before the final norm.
+  """
+  num_layers = _num_decoder_layers(config)
+  layers = tuple(feature_layers) if isinstance(feature_layers, (tuple, list)) else None
+  if (
+    not layers
+    or len(set(layers)) != len(layers)
+    or not all(isinstance(i, (int, np.integer)) and 0 <= i < num_layers for i in layers)
+  ):
+    raise ValueError(
+      f'feature_layers must be a non-empty tuple of distinct decoder layer indices in '
+      f'[0, {num_layers}) (this network has {num_layers} decoder layers; the last, '
+      f'{num_layers - 1}, gives the output before the final norm); got {feature_layers!r}.'
+    )
+  return tuple(int(i) for i in layers)
+
+
+def select_features(
+  layer_outputs: Sequence[Array], feature_layers: Optional[Tuple[int, ...]]
+) -> Optional[Array]:
+  """[..., len(feature_layers) * emb]: the listed layers' outputs, concatenated in that order.
+
+  None without `feature_layers` (nothing is kept, so XLA can drop unused work).
+  """
+  if feature_layers is None:
+    return None
+  return jnp.concatenate([layer_outputs[i] for i in feature_layers], axis=-1)
 
 
 # ------------------------------------------------------------------------------
@@ -1331,8 +1420,12 @@ class Transformer(nn.Module):
     )
 
   def prefill(
-    self, block_tokens: Array, prefix_lengths: Array, bidirectional: bool = False
-  ) -> None:
+    self,
+    block_tokens: Array,
+    prefix_lengths: Array,
+    bidirectional: bool = False,
+    feature_layers: Optional[Tuple[int, ...]] = None,
+  ) -> Optional[Array]:
     """Writes the decoder keys/values of a block at positions 0..W-1; no logits.
 
     Causal, as `decode_block` at start 0 would write them; the next call
@@ -1342,9 +1435,11 @@ class Transformer(nn.Module):
       block_tokens: int32 [B, W], the decoder inputs (BOS = 0 first).
       prefix_lengths: int32 [B]; unused (the signature is `DecoderOnly.prefill`'s).
       bidirectional: must be False.
+      feature_layers: optional static decoder layer indices (`check_feature_layers`).
 
     Returns:
-      None; `apply` returns `(None, {'cache': new_cache})`.
+      None, or with `feature_layers` the block's features [B, W, len * emb]
+      (`select_features`); `apply` also returns `{'cache': new_cache}`.
     """
     if bidirectional:
       raise ValueError(
@@ -1352,11 +1447,16 @@ class Transformer(nn.Module):
         'causally. Use bidirectional=False (a DecoderOnly network has prefix-LM '
         'prefills).'
       )
-    self.decoder.prefill(block_tokens, prefix_lengths, bidirectional=False)
+    return self.decoder.prefill(block_tokens, prefix_lengths, False, feature_layers)
 
   def decode_block(
-    self, block_tokens: Array, start_positions: Array, tree: Any = None, first_node: int = 0
-  ) -> Array:
+    self,
+    block_tokens: Array,
+    start_positions: Array,
+    tree: Any = None,
+    first_node: int = 0,
+    feature_layers: Optional[Tuple[int, ...]] = None,
+  ) -> Array | Tuple[Array, Array]:
     """Scores a block of k tokens per row against the cache; updates the cache.
 
     Chain (tree=None): row b's tokens sit at positions start_positions[b] + j,
@@ -1386,11 +1486,19 @@ class Transformer(nn.Module):
         bool [N, N] (duck-typed; see `tree_attention_layout`).
       first_node: static int, the tree node of block_tokens[:, 0] (0 without
         a tree); first_node + k <= N.
+      feature_layers: optional static decoder layer indices: also return the
+        block's features, those layers' outputs concatenated
+        (`select_features`; the last layer's is the output before the final
+        norm), from this same call.
 
     Returns:
-      float32 logits [B, k, vocab]; `apply` also returns `{'cache': new_cache}`.
+      float32 logits [B, k, vocab], or with `feature_layers` (logits, features
+      [B, k, len(feature_layers) * emb] in the compute dtype); `apply` also
+      returns `{'cache': new_cache}`.
     """
-    return self.decoder.decode_block(block_tokens, start_positions, tree, first_node)
+    return self.decoder.decode_block(
+      block_tokens, start_positions, tree, first_node, feature_layers
+    )
 
 
 class DecoderOnly(nn.Module):
@@ -1505,8 +1613,12 @@ class DecoderOnly(nn.Module):
     self.decoder.init_block_cache(int(batch), int(cache_length))
 
   def prefill(
-    self, block_tokens: Array, prefix_lengths: Array, bidirectional: bool = False
-  ) -> None:
+    self,
+    block_tokens: Array,
+    prefix_lengths: Array,
+    bidirectional: bool = False,
+    feature_layers: Optional[Tuple[int, ...]] = None,
+  ) -> Optional[Array]:
     """Writes the keys/values of a block at positions 0..W-1; computes no logits.
 
     Causal, or with `bidirectional` T5X's prefix LM: a query at position
@@ -1523,15 +1635,22 @@ class DecoderOnly(nn.Module):
       block_tokens: int32 [B, W], the inputs at positions 0..W-1.
       prefix_lengths: int32 [B], P per row (only read if bidirectional).
       bidirectional: prefix-LM attention among positions 0..P.
+      feature_layers: optional static decoder layer indices (`check_feature_layers`).
 
     Returns:
-      None; `apply` returns `(None, {'cache': new_cache})`.
+      None, or with `feature_layers` the block's features [B, W, len * emb]
+      (`select_features`); `apply` also returns `{'cache': new_cache}`.
     """
-    self.decoder.prefill(block_tokens, prefix_lengths, bidirectional)
+    return self.decoder.prefill(block_tokens, prefix_lengths, bidirectional, feature_layers)
 
   def decode_block(
-    self, block_tokens: Array, start_positions: Array, tree: Any = None, first_node: int = 0
-  ) -> Array:
+    self,
+    block_tokens: Array,
+    start_positions: Array,
+    tree: Any = None,
+    first_node: int = 0,
+    feature_layers: Optional[Tuple[int, ...]] = None,
+  ) -> Array | Tuple[Array, Array]:
     """Scores a block of k tokens (or tree nodes) per row; see `Transformer.decode_block`.
 
     Args:
@@ -1540,11 +1659,16 @@ class DecoderOnly(nn.Module):
       start_positions: int32 [B].
       tree: None (a chain), or a static tree (`depths`, `ancestors`).
       first_node: static int, the tree node of block_tokens[:, 0].
+      feature_layers: optional static decoder layer indices (see
+        `Transformer.decode_block`).
 
     Returns:
-      float32 logits [B, k, vocab]; `apply` also returns `{'cache': new_cache}`.
+      float32 logits [B, k, vocab], or with `feature_layers` (logits, features);
+      `apply` also returns `{'cache': new_cache}`.
     """
-    return self.decoder.decode_block(block_tokens, start_positions, tree, first_node)
+    return self.decoder.decode_block(
+      block_tokens, start_positions, tree, first_node, feature_layers
+    )
 
 
 def _check_positive(name: str, value: Any):
@@ -1571,7 +1695,8 @@ def compute_logits(
   params: Any,
   features: Mapping[str, Array],
   dropout_key: Optional[Array] = None,
-) -> Array:
+  feature_layers: Optional[Tuple[int, ...]] = None,
+) -> Array | Tuple[Array, Array]:
   """float32 [B, L, V]: T5X's forward pass of either architecture on model features.
 
   The one place where the architecture picks the module's arguments (T5X's
@@ -1585,11 +1710,33 @@ def compute_logits(
   attend to each other; absent: causal). Other keys are ignored
   ('decoder_loss_weights', a decoder-only network's 'encoder_input_tokens').
   Dropout is on when `dropout_key` is not None.
+
+  With `feature_layers` (static decoder layer indices), (logits, the
+  target's features [B, L, len * emb] at every position): the listed decoder
+  layers' outputs, captured from this forward pass (flax
+  `capture_intermediates`), concatenated (`select_features`).
   """
   options = dict(
     enable_dropout=dropout_key is not None,
     rngs=None if dropout_key is None else {'dropout': dropout_key},
   )
+  if feature_layers is not None:
+    feature_layers = check_feature_layers(config, feature_layers)
+    options.update(
+      capture_intermediates=lambda module, method: (
+        isinstance(module, DecoderLayer) and method == '__call__'
+      ),
+      mutable=['intermediates'],
+    )
+    logits, state = _forward(config, params, features, options)
+    layers = state['intermediates']['decoder']
+    outputs = [layers[f'layers_{i}']['__call__'][0] for i in range(_num_decoder_layers(config))]
+    return logits, select_features(outputs, feature_layers)
+  return _forward(config, params, features, options)
+
+
+def _forward(config: NetworkConfig, params: Any, features: Mapping[str, Array], options) -> Any:
+  """`module.apply` of the teacher-forced forward pass with `options` (see `compute_logits`)."""
   module = module_for(config)
   if is_decoder_only(config):
     return module.apply(
@@ -1660,6 +1807,32 @@ def init_decoder_cache(
   return variables['cache']
 
 
+def encode(config: T5Config, params: Any, input_tokens: Array) -> Array:
+  """[B, input_length, emb]: an encoder-decoder's encoder output (no dropout)."""
+  return Transformer(config).apply(
+    {'params': params}, input_tokens, enable_dropout=False, method=Transformer.encode
+  )
+
+
+def embed_tokens(config: NetworkConfig, params: Any, tokens: Array) -> Array:
+  """[..., emb] in the compute dtype: the decoder's token embedding of int `tokens` [...]."""
+  return module_for(config).apply(
+    {'params': params}, tokens, method=lambda m, x: m.decoder.embed(x)
+  )
+
+
+def logits_from_features(config: NetworkConfig, params: Any, features: Array) -> Array:
+  """float32 [..., vocab]: the decoder's final norm and logits layer on last-layer outputs.
+
+  What `decode_block` computes from its last layer's output, so a feature
+  [..., emb] of the last layer (`feature_layers` ending at it) gives the
+  target's own logits.
+  """
+  return module_for(config).apply(
+    {'params': params}, features, method=lambda m, y: m.decoder.feature_logits(y)
+  )
+
+
 def apply_decode_block(
   config: NetworkConfig,
   params: Any,
@@ -1669,8 +1842,12 @@ def apply_decode_block(
   *,
   tree: Any = None,
   first_node: int = 0,
-) -> Tuple[Array, Any]:
+  feature_layers: Optional[Tuple[int, ...]] = None,
+) -> Tuple[Any, Any]:
   """`decode_block` as a function: (logits [B, k, vocab], new cache).
+
+  With `feature_layers`, ((logits, features [B, k, len * emb]), new cache)
+  from the same call (see `Transformer.decode_block`).
 
   Under jit, `tree` and `first_node` are static (a `tree.Tree` is hashable).
 
@@ -1683,17 +1860,21 @@ def apply_decode_block(
     tree: None (a chain block), or a static tree with numpy `depths` int [N]
       and `ancestors` bool [N, N] (see `Transformer.decode_block`).
     first_node: static int, the tree node of block_tokens[:, 0].
+    feature_layers: optional static decoder layer indices (`check_feature_layers`).
   """
-  logits, variables = module_for(config).apply(
+  if feature_layers is not None:
+    feature_layers = check_feature_layers(config, feature_layers)
+  outputs, variables = module_for(config).apply(
     {'params': params, 'cache': cache},
     block_tokens,
     start_positions,
     tree=tree,
     first_node=first_node,
+    feature_layers=feature_layers,
     method='decode_block',
     mutable=['cache'],
   )
-  return logits, variables['cache']
+  return outputs, variables['cache']
 
 
 def compact_tree_path(
@@ -1768,6 +1949,7 @@ def prefill_decoder_cache(
   prefix_lengths: Array,
   *,
   bidirectional: bool = False,
+  feature_layers: Optional[Tuple[int, ...]] = None,
 ) -> Any:
   """`prefill` as a function: the cache with positions 0..W-1 written.
 
@@ -1781,19 +1963,24 @@ def prefill_decoder_cache(
     block_tokens: int32 [B, W]: BOS (0), then the prompt, at positions 0..W-1.
     prefix_lengths: int32 [B], the prompt lengths P (the loop feeds P next).
     bidirectional: prefix-LM attention among positions 0..P.
+    feature_layers: optional static decoder layer indices (`check_feature_layers`).
 
   Returns:
-    The new cache.
+    The new cache, or with `feature_layers` (the new cache, the block's
+    features [B, W, len * emb], what the prefill computed at each position).
   """
-  _, variables = module_for(config).apply(
+  if feature_layers is not None:
+    feature_layers = check_feature_layers(config, feature_layers)
+  features, variables = module_for(config).apply(
     {'params': params, 'cache': cache},
     block_tokens,
     prefix_lengths,
     bidirectional,
+    feature_layers,
     method='prefill',
     mutable=['cache'],
   )
-  return variables['cache']
+  return variables['cache'] if feature_layers is None else (variables['cache'], features)
 
 
 # ------------------------------------------------------------------------------

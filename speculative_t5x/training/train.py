@@ -700,6 +700,7 @@ def resumable_loop(
   log_every: int,
   progress: bool,
   start: Callable[[int], LoopSteps],
+  abstract_params: Optional[Callable[[], PyTree]] = None,
 ) -> Tuple[PyTree, int, List[Dict[str, Any]], List[Dict[str, Any]]]:
   """Trains `model_dir`'s run up to `num_steps`, from its latest checkpoint or from the start.
 
@@ -730,6 +731,9 @@ def resumable_loop(
     checkpoint_every, keep_checkpoints, eval_every, log_every, progress: as
       `train`'s.
     start: see above.
+    abstract_params: the trained parameters' shapes (`jax.ShapeDtypeStruct`s)
+      for a restore, when they are not a network's (e.g. a draft head's);
+      None: `network.abstract_params(config)`.
 
   Returns:
     (the final parameters, the final step, training records, evaluation records).
@@ -742,7 +746,7 @@ def resumable_loop(
     start_step = manager.latest_step() or 0
     if start_step:
       run_settings.check_resumed(model_dir, settings_file, settings)
-      params = network.abstract_params(config)[0]
+      params = network.abstract_params(config)[0] if abstract_params is None else abstract_params()
       state = restore_state(manager, start_step, params, jax.eval_shape(optimizer.init, params))
       logging.info('Resuming %s from step %d.', model_dir, start_step)
     else:

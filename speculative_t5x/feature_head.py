@@ -1,0 +1,504 @@
+"""A feature-level draft head (EAGLE-style) that drafts from the target's own hidden states.
+
+The head sees, at each decoder position t, the target's feature there (the
+outputs of `feature_layers`, by default the last decoder layer's output
+before the final norm: `network.Transformer.decode_block(feature_layers=...)`)
+and the target's own (frozen) embedding of the token at t + 1, and predicts
+the target's feature at t + 1, from which the token at t + 2 is drawn:
+
+  input_t   = concat(feature_t [Df], embed(token_{t+1}) [D])      Df = len(feature_layers) * D
+  x_t       = pre_projection(input_t)                               [H], the head's own width
+  x_t       = T5 decoder layer(s) of width H: causal self-attention with relative
+              position biases, cross-attention to the target's encoder output
+              (encoder-decoder targets), gated MLP
+  h_t       = head_norm(x_t)                                        [H]
+  feature^_{t+1} = post_projection(h_t)                             [Df], the predicted feature
+  logits_{t+2}   = output 'target': the target's own final norm and logits layer
+                   (frozen) on the last layer's slice of feature^;
+                   output 'own': the head's own narrow `logits_dense` [H, V] on h_t
+
+During drafting (EAGLE-1), a position whose true feature is not known yet
+(it lies past the target's last call) is fed the head's predicted feature^;
+after each verification the loop rewrites the head's cache over the accepted
+positions with the true features (`drafts.FeatureDraft.observe`).
+
+The head's cost is its own layer(s) at width H, the two projections and the
+logits layer it uses: output 'own' with a small H avoids reading the target's
+[D, V] logits kernel at every draft step.
+
+`FeatureHeadConfig` (static, hashable), `FeatureHead` (the flax module),
+`config_for(target_config, ...)`, `check_target`, `check_params`,
+`init_params`, and `apply_block` / `init_cache` / `unrolled` (training's
+pass) / `logits` as pure functions.
+"""
+
+import dataclasses
+from typing import Any, Optional, Sequence, Tuple
+
+from flax import linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import network
+
+Array = jax.Array
+PyTree = Any
+OUTPUTS = ('target', 'own')
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureHeadConfig:
+  """Hyperparameters of a `FeatureHead` and the target it reads.
+
+  Target fields (`config_for` fills them from the target's config; a head
+  applied to another target is refused by `check_target`):
+    vocab_size: V, the target's vocabulary.
+    target_emb_dim: D, the target's width.
+    target_num_layers: the target's decoder layers.
+    cross_attention: the target is an encoder-decoder (the head attends to
+      its encoder output).
+    feature_layers: target decoder layer indices whose outputs form the
+      feature, concatenated (`network.check_feature_layers`): (L - 1,) is the
+      last layer's output before the final norm (EAGLE-1); a low, a middle and
+      the top layer is EAGLE-3's fusion.
+
+  Head fields:
+    emb_dim: H, the head's own width (its cost is chosen here).
+    num_layers: decoder layers of width H.
+    num_heads, head_dim, mlp_dim, mlp_activations: as `network.T5Config`'s.
+    output: 'target' (post-projection, then the target's frozen final norm
+      and logits layer; needs the last target layer in `feature_layers`) or
+      'own' (a narrow output layer [H, V] of the head's own).
+    dtype: compute dtype (a dtype or its name); parameters are float32.
+    dropout_rate: dropout in training.
+  """
+
+  vocab_size: int
+  target_emb_dim: int
+  target_num_layers: int
+  cross_attention: bool
+  feature_layers: Tuple[int, ...]
+  emb_dim: int = 128
+  num_layers: int = 1
+  num_heads: int = 4
+  head_dim: int = 32
+  mlp_dim: int = 256
+  mlp_activations: Sequence[str] = ('gelu', 'linear')
+  output: str = 'target'
+  dtype: Any = 'float32'
+  dropout_rate: float = 0.0
+
+  def __post_init__(self):
+    object.__setattr__(self, 'feature_layers', tuple(int(i) for i in self.feature_layers))
+    object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
+    if self.output not in OUTPUTS:
+      raise ValueError(
+        f"FeatureHeadConfig.output must be one of {OUTPUTS} ('target': the target's own "
+        f"logits layer; 'own': a narrow output layer of the head's); got {self.output!r}."
+      )
+    self.target_network_config()  # Checks feature_layers against the target's depth.
+    if self.output == 'target' and self.feature_layers[-1] != self.target_num_layers - 1:
+      raise ValueError(
+        f"output='target' applies the target's final norm and logits layer to the predicted "
+        f"feature's last slice, which must be the last decoder layer's "
+        f'({self.target_num_layers - 1}); feature_layers is {self.feature_layers}. End '
+        f"feature_layers with {self.target_num_layers - 1} or use output='own'."
+      )
+    self.layer_config  # Checks the head's own fields (positive sizes, activations, dtype).
+
+  @property
+  def feature_width(self) -> int:
+    """Df: the width of one position's feature (all feature layers, concatenated)."""
+    return len(self.feature_layers) * self.target_emb_dim
+
+  @property
+  def layer_config(self) -> network.T5Config:
+    """The config of the head's decoder layers (width H), as `network.DecoderLayer` takes it."""
+    return network.T5Config(
+      vocab_size=self.vocab_size,
+      dtype=self.dtype,
+      emb_dim=self.emb_dim,
+      num_heads=self.num_heads,
+      num_encoder_layers=1,
+      num_decoder_layers=self.num_layers,
+      head_dim=self.head_dim,
+      mlp_dim=self.mlp_dim,
+      mlp_activations=self.mlp_activations,
+      dropout_rate=self.dropout_rate,
+    )
+
+  def target_network_config(self) -> network.DecoderOnlyConfig:
+    """A stand-in target config with this head's target depth (to check layer indices)."""
+    stand_in = network.DecoderOnlyConfig(
+      vocab_size=self.vocab_size, emb_dim=self.target_emb_dim, num_layers=self.target_num_layers
+    )
+    network.check_feature_layers(stand_in, self.feature_layers)
+    return stand_in
+
+
+def _architecture(cross_attention: bool) -> str:
+  return 'encoder-decoder' if cross_attention else 'decoder-only'
+
+
+def config_for(
+  target_config: network.NetworkConfig,
+  feature_layers: Optional[Sequence[int]] = None,
+  **head_fields: Any,
+) -> FeatureHeadConfig:
+  """A `FeatureHeadConfig` for this target; `feature_layers` None is its last layer.
+
+  `head_fields` are the head's own (`emb_dim`, `num_layers`, `output`, ...).
+  """
+  num_layers = network._num_decoder_layers(target_config)
+  return FeatureHeadConfig(
+    vocab_size=target_config.vocab_size,
+    target_emb_dim=target_config.emb_dim,
+    target_num_layers=num_layers,
+    cross_attention=not network.is_decoder_only(target_config),
+    feature_layers=(num_layers - 1,) if feature_layers is None else tuple(feature_layers),
+    **head_fields,
+  )
+
+
+def check_target(config: FeatureHeadConfig, target_config: network.NetworkConfig) -> None:
+  """ValueError unless the head was built for a target of this vocabulary, width and architecture.
+
+  A head that reads the wrong features would draft garbage with no error
+  (tau = 1 silently); this names both sides instead.
+  """
+  head = (
+    f'vocabulary {config.vocab_size}, width {config.target_emb_dim}, '
+    f'{config.target_num_layers} decoder layers, {_architecture(config.cross_attention)}'
+  )
+  target = (
+    f'vocabulary {target_config.vocab_size}, width {target_config.emb_dim}, '
+    f'{network._num_decoder_layers(target_config)} decoder layers, '
+    f'{_architecture(not network.is_decoder_only(target_config))}'
+  )
+  if head != target:
+    raise ValueError(
+      f'The feature head was built for a target with {head}, but the target has {target}. '
+      'Build the head for this target (feature_head.config_for(target.config, ...)) and '
+      'train it on its features.'
+    )
+
+
+def check_params(config: FeatureHeadConfig, params: PyTree) -> None:
+  """ValueError unless `params` have the shapes of `FeatureHead(config)`'s, naming the first misfit."""
+  expected = jax.tree_util.tree_leaves_with_path(abstract_params(config))
+  actual = dict(jax.tree_util.tree_leaves_with_path(params))
+  for path, leaf in expected:
+    name = jax.tree_util.keystr(path)
+    shape = getattr(actual.get(path), 'shape', None)
+    if shape != leaf.shape:
+      raise ValueError(
+        f'Feature head parameter {name} has shape {shape} but the head config '
+        f'(width {config.emb_dim}, feature width {config.feature_width}, vocabulary '
+        f'{config.vocab_size}, output {config.output!r}) needs {leaf.shape}: the parameters '
+        'belong to another head config.'
+      )
+  if len(actual) != len(expected):
+    extra = sorted(
+      set(map(jax.tree_util.keystr, actual)) - {jax.tree_util.keystr(p) for p, _ in expected}
+    )
+    raise ValueError(
+      f'Feature head parameters {extra} are not part of a head with output '
+      f'{config.output!r} and {config.num_layers} layer(s).'
+    )
+
+
+class FeatureHead(nn.Module):
+  """The head (see the module docstring): teacher-forced `__call__` and a block-cached `decode_block`.
+
+  Both return (predicted features [B, k, Df] float32, normalized hidden states
+  [B, k, H]); `own_logits` is the narrow output layer (output 'own').
+  Parameters: `pre_projection`, `relpos_bias`, `layers_{i}` (T5X's decoder
+  layer), `head_norm`, `post_projection`, and `logits_dense` for output 'own'.
+  """
+
+  config: FeatureHeadConfig
+
+  def setup(self):
+    cfg = self.config
+    layer_cfg = cfg.layer_config
+    dtype = layer_cfg.dtype
+    self.pre_projection = network.DenseGeneral(
+      cfg.emb_dim, dtype=dtype, kernel_axes=('mlp', 'embed')
+    )
+    self.relpos_bias = network.RelativePositionBiases(cfg.num_heads, dtype)
+    self.layers = [
+      network.DecoderLayer(layer_cfg, cross_attention=cfg.cross_attention)
+      for _ in range(cfg.num_layers)
+    ]
+    self.head_norm = network.LayerNorm(dtype)
+    self.post_projection = network.DenseGeneral(
+      cfg.feature_width, dtype=jnp.float32, kernel_axes=('embed', 'mlp')
+    )
+    if cfg.output == 'own':
+      self.logits_dense = network.DenseGeneral(
+        cfg.vocab_size, dtype=jnp.float32, kernel_axes=('embed', 'vocab')
+      )
+
+  def __call__(
+    self,
+    features: Array,
+    next_embedded: Array,
+    encoded: Optional[Array] = None,
+    encoder_mask: Optional[Array] = None,
+    deterministic: bool = True,
+  ) -> Tuple[Array, Array]:
+    """Teacher-forced over positions 0..L-1, causal, no cache.
+
+    Args:
+      features: [B, L, Df], the (true or predicted) feature at each position.
+      next_embedded: [B, L, D], the target's embedding of the token after it.
+      encoded: [B, Lin, D], the target's encoder output (encoder-decoder).
+      encoder_mask: bool [B, Lin], its non-padding positions.
+      deterministic: disables dropout.
+    """
+    return self.unrolled(features, next_embedded, encoded, encoder_mask, 1, deterministic)[0]
+
+  def unrolled(
+    self,
+    features: Array,
+    next_embedded: Array,
+    encoded: Optional[Array],
+    encoder_mask: Optional[Array],
+    steps: int,
+    deterministic: bool = True,
+  ) -> Sequence[Tuple[Array, Array]]:
+    """The training-time test: [(predicted, hidden) of depth k] for k < steps, [B, L, ...] each.
+
+    Depth 0 is `__call__` on the true features. The depth-k entry at
+    position t is what the rollout computes k steps past the last true
+    position t - k: it reads the depth k - 1 prediction made at t - 1 and the
+    embedding of the token at t + 1, and sees the true entries at positions
+    <= t - k and its own chain, the depth-j entries at t - k + j (j = 1..k),
+    exactly the cache a rollout's step k + 1 sees (EAGLE-3's masks). At
+    t < k the chain starts from the true feature at position 0.
+    """
+    positions = jnp.arange(features.shape[1])
+    query, key = positions[:, None], positions[None, :]
+    cross_bias = self._cross_bias(encoder_mask)
+    contexts = [[] for _ in self.layers]
+    outputs, inputs = [], features
+    for depth in range(steps):
+      visible = [key <= query - depth] + [key == query - depth + j for j in range(1, depth + 1)]
+      visible = jnp.concatenate(visible, axis=1)[None, None]
+      key_positions = jnp.tile(positions, depth + 1)[None]
+      self_bias = self._bias(positions[None], key_positions, visible)
+      y = self.pre_projection(jnp.concatenate([inputs, next_embedded.astype(inputs.dtype)], -1))
+      for layer, context in zip(self.layers, contexts):
+        y, normed = layer.with_context(y, context, self_bias, encoded, cross_bias, deterministic)
+        context.append(normed)
+      outputs.append(self._outputs(y))
+      # Depth k + 1 reads at position t the depth-k prediction made at t - 1.
+      inputs = jnp.concatenate([features[:, :1], outputs[-1][0][:, :-1]], axis=1)
+    return outputs
+
+  def init_cache(
+    self,
+    batch: int,
+    cache_length: int,
+    encoded: Optional[Array] = None,
+    encoder_mask: Optional[Array] = None,
+  ) -> None:
+    """Zero self-attention caches; with `encoded` the cross-attention keys/values and mask."""
+    for layer in self.layers:
+      layer.init_cache(batch, cache_length, encoded)
+    if encoder_mask is not None:
+      self.put_variable('cache', 'encoder_mask', encoder_mask)
+
+  def decode_block(
+    self, features: Array, next_embedded: Array, start_positions: Array
+  ) -> Tuple[Array, Array]:
+    """k positions per row at start_positions[b] + j, against the cache (overwriting there).
+
+    As `network.Transformer.decode_block`'s chain: each entry attends causally
+    within the block and to the row's cached positions before its start.
+    features [B, k, Df], next_embedded [B, k, D], start_positions int32 [B].
+    """
+    cache_length = self.layers[0].self_attention.cache_shape()[1]
+    query_positions, key_positions, visible = network.tree_attention_layout(
+      start_positions, cache_length, features.shape[1]
+    )
+    self_bias = self._bias(query_positions, key_positions, visible)
+    cross_bias = None
+    if self.config.cross_attention:
+      cross_bias = self._cross_bias(self.get_variable('cache', 'encoder_mask'))
+    y = self.pre_projection(jnp.concatenate([features, next_embedded.astype(features.dtype)], -1))
+    for layer in self.layers:
+      y = layer.decode_block(y, None, self_bias, cross_bias, start_positions)
+    return self._outputs(y)
+
+  def own_logits(self, hidden: Array) -> Array:
+    """float32 [..., V] of normalized hidden states [..., H] (output 'own')."""
+    return self.logits_dense(hidden)
+
+  def _bias(self, query_positions, key_positions, visible):
+    relative = self.relpos_bias(query_positions, key_positions, bidirectional=False)
+    return jnp.where(visible, relative, network.NEG_INF)
+
+  def _cross_bias(self, encoder_mask):
+    if encoder_mask is None:
+      return None
+    bias = jnp.where(encoder_mask[:, None, None, :], 0.0, network.NEG_INF)
+    return bias.astype(self.config.layer_config.dtype)
+
+  def _outputs(self, y):
+    hidden = self.head_norm(y)
+    return self.post_projection(hidden), hidden
+
+
+# ------------------------------------------------------------------------------
+# Pure functions.
+# ------------------------------------------------------------------------------
+def _example_args(config: FeatureHeadConfig):
+  features = jnp.zeros((1, 1, config.feature_width), jnp.float32)
+  embedded = jnp.zeros((1, 1, config.target_emb_dim), jnp.float32)
+  if not config.cross_attention:
+    return features, embedded
+  return features, embedded, jnp.zeros((1, 1, config.target_emb_dim)), jnp.ones((1, 1), bool)
+
+
+def abstract_params(config: FeatureHeadConfig) -> PyTree:
+  """The shapes (`jax.ShapeDtypeStruct`) of `FeatureHead(config)`'s parameters, computing nothing."""
+
+  def init():
+    variables = FeatureHead(config).init(jax.random.PRNGKey(0), *_example_args(config))
+    # `own_logits` is not reached by __call__; initialize it too.
+    if config.output == 'own':
+      own = FeatureHead(config).init(
+        jax.random.PRNGKey(0), jnp.zeros((1, config.emb_dim)), method=FeatureHead.own_logits
+      )
+      variables['params']['logits_dense'] = own['params']['logits_dense']
+    return variables['params']
+
+  return jax.eval_shape(init)
+
+
+def init_params(config: FeatureHeadConfig, seed: int = 0) -> PyTree:
+  """Random parameters (T5X's initializers; float32), drawn on the host.
+
+  Same per-parameter scales as `network.random_params` (kernels std
+  1/sqrt(fan_in), queries further / sqrt(head_dim), layer norm scales 1,
+  relative position tables uniform), without compiling `init`.
+  """
+  rng = np.random.default_rng(seed)
+
+  def draw(path, leaf):
+    name, shape = path[-1].key, leaf.shape
+    if name == 'rel_embedding':
+      limit = np.sqrt(6.0 / sum(shape))
+      value = rng.uniform(-limit, limit, shape)
+    elif name == 'scale':
+      value = np.ones(shape)
+    else:
+      value = rng.standard_normal(shape) / np.sqrt(shape[0])
+      if path[-2].key == 'query':
+        value /= np.sqrt(config.head_dim)
+    return jnp.asarray(value, jnp.float32)
+
+  return jax.tree_util.tree_map_with_path(draw, abstract_params(config))
+
+
+def init_cache(
+  config: FeatureHeadConfig,
+  params: PyTree,
+  batch: int,
+  cache_length: int,
+  encoded: Optional[Array] = None,
+  encoder_mask: Optional[Array] = None,
+) -> PyTree:
+  """The head's block cache: self-attention keys/values [batch, cache_length, heads, head_dim].
+
+  For an encoder-decoder target, `encoded` [batch, Lin, D] (the target's
+  encoder output) and `encoder_mask` bool [batch, Lin] give the
+  cross-attention keys/values and mask.
+  """
+  if config.cross_attention and encoded is None:
+    raise ValueError(
+      'A head for an encoder-decoder target attends to its encoder output: pass encoded and '
+      'encoder_mask (network.encode of the target).'
+    )
+  _, variables = FeatureHead(config).apply(
+    {'params': params},
+    batch,
+    cache_length,
+    encoded if config.cross_attention else None,
+    encoder_mask if config.cross_attention else None,
+    method=FeatureHead.init_cache,
+    mutable=['cache'],
+  )
+  return variables['cache']
+
+
+def apply_block(
+  config: FeatureHeadConfig,
+  params: PyTree,
+  cache: PyTree,
+  features: Array,
+  next_embedded: Array,
+  start_positions: Array,
+) -> Tuple[Tuple[Array, Array], PyTree]:
+  """`FeatureHead.decode_block` as a function: ((predicted [B, k, Df], hidden [B, k, H]), cache)."""
+  if features.shape[-1] != config.feature_width:
+    raise ValueError(
+      f'The feature head reads features of width {config.feature_width} '
+      f'({len(config.feature_layers)} layer(s) x {config.target_emb_dim}) but was given '
+      f'features of shape {features.shape}: the target or its feature_layers differ from '
+      "the head's."
+    )
+  outputs, variables = FeatureHead(config).apply(
+    {'params': params, 'cache': cache},
+    features,
+    next_embedded,
+    start_positions.astype(jnp.int32),
+    method=FeatureHead.decode_block,
+    mutable=['cache'],
+  )
+  return outputs, variables['cache']
+
+
+def unrolled(
+  config: FeatureHeadConfig,
+  params: PyTree,
+  features: Array,
+  next_embedded: Array,
+  encoded: Optional[Array] = None,
+  encoder_mask: Optional[Array] = None,
+  steps: int = 1,
+  dropout_key: Optional[Array] = None,
+) -> Sequence[Tuple[Array, Array]]:
+  """`FeatureHead.unrolled` as a function: [(predicted [B, L, Df], hidden [B, L, H])] by depth.
+
+  features [B, L, Df] are the target's true features at positions 0..L-1,
+  next_embedded [B, L, D] the target's embedding of the token after each.
+  """
+  return FeatureHead(config).apply(
+    {'params': params},
+    features,
+    next_embedded,
+    encoded,
+    encoder_mask,
+    steps,
+    deterministic=dropout_key is None,
+    rngs=None if dropout_key is None else {'dropout': dropout_key},
+    method=FeatureHead.unrolled,
+  )
+
+
+def logits(
+  config: FeatureHeadConfig,
+  params: PyTree,
+  target_config: network.NetworkConfig,
+  target_params: PyTree,
+  predicted: Array,
+  hidden: Array,
+) -> Array:
+  """float32 [..., V]: the head's next-token logits from its outputs (see the module docstring)."""
+  if config.output == 'own':
+    return FeatureHead(config).apply({'params': params}, hidden, method=FeatureHead.own_logits)
+  top = predicted[..., -config.target_emb_dim :]
+  return network.logits_from_features(target_config, target_params, top)

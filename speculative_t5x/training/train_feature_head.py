@@ -1,0 +1,334 @@
+"""Training a feature head (`feature_head`) on its frozen target's own outputs.
+
+Data. Each step decodes a batch of inputs (rows of `inputs`, in a seeded
+order that depends only on the step, so a resumed run sees what an
+uninterrupted one does) with the target alone (`models.make_decoder`), at a
+temperature taken in turn from `data_temperatures` (greedy and sampled
+outputs, on-policy as `distill` draws the target's), with the PRNG key
+`fold_in(PRNGKey(seed), step)`. For a decoder-only target the rows are
+prompts and a sequence is the prompt followed by its continuation.
+
+Loss. One teacher-forced target pass gives, at every decoder input position
+t, the target's features f_t and its standardized next-token distribution
+p_{t+1} at the run's sampling mode (temperature 1 by default: the full
+distribution, as EAGLE's heads are trained, so one head can serve every
+temperature). The head is then unrolled K steps (training-time test,
+EAGLE-3; `feature_head.FeatureHead.unrolled`):
+  step 0: the head at position t reads (f_t, embed(x_{t+1})), the true feature;
+  step k: it reads (its own step k - 1 prediction of f_t, embed(x_{t+1})) and
+    attends to the true entries at positions <= t - k and to its own chain
+    of predicted entries after them,
+exactly what a rollout's step k + 1 computes, so that it learns from the
+inputs and the cache it drafts from after its first token. The
+loss of step k is the soft cross entropy -sum_x p_{t+2}(x) log q^k_t(x) of
+the head's distribution (its log-softmax at the mode's temperature) against
+the target's, averaged over real positions and weighted by decay^k
+(normalized); `feature_weight` > 0 adds EAGLE-1's smooth-L1 regression of the
+step-0 prediction onto f_{t+1}. Only the head's parameters train; the
+target's are constants of the loss.
+
+Metrics: 'loss', and 'alpha', the mean over real positions of
+beta = sum_x min(p, q) between the standardized target and step-0 head
+distributions (the acceptance rate of a first draft token). Evaluation every
+`eval_every` steps: the same on the target's samples of `eval_inputs` at
+temperature 1 (decoded once per run).
+
+Checkpoints: the head's 'params' and 'opt_state' in `train`'s layout
+(`train.resumable_loop`), metrics.jsonl and `SETTINGS_FILE`; a resumed run is
+refused if any recorded setting (the head's config, the loss, the data)
+differs, naming it.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from speculative_t5x.training import distill
+from speculative_t5x import feature_head
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import sampling
+from speculative_t5x import speculative_sampling
+from speculative_t5x.training import train
+
+PyTree = Any
+SETTINGS_FILE = 'feature_head_settings.json'
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadLossConfig:
+  """The static part of the loss: the head, its target, the unroll and the sampling mode."""
+
+  head_config: feature_head.FeatureHeadConfig
+  target_config: network.NetworkConfig
+  unroll_steps: int = 3
+  decay: float = 0.8
+  feature_weight: float = 0.0
+  temperature: float = 1.0
+  topk: int = 0
+  topp: float = 0.0
+
+  def __post_init__(self):
+    train.check_positive(unroll_steps=self.unroll_steps)
+    if not 0.0 < self.decay <= 1.0:
+      raise ValueError(f'decay must be in (0, 1] (a weight per unrolled step); got {self.decay}.')
+    if self.feature_weight < 0:
+      raise ValueError(f'feature_weight must be >= 0; got {self.feature_weight}.')
+    sampling.validate_sampling_args(self.temperature, self.topk, self.topp)
+    feature_head.check_target(self.head_config, self.target_config)
+
+
+def head_loss(
+  config: HeadLossConfig, params: PyTree, target_params: PyTree, batch: Mapping[str, jax.Array]
+) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """(mean loss, metric sums {'loss', 'beta', 'weight'}) of one batch (see the module docstring).
+
+  `batch`: int32 [B, L] 'decoder_input_tokens' and 'decoder_target_tokens',
+  float32 [B, L] 'decoder_loss_weights', and for an encoder-decoder target
+  int32 [B, Lin] 'encoder_input_tokens'.
+  """
+  head, target_config = config.head_config, config.target_config
+  mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
+  target_logits, features = network.compute_logits(
+    target_config, target_params, batch, feature_layers=head.feature_layers
+  )
+  target_logits, features = jax.lax.stop_gradient((target_logits, features))
+  features = features.astype(jnp.float32)
+  # Head position t predicts the token after x_{t+1}: the target's p at t + 1.
+  p = sampling.standardize(target_logits[:, 1:], **mode)
+  weights = batch['decoder_loss_weights'][:, 1:].astype(jnp.float32)
+  next_embedded = network.embed_tokens(target_config, target_params, batch['decoder_target_tokens'])
+  encoded = encoder_mask = None
+  if head.cross_attention:
+    encoded = network.encode(target_config, target_params, batch['encoder_input_tokens'])
+    encoder_mask = batch['encoder_input_tokens'] > 0
+  scale = config.temperature if config.temperature > 0 else 1.0
+  total, norm, sums = 0.0, 0.0, {}
+  depths = feature_head.unrolled(
+    head, params, features, next_embedded, encoded, encoder_mask, config.unroll_steps
+  )
+  for k, (predicted, hidden) in enumerate(depths):
+    logits = feature_head.logits(head, params, target_config, target_params, predicted, hidden)
+    log_q = jax.nn.log_softmax(logits[:, :-1] / scale, axis=-1)
+    per_token = -jnp.sum(jnp.where(p > 0, p * log_q, 0.0), axis=-1)
+    step_loss = jnp.sum(per_token * weights)
+    total, norm = total + config.decay**k * step_loss, norm + config.decay**k
+    if k == 0:
+      q = sampling.standardize(jax.lax.stop_gradient(logits[:, :-1]), **mode)
+      sums['beta'] = jnp.sum(speculative_sampling.lenient_acceptance_rate(p, q) * weights)
+      if config.feature_weight:
+        regression = optax.huber_loss(predicted[:, :-1], features[:, 1:]).mean(-1)
+        total += config.feature_weight * jnp.sum(regression * weights)
+  sums['loss'] = total / norm
+  sums['weight'] = jnp.sum(weights)
+  return sums['loss'] / jnp.maximum(sums['weight'], 1.0), sums
+
+
+def make_step(config: HeadLossConfig, optimizer: optax.GradientTransformation):
+  """The (unjitted) step `(state, target_params, batch) -> (state, metric sums)`; only the head trains."""
+
+  def step(state: train.TrainState, target_params: PyTree, batch):
+    grads, sums = jax.grad(
+      lambda params: head_loss(config, params, target_params, batch), has_aux=True
+    )(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return train.TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
+
+  return step
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted(config: HeadLossConfig, learning_rate: float):
+  tx = optax.adam(learning_rate)
+  evaluate = jax.jit(
+    lambda params, target_params, batch: head_loss(config, params, target_params, batch)[1]
+  )
+  return tx, jax.jit(make_step(config, tx), donate_argnums=0), evaluate
+
+
+def target_sequences(
+  target: models.Model, inputs: np.ndarray, max_decode_len: int, temperature: float, rng
+) -> Dict[str, np.ndarray]:
+  """The training batch of the target's own outputs for `inputs` [B, Lin] (see the module docstring)."""
+  decode = models.make_decoder(target, None, temperature=temperature, max_decode_len=max_decode_len)
+  outputs = np.asarray(decode(inputs, rng).tokens)
+  if not network.is_decoder_only(target.config):
+    return distill.sequence_features(inputs, outputs)
+  # Decoder-only: the prompt, then its continuation, left-aligned.
+  sequences = np.zeros((len(inputs), inputs.shape[1] + max_decode_len), np.int32)
+  for row, (prompt, output) in enumerate(zip(inputs, outputs)):
+    prompt = prompt[prompt != 0]
+    sequences[row, : len(prompt)] = prompt
+    sequences[row, len(prompt) : len(prompt) + max_decode_len] = output
+  batch = distill.sequence_features(inputs, sequences)
+  del batch['encoder_input_tokens']
+  return batch
+
+
+def step_rows(num_rows: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+  """Row indices of step `step` (1-based): epochs of seeded permutations, by step alone."""
+  start = (step - 1) * batch_size
+  rows = []
+  for index in range(start, start + batch_size):
+    epoch, offset = divmod(index, num_rows)
+    rows.append(np.random.default_rng([seed, epoch]).permutation(num_rows)[offset])
+  return np.asarray(rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTrainResult:
+  """What `train_feature_head` returns: the head's params, the step, its records."""
+
+  params: PyTree
+  step: int
+  train_metrics: Sequence[Dict[str, Any]]
+  eval_metrics: Sequence[Dict[str, Any]]
+
+
+def train_feature_head(
+  model_dir: str,
+  target: models.Model,
+  head_config: feature_head.FeatureHeadConfig,
+  inputs: np.ndarray,
+  *,
+  max_decode_len: int,
+  batch_size: int,
+  num_steps: int,
+  unroll_steps: int = 3,
+  decay: float = 0.8,
+  feature_weight: float = 0.0,
+  temperature: float = 1.0,
+  topk: int = 0,
+  topp: float = 0.0,
+  data_temperatures: Sequence[float] = (0.0, 1.0),
+  learning_rate: float = 3e-3,
+  initial_params: Optional[PyTree] = None,
+  seed: int = 0,
+  eval_inputs: Optional[np.ndarray] = None,
+  eval_every: Optional[int] = None,
+  checkpoint_every: int = 100,
+  keep_checkpoints: Optional[int] = 2,
+  log_every: int = 25,
+  progress: bool = False,
+) -> HeadTrainResult:
+  """Trains (or resumes) a feature head for the frozen `target`; see the module docstring.
+
+  Args:
+    model_dir: the head's checkpoint directory; resumed if it has steps.
+    target: the frozen target (encoder-decoder, or causal decoder-only).
+    head_config: the head's config (`feature_head.config_for(target.config, ...)`).
+    inputs: int [N, Lin] encoder inputs (decoder-only: prompts), 0-padded.
+    max_decode_len: output tokens decoded per row.
+    batch_size: rows per step.
+    num_steps: the step to train to.
+    unroll_steps: K, the training-time test's unrolled steps (>= 1).
+    decay: the weight of step k is decay**k.
+    feature_weight: the weight of the feature regression (0: none).
+    temperature, topk, topp: the mode of the target's (and head's) standardized distributions.
+    data_temperatures: the target's decoding temperatures, one per step in turn.
+    learning_rate: Adam's.
+    initial_params: the first step's head parameters (default `feature_head.init_params`).
+    seed: the data order, the samples and the default initial parameters.
+    eval_inputs: int [M, Lin] held-out inputs; with `eval_every`, held-out metrics.
+    eval_every: evaluate every this many steps (and at the end); None: never.
+    checkpoint_every, keep_checkpoints, log_every, progress: as `train.train`'s.
+  """
+  train.check_positive(
+    batch_size=batch_size, num_steps=num_steps, max_decode_len=max_decode_len, log_every=log_every
+  )
+  if target.inputs_bidirectional_attention:
+    raise ValueError(
+      "Training a feature head for a prefix LM is not implemented (its prompt's features are "
+      'bidirectional); train it for a causal decoder-only or an encoder-decoder target.'
+    )
+  if not data_temperatures:
+    raise ValueError(
+      'data_temperatures is empty: give the target decoding temperatures, e.g. (0.0, 1.0).'
+    )
+  if eval_every is not None and eval_inputs is None:
+    raise ValueError('eval_every needs eval_inputs, the held-out inputs.')
+  config = HeadLossConfig(
+    head_config, target.config, unroll_steps, decay, feature_weight, temperature, topk, topp
+  )
+  tx, step_fn, evaluate_fn = _jitted(config, float(learning_rate))
+  inputs = np.asarray(inputs, np.int32)
+  settings = dict(
+    head_config={
+      name: list(value) if isinstance(value, tuple) else value
+      for name, value in dataclasses.asdict(head_config).items()
+      if name != 'dtype'
+    },
+    unroll_steps=unroll_steps,
+    decay=decay,
+    feature_weight=feature_weight,
+    temperature=temperature,
+    topk=topk,
+    topp=topp,
+    data_temperatures=list(data_temperatures),
+    learning_rate=learning_rate,
+    batch_size=batch_size,
+    seed=seed,
+    num_inputs=len(inputs),
+  )
+  key = jax.random.PRNGKey(seed)
+
+  def start(start_step: int) -> train.LoopSteps:
+    del start_step  # Each step's data depends on the step alone.
+    held_out = None
+    if eval_every is not None:  # Key 0: training steps are 1-based.
+      held_out = target_sequences(
+        target, np.asarray(eval_inputs, np.int32), max_decode_len, 1.0, jax.random.fold_in(key, 0)
+      )
+
+    def step(state: train.TrainState, step: int):
+      rows = inputs[step_rows(len(inputs), batch_size, seed, step)]
+      data_temperature = data_temperatures[(step - 1) % len(data_temperatures)]
+      batch = target_sequences(
+        target, rows, max_decode_len, data_temperature, jax.random.fold_in(key, step)
+      )
+      state, sums = step_fn(state, target.params, batch)
+      return state, sums, sums['weight']
+
+    def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
+      weight = max(float(totals['weight']), 1.0)
+      return {'loss': float(totals['loss']) / weight, 'alpha': float(totals['beta']) / weight}
+
+    def evaluate(params: PyTree) -> Dict[str, float]:
+      sums = jax.device_get(evaluate_fn(params, target.params, held_out))
+      weight = max(float(sums['weight']), 1.0)
+      return {'loss': float(sums['loss']) / weight, 'alpha': float(sums['beta']) / weight}
+
+    postfix = lambda record: dict(loss=f'{record["loss"]:.3f}', alpha=f'{record["alpha"]:.3f}')
+    return train.LoopSteps(
+      step, summary, postfix, evaluate if held_out is not None else None, evaluate_at_start=True
+    )
+
+  def first_params():
+    if initial_params is None:
+      return feature_head.init_params(head_config, seed)
+    feature_head.check_params(head_config, initial_params)
+    return jax.tree.map(jnp.array, initial_params)  # A copy: the step donates its state.
+
+  params, step, train_metrics, eval_metrics = train.resumable_loop(
+    model_dir,
+    config=target.config,
+    optimizer=tx,
+    initial_params=first_params,
+    settings_file=SETTINGS_FILE,
+    settings=settings,
+    num_steps=num_steps,
+    checkpoint_every=checkpoint_every,
+    keep_checkpoints=keep_checkpoints,
+    eval_every=eval_every,
+    log_every=log_every,
+    progress=progress,
+    start=start,
+    abstract_params=lambda: feature_head.abstract_params(head_config),
+  )
+  return HeadTrainResult(params, step, train_metrics, eval_metrics)
