@@ -351,6 +351,71 @@ def graft_draft_checkpoint(
   return graft
 
 
+def start_distillation(
+  draft_checkpoint_path: Optional[str] = None, dtype: Optional[str] = None
+) -> RestoreStateTransformationFn:
+  """The `RestoreCheckpointConfig.state_transformation_fns` entry of draft training.
+
+  T5X's `train.py` with a draft-training model
+  (`t5x_models.DraftDistillationEncoderDecoderModel`, configs/t5x/distill.gin)
+  restores the target's T5X checkpoint (`RestoreCheckpointConfig.path`)
+  unchanged. This function, applied to what T5X read:
+    * checks the target's parameters against the configured target network
+      (a checkpoint of another size stops with an error naming TARGET_SIZE);
+    * drops the checkpoint's optimizer state and step: they belong to the
+      target's own training, and draft training starts at step 0 with a
+      fresh optimizer state for the draft alone;
+    * grafts the draft's checkpoint under `target/draft` if
+      `draft_checkpoint_path` is given (`graft_draft_checkpoint`: checked
+      against the configured draft network, whose vocabulary must be the
+      target's); without one, a draft already in the checkpoint (one written by
+      a draft-training run) is kept, and otherwise the draft starts from
+      scratch.
+  What the transformed state lacks (the step, the draft's optimizer state, a
+  draft from scratch) T5X fills in from a fresh initialization:
+  `RestoreCheckpointConfig.fallback_to_scratch = True`, which the
+  distillation gin files set. A resumed run (T5X restoring `model_dir`'s
+  latest checkpoint, `is_resuming=True`) continues from that combined
+  checkpoint as saved: parameters, optimizer state and step.
+
+  Args:
+    draft_checkpoint_path: the draft's checkpoint (anything
+      `checkpoints.load_params` reads), or None.
+    dtype: cast the draft's parameters on reading; None keeps them.
+
+  Returns:
+    `transform(state_dict, target_state_dict, *, is_resuming=False) -> state_dict`.
+  """
+  graft = graft_draft_checkpoint(draft_checkpoint_path, dtype) if draft_checkpoint_path else None
+
+  def transform(state_dict, target_state_dict, *, is_resuming=False):
+    if is_resuming:
+      return state_dict
+    if DRAFT_KEY not in target_state_dict.get('target', {}):
+      raise ValueError(
+        f"The model being trained has no '{DRAFT_KEY}' parameters: draft training needs "
+        'MODEL = @t5x_models.DraftDistillationEncoderDecoderModel() (configs/t5x/distill.gin) '
+        'or @t5x_models.DraftDistillationDecoderOnlyModel() '
+        '(configs/t5x/distill_decoder_only.gin); a gin file given after it (one including '
+        "T5X's base.gin) rebinds MODEL: give the distillation file last."
+      )
+    check_checkpoint_matches(
+      strip_draft_params(state_dict['target']),
+      strip_draft_params(target_state_dict['target']),
+      role='target',
+    )
+    params_only = {'target': state_dict['target']}
+    if graft is None:
+      logging.info(
+        'Draft training: the target from its checkpoint, the draft %s.',
+        'from that checkpoint' if DRAFT_KEY in state_dict['target'] else 'from scratch',
+      )
+      return params_only
+    return graft(params_only, target_state_dict)
+
+  return transform
+
+
 # ------------------------------------------------------------------------------
 # Prediction: both encoders, both caches, the block scorer, speculative_sample.
 # ------------------------------------------------------------------------------
