@@ -312,7 +312,9 @@ def graft_draft_checkpoint(
   target checkpoint (`checkpoints.load_params`: a T5X checkpoint, legacy or
   orbax, a model directory meaning its latest step; also this project's
   orbax checkpoints and Hugging Face directories) and grafts its parameters
-  under `target/draft` (`graft_draft_params`). Both checkpoints are first
+  under `target/draft` (`graft_draft_params`); from a checkpoint that holds
+  a draft under `draft` itself (one written by T5X's train.py with
+  configs/t5x/distill.gin), that draft. Both checkpoints are first
   checked against the configured networks, so that a size mismatch names
   TARGET_SIZE or DRAFT_SIZE (`check_checkpoint_matches`) rather than
   surfacing as T5X's key-mismatch error. When T5X resumes from a
@@ -346,6 +348,8 @@ def graft_draft_checkpoint(
       'Grafting the draft checkpoint %s under target/%s.', draft_checkpoint_path, DRAFT_KEY
     )
     draft_params = checkpoints.load_params(draft_checkpoint_path, dtype=dtype)
+    # A checkpoint of a speculative or draft-training model holds both networks: its draft.
+    draft_params = draft_params.get(DRAFT_KEY, draft_params)
     return graft_draft_params(state_dict, draft_params, target_state_dict)
 
   return graft
@@ -376,7 +380,7 @@ def start_distillation(
   `RestoreCheckpointConfig.fallback_to_scratch = True`, which the
   distillation gin files set. A resumed run (T5X restoring `model_dir`'s
   latest checkpoint, `is_resuming=True`) continues from that combined
-  checkpoint as saved: parameters, optimizer state and step.
+  checkpoint as saved: parameters, the draft's optimizer state and the step.
 
   Args:
     draft_checkpoint_path: the draft's checkpoint (anything

@@ -19,7 +19,6 @@ import inspect
 from typing import Any, Mapping, MutableMapping, Optional, Tuple, Union
 
 import flax
-from flax import traverse_util
 import jax
 import jax.numpy as jnp
 
@@ -314,17 +313,79 @@ for _cls in (SpeculativeEncoderDecoderModel, SpeculativeDecoderOnlyModel):
 # ------------------------------------------------------------------------------
 # Training the draft through T5X's train.py.
 # ------------------------------------------------------------------------------
-def draft_only_optimizer(optimizer_def: optimizers.OptimizerDef) -> optimizers.MultiOptimizer:
-  """`optimizer_def` applied to `params['draft']` alone: T5X's MultiOptimizer over a traversal.
+class DraftOnlyOptimizer(optimizers.OptimizerDef):
+  """A T5X optimizer (`OptimizerDef`) applied to `params['draft']` alone.
 
-  The target's parameters match no traversal, so T5X's `MultiOptimizer`
-  leaves them as they are (bit for bit: no update, not even a zero one, is
-  added) and keeps no optimizer state for them (None in the state tree, which
-  T5X's checkpointer and partitioner skip).
+  The target's parameters are not touched: `apply_gradient` returns them as
+  they came (bit for bit: no update, not even a zero one, is added), and the
+  optimizer state covers the draft alone (`param_states` is
+  `{'draft': <the inner optimizer's state of the draft>}`). This is what T5X's
+  `MultiOptimizer` over a traversal of 'draft' computes, except for the state
+  of the other parameters: MultiOptimizer keeps a None per target parameter,
+  which T5X's orbax checkpointer records but, on resuming, asks for as an
+  array (NOT_FOUND); here there is nothing to record, so a stopped run
+  resumes, from orbax and legacy checkpoints alike.
+
+  T5X's train step still differentiates the loss in the whole tree: the
+  target's gradient is zero (its logits are under stop_gradient) and unused,
+  so XLA drops it from the compiled step; with `num_microbatches`, T5X's
+  accumulation loop keeps it, a zero buffer of the target's size.
+
+  Attributes:
+    inner: the wrapped `OptimizerDef` (e.g. T5X's `adafactor.Adafactor`, or an
+      optax optimizer through `optimizers.OptaxWrapper`).
   """
-  prefix = f'/{t5x_adapter.DRAFT_KEY}/'
-  draft = traverse_util.ModelParamTraversal(lambda path, _: path.startswith(prefix))
-  return optimizers.MultiOptimizer([(draft, optimizer_def)])
+
+  def __init__(self, inner: optimizers.OptimizerDef):
+    self.inner = inner
+    super().__init__(inner.hyper_params)
+
+  def init_state(self, params):
+    state = self.inner.init_state(params[t5x_adapter.DRAFT_KEY])
+    return optimizers.OptimizerState(state.step, {t5x_adapter.DRAFT_KEY: state.param_states})
+
+  def apply_gradient(self, hyper_params, params, state, grads):
+    key = t5x_adapter.DRAFT_KEY
+    draft, draft_state = self.inner.apply_gradient(
+      hyper_params,
+      params[key],
+      optimizers.OptimizerState(state.step, state.param_states[key]),
+      grads[key],
+    )
+    if isinstance(params, flax.core.FrozenDict):
+      params = params.copy({key: draft})
+    else:
+      params = {**params, key: draft}
+    return params, optimizers.OptimizerState(draft_state.step, {key: draft_state.param_states})
+
+  def update_hyper_params(self, **hyper_param_overrides):
+    return self.inner.update_hyper_params(**hyper_param_overrides)
+
+  def set_param_axes(self, param_logical_axes):
+    """The inner optimizer's factorization rules (T5X's Adafactor) from the draft's axes."""
+    if hasattr(self.inner, 'set_param_axes'):
+      self.inner.set_param_axes(param_logical_axes[t5x_adapter.DRAFT_KEY])
+
+  def derive_logical_axes(self, optimizer, param_logical_axes):
+    """T5X's partitioning of the state: the inner optimizer's, derived from the draft's axes."""
+    key = t5x_adapter.DRAFT_KEY
+    draft = self.inner.derive_logical_axes(
+      optimizers.Optimizer(
+        self.inner,
+        optimizers.OptimizerState(None, optimizer.state.param_states[key]),
+        param_logical_axes[key],
+      ),
+      param_logical_axes[key],
+    )
+    return optimizers.Optimizer(
+      self, optimizers.OptimizerState(None, {key: draft.state.param_states}), param_logical_axes
+    )
+
+  def state_dict(self, target, state):
+    return self.inner.state_dict(target, state)
+
+  def restore_state(self, opt_target, opt_state, state_dict):
+    return self.inner.restore_state(opt_target, opt_state, state_dict)
 
 
 class _DistillationMixin:
@@ -357,7 +418,7 @@ class _DistillationMixin:
       topp=float(topp),
     )
     if self.optimizer_def is not None:  # None: a model built for inference only.
-      self.optimizer_def = draft_only_optimizer(self.optimizer_def)
+      self.optimizer_def = DraftOnlyOptimizer(self.optimizer_def)
 
   def loss_fn(self, params, batch: Mapping[str, Array], dropout_rng: Optional[Array]):
     """The distillation loss of the draft against the frozen target, and T5X's metrics.
@@ -404,8 +465,8 @@ _DISTILLATION_DOC = """
       jsd_beta: the weight of p in 'jsd', in (0, 1).
       temperature, topk, topp: the decoding mode the draft is trained for
         (temperature 0, greedy, by default).
-    The optimizer (`optimizer_def`, e.g. T5X's Adafactor) is wrapped by
-    `draft_only_optimizer`: only `params['draft']` trains.
+    The optimizer (`optimizer_def`, e.g. T5X's Adafactor) is wrapped in
+    `DraftOnlyOptimizer`: only `params['draft']` trains.
 """
 
 
