@@ -31,9 +31,11 @@ T5X then casts and shards them with the rest (legacy and orbax T5X
 checkpoints alike: both treat the grafted host arrays as values stored with
 the checkpoint's structure).
 
-Scoring and training see the target only: `loss_fn`, `eval_fn` and
-`score_batch` all compute logits through `_compute_logits`, which drops
-`params['draft']`.
+Scoring and training of the speculative models see the target only:
+`loss_fn`, `eval_fn` and `score_batch` all compute logits through
+`_compute_logits`, which drops `params['draft']`. The draft-training models
+of `t5x_models` (configs/t5x/distill*.gin) train the draft against the
+target instead; `start_distillation` restores their two checkpoints.
 
 t5x is optional. This module imports without it, and so do its functions over
 arrays (`speculative_predict_batch`, `graft_draft_params`, ...), which the
