@@ -2,7 +2,7 @@
 
 For the target `make demo` trains (in --workdir, default runs/demo), alpha of
 the data-trained draft, of the drafts distilled under each divergence of
-`distill.DIVERGENCES` for each decoding temperature (each run as the demo
+`losses.DIVERGENCES` for each decoding temperature (each run as the demo
 distills: `demo.distilled_model`, cached in the workdir as
 gettext_draft_<divergence>_T<t>), and of the bigram and unigram drafts fitted
 on the training split, all measured at T = 0 and 1 on the same target samples
@@ -23,7 +23,7 @@ import os
 from speculative_t5x import acceptance
 from speculative_t5x.bench import benchmark
 from speculative_t5x import demo
-from speculative_t5x.training import distill
+from speculative_t5x.training import losses
 from speculative_t5x import drafts
 from speculative_t5x.data import tasks_core
 
@@ -52,7 +52,7 @@ def main():
   target = train_model('gettext_target', args.target_steps)
   candidates = {'data-trained draft': train_model('gettext_draft', args.draft_steps)}
   for temperature, steps in zip(demo.TEMPERATURES, args.distill_steps):
-    for divergence in distill.DIVERGENCES:
+    for divergence in losses.DIVERGENCES:
       model, _ = demo.distilled_model(
         args.workdir, steps, divergence, temperature, corpus_dir, vocabulary, args.vocab_size
       )

@@ -68,9 +68,9 @@ pip install cached-property chex fiddle jaxtyping tensorboard
 pip install --no-deps t5 babel scikit-learn threadpoolctl narwhals   # `t5`, for base_wmt_infer.gin's task
 cd "$ROOT"
 
-# The check: T5X, its infer main, the `t5` package's tasks and the adapter's T5X classes import.
+# The check: T5X, its infer main, the `t5` package's tasks and our T5X model classes import.
 JAX_PLATFORMS=cpu python -c '
 import t5x, t5x.infer, t5.data
-from speculative_t5x import t5x_adapter
-print("t5x", t5x.__file__, t5x_adapter.SpeculativeEncoderDecoderModel.__mro__[1])'
+from speculative_t5x import t5x_models
+print("t5x", t5x.__file__, t5x_models.SpeculativeEncoderDecoderModel.__mro__[1])'
 echo "$KEY" > "$STAMP"

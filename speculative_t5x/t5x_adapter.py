@@ -31,9 +31,11 @@ T5X then casts and shards them with the rest (legacy and orbax T5X
 checkpoints alike: both treat the grafted host arrays as values stored with
 the checkpoint's structure).
 
-Scoring and training see the target only: `loss_fn`, `eval_fn` and
-`score_batch` all compute logits through `_compute_logits`, which drops
-`params['draft']`.
+Scoring and training of the speculative models see the target only:
+`loss_fn`, `eval_fn` and `score_batch` all compute logits through
+`_compute_logits`, which drops `params['draft']`. The draft-training models
+of `t5x_models` (configs/t5x/distill*.gin) train the draft against the
+target instead; `start_distillation` restores their two checkpoints.
 
 t5x is optional. This module imports without it, and so do its functions over
 arrays (`speculative_predict_batch`, `graft_draft_params`, ...), which the
@@ -312,7 +314,9 @@ def graft_draft_checkpoint(
   target checkpoint (`checkpoints.load_params`: a T5X checkpoint, legacy or
   orbax, a model directory meaning its latest step; also this project's
   orbax checkpoints and Hugging Face directories) and grafts its parameters
-  under `target/draft` (`graft_draft_params`). Both checkpoints are first
+  under `target/draft` (`graft_draft_params`); from a checkpoint that holds
+  a draft under `draft` itself (one written by T5X's train.py with
+  configs/t5x/distill.gin), that draft. Both checkpoints are first
   checked against the configured networks, so that a size mismatch names
   TARGET_SIZE or DRAFT_SIZE (`check_checkpoint_matches`) rather than
   surfacing as T5X's key-mismatch error. When T5X resumes from a
@@ -346,9 +350,76 @@ def graft_draft_checkpoint(
       'Grafting the draft checkpoint %s under target/%s.', draft_checkpoint_path, DRAFT_KEY
     )
     draft_params = checkpoints.load_params(draft_checkpoint_path, dtype=dtype)
+    # A checkpoint of a speculative or draft-training model holds both networks: its draft.
+    draft_params = draft_params.get(DRAFT_KEY, draft_params)
     return graft_draft_params(state_dict, draft_params, target_state_dict)
 
   return graft
+
+
+def start_distillation(
+  draft_checkpoint_path: Optional[str] = None, dtype: Optional[str] = None
+) -> RestoreStateTransformationFn:
+  """The `RestoreCheckpointConfig.state_transformation_fns` entry of draft training.
+
+  T5X's `train.py` with a draft-training model
+  (`t5x_models.DraftDistillationEncoderDecoderModel`, configs/t5x/distill.gin)
+  restores the target's T5X checkpoint (`RestoreCheckpointConfig.path`)
+  unchanged. This function, applied to what T5X read:
+    * checks the target's parameters against the configured target network
+      (a checkpoint of another size stops with an error naming TARGET_SIZE);
+    * drops the checkpoint's optimizer state and step: they belong to the
+      target's own training, and draft training starts at step 0 with a
+      fresh optimizer state for the draft alone;
+    * grafts the draft's checkpoint under `target/draft` if
+      `draft_checkpoint_path` is given (`graft_draft_checkpoint`: checked
+      against the configured draft network, whose vocabulary must be the
+      target's); without one, a draft already in the checkpoint (one written by
+      a draft-training run) is kept, and otherwise the draft starts from
+      scratch.
+  What the transformed state lacks (the step, the draft's optimizer state, a
+  draft from scratch) T5X fills in from a fresh initialization:
+  `RestoreCheckpointConfig.fallback_to_scratch = True`, which the
+  distillation gin files set. A resumed run (T5X restoring `model_dir`'s
+  latest checkpoint, `is_resuming=True`) continues from that combined
+  checkpoint as saved: parameters, the draft's optimizer state and the step.
+
+  Args:
+    draft_checkpoint_path: the draft's checkpoint (anything
+      `checkpoints.load_params` reads), or None.
+    dtype: cast the draft's parameters on reading; None keeps them.
+
+  Returns:
+    `transform(state_dict, target_state_dict, *, is_resuming=False) -> state_dict`.
+  """
+  graft = graft_draft_checkpoint(draft_checkpoint_path, dtype) if draft_checkpoint_path else None
+
+  def transform(state_dict, target_state_dict, *, is_resuming=False):
+    if is_resuming:
+      return state_dict
+    if DRAFT_KEY not in target_state_dict.get('target', {}):
+      raise ValueError(
+        f"The model being trained has no '{DRAFT_KEY}' parameters: draft training needs "
+        'MODEL = @t5x_models.DraftDistillationEncoderDecoderModel() (configs/t5x/distill.gin) '
+        'or @t5x_models.DraftDistillationDecoderOnlyModel() '
+        '(configs/t5x/distill_decoder_only.gin); a gin file given after it (one including '
+        "T5X's base.gin) rebinds MODEL: give the distillation file last."
+      )
+    check_checkpoint_matches(
+      strip_draft_params(state_dict['target']),
+      strip_draft_params(target_state_dict['target']),
+      role='target',
+    )
+    params_only = {'target': state_dict['target']}
+    if graft is None:
+      logging.info(
+        'Draft training: the target from its checkpoint, the draft %s.',
+        'from that checkpoint' if DRAFT_KEY in state_dict['target'] else 'from scratch',
+      )
+      return params_only
+    return graft(params_only, target_state_dict)
+
+  return transform
 
 
 # ------------------------------------------------------------------------------

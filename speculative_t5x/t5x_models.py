@@ -7,6 +7,12 @@ rest of the integration (parameter grafting, the array-level
 `t5x_adapter.speculative_predict_batch`) lives in `t5x_adapter`, which imports
 without t5x. See
 `t5x_adapter`'s docstring for where the draft's parameters live.
+
+`DraftDistillationEncoderDecoderModel` and `DraftDistillationDecoderOnlyModel`
+are the same models trained by T5X's `train.py`: the draft learns to match
+the frozen target's distributions (`training.losses`, the loss of
+`training.distill`), and only the draft's parameters change
+(configs/t5x/distill.gin).
 """
 
 import inspect
@@ -14,12 +20,15 @@ from typing import Any, Mapping, MutableMapping, Optional, Tuple, Union
 
 import flax
 import jax
+import jax.numpy as jnp
 
 from speculative_t5x import decoding
 from speculative_t5x import layouts
 from speculative_t5x import network
+from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
 from speculative_t5x import t5x_adapter
+from speculative_t5x.training import losses
 
 T5X_MISSING = (
   'SpeculativeEncoderDecoderModel subclasses t5x.models.EncoderDecoderModel, '
@@ -32,11 +41,14 @@ T5X_MISSING = (
 
 
 try:
+  from t5x import losses as t5x_losses
   from t5x import models as t5x_models
+  from t5x import optimizers
 except ImportError as error:
   if not (error.name or '').startswith('t5x'):
     raise
   raise ImportError(T5X_MISSING.format(error=error)) from error
+import clu.metrics as clu_metrics  # noqa: E402  (a dependency of t5x: after its check)
 
 Array = jax.Array
 
@@ -296,3 +308,239 @@ class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel
 
 for _cls in (SpeculativeEncoderDecoderModel, SpeculativeDecoderOnlyModel):
   _cls.__doc__ += _SETTINGS_DOC
+
+
+# ------------------------------------------------------------------------------
+# Training the draft through T5X's train.py.
+# ------------------------------------------------------------------------------
+class DraftOnlyOptimizer(optimizers.OptimizerDef):
+  """A T5X optimizer (`OptimizerDef`) applied to `params['draft']` alone.
+
+  The target's parameters are not touched: `apply_gradient` returns them as
+  they came (bit for bit: no update, not even a zero one, is added), and the
+  optimizer state covers the draft alone (`param_states` is
+  `{'draft': <the inner optimizer's state of the draft>}`). This is what T5X's
+  `MultiOptimizer` over a traversal of 'draft' computes, except for the state
+  of the other parameters: MultiOptimizer keeps a None per target parameter,
+  which T5X's orbax checkpointer records but, on resuming, asks for as an
+  array (NOT_FOUND); here there is nothing to record, so a stopped run
+  resumes, from orbax and legacy checkpoints alike.
+
+  T5X's train step still differentiates the loss in the whole tree: the
+  target's gradient is zero (its logits are under stop_gradient) and unused,
+  so XLA drops it from the compiled step; with `num_microbatches`, T5X's
+  accumulation loop keeps it, a zero buffer of the target's size.
+
+  Attributes:
+    inner: the wrapped `OptimizerDef` (e.g. T5X's `adafactor.Adafactor`, or an
+      optax optimizer through `optimizers.OptaxWrapper`).
+  """
+
+  def __init__(self, inner: optimizers.OptimizerDef):
+    self.inner = inner
+    super().__init__(inner.hyper_params)
+
+  def init_state(self, params):
+    state = self.inner.init_state(params[t5x_adapter.DRAFT_KEY])
+    return optimizers.OptimizerState(state.step, {t5x_adapter.DRAFT_KEY: state.param_states})
+
+  def apply_gradient(self, hyper_params, params, state, grads):
+    key = t5x_adapter.DRAFT_KEY
+    draft, draft_state = self.inner.apply_gradient(
+      hyper_params,
+      params[key],
+      optimizers.OptimizerState(state.step, state.param_states[key]),
+      grads[key],
+    )
+    if isinstance(params, flax.core.FrozenDict):
+      params = params.copy({key: draft})
+    else:
+      params = {**params, key: draft}
+    return params, optimizers.OptimizerState(draft_state.step, {key: draft_state.param_states})
+
+  def update_hyper_params(self, **hyper_param_overrides):
+    return self.inner.update_hyper_params(**hyper_param_overrides)
+
+  def set_param_axes(self, param_logical_axes):
+    """The inner optimizer's factorization rules (T5X's Adafactor) from the draft's axes."""
+    if hasattr(self.inner, 'set_param_axes'):
+      self.inner.set_param_axes(param_logical_axes[t5x_adapter.DRAFT_KEY])
+
+  def derive_logical_axes(self, optimizer, param_logical_axes):
+    """T5X's partitioning of the state: the inner optimizer's, derived from the draft's axes."""
+    key = t5x_adapter.DRAFT_KEY
+    draft = self.inner.derive_logical_axes(
+      optimizers.Optimizer(
+        self.inner,
+        optimizers.OptimizerState(None, optimizer.state.param_states[key]),
+        param_logical_axes[key],
+      ),
+      param_logical_axes[key],
+    )
+    return optimizers.Optimizer(
+      self, optimizers.OptimizerState(None, {key: draft.state.param_states}), param_logical_axes
+    )
+
+  def state_dict(self, target, state):
+    return self.inner.state_dict(target, state)
+
+  def restore_state(self, opt_target, opt_state, state_dict):
+    return self.inner.restore_state(opt_target, opt_state, state_dict)
+
+
+class _DistillationMixin:
+  """What both draft-training models add to the speculative ones: the loss and the optimizer.
+
+  Mixed in before the speculative model class, whose `__init__` has run when
+  `_set_distillation` is called.
+  """
+
+  def _set_distillation(
+    self, draft_model, *, divergence: str, jsd_beta: float, temperature, topk, topp
+  ) -> None:
+    """Checks the loss settings, keeps them, and restricts the optimizer to the draft."""
+    losses.validate_divergence(divergence, jsd_beta)
+    sampling.validate_sampling_args(temperature, topk, topp)
+    if isinstance(temperature, (list, tuple)) or jnp.ndim(temperature):
+      raise ValueError(
+        f'temperature must be one number (the decoding temperature the draft is trained for), '
+        f'got {temperature!r}.'
+      )
+    # A T5X model of the draft alone: its `_compute_logits` is T5X's, so packed
+    # batches (segment ids, positions) and prefix-LM attention reach the draft
+    # as they reach the target.
+    self._draft_model = draft_model
+    self.distillation = dict(
+      divergence_name=divergence,
+      beta=float(jsd_beta),
+      temperature=float(temperature),
+      topk=int(topk),
+      topp=float(topp),
+    )
+    if self.optimizer_def is not None:  # None: a model built for inference only.
+      self.optimizer_def = DraftOnlyOptimizer(self.optimizer_def)
+
+  def loss_fn(self, params, batch: Mapping[str, Array], dropout_rng: Optional[Array]):
+    """The distillation loss of the draft against the frozen target, and T5X's metrics.
+
+    The target runs without dropout and under `stop_gradient`; the draft
+    with T5X's `dropout_rng` (its network's dropout rate; the distillation
+    gin files set 0). The loss is `training.losses.distillation_sums`'s
+    weighted sum over `decoder_loss_weights`, divided by
+    `loss_normalizing_factor` if set (T5X's convention for its cross
+    entropy). Metrics: T5X's base metrics of the draft's logits (`loss`,
+    `accuracy` of the draft's argmax against the data's tokens, timing), and
+    `beta`: the mean over real tokens of sum_x min(p, q) of the standardized
+    distributions, speculative decoding's acceptance probability (alpha on
+    the training sequences).
+
+    Returns:
+      (loss float32 scalar, metrics {name: clu metric}).
+    """
+    target_params, draft_params = t5x_adapter.split_draft_params(params)
+    target_logits = self._compute_logits(jax.lax.stop_gradient(target_params), batch)
+    draft_logits = self._draft_model._compute_logits(draft_params, batch, dropout_rng)  # pylint: disable=protected-access
+    loss_normalizing_factor, weights = t5x_losses.get_loss_normalizing_factor_and_weights(
+      self._loss_normalizing_factor, batch
+    )
+    if weights is None:  # T5X's rule: padding (id 0) weighs nothing, every other token 1.
+      weights = jnp.asarray(batch['decoder_target_tokens'] > 0, jnp.float32)
+    sums = losses.distillation_sums(target_logits, draft_logits, weights, **self.distillation)
+    loss = (
+      sums['loss'] if loss_normalizing_factor is None else sums['loss'] / loss_normalizing_factor
+    )
+    metrics = self._compute_metrics(
+      logits=draft_logits, targets=batch['decoder_target_tokens'], mask=weights, loss=loss
+    )
+    metrics['beta'] = clu_metrics.Average(total=sums['beta'], count=jnp.sum(weights))
+    return loss, metrics
+
+
+_DISTILLATION_DOC = """
+    Training (T5X's train.py, configs/t5x/distill*.gin): `loss_fn` is the
+    divergence between the frozen target's and the draft's standardized
+    distributions (`training.losses`, one implementation with
+    `training.distill`), keyword-only arguments:
+      divergence: one of `training.losses.DIVERGENCES` ('tvd' by default).
+      jsd_beta: the weight of p in 'jsd', in (0, 1).
+      temperature, topk, topp: the decoding mode the draft is trained for
+        (temperature 0, greedy, by default).
+    The optimizer (`optimizer_def`, e.g. T5X's Adafactor) is wrapped in
+    `DraftOnlyOptimizer`: only `params['draft']` trains.
+"""
+
+
+class DraftDistillationEncoderDecoderModel(_DistillationMixin, SpeculativeEncoderDecoderModel):
+  """`SpeculativeEncoderDecoderModel` whose T5X training trains the draft alone.
+
+  Arguments are `SpeculativeEncoderDecoderModel`'s (the same parameter tree:
+  the target's as in its T5X checkpoint, the draft's under
+  `params['draft']`, so a checkpoint of this model serves `t5x/infer.py`
+  with configs/t5x/speculative*.gin), plus the keyword-only loss settings
+  below. Inference and `score_batch` are the speculative model's.
+  """
+
+  def __init__(
+    self,
+    *args,
+    divergence: str = 'tvd',
+    jsd_beta: float = 0.5,
+    temperature: float = 0.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    **kwargs,
+  ):
+    super().__init__(*args, **kwargs)
+    self._set_distillation(
+      t5x_models.EncoderDecoderModel(
+        module=self.draft_module,
+        input_vocabulary=self.input_vocabulary,
+        output_vocabulary=self.output_vocabulary,
+        optimizer_def=None,
+      ),
+      divergence=divergence,
+      jsd_beta=jsd_beta,
+      temperature=temperature,
+      topk=topk,
+      topp=topp,
+    )
+
+
+class DraftDistillationDecoderOnlyModel(_DistillationMixin, SpeculativeDecoderOnlyModel):
+  """`SpeculativeDecoderOnlyModel` whose T5X training trains the draft alone.
+
+  Arguments are `SpeculativeDecoderOnlyModel`'s plus the keyword-only loss
+  settings below. With `inputs_bidirectional_attention` (a prefix LM), both
+  networks attend to the task's inputs bidirectionally, as T5X's
+  `DecoderOnlyModel` does; the loss is taken on the targets
+  (`decoder_loss_weights` of seqio's `DecoderFeatureConverter`).
+  """
+
+  def __init__(
+    self,
+    *args,
+    divergence: str = 'tvd',
+    jsd_beta: float = 0.5,
+    temperature: float = 0.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    **kwargs,
+  ):
+    super().__init__(*args, **kwargs)
+    self._set_distillation(
+      t5x_models.DecoderOnlyModel(
+        module=self.draft_module,
+        vocabulary=self.output_vocabulary,
+        optimizer_def=None,
+        inputs_bidirectional_attention=self._inputs_bidirectional_attention,
+      ),
+      divergence=divergence,
+      jsd_beta=jsd_beta,
+      temperature=temperature,
+      topk=topk,
+      topp=topp,
+    )
+
+
+for _cls in (DraftDistillationEncoderDecoderModel, DraftDistillationDecoderOnlyModel):
+  _cls.__doc__ += _DISTILLATION_DOC

@@ -17,6 +17,7 @@ import optax
 import pytest
 
 from speculative_t5x.training import distill
+from speculative_t5x.training import losses
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x.training import train
@@ -33,7 +34,7 @@ FEATURE_LENGTHS = {'inputs': 32, 'targets': 24}
 def _numpy_divergence(p, q, kind, beta):
   """The module docstring's formulas in float64, logs floored at LOG_FLOOR."""
   p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
-  log = lambda x: np.log(np.maximum(x, distill.LOG_FLOOR))
+  log = lambda x: np.log(np.maximum(x, losses.LOG_FLOOR))
   kl = lambda a, b: np.sum(np.where(a > 0, a * (log(a) - log(b)), 0.0), -1)
   if kind == 'forward_kl':
     return kl(p, q)
@@ -59,11 +60,11 @@ def _random_distributions(seed, shape):
   return normalize(p).astype(np.float32), normalize(q).astype(np.float32)
 
 
-@pytest.mark.parametrize('kind', distill.DIVERGENCES)
+@pytest.mark.parametrize('kind', losses.DIVERGENCES)
 @pytest.mark.parametrize('beta', [0.5, 0.9])
 def test_divergences_match_float64_numpy(kind, beta):
   p, q = _random_distributions(0, (8, 11))
-  got = np.asarray(distill.divergence(p, q, kind, beta))
+  got = np.asarray(losses.divergence(p, q, kind, beta))
   np.testing.assert_allclose(got, _numpy_divergence(p, q, kind, beta), rtol=2e-5, atol=2e-6)
   assert np.all(np.isfinite(got)) and np.all(got >= -1e-6)
   np.testing.assert_allclose(got[3], 0.0, atol=1e-6)  # q = p.
@@ -72,7 +73,7 @@ def test_divergences_match_float64_numpy(kind, beta):
 def test_tvd_is_one_minus_the_acceptance_probability():
   p, q = _random_distributions(1, (8, 11))
   np.testing.assert_allclose(
-    distill.divergence(p, q, 'tvd'), 1.0 - np.minimum(p, q).sum(-1), rtol=1e-5, atol=1e-6
+    losses.divergence(p, q, 'tvd'), 1.0 - np.minimum(p, q).sum(-1), rtol=1e-5, atol=1e-6
   )
 
 
@@ -87,8 +88,8 @@ def test_tvd_gradient_matches_finite_differences(mode):
   with jax.enable_x64(True):
 
     def loss(logits):
-      p, q = distill.loss_distributions(jnp.asarray(target_logits), logits, **mode)
-      return jnp.mean(distill.divergence(p.astype(jnp.float64), q, 'tvd'))
+      p, q = losses.loss_distributions(jnp.asarray(target_logits), logits, **mode)
+      return jnp.mean(losses.divergence(p.astype(jnp.float64), q, 'tvd'))
 
     # Within float64 precision the standardized distributions are float32
     # (`sampling.standardize`), so the step is large enough to dominate that.
@@ -109,11 +110,11 @@ def test_greedy_loss_is_the_target_argmax_under_the_softmax():
   rng = np.random.default_rng(3)
   target_logits = jnp.asarray(rng.normal(size=(4, 9)), jnp.float32)
   draft_logits = jnp.asarray(rng.normal(size=(4, 9)), jnp.float32)
-  p, q = distill.loss_distributions(target_logits, draft_logits, temperature=0.0, topk=0, topp=0.0)
+  p, q = losses.loss_distributions(target_logits, draft_logits, temperature=0.0, topk=0, topp=0.0)
   argmax = np.argmax(np.asarray(target_logits), -1)
   softmax = np.asarray(jax.nn.softmax(draft_logits))[np.arange(4), argmax]
-  np.testing.assert_allclose(distill.divergence(p, q, 'forward_kl'), -np.log(softmax), rtol=1e-5)
-  np.testing.assert_allclose(distill.divergence(p, q, 'tvd'), 1.0 - softmax, rtol=1e-5)
+  np.testing.assert_allclose(losses.divergence(p, q, 'forward_kl'), -np.log(softmax), rtol=1e-5)
+  np.testing.assert_allclose(losses.divergence(p, q, 'tvd'), 1.0 - softmax, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------

@@ -24,25 +24,13 @@ of decoding each step's 16 rows alone; and their loss needs no target call:
 the target's standardized distribution at temperature 0 is the one-hot of its
 argmax, which along its own greedy output is the output's next token.
 
-Loss. At every real position of those sequences (up to and including EOS:
-the tokens speculative decoding would judge), a divergence between the
-target's and the draft's next-token distributions, both *standardized* as the
-decoder standardizes them (`sampling.standardize` at the decoding
-temperature, top-k or top-p), averaged over real tokens:
-  'forward_kl':  KL(p || q) = sum_x p log(p / q);
-  'reverse_kl':  KL(q || p);
-  'jsd':         beta KL(p || m) + (1 - beta) KL(q || m), m = beta p + (1 - beta) q
-                 (DistillSpec's JSD[beta]; beta = 0.5 is the Jensen-Shannon divergence);
-  'tvd':         the total variation 1/2 sum_x |p - q| = 1 - sum_x min(p, q): one minus the
-                 acceptance probability beta, so its mean is 1 - alpha on these prefixes.
-Logarithms floor their argument at `LOG_FLOOR`, so mass on a token outside the
-other distribution's support (top-k, top-p, argmax) costs a finite
--log(LOG_FLOOR) = 23 nats. Greedy decoding (temperature 0) standardizes the
-target to the one-hot argmax, but a one-hot draft has no gradient: the draft's
-side is then its softmax at temperature 1, whose argmax is its greedy token
-(forward KL becomes the cross entropy of the target's argmax, TVD 1 - q(argmax
-p)). The running alpha on the progress bar is the mean beta of the standardized
-distributions on the step's sequences.
+Loss. At every real position of those sequences, a divergence between the
+target's and the draft's standardized next-token distributions at the
+decoding mode (`losses.DIVERGENCES`: forward or reverse KL, JSD[beta], TVD),
+averaged over real tokens; `losses` defines them, with the greedy case, for
+this loop and the T5X model class alike. The running alpha on the progress
+bar is the mean beta of the standardized distributions on the step's
+sequences.
 
 Evaluation. Every `eval_every` steps and at the end: held-out alpha at each
 of `eval_temperatures` on the target's own samples for the first
@@ -98,76 +86,16 @@ from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import speculative_sampling
 from speculative_t5x.data import tasks
+from speculative_t5x.training import losses
 from speculative_t5x.training import train
 
 PyTree = Any
 
-DIVERGENCES = ('forward_kl', 'reverse_kl', 'jsd', 'tvd')
 SOURCES = ('draft', 'target', 'ground_truth')
-LOG_FLOOR = 1e-10
 # Written into model_dir at the start: what the run distills for, with which data and loss.
 SETTINGS_FILE = 'distill_settings.json'
 # Steps whose target greedy outputs are decoded in one batch (see the module docstring).
 GREEDY_CHUNK_STEPS = 8
-
-
-# ------------------------------------------------------------------------------
-# Divergences.
-# ------------------------------------------------------------------------------
-def _log(x: jax.Array) -> jax.Array:
-  return jnp.log(jnp.maximum(x, LOG_FLOOR))
-
-
-def _kl(a: jax.Array, b: jax.Array) -> jax.Array:
-  # 0 log 0 = 0: a zero `a` contributes nothing whatever `b` is.
-  return jnp.sum(a * (_log(a) - _log(b)), axis=-1)
-
-
-def divergence(p: jax.Array, q: jax.Array, kind: str, beta: float = 0.5) -> jax.Array:
-  """A divergence between target and draft distributions, per position.
-
-  Args:
-    p: float [..., V], the target's distribution.
-    q: float [..., V], the draft's distribution.
-    kind: one of `DIVERGENCES` (see the module docstring).
-    beta: the JSD's weight of p, in (0, 1); only for 'jsd'.
-
-  Returns:
-    float32 [...].
-  """
-  p, q = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
-  if kind == 'forward_kl':
-    return _kl(p, q)
-  if kind == 'reverse_kl':
-    return _kl(q, p)
-  if kind == 'jsd':
-    mixture = beta * p + (1.0 - beta) * q
-    return beta * _kl(p, mixture) + (1.0 - beta) * _kl(q, mixture)
-  if kind == 'tvd':
-    return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
-  raise ValueError(f'Unknown divergence {kind!r}; use one of {DIVERGENCES}.')
-
-
-def validate_divergence(kind: str, beta: float) -> None:
-  if kind not in DIVERGENCES:
-    raise ValueError(f'Unknown divergence {kind!r}; use one of {DIVERGENCES}.')
-  if kind == 'jsd' and not 0.0 < beta < 1.0:
-    raise ValueError(f"The 'jsd' divergence needs 0 < beta < 1, got beta={beta}.")
-
-
-def loss_distributions(
-  target_logits: jax.Array, draft_logits: jax.Array, *, temperature: float, topk: int, topp: float
-) -> Tuple[jax.Array, jax.Array]:
-  """(p, q): the distributions the loss compares, float32 [..., V] each.
-
-  p is the target's standardized distribution (no gradient); q the draft's,
-  except at temperature 0, where it is the draft's softmax at temperature 1
-  (a one-hot argmax has no gradient; see the module docstring).
-  """
-  p = jax.lax.stop_gradient(sampling.standardize(target_logits, temperature, topk, topp))
-  if sampling.is_greedy(temperature):
-    return p, jax.nn.softmax(draft_logits.astype(jnp.float32), axis=-1)
-  return p, sampling.standardize(draft_logits, temperature, topk, topp)
 
 
 # ------------------------------------------------------------------------------
@@ -179,7 +107,7 @@ class DistillConfig:
 
   Attributes:
     target_config, draft_config: the two networks (same vocabulary).
-    divergence: one of `DIVERGENCES`.
+    divergence: one of `losses.DIVERGENCES`.
     beta: the JSD's weight of p.
     temperature, topk, topp: the decoding mode of the standardized distributions.
   """
@@ -221,12 +149,14 @@ def make_distill_step(config: DistillConfig, optimizer: optax.GradientTransforma
 
     def objective(params):
       draft_logits = network.compute_logits(config.draft_config, params, batch)
-      p, q = loss_distributions(target_logits, draft_logits, **mode)
-      per_token = divergence(p, q, config.divergence, config.beta)
-      beta = speculative_sampling.lenient_acceptance_rate(
-        p, sampling.standardize(jax.lax.stop_gradient(draft_logits), **mode)
+      sums = losses.distillation_sums(
+        target_logits,
+        draft_logits,
+        weights,
+        divergence_name=config.divergence,
+        beta=config.beta,
+        **mode,
       )
-      sums = {'loss': jnp.sum(per_token * weights), 'beta': jnp.sum(beta * weights)}
       return sums['loss'] / num_tokens, sums
 
     grads, sums = jax.grad(objective, has_aux=True)(state.params)
@@ -439,7 +369,7 @@ def distill(
       the sampled sequences.
     batch_size: rows per step.
     num_steps: the step to distill to.
-    divergence: one of `DIVERGENCES`.
+    divergence: one of `losses.DIVERGENCES`.
     beta: the JSD's weight of p.
     temperature, topk, topp: the decoding mode the draft is distilled for.
     data_mix: {source: weight} over `SOURCES`; None is {'draft': 1.0}.
@@ -466,7 +396,7 @@ def distill(
     eval_examples=eval_examples,
     log_every=log_every,
   )
-  validate_divergence(divergence, beta)
+  losses.validate_divergence(divergence, beta)
   sampling.validate_sampling_args(temperature, topk, topp)
   for t in eval_temperatures:
     sampling.validate_sampling_args(t, topk, topp)
