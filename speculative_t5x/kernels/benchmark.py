@@ -1,0 +1,160 @@
+"""GB/s of XLA's dot against the small-M kernel, beside the memory floor, in one run.
+
+  python -m speculative_t5x.kernels.benchmark [--rows 1,2,4,8,16,32] [--shapes 768x2048,...]
+
+For each weight shape [K, N] (default: the main job's target, configs/models/
+gettext_target.gin: the MLP's wi 768 x 2048 and wo 2048 x 768, the logits
+768 x 4000, and a T5-vocabulary logits 768 x 32128) and each M rows, times
+y = x @ W over 8 distinct weight matrices (so they stream from DRAM, not the
+last-level cache) inside one compiled loop, summing every output into the
+carry so XLA cannot drop work (`measure.step_seconds`). Prints the weight
+bytes per second of XLA's dot and of the kernel (for each thread pool asked
+for), and v = time(M rows) / time(1 row) for each, beside the bandwidth of an
+XLA reduction (`measure.memory_bandwidth`) measured in the same run.
+"""
+
+import functools
+import json
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import measure
+from speculative_t5x.kernels import cpu_matmul
+
+DEFAULT_SHAPES = ((768, 2048), (2048, 768), (768, 4000), (768, 32128))
+DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
+NUM_MATRICES = 8
+
+
+def _step(operands, i, checksum, *, product):
+  """y = x @ W_j for every matrix j, each summed into the carry."""
+  x, weights = operands
+  for w in weights:
+    checksum = checksum + jnp.sum(product(measure._vary(x, checksum), w))
+  return checksum
+
+
+def matmul_seconds(
+  product: Callable[[jax.Array, jax.Array], jax.Array],
+  x: jax.Array,
+  weights: Sequence[jax.Array],
+  *,
+  steps: int = 8,
+  repetitions: int = 5,
+) -> float:
+  """Seconds per `product(x, w)`, averaged over the matrices of `weights` in one loop."""
+  step = functools.partial(_step, product=product)
+  operands = (x, tuple(weights))
+  return measure.step_seconds(
+    step, operands, jnp.float32(0), steps=steps, repetitions=repetitions
+  ) / len(weights)
+
+
+def compare(
+  shapes: Sequence[Tuple[int, int]] = DEFAULT_SHAPES,
+  rows: Sequence[int] = DEFAULT_ROWS,
+  thread_pools: Sequence[str] = (cpu_matmul.DEFAULT_THREAD_POOL,),
+  seed: int = 0,
+) -> Dict[str, Any]:
+  """One run's records: {'machine': ..., 'records': [{K, N, M, method, ms, gb_per_s, v}]}.
+
+  `method` is 'xla' or 'kernel/<pool>'; v is the time of M rows over the
+  time of rows[0] (1 by default) by the same method. Needs the kernel
+  (`available()`).
+  """
+  if not cpu_matmul.available():
+    raise RuntimeError(
+      'The kernel is unavailable here (see the warning above, or '
+      f'{cpu_matmul.ENV_SWITCH}=0): nothing to compare with XLA dot.'
+    )
+  machine = measure.machine()
+  rng = np.random.default_rng(seed)
+  records: List[Dict[str, Any]] = []
+  for k, n in shapes:
+    weights = [
+      jnp.asarray(rng.standard_normal((k, n), np.float32) / np.sqrt(k)) for _ in range(NUM_MATRICES)
+    ]
+    packed = [cpu_matmul.pack(w) for w in weights]
+    methods = {'xla': (jnp.dot, weights)}
+    for pool in thread_pools:
+      product = functools.partial(_kernel_product, n=n, thread_pool=pool)
+      methods[f'kernel/{pool}'] = (product, packed)
+    one_row = {}
+    for m in rows:
+      x = jnp.asarray(rng.standard_normal((m, k), np.float32))
+      for method, (product, operands) in methods.items():
+        seconds = matmul_seconds(product, x, operands)
+        one_row.setdefault(method, seconds)
+        records.append(
+          dict(
+            K=k,
+            N=n,
+            M=m,
+            method=method,
+            ms=1000 * seconds,
+            gb_per_s=4 * k * n / seconds / 1e9,
+            v=seconds / one_row[method],
+          )
+        )
+  return dict(machine=machine, records=records)
+
+
+def _kernel_product(x, packed, *, n, thread_pool):
+  return cpu_matmul.matmul(x, packed, n, thread_pool=thread_pool)
+
+
+def markdown_table(result: Dict[str, Any]) -> str:
+  """GB/s and v per shape and M, one column pair per method, with the floor in the title."""
+  records = result['records']
+  methods = list(dict.fromkeys(r['method'] for r in records))
+  lines = [
+    f'Memory floor (XLA reduction over 512 MiB, same run): '
+    f'{result["machine"]["bandwidth_gb_per_s"]:.1f} GB/s; {result["machine"]["cpu"]}',
+    '',
+    '| K x N | M | ' + ' | '.join(f'{m} GB/s | {m} v' for m in methods) + ' |',
+    '| --- | ---: |' + ' ---: | ---: |' * len(methods),
+  ]
+  by_key = {(r['K'], r['N'], r['M'], r['method']): r for r in records}
+  for k, n, m in dict.fromkeys((r['K'], r['N'], r['M']) for r in records):
+    cells = []
+    for method in methods:
+      r = by_key[(k, n, m, method)]
+      cells.append(f'{r["gb_per_s"]:.1f} | {r["v"]:.2f}')
+    lines.append(f'| {k} x {n} | {m} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def _ints(text: str) -> Tuple[int, ...]:
+  return tuple(int(t) for t in text.split(',') if t)
+
+
+def main(argv: Sequence[str] = ()) -> None:
+  import argparse  # pylint: disable=g-import-not-at-top
+
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--rows', default=','.join(map(str, DEFAULT_ROWS)))
+  parser.add_argument(
+    '--shapes', default=','.join(f'{k}x{n}' for k, n in DEFAULT_SHAPES), help='KxN,...'
+  )
+  parser.add_argument(
+    '--thread_pools',
+    default=cpu_matmul.DEFAULT_THREAD_POOL,
+    help=f'comma-separated, of {sorted(cpu_matmul.THREAD_POOLS)}',
+  )
+  parser.add_argument('--json', default='', help='also write the records to this file')
+  args = parser.parse_args(argv)
+  shapes = [tuple(int(d) for d in s.split('x')) for s in args.shapes.split(',')]
+  result = compare(shapes, _ints(args.rows), args.thread_pools.split(','))
+  print(markdown_table(result))
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == '__main__':
+  import sys  # pylint: disable=g-import-not-at-top
+
+  main(sys.argv[1:])
