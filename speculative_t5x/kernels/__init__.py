@@ -1,8 +1,8 @@
 """Kernels of our own for CPU decoding (see `cpu_matmul`)."""
 
-from speculative_t5x.kernels.cpu_matmul import available
-from speculative_t5x.kernels.cpu_matmul import cpu_kernel_enabled
-from speculative_t5x.kernels.cpu_matmul import is_packed
-from speculative_t5x.kernels.cpu_matmul import matmul
-from speculative_t5x.kernels.cpu_matmul import pack
-from speculative_t5x.kernels.cpu_matmul import unpack
+from speculative_t5x.kernels.cpu_matmul import available as available
+from speculative_t5x.kernels.cpu_matmul import cpu_kernel_enabled as cpu_kernel_enabled
+from speculative_t5x.kernels.cpu_matmul import is_packed as is_packed
+from speculative_t5x.kernels.cpu_matmul import matmul as matmul
+from speculative_t5x.kernels.cpu_matmul import pack as pack
+from speculative_t5x.kernels.cpu_matmul import unpack as unpack

@@ -119,9 +119,16 @@ def _build(compiler: str, path: str) -> None:
       os.remove(partial)
 
 
+# The FFI target can be registered once per process (XLA refuses a second
+# handler address under the same name): a library rebuilt elsewhere later, e.g.
+# under another cache directory, is checked to build but the first one serves.
+_registered: Optional[ctypes.CDLL] = None
+
+
 @functools.cache
 def _library() -> Optional[ctypes.CDLL]:
   """The built and registered library, or None (with one warning saying why)."""
+  global _registered
   backend = jax.default_backend()
   if backend != 'cpu':
     logging.info('The small-M CPU kernel is not used on %s: XLA dot.', backend)
@@ -133,17 +140,19 @@ def _library() -> Optional[ctypes.CDLL]:
     path = _library_path(compiler)
     if not os.path.exists(path):
       _build(compiler, path)
-    library = ctypes.cdll.LoadLibrary(path)
-    library.SpeculativeT5xSmallMBlockWidth.restype = ctypes.c_int64
-    jax.ffi.register_ffi_target(
-      FFI_TARGET, jax.ffi.pycapsule(library.SpeculativeT5xSmallMMatmul), platform='cpu'
-    )
+    if _registered is None:
+      library = ctypes.cdll.LoadLibrary(path)
+      library.SpeculativeT5xSmallMBlockWidth.restype = ctypes.c_int64
+      jax.ffi.register_ffi_target(
+        FFI_TARGET, jax.ffi.pycapsule(library.SpeculativeT5xSmallMMatmul), platform='cpu'
+      )
+      _registered = library
   except (OSError, RuntimeError, subprocess.SubprocessError) as error:
     logging.warning(
       'speculative_t5x: the small-M CPU matmul kernel is unavailable (%s); using XLA dot.', error
     )
     return None
-  return library
+  return _registered
 
 
 def available() -> bool:
