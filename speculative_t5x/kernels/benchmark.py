@@ -7,14 +7,16 @@ gettext_target.gin: the MLP's wi 768 x 2048 and wo 2048 x 768, the logits
 768 x 4000, and a T5-vocabulary logits 768 x 32128) and each M rows, times
 y = x @ W over 8 distinct weight matrices (so they stream from DRAM, not the
 last-level cache) inside one compiled loop, summing every output into the
-carry so XLA cannot drop work (`measure.step_seconds`). Prints the weight
-bytes per second of XLA's dot and of the kernel (for each thread pool asked
+carry so XLA cannot drop work (`measure._run_steps`), the methods timed in
+turn and the fastest of several rounds kept (the machine is shared). Prints
+the weight bytes per second of XLA's dot and of the kernel (for each thread pool asked
 for), and v = time(M rows) / time(1 row) for each, beside the bandwidth of an
 XLA reduction (`measure.memory_bandwidth`) measured in the same run.
 """
 
 import functools
 import json
+import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import jax
@@ -37,20 +39,37 @@ def _step(operands, i, checksum, *, product):
   return checksum
 
 
-def matmul_seconds(
-  product: Callable[[jax.Array, jax.Array], jax.Array],
+def interleaved_seconds(calls: Dict[str, Callable[[], Any]], rounds: int = 7) -> Dict[str, float]:
+  """The fastest of `rounds` timings of each call, the calls taken in turn each round.
+
+  On a shared machine the load changes within seconds: timing the methods in
+  turn exposes them to the same load, and the minimum is the least disturbed.
+  """
+  for call in calls.values():
+    jax.block_until_ready(call())  # compiles and warms up
+  best = {name: float('inf') for name in calls}
+  for _ in range(rounds):
+    for name, call in calls.items():
+      start = time.perf_counter()
+      jax.block_until_ready(call())
+      best[name] = min(best[name], time.perf_counter() - start)
+  return best
+
+
+def matmul_calls(
+  products: Dict[str, Tuple[Callable[[jax.Array, jax.Array], jax.Array], Sequence[jax.Array]]],
   x: jax.Array,
-  weights: Sequence[jax.Array],
-  *,
-  steps: int = 8,
-  repetitions: int = 5,
-) -> float:
-  """Seconds per `product(x, w)`, averaged over the matrices of `weights` in one loop."""
-  step = functools.partial(_step, product=product)
-  operands = (x, tuple(weights))
-  return measure.step_seconds(
-    step, operands, jnp.float32(0), steps=steps, repetitions=repetitions
-  ) / len(weights)
+  steps: int,
+) -> Dict[str, Callable[[], Any]]:
+  """For each method, a call of `steps` loop steps of product(x, W_j) over its matrices."""
+  calls = {}
+  for name, (product, weights) in products.items():
+    step = functools.partial(_step, product=product)
+    operands = (x, tuple(weights))
+    calls[name] = functools.partial(
+      measure._run_steps, operands, jnp.float32(0), step=step, steps=steps
+    )
+  return calls
 
 
 def compare(
@@ -58,11 +77,15 @@ def compare(
   rows: Sequence[int] = DEFAULT_ROWS,
   thread_pools: Sequence[str] = (cpu_matmul.DEFAULT_THREAD_POOL,),
   seed: int = 0,
+  steps: int = 4,
+  rounds: int = 7,
 ) -> Dict[str, Any]:
   """One run's records: {'machine': ..., 'records': [{K, N, M, method, ms, gb_per_s, v}]}.
 
   `method` is 'xla' or 'kernel/<pool>'; v is the time of M rows over the
-  time of rows[0] (1 by default) by the same method. Needs the kernel
+  time of rows[0] (1 by default) by the same method. Each time is the
+  fastest of `rounds` loops of `steps` steps over the 8 matrices, the
+  methods timed in turn (`interleaved_seconds`). Needs the kernel
   (`available()`).
   """
   if not cpu_matmul.available():
@@ -85,8 +108,9 @@ def compare(
     one_row = {}
     for m in rows:
       x = jnp.asarray(rng.standard_normal((m, k), np.float32))
-      for method, (product, operands) in methods.items():
-        seconds = matmul_seconds(product, x, operands)
+      timed = interleaved_seconds(matmul_calls(methods, x, steps), rounds)
+      for method, seconds in timed.items():
+        seconds /= steps * NUM_MATRICES
         one_row.setdefault(method, seconds)
         records.append(
           dict(

@@ -46,8 +46,12 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'small_m_matmu
 FFI_TARGET = 'speculative_t5x_small_m_matmul'
 CXX_FLAGS = ('-O3', '-march=native', '-std=c++17', '-shared', '-fPIC', '-w', '-pthread')
 # Who splits the column blocks over the cores (the library's `pool` attribute).
+# XLA's intra-op pool by default: its threads exist anyway, where the library's
+# own pool adds spinning threads that compete with them on a 2-core machine
+# (the benchmark's --thread_pools compares them; on the loaded 2-core Zen 2
+# hosts the comparison was within the noise).
 THREAD_POOLS = {'xla': 0, 'own': 1, 'none': 2}
-DEFAULT_THREAD_POOL = 'own'
+DEFAULT_THREAD_POOL = 'xla'
 
 
 @gin.configurable

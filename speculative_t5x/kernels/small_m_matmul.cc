@@ -52,6 +52,8 @@ inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec Zero() { return _mm512_setzero_ps(); }
 inline Vec Broadcast(float x) { return _mm512_set1_ps(x); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline void KeepInRegister(Vec& v) { asm("" : "+v"(v)); }
+constexpr int kRegisters = 32;
 #elif defined(__AVX2__) && defined(__FMA__)
 using Vec = __m256;
 constexpr int kLanes = 8;
@@ -61,44 +63,80 @@ inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec Zero() { return _mm256_setzero_ps(); }
 inline Vec Broadcast(float x) { return _mm256_set1_ps(x); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline void KeepInRegister(Vec& v) { asm("" : "+x"(v)); }
+constexpr int kRegisters = 16;
 #else
 #error "small_m_matmul needs AVX2 + FMA or AVX-512F (x86-64); XLA's dot is used instead."
 #endif
 
 constexpr int kVectorsPerBlock = 2;
 constexpr int kBlock = kLanes * kVectorsPerBlock;  // NB, columns per block.
+constexpr int kMaxGroup = 4;
+// Several row tiles re-read a group of blocks: keep it within L2.
+constexpr int64_t kGroupBytes = 128 << 10;
 // Below this many multiply-adds a call runs on the calling thread: waking a
 // second one costs more than it saves.
 constexpr int64_t kMinParallelWork = 1 << 16;
 constexpr int64_t kChunksPerThread = 4;
 
-// Rows [0, MR) of x (row stride K) times one column block -> y's columns
-// [col, col + valid) (row stride N).
-template <int MR>
-void Tile(const float* x, int64_t K, const float* block, float* y, int64_t N,
+// Column blocks one row tile streams at once. Few rows have too few
+// independent FMA chains (latency 4-5 cycles) and DRAM streams with one block,
+// so they take several, within the registers: MR * NBLK * 2 accumulators, the
+// NBLK * 2 weight vectors of a k step (for MR > 1: one row multiplies straight
+// from memory) and one broadcast.
+constexpr int BlocksAtOnce(int mr) {
+  for (int nblk = kMaxGroup; nblk > 1; nblk /= 2) {
+    int vectors = nblk * kVectorsPerBlock;
+    if (mr * vectors + (mr > 1 ? vectors : 0) + 1 <= kRegisters) return nblk;
+  }
+  return 1;
+}
+
+// Rows [0, MR) of x (row stride K) times NBLK consecutive column blocks ->
+// y's first `valid` columns of them (row stride N).
+template <int MR, int NBLK>
+void Tile(const float* x, int64_t K, const float* blocks, float* y, int64_t N,
           int64_t valid) {
-  Vec acc[MR][kVectorsPerBlock];
+  const int64_t stride = K * kBlock;  // floats from one block to the next
+  Vec acc[MR][NBLK][kVectorsPerBlock];
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVectorsPerBlock; ++v) acc[r][v] = Zero();
+    for (int j = 0; j < NBLK; ++j)
+      for (int v = 0; v < kVectorsPerBlock; ++v) acc[r][j][v] = Zero();
   for (int64_t k = 0; k < K; ++k) {
-    const float* w = block + k * kBlock;
-    Vec w0 = Load(w);
-    Vec w1 = Load(w + kLanes);
-    for (int r = 0; r < MR; ++r) {
-      Vec xr = Broadcast(x[r * K + k]);
-      acc[r][0] = Fma(xr, w0, acc[r][0]);
-      acc[r][1] = Fma(xr, w1, acc[r][1]);
+    const float* w = blocks + k * kBlock;
+    if (MR == 1) {
+      Vec xr = Broadcast(x[k]);
+      for (int j = 0; j < NBLK; ++j)
+        for (int v = 0; v < kVectorsPerBlock; ++v)
+          acc[0][j][v] = Fma(xr, Load(w + j * stride + v * kLanes), acc[0][j][v]);
+    } else {
+      Vec wv[NBLK][kVectorsPerBlock];
+      for (int j = 0; j < NBLK; ++j)
+        for (int v = 0; v < kVectorsPerBlock; ++v) {
+          wv[j][v] = Load(w + j * stride + v * kLanes);
+          // Loaded once into a register: otherwise GCC folds the load into
+          // every row's FMA, and MR loads per vector halve the FMA rate.
+          KeepInRegister(wv[j][v]);
+        }
+      for (int r = 0; r < MR; ++r) {
+        Vec xr = Broadcast(x[r * K + k]);
+        for (int j = 0; j < NBLK; ++j)
+          for (int v = 0; v < kVectorsPerBlock; ++v)
+            acc[r][j][v] = Fma(xr, wv[j][v], acc[r][j][v]);
+      }
     }
   }
-  if (valid == kBlock) {
-    for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < kVectorsPerBlock; ++v)
-        Store(y + r * N + v * kLanes, acc[r][v]);
-  } else {
-    alignas(64) float tmp[kBlock];
+  for (int j = 0; j < NBLK; ++j) {
+    const int64_t columns = std::min<int64_t>(kBlock, valid - j * kBlock);
     for (int r = 0; r < MR; ++r) {
-      for (int v = 0; v < kVectorsPerBlock; ++v) Store(tmp + v * kLanes, acc[r][v]);
-      std::memcpy(y + r * N, tmp, valid * sizeof(float));
+      float* out = y + r * N + j * kBlock;
+      if (columns == kBlock) {
+        for (int v = 0; v < kVectorsPerBlock; ++v) Store(out + v * kLanes, acc[r][j][v]);
+      } else {
+        alignas(64) float tmp[kBlock];
+        for (int v = 0; v < kVectorsPerBlock; ++v) Store(tmp + v * kLanes, acc[r][j][v]);
+        std::memcpy(out, tmp, columns * sizeof(float));
+      }
     }
   }
 }
@@ -106,10 +144,18 @@ void Tile(const float* x, int64_t K, const float* block, float* y, int64_t N,
 using TileFn = void (*)(const float*, int64_t, const float*, float*, int64_t,
                         int64_t);
 
+// For each row count MR: its tile over BlocksAtOnce(MR) blocks and over one.
+struct TileSet {
+  int blocks;
+  TileFn wide;
+  TileFn narrow;
+};
+
 template <int... MR>
-constexpr std::array<TileFn, sizeof...(MR)> MakeTiles(
+constexpr std::array<TileSet, sizeof...(MR)> MakeTiles(
     std::integer_sequence<int, MR...>) {
-  return {&Tile<MR + 1>...};
+  return {TileSet{BlocksAtOnce(MR + 1), &Tile<MR + 1, BlocksAtOnce(MR + 1)>,
+                  &Tile<MR + 1, 1>}...};
 }
 constexpr auto kTiles = MakeTiles(std::make_integer_sequence<int, kMaxRows>());
 
@@ -120,19 +166,29 @@ struct Problem {
   int64_t M, K, N, num_blocks;
 };
 
-// Column blocks [first, last) for all M rows: row tiles of near-equal size
-// (8 rows on AVX2 -> 4 + 4), each over the block while it is still cached.
+// Column blocks [first, last) for all M rows, in groups of up to kMaxGroup
+// blocks: row tiles of near-equal size (8 rows on AVX2 -> 4 + 4), each over
+// the group while it is still cached.
 void RunBlocks(const Problem& p, int64_t first, int64_t last) {
   const int64_t tiles = (p.M + kMaxRows - 1) / kMaxRows;
-  for (int64_t b = first; b < last; ++b) {
-    const float* block = p.w + b * p.K * kBlock;
-    const int64_t col = b * kBlock;
-    const int64_t valid = std::min<int64_t>(kBlock, p.N - col);
+  const int64_t block_bytes = p.K * kBlock * sizeof(float);
+  const int64_t group =
+      tiles == 1 ? kMaxGroup
+                 : std::max<int64_t>(1, std::min<int64_t>(kMaxGroup, kGroupBytes / block_bytes));
+  for (int64_t b = first; b < last; b += group) {
+    const int64_t g = std::min(group, last - b);
     int64_t row = 0;
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t rows = (p.M - row) / (tiles - t);
-      kTiles[rows - 1](p.x + row * p.K, p.K, block, p.y + row * p.N + col, p.N,
-                       valid);
+      const TileSet& tile = kTiles[rows - 1];
+      const float* x = p.x + row * p.K;
+      for (int64_t j = 0; j < g;) {
+        const bool wide = j + tile.blocks <= g;
+        const int64_t col = (b + j) * kBlock;
+        (wide ? tile.wide : tile.narrow)(x, p.K, p.w + (b + j) * p.K * kBlock,
+                                         p.y + row * p.N + col, p.N, p.N - col);
+        j += wide ? tile.blocks : 1;
+      }
       row += rows;
     }
   }
