@@ -130,6 +130,92 @@ def _kernel_product(x, packed, *, n, thread_pool):
   return cpu_matmul.matmul(x, packed, n, thread_pool=thread_pool)
 
 
+# A 16-node tree (the root, 3 children, 4 grandchildren each): the issue's
+# "16-node tree" figure.
+DEFAULT_TREE_BRANCHING = (3, 4)
+
+
+def decoder_costs(
+  config: Any,
+  params: Any,
+  *,
+  block_sizes: Sequence[int] = (1, 4, 8),
+  tree_branching: Sequence[int] = DEFAULT_TREE_BRANCHING,
+  input_length: int = 64,
+  max_decode_len: int = 48,
+  rounds: int = 3,
+) -> Dict[str, Any]:
+  """v(block) and v(tree nodes) of one network at batch 1, with XLA's dot and with the kernel.
+
+  Each cost is the fastest of `rounds` timings (`measure.network_step_seconds`
+  for chain blocks, `tree_benchmark`'s tree-masked call for the tree), the
+  two parameter sets timed in turn in every round; v divides by the
+  one-token call of the same parameters. The kernel's parameters are
+  `params.pack_params(config, params)`.
+
+  Returns:
+    {'machine', 'ms': {method: {'block_<k>' | 'tree_<N>': ms}}, 'v': {...}}.
+  """
+  # Imported here: the tree benchmark imports models, which imports network.
+  from speculative_t5x import decoding  # pylint: disable=g-import-not-at-top
+  from speculative_t5x import network  # pylint: disable=g-import-not-at-top
+  from speculative_t5x import tree as tree_lib  # pylint: disable=g-import-not-at-top
+  from speculative_t5x import tree_benchmark  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.kernels import params as params_lib  # pylint: disable=g-import-not-at-top
+
+  packed = params_lib.pack_params(config, params)
+  if not isinstance(packed, params_lib.PackedParams):
+    raise RuntimeError(
+      'The kernel is unavailable here (see the warning above): nothing to compare.'
+    )
+  variants = {'xla': params, 'kernel': packed}
+  tree = tree_lib.Tree.from_branching(tuple(tree_branching))
+  cache_length = decoding.speculative_cache_length(max_decode_len, tree.max_depth, tree)
+  inputs = measure.random_encoder_inputs(1, input_length, config.vocab_size)
+  start = max_decode_len // 2
+
+  def tree_seconds(variant):
+    cache = network.init_decoder_cache(config, variant, inputs, cache_length)
+    step = functools.partial(
+      tree_benchmark._tree_block_step,
+      config=config,
+      tree=tree,
+      first_node=0,
+      width=tree.num_nodes,
+      start=start,
+    )
+    checksum = jnp.zeros((1,), jnp.float32)
+    return measure.step_seconds(step, variant, (cache, checksum), repetitions=5)
+
+  def block_seconds(variant, block_size):
+    return measure.network_step_seconds(
+      config,
+      variant,
+      batch_size=1,
+      input_length=input_length,
+      block_size=block_size,
+      cache_length=cache_length,
+      prompt_length=start,
+      repetitions=5,
+    )
+
+  machine = measure.machine()
+  best: Dict[str, Dict[str, float]] = {name: {} for name in variants}
+  for _ in range(rounds):
+    for name, variant in variants.items():
+      figures = {f'block_{k}': block_seconds(variant, k) for k in block_sizes}
+      figures[f'tree_{tree.num_nodes}'] = tree_seconds(variant)
+      for key, seconds in figures.items():
+        best[name][key] = min(best[name].get(key, float('inf')), seconds)
+  one = f'block_{block_sizes[0]}'
+  return dict(
+    machine=machine,
+    tree=tree.describe(),
+    ms={name: {k: 1000 * s for k, s in figures.items()} for name, figures in best.items()},
+    v={name: {k: s / figures[one] for k, s in figures.items()} for name, figures in best.items()},
+  )
+
+
 def markdown_table(result: Dict[str, Any]) -> str:
   """GB/s and v per shape and M, one column pair per method, with the floor in the title."""
   records = result['records']
@@ -169,7 +255,24 @@ def main(argv: Sequence[str] = ()) -> None:
     help=f'comma-separated, of {sorted(cpu_matmul.THREAD_POOLS)}',
   )
   parser.add_argument('--json', default='', help='also write the records to this file')
+  parser.add_argument(
+    '--decoder',
+    default='',
+    help="also v(block) and v(tree) of configs/models/<NAME>.gin's network with random "
+    'weights (e.g. gettext_target), with and without the kernel',
+  )
+  parser.add_argument('--vocab_size', type=int, default=4000)
+  parser.add_argument('--no_matmul', action='store_true', help='skip the matmul table')
   args = parser.parse_args(argv)
+  if args.decoder:
+    from speculative_t5x import gin_utils  # pylint: disable=g-import-not-at-top
+    from speculative_t5x import network  # pylint: disable=g-import-not-at-top
+
+    config = gin_utils.model_config(args.decoder, args.vocab_size)
+    params, _ = network.random_params(config)
+    print(json.dumps(decoder_costs(config, jax.tree.map(jnp.asarray, params)), indent=1))
+  if args.no_matmul:
+    return
   shapes = [tuple(int(d) for d in s.split('x')) for s in args.shapes.split(',')]
   result = compare(shapes, _ints(args.rows), args.thread_pools.split(','))
   print(markdown_table(result))
