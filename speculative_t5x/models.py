@@ -97,10 +97,10 @@ class Model:
     """
     return kernels.pack_params(self.config, self.params)
 
-  def as_draft(self) -> drafts.ModelDraft:
-    """This model as the draft of a speculative pair."""
+  def as_draft(self, *, packed: bool = False) -> drafts.ModelDraft:
+    """This model as the draft of a speculative pair; on `decode_params` if `packed`."""
     return drafts.ModelDraft(
-      params=self.decode_params,
+      params=self.decode_params if packed else self.params,
       config=self.config,
       inputs_bidirectional_attention=self.inputs_bidirectional_attention,
     )
@@ -128,7 +128,8 @@ class GenerateOutput:
 
 
 def _as_draft(draft: Draft):
-  return draft.as_draft() if isinstance(draft, Model) else draft
+  # A decode call runs a draft model on its packed parameters, as the target.
+  return draft.as_draft(packed=True) if isinstance(draft, Model) else draft
 
 
 def prefilled_target_cache(

@@ -100,9 +100,10 @@ def _library_path(compiler: str) -> str:
   version = subprocess.run(
     [compiler, '--version'], capture_output=True, text=True, check=True, timeout=60
   ).stdout
-  key = hashlib.sha256()
-  for part in (open(SOURCE, 'rb').read(), version, _cpu_flags(), jaxlib.__version__, CXX_FLAGS):
-    key.update(repr(part).encode() if not isinstance(part, bytes) else part)
+  with open(SOURCE, 'rb') as f:
+    key = hashlib.sha256(f.read())
+  for part in (version, _cpu_flags(), jaxlib.__version__, CXX_FLAGS):
+    key.update(repr(part).encode())
   return os.path.join(cache_dir(), f'small_m_matmul-{key.hexdigest()[:20]}.so')
 
 
