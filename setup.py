@@ -11,6 +11,8 @@ setuptools.setup(
     'drop-in for T5X decoding.'
   ),
   packages=setuptools.find_packages(include=['speculative_t5x', 'speculative_t5x.*']),
+  # The CPU kernel's source, compiled on first use (speculative_t5x/kernels).
+  package_data={'speculative_t5x.kernels': ['*.cc']},
   python_requires='>=3.10',
   install_requires=[
     'absl-py>=2.1,<3',

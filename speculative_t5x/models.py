@@ -36,6 +36,7 @@ import numpy as np
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import feature_head
+from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -86,10 +87,21 @@ class Model:
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
-  def as_draft(self) -> drafts.ModelDraft:
-    """This model as the draft of a speculative pair."""
+  @functools.cached_property
+  def decode_params(self) -> PyTree:
+    """What decode calls take: `kernels.pack_params(config, params)`, made once per model.
+
+    On the CPU (float32, the kernel built and switched on) the params with a
+    packed copy of the decoder's dense kernels for the small-M kernel;
+    otherwise `params` itself. Baseline and speculative decoding both use it,
+    so their greedy outputs stay equal token for token.
+    """
+    return kernels.pack_params(self.config, self.params)
+
+  def as_draft(self, *, packed: bool = False) -> drafts.ModelDraft:
+    """This model as the draft of a speculative pair; on `decode_params` if `packed`."""
     return drafts.ModelDraft(
-      params=self.params,
+      params=self.decode_params if packed else self.params,
       config=self.config,
       inputs_bidirectional_attention=self.inputs_bidirectional_attention,
     )
@@ -117,7 +129,8 @@ class GenerateOutput:
 
 
 def _as_draft(draft: Draft):
-  return draft.as_draft() if isinstance(draft, Model) else draft
+  # A decode call runs a draft model on its packed parameters, as the target.
+  return draft.as_draft(packed=True) if isinstance(draft, Model) else draft
 
 
 def prefilled_target_cache(
@@ -473,7 +486,9 @@ class Decoder:
     """Decodes a batch; see `generate` for `input_tokens` and `decoder_prompts`."""
     input_tokens, decoder_prompts = self.check_inputs(input_tokens, decoder_prompts)
     draft, static_args = self.for_batch(input_tokens.shape[0])
-    return _generate(self.target.params, draft, input_tokens, decoder_prompts, rng, **static_args)
+    return _generate(
+      self.target.decode_params, draft, input_tokens, decoder_prompts, rng, **static_args
+    )
 
   def for_batch(self, batch_size: int) -> Tuple[Any, Mapping[str, Any]]:
     """(draft, static arguments) that decode a batch of `batch_size` rows.
@@ -516,7 +531,7 @@ class Decoder:
     """Compiles ahead of time for the shapes of these arguments."""
     draft, static_args = self.for_batch(np.shape(input_tokens)[0])
     compiled = _generate.lower(
-      self.target.params, draft, input_tokens, decoder_prompts, rng, **static_args
+      self.target.decode_params, draft, input_tokens, decoder_prompts, rng, **static_args
     ).compile()
     return CompiledDecoder(self, draft, compiled)
 
@@ -532,7 +547,9 @@ class CompiledDecoder:
   def __call__(
     self, input_tokens: Array, rng: Array, decoder_prompts: Optional[Array] = None
   ) -> GenerateOutput:
-    return self.compiled(self.decoder.target.params, self.draft, input_tokens, decoder_prompts, rng)
+    return self.compiled(
+      self.decoder.target.decode_params, self.draft, input_tokens, decoder_prompts, rng
+    )
 
   def memory_analysis(self):
     """XLA's memory analysis (argument, output, temporary sizes), or None."""

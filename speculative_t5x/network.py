@@ -84,6 +84,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x import kernels
+
 Array = jax.Array
 param_with_axes = nn_partitioning.param_with_axes
 
@@ -352,7 +354,9 @@ class DenseGeneral(nn.Module):
   """A bias-free linear map of the last `len(axis)` axes (T5X's DenseGeneral).
 
   The kernel is stored 2-D, [prod(input dims), prod(features)], in float32 and
-  reshaped for the contraction; inputs and kernel are cast to `dtype`.
+  reshaped for the contraction; inputs and kernel are cast to `dtype`. Where
+  the 'packed' collection holds this layer's kernel (decoding on
+  `kernels.pack_params`, float32) the CPU kernel computes it instead.
   """
 
   features: int | Tuple[int, ...]
@@ -367,6 +371,15 @@ class DenseGeneral(nn.Module):
     axis = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
     axis = tuple(a % inputs.ndim for a in axis)
     contracted = tuple(inputs.shape[a] for a in axis)
+    if self.has_variable(kernels.COLLECTION, 'kernel') and jnp.dtype(self.dtype) == jnp.float32:
+      # Decoding on `kernels.pack_params`: the CPU kernel on the packed copy
+      # (the plain kernel may have been dropped).
+      batch = inputs.shape[: inputs.ndim - len(axis)]
+      if axis != tuple(range(len(batch), inputs.ndim)):
+        raise ValueError(f'A packed DenseGeneral contracts trailing axes; got axis {self.axis}.')
+      x = inputs.reshape(batch + (int(np.prod(contracted)),))
+      packed = self.get_variable(kernels.COLLECTION, 'kernel')
+      return kernels.matmul(x, packed, int(np.prod(features))).reshape(batch + features)
     kernel = param_with_axes(
       'kernel',
       self.kernel_init,
@@ -422,6 +435,10 @@ class Embed(nn.Module):
 
   def attend(self, query: Array) -> Array:
     """[..., features] -> float32 [..., num_embeddings] dot products."""
+    if self.has_variable(kernels.COLLECTION, 'embedding') and jnp.dtype(self.dtype) == jnp.float32:
+      # Decoding on `kernels.pack_params`: the CPU kernel on the packed transpose.
+      packed = self.get_variable(kernels.COLLECTION, 'embedding')
+      return kernels.matmul(query, packed, self.num_embeddings)
     return jnp.dot(query, self.embedding.T)
 
 
@@ -1776,7 +1793,7 @@ def init_decoder_cache(
 
   Args:
     config: the network's config.
-    params: its parameter tree.
+    params: its parameter tree, or `kernels.PackedParams` (the CPU kernel).
     input_tokens: int32 [B, input_length]; 0 is padding.
     cache_length: static; the longest decode plus the largest block.
 
@@ -1786,7 +1803,7 @@ def init_decoder_cache(
   module = module_for(config)
   if is_decoder_only(config):
     _, variables = module.apply(
-      {'params': params},
+      kernels.variables(params),
       input_tokens.shape[0],
       cache_length,
       method=DecoderOnly.init_decoder_cache,
@@ -1794,10 +1811,10 @@ def init_decoder_cache(
     )
     return variables['cache']
   encoded = module.apply(
-    {'params': params}, input_tokens, enable_dropout=False, method=Transformer.encode
+    kernels.variables(params), input_tokens, enable_dropout=False, method=Transformer.encode
   )
   _, variables = module.apply(
-    {'params': params},
+    kernels.variables(params),
     encoded,
     input_tokens,
     cache_length,
@@ -1853,7 +1870,7 @@ def apply_decode_block(
 
   Args:
     config: the network's config.
-    params: its parameter tree.
+    params: its parameter tree, or `kernels.PackedParams` (the CPU kernel).
     cache: from `init_decoder_cache`.
     block_tokens: int32 [B, k]; with a tree, nodes first_node..first_node+k-1.
     start_positions: int32 [B]; start + k (with a tree, + N) <= cache_length.
@@ -1865,7 +1882,7 @@ def apply_decode_block(
   if feature_layers is not None:
     feature_layers = check_feature_layers(config, feature_layers)
   outputs, variables = module_for(config).apply(
-    {'params': params, 'cache': cache},
+    kernels.variables(params, cache=cache),
     block_tokens,
     start_positions,
     tree=tree,
@@ -1958,7 +1975,7 @@ def prefill_decoder_cache(
 
   Args:
     config: the network's config.
-    params: its parameter tree.
+    params: its parameter tree, or `kernels.PackedParams` (the CPU kernel).
     cache: from `init_decoder_cache`.
     block_tokens: int32 [B, W]: BOS (0), then the prompt, at positions 0..W-1.
     prefix_lengths: int32 [B], the prompt lengths P (the loop feeds P next).
@@ -1972,7 +1989,7 @@ def prefill_decoder_cache(
   if feature_layers is not None:
     feature_layers = check_feature_layers(config, feature_layers)
   features, variables = module_for(config).apply(
-    {'params': params, 'cache': cache},
+    kernels.variables(params, cache=cache),
     block_tokens,
     prefix_lengths,
     bidirectional,

@@ -1,0 +1,348 @@
+// y[M, N] = x[M, K] @ W[K, N] in float32 for a few rows (M = 1..32), on
+// weights repacked once into column blocks [ceil(N / NB), K, NB] (the last
+// block padded with zeros).
+//
+// Why: XLA:CPU's dot for 2-8 rows packs the weights on every call and streams
+// them at 14-21 GB/s where a one-row GEMV reaches ~25 GB/s, so a target block
+// of gamma + 1 tokens costs 1.5-1.75 one-token steps. Here each column block
+// is one contiguous run of K * NB floats: it is read from DRAM once, with the
+// accumulators of up to MR rows x NB columns in registers; more rows are done
+// in tiles of MR over the same block, which is still in L1/L2 by then, so DRAM
+// traffic stays one pass over W whatever M is.
+//
+// Every output element is one fused multiply-add chain over k = 0..K-1 in
+// order, starting from zero, whatever M, the row tile or the thread split: a
+// row's result is bitwise the same in a one-row step as in a block (greedy
+// speculative decoding then matches the greedy baseline token for token).
+//
+// Built by speculative_t5x/kernels/cpu_matmul.py with -march=native: AVX-512
+// (NB = 32, MR = 12 of 32 zmm registers) where the compiler defines
+// __AVX512F__, else AVX2 + FMA (NB = 16, MR = 6 of 16 ymm registers).
+// Column blocks are split over threads: XLA's intra-op pool (pool = 0) or a
+// small persistent pool of this library's own (pool = 1), or none (pool = 2).
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int kLanes = 16;
+constexpr int kMaxRows = 12;  // 12 rows x 2 vectors = 24 accumulators of 32.
+inline Vec Load(const float* p) { return _mm512_loadu_ps(p); }
+inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec Zero() { return _mm512_setzero_ps(); }
+inline Vec Broadcast(float x) { return _mm512_set1_ps(x); }
+inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline void KeepInRegister(Vec& v) { asm("" : "+v"(v)); }
+constexpr int kRegisters = 32;
+#elif defined(__AVX2__) && defined(__FMA__)
+using Vec = __m256;
+constexpr int kLanes = 8;
+constexpr int kMaxRows = 6;  // 6 rows x 2 vectors = 12 accumulators of 16.
+inline Vec Load(const float* p) { return _mm256_loadu_ps(p); }
+inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec Zero() { return _mm256_setzero_ps(); }
+inline Vec Broadcast(float x) { return _mm256_set1_ps(x); }
+inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline void KeepInRegister(Vec& v) { asm("" : "+x"(v)); }
+constexpr int kRegisters = 16;
+#else
+#error "small_m_matmul needs AVX2 + FMA or AVX-512F (x86-64); XLA's dot is used instead."
+#endif
+
+constexpr int kVectorsPerBlock = 2;
+constexpr int kBlock = kLanes * kVectorsPerBlock;  // NB, columns per block.
+constexpr int kMaxGroup = 4;
+// Several row tiles re-read a group of blocks: keep it within L2.
+constexpr int64_t kGroupBytes = 128 << 10;
+// Below this many multiply-adds a call runs on the calling thread: waking a
+// second one costs more than it saves.
+constexpr int64_t kMinParallelWork = 1 << 16;
+constexpr int64_t kChunksPerThread = 4;
+
+// Column blocks one row tile streams at once. Few rows have too few
+// independent FMA chains (latency 4-5 cycles) and DRAM streams with one block,
+// so they take several, within the registers: MR * NBLK * 2 accumulators, the
+// NBLK * 2 weight vectors of a k step (for MR > 1: one row multiplies straight
+// from memory) and one broadcast.
+constexpr int BlocksAtOnce(int mr) {
+  for (int nblk = kMaxGroup; nblk > 1; nblk /= 2) {
+    int vectors = nblk * kVectorsPerBlock;
+    if (mr * vectors + (mr > 1 ? vectors : 0) + 1 <= kRegisters) return nblk;
+  }
+  return 1;
+}
+
+// Rows [0, MR) of x (row stride K) times NBLK consecutive column blocks ->
+// y's first `valid` columns of them (row stride N).
+template <int MR, int NBLK>
+void Tile(const float* x, int64_t K, const float* blocks, float* y, int64_t N,
+          int64_t valid) {
+  const int64_t stride = K * kBlock;  // floats from one block to the next
+  Vec acc[MR][NBLK][kVectorsPerBlock];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NBLK; ++j)
+      for (int v = 0; v < kVectorsPerBlock; ++v) acc[r][j][v] = Zero();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* w = blocks + k * kBlock;
+    if (MR == 1) {
+      Vec xr = Broadcast(x[k]);
+      for (int j = 0; j < NBLK; ++j)
+        for (int v = 0; v < kVectorsPerBlock; ++v)
+          acc[0][j][v] = Fma(xr, Load(w + j * stride + v * kLanes), acc[0][j][v]);
+    } else {
+      Vec wv[NBLK][kVectorsPerBlock];
+      for (int j = 0; j < NBLK; ++j)
+        for (int v = 0; v < kVectorsPerBlock; ++v) {
+          wv[j][v] = Load(w + j * stride + v * kLanes);
+          // Loaded once into a register: otherwise GCC folds the load into
+          // every row's FMA, and MR loads per vector halve the FMA rate.
+          KeepInRegister(wv[j][v]);
+        }
+      for (int r = 0; r < MR; ++r) {
+        Vec xr = Broadcast(x[r * K + k]);
+        for (int j = 0; j < NBLK; ++j)
+          for (int v = 0; v < kVectorsPerBlock; ++v)
+            acc[r][j][v] = Fma(xr, wv[j][v], acc[r][j][v]);
+      }
+    }
+  }
+  for (int j = 0; j < NBLK; ++j) {
+    const int64_t columns = std::min<int64_t>(kBlock, valid - j * kBlock);
+    for (int r = 0; r < MR; ++r) {
+      float* out = y + r * N + j * kBlock;
+      if (columns == kBlock) {
+        for (int v = 0; v < kVectorsPerBlock; ++v) Store(out + v * kLanes, acc[r][j][v]);
+      } else {
+        alignas(64) float tmp[kBlock];
+        for (int v = 0; v < kVectorsPerBlock; ++v) Store(tmp + v * kLanes, acc[r][j][v]);
+        std::memcpy(out, tmp, columns * sizeof(float));
+      }
+    }
+  }
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, float*, int64_t,
+                        int64_t);
+
+// For each row count MR: its tile over BlocksAtOnce(MR) blocks and over one.
+struct TileSet {
+  int blocks;
+  TileFn wide;
+  TileFn narrow;
+};
+
+template <int... MR>
+constexpr std::array<TileSet, sizeof...(MR)> MakeTiles(
+    std::integer_sequence<int, MR...>) {
+  return {TileSet{BlocksAtOnce(MR + 1), &Tile<MR + 1, BlocksAtOnce(MR + 1)>,
+                  &Tile<MR + 1, 1>}...};
+}
+constexpr auto kTiles = MakeTiles(std::make_integer_sequence<int, kMaxRows>());
+
+struct Problem {
+  const float* x;
+  const float* w;
+  float* y;
+  int64_t M, K, N, num_blocks;
+};
+
+// Column blocks [first, last) for all M rows, in groups of up to kMaxGroup
+// blocks: row tiles of near-equal size (8 rows on AVX2 -> 4 + 4), each over
+// the group while it is still cached.
+void RunBlocks(const Problem& p, int64_t first, int64_t last) {
+  const int64_t tiles = (p.M + kMaxRows - 1) / kMaxRows;
+  const int64_t block_bytes = p.K * kBlock * sizeof(float);
+  const int64_t group =
+      tiles == 1 ? kMaxGroup
+                 : std::max<int64_t>(1, std::min<int64_t>(kMaxGroup, kGroupBytes / block_bytes));
+  for (int64_t b = first; b < last; b += group) {
+    const int64_t g = std::min(group, last - b);
+    int64_t row = 0;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t rows = (p.M - row) / (tiles - t);
+      const TileSet& tile = kTiles[rows - 1];
+      const float* x = p.x + row * p.K;
+      for (int64_t j = 0; j < g;) {
+        const bool wide = j + tile.blocks <= g;
+        const int64_t col = (b + j) * kBlock;
+        (wide ? tile.wide : tile.narrow)(x, p.K, p.w + (b + j) * p.K * kBlock,
+                                         p.y + row * p.N + col, p.N, p.N - col);
+        j += wide ? tile.blocks : 1;
+      }
+      row += rows;
+    }
+  }
+}
+
+// One call's work, split into `chunks` contiguous ranges of column blocks.
+// Any thread (the caller included) claims unclaimed chunks, so the call never
+// waits on a helper that has not started: the caller does the rest itself.
+struct Job {
+  Problem p;
+  int64_t chunks;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void Work() {
+    int64_t c;
+    while ((c = next.fetch_add(1, std::memory_order_relaxed)) < chunks) {
+      RunBlocks(p, c * p.num_blocks / chunks, (c + 1) * p.num_blocks / chunks);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+  void Wait() {
+    for (int spins = 0; done.load(std::memory_order_acquire) < chunks; ++spins) {
+      if (spins < 4096) {
+        _mm_pause();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+};
+
+// A persistent pool: helpers spin briefly for the next job (a decoder step
+// calls the kernel dozens of times back to back), then sleep.
+class Pool {
+ public:
+  explicit Pool(int helpers) {
+    for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return static_cast<int>(threads_.size()) + 1; }
+
+  void Run(const std::shared_ptr<Job>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = job;
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    job->Work();
+    job->Wait();
+  }
+
+ private:
+  void Loop() {
+    uint64_t seen = 0;
+    while (true) {
+      for (int spins = 0; spins < 20000 &&
+                          generation_.load(std::memory_order_acquire) == seen;
+           ++spins)
+        _mm_pause();
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] {
+          return stop_ || generation_.load(std::memory_order_relaxed) != seen;
+        });
+        if (stop_) return;
+        seen = generation_.load(std::memory_order_relaxed);
+        job = job_;
+      }
+      job->Work();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::shared_ptr<Job> job_;
+  bool stop_ = false;
+};
+
+Pool& OwnPool() {
+  static Pool* pool = new Pool(
+      std::max(1u, std::thread::hardware_concurrency()) - 1);  // never freed:
+  // helpers must outlive every call, including ones during interpreter exit.
+  return *pool;
+}
+
+ffi::Error MatmulImpl(ffi::ThreadPool xla_pool, ffi::Buffer<ffi::F32> x,
+                      ffi::Buffer<ffi::F32> blocks, ffi::ResultBuffer<ffi::F32> y,
+                      int64_t pool) {
+  auto xd = x.dimensions();
+  auto bd = blocks.dimensions();
+  auto yd = y->dimensions();
+  if (xd.size() != 2 || bd.size() != 3 || yd.size() != 2 || bd[2] != kBlock ||
+      bd[1] != xd[1] || yd[0] != xd[0] || yd[1] > bd[0] * kBlock ||
+      yd[1] <= (bd[0] - 1) * kBlock) {
+    return ffi::Error::InvalidArgument(
+        "small_m_matmul: expected x [M, K], blocks [ceil(N / NB), K, NB] with "
+        "NB = " + std::to_string(kBlock) + " and y [M, N]; repack the weights "
+        "with speculative_t5x.kernels.pack on this machine.");
+  }
+  Problem p{x.typed_data(), blocks.typed_data(), y->typed_data(),
+            xd[0],          xd[1],               yd[1],         bd[0]};
+  if (p.M == 0 || p.N == 0) return ffi::Error::Success();
+  if (p.K == 0) {
+    std::fill(p.y, p.y + p.M * p.N, 0.0f);
+    return ffi::Error::Success();
+  }
+  int64_t threads = 1;
+  if (p.M * p.K * p.N >= kMinParallelWork) {
+    if (pool == 0) threads = std::max<int64_t>(1, xla_pool.num_threads());
+    if (pool == 1) threads = OwnPool().size();
+  }
+  threads = std::min(threads, p.num_blocks);
+  if (threads <= 1) {
+    RunBlocks(p, 0, p.num_blocks);
+    return ffi::Error::Success();
+  }
+  auto job = std::make_shared<Job>();
+  job->p = p;
+  // More chunks than threads: on a shared machine a thread that is descheduled
+  // holds up the call by one small chunk, not by half the work.
+  job->chunks = std::min(p.num_blocks, threads * kChunksPerThread);
+  if (pool == 1) {
+    OwnPool().Run(job);
+  } else {
+    // Helpers hold the job by shared_ptr: one that starts after the caller
+    // has finished every chunk finds nothing to claim and returns.
+    for (int64_t i = 1; i < threads; ++i) xla_pool.Schedule([job] { job->Work(); });
+    job->Work();
+    job->Wait();
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpeculativeT5xSmallMMatmul, MatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("pool"));
+
+// The column block width NB the packed layout must use with this build.
+extern "C" int64_t SpeculativeT5xSmallMBlockWidth() { return kBlock; }

@@ -1,0 +1,84 @@
+"""Decoding on `kernels.pack_params`: the network's dense layers on the CPU kernel."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative_t5x import kernels
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x.kernels import cpu_matmul
+from testing_utils import padded_inputs
+from testing_utils import tiny_decoder_only_model
+from testing_utils import tiny_model
+
+
+def _needs_kernel():
+  # A C++ compiler is an optional dependency (without one decoding is XLA's).
+  if not kernels.available():
+    pytest.skip('the CPU kernel cannot be built here (no C++ compiler or no AVX2/FMA)')
+
+
+def _models():
+  tied = tiny_model(1, vocab_size=40, emb_dim=48)
+  tied = models.Model(dataclasses.replace(tied.config, logits_via_embedding=True), tied.params)
+  return {
+    'untied': tiny_model(0, vocab_size=40, emb_dim=48, scale=4.0),
+    'tied': tied,
+    'decoder_only': tiny_decoder_only_model(2, vocab_size=40, emb_dim=48, scale=4.0),
+  }
+
+
+def _block_logits(model, params, block_tokens):
+  inputs = jnp.asarray(padded_inputs(3, 2, 6, model.vocab_size))
+  cache = network.init_decoder_cache(model.config, params, inputs, 16)
+  starts = jnp.zeros((2,), jnp.int32)
+  logits, _ = network.apply_decode_block(model.config, params, cache, block_tokens, starts)
+  return np.asarray(logits)
+
+
+@pytest.mark.parametrize('name', ['untied', 'tied', 'decoder_only'])
+def test_packed_decoding_matches_plain_within_float32(name):
+  _needs_kernel()
+  model = _models()[name]
+  packed = model.decode_params
+  assert isinstance(packed, kernels.PackedParams)
+  flat = jax.tree_util.tree_leaves_with_path(packed.packed)
+  names = {jax.tree_util.keystr(path) for path, _ in flat}
+  assert any('mlp' in n for n in names) and any('self_attention' in n for n in names)
+  assert any('embedding' in n for n in names) == (name == 'tied')
+  assert not any(n.startswith("['encoder']") for n in names)
+  tokens = jnp.asarray([[0, 5, 6, 7], [0, 9, 3, 2]], jnp.int32)
+  plain = _block_logits(model, model.params, tokens)
+  kernel = _block_logits(model, packed, tokens)
+  np.testing.assert_allclose(kernel, plain, rtol=1e-5, atol=1e-5 * np.abs(plain).max())
+  # The plain kernels dropped: the packed ones alone give the same logits.
+  dropped = kernels.pack_params(model.config, model.params, keep_unpacked=False)
+  assert len(jax.tree.leaves(dropped.params)) < len(jax.tree.leaves(model.params))
+  np.testing.assert_array_equal(_block_logits(model, dropped, tokens), kernel)
+
+
+@pytest.mark.parametrize('name', ['untied', 'decoder_only'])
+def test_greedy_speculative_equals_baseline_on_the_kernel(name):
+  _needs_kernel()
+  target = _models()[name]
+  draft = tiny_model(7, vocab_size=40, emb_dim=32) if name == 'untied' else None
+  if draft is None:
+    draft = tiny_decoder_only_model(8, vocab_size=40, emb_dim=32)
+  inputs = padded_inputs(5, 3, 6, target.vocab_size)
+  baseline = models.generate(target, None, inputs, max_decode_len=14)
+  for gamma in (1, 3):
+    speculative = models.generate(target, draft, inputs, max_decode_len=14, gamma=gamma)
+    np.testing.assert_array_equal(speculative.tokens, baseline.tokens)
+
+
+def test_unchanged_where_the_kernel_is_off(monkeypatch):
+  model = _models()['untied']
+  monkeypatch.setenv(cpu_matmul.ENV_SWITCH, '0')
+  assert kernels.pack_params(model.config, model.params) is model.params
+  bfloat16 = dataclasses.replace(model.config, dtype='bfloat16')
+  monkeypatch.delenv(cpu_matmul.ENV_SWITCH)
+  assert kernels.pack_params(bfloat16, model.params) is model.params
