@@ -63,6 +63,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import run_settings
 from speculative_t5x.bench import reports
 from speculative_t5x.bench import result_cache as result_cache_lib
 from speculative_t5x.data import tasks_core
@@ -95,10 +96,6 @@ DISTILL_STEPS = (150, 200)
 # temperature 1, the draft's own samples (DistillSpec's on-policy data; alpha 0.52 ->
 # 0.66 in 300 steps).
 DISTILLATION_DATA = {0.0: {'target': 1.0}, 1.0: {'draft': 1.0}}
-# distill.SETTINGS_FILE and train.METRICS_FILE, read without importing those modules
-# (TensorFlow and seqio), so that a second run, which trains nothing, never loads them.
-DISTILL_SETTINGS_FILE = 'distill_settings.json'
-METRICS_FILE = 'metrics.jsonl'
 
 
 def _define_flags() -> None:
@@ -321,9 +318,9 @@ def distilled_model(
     gin_utils.call_configured(
       distill.distill, files, [f'{name} = {value!r}' for name, value in bindings.items()]
     )
-  with open(os.path.join(model_dir, DISTILL_SETTINGS_FILE)) as f:
+  with open(os.path.join(model_dir, run_settings.DISTILL_SETTINGS_FILE)) as f:
     record = json.load(f)
-  with open(os.path.join(model_dir, METRICS_FILE)) as f:
+  with open(os.path.join(model_dir, run_settings.METRICS_FILE)) as f:
     curve = [json.loads(line) for line in f]
   record.update(
     steps=steps,

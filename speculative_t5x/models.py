@@ -37,6 +37,7 @@ from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import layouts
 from speculative_t5x import network
+from speculative_t5x import run_settings
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
 
@@ -48,7 +49,7 @@ Draft = Union['Model', drafts.Draft]
 
 EOS_ID = layouts.EOS_ID
 # What `train.train` records in its model directory beside the checkpoints.
-TRAIN_SETTINGS_FILE = 'train_settings.json'
+TRAIN_SETTINGS_FILE = run_settings.TRAIN_SETTINGS_FILE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -281,7 +281,7 @@ def test_bad_arguments_name_the_problem(fixture_task, tmp_path):
     train.train(str(tmp_path), _config(32), task, **args)
   with pytest.raises(ValueError, match='feature_lengths must map'):
     train.train(str(tmp_path), _config(64), task, **{**args, 'feature_lengths': {'inputs': 8}})
-  with pytest.raises(ValueError, match='batch_size must be a positive integer'):
+  with pytest.raises(ValueError, match='batch_size must be an integer >= 1'):
     train.train(str(tmp_path), _config(64), task, **{**args, 'batch_size': 0})
   with pytest.raises(ValueError, match='Unknown loss_normalizing_factor'):
     train.train(str(tmp_path), _config(64), task, loss_normalizing_factor='TOKENS', **args)

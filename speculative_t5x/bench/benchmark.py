@@ -103,13 +103,6 @@ def tsv_inputs(
   return layouts.pad_rows(sources, input_length), [target for _, target in pairs]
 
 
-def _get_task(task):
-  """The `seqio.Task` of a registered name, or the task itself."""
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  return seqio.get_mixture_or_task(task) if isinstance(task, str) else task
-
-
 def task_inputs(
   task, split: str, *, num_examples: Optional[int] = None, input_length: Optional[int] = None
 ):
@@ -126,7 +119,9 @@ def task_inputs(
     (inputs int32 [N, input_length] as the task tokenizes them, EOS
     included; list of N target strings).
   """
-  task = _get_task(task)
+  from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
+
+  task = tasks_core.get_task(task)
   dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
   if num_examples is not None:
     dataset = dataset.take(num_examples)
@@ -1326,8 +1321,10 @@ def benchmark_pair(
     )
   vocabulary = None  # What tokenizes the references into decoder prompts.
   if task is not None:
+    from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
+
     inputs, references = task_inputs(task, split, num_examples=num_examples)
-    vocabulary = _get_task(task).output_features['targets'].vocabulary
+    vocabulary = tasks_core.get_task(task).output_features['targets'].vocabulary
   elif tsv_path is not None:
     if vocabulary_path is None:
       raise ValueError(

@@ -95,6 +95,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import run_settings
 from speculative_t5x import sampling
 from speculative_t5x import speculative_sampling
 from speculative_t5x.data import tasks
@@ -106,7 +107,7 @@ DIVERGENCES = ('forward_kl', 'reverse_kl', 'jsd', 'tvd')
 SOURCES = ('draft', 'target', 'ground_truth')
 LOG_FLOOR = 1e-10
 # Written into model_dir at the start: what the run distills for, with which data and loss.
-SETTINGS_FILE = 'distill_settings.json'
+SETTINGS_FILE = run_settings.DISTILL_SETTINGS_FILE
 # Steps whose target greedy outputs are decoded in one batch (see the module docstring).
 GREEDY_CHUNK_STEPS = 8
 

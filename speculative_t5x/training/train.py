@@ -89,9 +89,9 @@ import tqdm
 
 from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
-from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import run_settings
+from speculative_t5x import settings as settings_lib
 from speculative_t5x.data import tasks
 
 PyTree = Any
@@ -99,8 +99,8 @@ Batch = Dict[str, np.ndarray]
 LossNormalizingFactor = Union[None, float, str]
 
 ITEM_NAMES = ('params', 'opt_state')
-METRICS_FILE = 'metrics.jsonl'
-SETTINGS_FILE = models.TRAIN_SETTINGS_FILE  # models.load_trained reads it.
+METRICS_FILE = run_settings.METRICS_FILE
+SETTINGS_FILE = run_settings.TRAIN_SETTINGS_FILE  # models.load_trained reads it.
 # T5X's special loss normalizing factors (`t5x.losses.SpecialLossNormalizingFactor`).
 SPECIAL_LOSS_NORMALIZING_FACTORS = (
   'NUM_REAL_TARGET_TOKENS',
@@ -581,9 +581,10 @@ class TrainResult:
 
 
 def check_positive(**values) -> None:
+  """`settings.check_positive_int` of each value given (None: not set, not checked)."""
   for name, value in values.items():
-    if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
-      raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+    if value is not None:
+      settings_lib.check_positive_int(name, value)
 
 
 def check_task(
