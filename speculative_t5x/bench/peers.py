@@ -50,6 +50,12 @@ encoder layers (our demo target: 2 and 4) fails with an IndexError in
 decoder's depth after loading: transformers reads it only to build the
 encoder (already built) and to size that cache.
 
+Spread. Examples differ in how much of them the draft guesses, so the
+speedup over all examples together comes with each example's own speedup (the
+median of its timed passes): their mean, standard error and range
+(`Comparison.speedup_spread`). Compare with the benchmark on the examples it
+times (the demo passes those).
+
 Tokens are counted alike: each example's tokens up to and including EOS (all
 `max_decode_len` if none). HF's sequences begin with decoder_start_token_id,
 which is not a generated token.
@@ -66,7 +72,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import statistics
 import time
 from typing import Callable, Dict, Optional, Tuple
 
@@ -117,6 +122,7 @@ class SystemResult:
     seconds_max: slowest pass.
     identical_fraction: fraction of examples whose output equals our greedy
       output token for token.
+    seconds_per_example: median over repetitions of each example's seconds.
   """
 
   system: str
@@ -126,6 +132,7 @@ class SystemResult:
   seconds_min: float
   seconds_max: float
   identical_fraction: float
+  seconds_per_example: Tuple[float, ...]
 
   @property
   def tokens(self) -> int:
@@ -223,6 +230,28 @@ class Comparison:
   def speedup(self, system: str) -> float:
     """Tokens/s of `system` over those of its own framework's greedy decoding."""
     return self[system].tokens_per_second / self[_BASELINE_OF[system]].tokens_per_second
+
+  def speedups_per_example(self, system: str) -> np.ndarray:
+    """float64 [num_examples]: `speedup` on each example alone (its median seconds)."""
+    ours, baseline = self[system], self[_BASELINE_OF[system]]
+    rate = lambda r: np.asarray(r.tokens_per_example) / np.asarray(r.seconds_per_example)
+    return rate(ours) / rate(baseline)
+
+  def speedup_spread(self, system: str) -> Dict[str, float]:
+    """{'mean', 'stderr', 'min', 'max'} of `speedups_per_example` over the examples.
+
+    Examples differ in how much of them the draft guesses, so the ratio differs
+    from one to the next: the spread says how far the aggregate `speedup` would
+    move on other examples of the same kind.
+    """
+    ratios = self.speedups_per_example(system)
+    stderr = float(np.std(ratios, ddof=1) / np.sqrt(len(ratios))) if len(ratios) > 1 else 0.0
+    return dict(
+      mean=float(np.mean(ratios)),
+      stderr=stderr,
+      min=float(np.min(ratios)),
+      max=float(np.max(ratios)),
+    )
 
 
 def _import_torch_and_transformers():
@@ -401,19 +430,19 @@ def _logits_error(
 
 def _time_passes(
   runners: Dict[str, Callable], input_tokens: np.ndarray, outputs: Dict[str, list], repetitions: int
-) -> Dict[str, list]:
-  """Seconds of each timed pass over all examples, per system.
+) -> Dict[str, np.ndarray]:
+  """Per system, float64 [repetitions, num_examples]: each example's seconds in each pass.
 
   The systems take turns on each example, so that load from other processes
   falls on all of them alike. Each output must equal the untimed pass's.
   """
-  seconds = {system: [0.0] * repetitions for system in runners}
+  seconds = {system: np.zeros((repetitions, len(input_tokens))) for system in runners}
   for repetition in range(repetitions):
     for example, row in enumerate(input_tokens):
       for system, run in runners.items():
         start = time.perf_counter()
         tokens, _ = run(row)
-        seconds[system][repetition] += time.perf_counter() - start
+        seconds[system][repetition, example] = time.perf_counter() - start
         if not np.array_equal(tokens, outputs[system][example][0]):
           raise RuntimeError(
             f'{system} decoded example {example} differently in repetition '
@@ -573,10 +602,11 @@ def compare_with_huggingface(
       system=system,
       tokens_per_example=tuple(len(tokens) for tokens, _ in outputs[system]),
       target_calls_per_example=tuple(calls for _, calls in outputs[system]),
-      seconds_median=statistics.median(seconds[system]),
-      seconds_min=min(seconds[system]),
-      seconds_max=max(seconds[system]),
+      seconds_median=float(np.median(seconds[system].sum(axis=1))),
+      seconds_min=float(np.min(seconds[system].sum(axis=1))),
+      seconds_max=float(np.max(seconds[system].sum(axis=1))),
       identical_fraction=1.0 - sum(d.system == system for d in divergences) / num_examples,
+      seconds_per_example=tuple(float(t) for t in np.median(seconds[system], axis=0)),
     )
     for system in SYSTEMS
   )
@@ -613,15 +643,21 @@ def format_markdown(result: Comparison) -> str:
     f'Exported logits match ours within {result.target_logits_error:.1e} (target) and '
     f'{result.draft_logits_error:.1e} (draft).',
     '',
+    "The speedup is over the same framework's greedy decoding, on all examples together; "
+    "per example: the mean of the examples' own speedups +- its standard error, and "
+    'their range.',
+    '',
     '| system | tokens | target calls | tokens/call | s per pass (min-max) | ms/token '
-    '| tokens/s | speedup | identical to ours greedy |',
-    '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+    '| tokens/s | speedup | per example: mean +- s.e. (range) | identical to ours greedy |',
+    '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
   ]
   for r in result.systems:
+    spread = result.speedup_spread(r.system)
     lines.append(
       f'| {r.system} | {r.tokens} | {r.target_calls} | {r.tokens_per_target_call:.2f} '
       f'| {r.seconds_median:.3f} ({r.seconds_min:.3f}-{r.seconds_max:.3f}) '
       f'| {r.ms_per_token:.2f} | {r.tokens_per_second:.1f} | {result.speedup(r.system):.2f}x '
+      f'| {spread["mean"]:.2f} +- {spread["stderr"]:.2f} ({spread["min"]:.2f}-{spread["max"]:.2f}) '
       f'| {r.identical_fraction:.0%} |'
     )
   if result.divergences:
