@@ -85,7 +85,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import app
 from absl import logging
@@ -521,6 +521,7 @@ def infer(
   truncate_inputs: bool = False,
   num_examples: Optional[int] = None,
   progress: bool = True,
+  after_batch: Optional[Callable[[int], None]] = None,
 ) -> Dict[str, Any]:
   """Decodes a task split into `output_dir`, resuming a run there; see the module docstring.
 
@@ -558,6 +559,9 @@ def infer(
       a larger number continues the outputs; the records of the shorter run's
       last, padded batch keep that batch's beta statistics.
     progress: show a tqdm progress bar.
+    after_batch: called with the number of examples this run has written, after
+      each batch's records are flushed (a hook: the kill-and-resume test stops
+      a run after its first batch with it).
 
   Returns:
     The summary written to `<task>-<split>.summary.json`: `summarize`'s
@@ -664,6 +668,8 @@ def infer(
       decoded_tokens += sum(r['emitted'] for r in records)
       gammas_ran.add(output.gamma)
       bar.update(len(records))
+      if after_batch is not None:
+        after_batch(decoded)
 
     # One batch in flight: the host writes batch k while the devices decode k + 1.
     pending = None

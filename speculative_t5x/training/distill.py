@@ -82,7 +82,7 @@ Encoder-decoder pairs only: the functions take encoder-decoder
 
 import dataclasses
 import functools
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -427,6 +427,7 @@ def distill(
   eval_temperatures: Sequence[float] = (0.0, 1.0),
   log_every: int = 25,
   progress: bool = True,
+  after_step: Optional[Callable[[int], None]] = None,
 ) -> DistillResult:
   """Distills `draft` from the frozen `target` (or resumes); see the module docstring.
 
@@ -454,6 +455,7 @@ def distill(
     eval_temperatures: temperatures of the held-out alpha (the run's top-k / top-p).
     log_every: steps per logged (and progress bar) metrics line.
     progress: show a tqdm progress bar.
+    after_step: called with each step's number (`train.resumable_loop`).
 
   Returns:
     A `DistillResult`.
@@ -626,6 +628,7 @@ def distill(
     log_every=log_every,
     progress=progress,
     start=start,
+    after_step=after_step,
   )
   return DistillResult(params, step, train_metrics, eval_metrics)
 

@@ -701,6 +701,7 @@ def resumable_loop(
   log_every: int,
   progress: bool,
   start: Callable[[int], LoopSteps],
+  after_step: Optional[Callable[[int], None]] = None,
 ) -> Tuple[PyTree, int, List[Dict[str, Any]], List[Dict[str, Any]]]:
   """Trains `model_dir`'s run up to `num_steps`, from its latest checkpoint or from the start.
 
@@ -731,6 +732,9 @@ def resumable_loop(
     checkpoint_every, keep_checkpoints, eval_every, log_every, progress: as
       `train`'s.
     start: see above.
+    after_step: called with each step's number once the step, its records and
+      any save it starts are issued (a step hook: the kill-and-resume tests stop
+      a run at a chosen step with it).
 
   Returns:
     (the final parameters, the final step, training records, evaluation records).
@@ -813,6 +817,8 @@ def resumable_loop(
         save_state(manager, state)
       if steps.evaluate is not None and (step % eval_every == 0 or step == num_steps):
         evaluate(step)
+      if after_step is not None:
+        after_step(step)
     bar.close()
     return state.params, num_steps, train_metrics, eval_metrics
   finally:
@@ -843,6 +849,7 @@ def train(
   eval_batches: Optional[int] = None,
   log_every: int = 50,
   progress: bool = True,
+  after_step: Optional[Callable[[int], None]] = None,
 ) -> TrainResult:
   """Trains (or resumes training of) a network on a task; see the module docstring.
 
@@ -883,6 +890,7 @@ def train(
     eval_batches: evaluate on at most this many batches; None the whole split.
     log_every: steps per logged (and progress bar) metrics line.
     progress: show a tqdm progress bar.
+    after_step: called with each step's number (`train.resumable_loop`).
 
   Returns:
     A `TrainResult`.
@@ -990,6 +998,7 @@ def train(
     log_every=log_every,
     progress=progress,
     start=start,
+    after_step=after_step,
   )
   return TrainResult(params, step, train_metrics, eval_metrics)
 
