@@ -64,6 +64,7 @@ from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import run_settings
+from speculative_t5x.bench import records as records_lib
 from speculative_t5x.bench import reports
 from speculative_t5x.bench import result_cache as result_cache_lib
 from speculative_t5x.data import tasks_core
@@ -370,24 +371,24 @@ def print_table(records) -> None:
   )
   print(' '.join(f'{h:>11s}' for h in header))
   sampled = []
-  for r in records:
-    if r['kind'] != 'walltime' or r['batch_size'] != 1:
+  for r in records_lib.typed(records):
+    if not isinstance(r, records_lib.Walltime) or r.batch_size != 1:
       continue
     row = (
-      r['temperature'],
-      r['gamma'],
-      r['alpha'],
-      r['c'],
-      r['verify_cost'],
-      r['tokens_per_call'],
-      r['ms_per_token_baseline']['median'],
-      r['ms_per_token_speculative']['median'],
-      r['speedup']['median'],
-      r.get('predicted_speedup'),
+      r.temperature,
+      r.gamma,
+      r.alpha,
+      r.c,
+      r.verify_cost,
+      r.tokens_per_call,
+      r.ms_per_token_baseline['median'],
+      r.ms_per_token_speculative['median'],
+      r.speedup['median'],
+      r.predicted_speedup,
       *_bleu_cells(r),
     )
     print(' '.join(f'{v:>11.3f}' if isinstance(v, float) else f'{str(v):>11s}' for v in row))
-    if r.get('sampled_quality'):
+    if r.sampled_quality:
       sampled.append(r)
   if sampled:
     print(f'\n{reports.SAMPLED_QUALITY_NOTE}')
@@ -497,7 +498,7 @@ def main(argv) -> None:
       result_cache=result_cache,
       progress=progress,
     )
-  records.append(dict(kind='machine', emulated=False, **machine))
+  records.append(records_lib.Machine(emulated=False, **machine))
   reports.write_report(records, os.path.join(workdir, 'report'))
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None

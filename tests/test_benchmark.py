@@ -17,6 +17,7 @@ import pytest
 
 from speculative_t5x import acceptance
 from speculative_t5x.bench import benchmark
+from speculative_t5x.bench import records as records_lib
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
@@ -83,7 +84,7 @@ def test_reports_other_drafts_alpha_and_the_distillation(records):
 def test_writes_json_markdown_and_figures(records):
   result, output_dir = records
   with open(os.path.join(output_dir, 'benchmark.json')) as f:
-    assert json.load(f) == json.loads(json.dumps(result, default=float))
+    assert json.load(f) == json.loads(json.dumps(records_lib.to_json(result), default=float))
   for name in (
     'benchmark.md',
     'speedup_vs_gamma.png',
