@@ -73,7 +73,7 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -506,10 +506,67 @@ def compare_with_huggingface(
   if not isinstance(torch_threads, (int, np.integer)) or torch_threads < 1:
     raise ValueError(f'num_threads must be an integer >= 1 or None; got {num_threads!r}.')
 
-  target_calls = [0]
+  with _quiet(transformers):
+    hf_target = _export(target, os.path.join(workdir, 'target_hf'), transformers)
+    hf_draft = _export(draft, os.path.join(workdir, 'draft_hf'), transformers)
+    runners, target_calls = _runners(
+      torch, transformers, target, draft, hf_target, hf_draft, gamma, max_decode_len, eos_id
+    )
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(int(torch_threads))
+    hook = hf_target.register_forward_hook(functools.partial(_count_call, target_calls))
+    try:
+      # Untimed pass: compiles, warms up, and records outputs and target
+      # calls; the parity check then uses our first output as decoder inputs.
+      outputs = {system: [run(row) for row in input_tokens] for system, run in runners.items()}
+      decoder_inputs = _shift_right(outputs[OURS_BASELINE][0][0], max_decode_len)
+      target_error = _logits_error(
+        torch, target, hf_target, input_tokens[:1], decoder_inputs, 'target'
+      )
+      draft_error = _logits_error(torch, draft, hf_draft, input_tokens[:1], decoder_inputs, 'draft')
+      seconds = _time_passes(runners, input_tokens, outputs, repetitions)
+      divergences = _divergences(torch, target, hf_target, input_tokens, outputs, max_decode_len)
+    finally:
+      hook.remove()
+      torch.set_num_threads(previous_threads)
 
-  def count_target_call(*unused):
-    target_calls[0] += 1
+  return Comparison(
+    systems=tuple(
+      _system_result(system, outputs[system], seconds[system], divergences) for system in SYSTEMS
+    ),
+    divergences=tuple(divergences),
+    num_examples=len(input_tokens),
+    input_length=input_tokens.shape[1],
+    max_decode_len=int(max_decode_len),
+    gamma=int(gamma),
+    repetitions=int(repetitions),
+    torch_threads=int(torch_threads),
+    cpu_cores=cpu_cores,
+    xla_flags=os.environ.get('XLA_FLAGS', ''),
+    target_logits_error=target_error,
+    draft_logits_error=draft_error,
+    versions={
+      'jax': jax.__version__,
+      'torch': torch.__version__,
+      'transformers': transformers.__version__,
+    },
+  )
+
+
+def _count_call(counter, *unused):
+  """A forward hook's body: one more target call."""
+  counter[0] += 1
+
+
+def _runners(
+  torch, transformers, target, draft, hf_target, hf_draft, gamma, max_decode_len, eos_id
+):
+  """({system: run(row) -> (tokens, target calls)}, the HF target's call counter [1]).
+
+  The counter is a one-element list that a forward hook on `hf_target`
+  increments; `run_hf` resets it per example.
+  """
+  target_calls = [0]
 
   def run_ours(row, draft_or_none):
     out = models.generate(
@@ -538,96 +595,64 @@ def compare_with_huggingface(
     # Drop decoder_start_token_id; at batch 1 nothing follows the EOS.
     return emitted_tokens(sequences[0, 1:].numpy(), eos_id), target_calls[0]
 
-  with _quiet(transformers):
-    hf_target = _export(target, os.path.join(workdir, 'target_hf'), transformers)
-    hf_draft = _export(draft, os.path.join(workdir, 'draft_hf'), transformers)
-    # transformers' candidate generator reads these from the assistant's
-    # config (see the module docstring): a fixed gamma, no early stop.
-    hf_draft.generation_config.num_assistant_tokens = int(gamma)
-    hf_draft.generation_config.num_assistant_tokens_schedule = 'constant'
-    hf_draft.generation_config.assistant_confidence_threshold = 0.0
-    greedy_config = transformers.GenerationConfig(
-      do_sample=False,
-      num_beams=1,
-      max_new_tokens=int(max_decode_len),
-      eos_token_id=eos_id,
-      pad_token_id=0,
-      decoder_start_token_id=0,
-    )
-    runners = {
-      OURS_BASELINE: functools.partial(run_ours, draft_or_none=None),
-      OURS_SPECULATIVE: functools.partial(run_ours, draft_or_none=draft),
-      HF_GREEDY: functools.partial(run_hf, assistant=None),
-      HF_ASSISTED: functools.partial(run_hf, assistant=hf_draft),
-    }
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(int(torch_threads))
-    hook = hf_target.register_forward_hook(count_target_call)
-    try:
-      # Untimed pass: compiles, warms up, and records outputs and target
-      # calls; the parity check then uses our first output as decoder inputs.
-      outputs = {system: [run(row) for row in input_tokens] for system, run in runners.items()}
-      reference = [tokens for tokens, _ in outputs[OURS_BASELINE]]
-      decoder_inputs = _shift_right(reference[0], max_decode_len)
-      target_error = _logits_error(
-        torch, target, hf_target, input_tokens[:1], decoder_inputs, 'target'
-      )
-      draft_error = _logits_error(torch, draft, hf_draft, input_tokens[:1], decoder_inputs, 'draft')
-      seconds = _time_passes(runners, input_tokens, outputs, repetitions)
-      divergences = []
-      for system in SYSTEMS[1:]:
-        for example, (tokens, _) in enumerate(outputs[system]):
-          if not np.array_equal(tokens, reference[example]):
-            row = input_tokens[example : example + 1]
-            divergences.append(
-              _divergence(
-                system,
-                example,
-                reference[example],
-                tokens,
-                functools.partial(
-                  acceptance.teacher_forced_logits, target.config, target.params, row
-                ),
-                functools.partial(_hf_logits, torch, hf_target, row),
-                max_decode_len,
-              )
-            )
-    finally:
-      hook.remove()
-      torch.set_num_threads(previous_threads)
-
-  num_examples = len(input_tokens)
-  systems = tuple(
-    SystemResult(
-      system=system,
-      tokens_per_example=tuple(len(tokens) for tokens, _ in outputs[system]),
-      target_calls_per_example=tuple(calls for _, calls in outputs[system]),
-      seconds_median=float(np.median(seconds[system].sum(axis=1))),
-      seconds_min=float(np.min(seconds[system].sum(axis=1))),
-      seconds_max=float(np.max(seconds[system].sum(axis=1))),
-      identical_fraction=1.0 - sum(d.system == system for d in divergences) / num_examples,
-      seconds_per_example=tuple(float(t) for t in np.median(seconds[system], axis=0)),
-    )
-    for system in SYSTEMS
+  # transformers' candidate generator reads these from the assistant's
+  # config (see the module docstring): a fixed gamma, no early stop.
+  hf_draft.generation_config.num_assistant_tokens = int(gamma)
+  hf_draft.generation_config.num_assistant_tokens_schedule = 'constant'
+  hf_draft.generation_config.assistant_confidence_threshold = 0.0
+  greedy_config = transformers.GenerationConfig(
+    do_sample=False,
+    num_beams=1,
+    max_new_tokens=int(max_decode_len),
+    eos_token_id=eos_id,
+    pad_token_id=0,
+    decoder_start_token_id=0,
   )
-  return Comparison(
-    systems=systems,
-    divergences=tuple(divergences),
-    num_examples=num_examples,
-    input_length=input_tokens.shape[1],
-    max_decode_len=int(max_decode_len),
-    gamma=int(gamma),
-    repetitions=int(repetitions),
-    torch_threads=int(torch_threads),
-    cpu_cores=cpu_cores,
-    xla_flags=os.environ.get('XLA_FLAGS', ''),
-    target_logits_error=target_error,
-    draft_logits_error=draft_error,
-    versions={
-      'jax': jax.__version__,
-      'torch': torch.__version__,
-      'transformers': transformers.__version__,
-    },
+  runners = {
+    OURS_BASELINE: functools.partial(run_ours, draft_or_none=None),
+    OURS_SPECULATIVE: functools.partial(run_ours, draft_or_none=draft),
+    HF_GREEDY: functools.partial(run_hf, assistant=None),
+    HF_ASSISTED: functools.partial(run_hf, assistant=hf_draft),
+  }
+  return runners, target_calls
+
+
+def _divergences(
+  torch, target, hf_target, input_tokens, outputs, max_decode_len
+) -> List[Divergence]:
+  """A `Divergence` for every example on which a system's output differs from our greedy one."""
+  reference = [tokens for tokens, _ in outputs[OURS_BASELINE]]
+  divergences = []
+  for system in SYSTEMS[1:]:
+    for example, (tokens, _) in enumerate(outputs[system]):
+      if not np.array_equal(tokens, reference[example]):
+        row = input_tokens[example : example + 1]
+        divergences.append(
+          _divergence(
+            system,
+            example,
+            reference[example],
+            tokens,
+            functools.partial(acceptance.teacher_forced_logits, target.config, target.params, row),
+            functools.partial(_hf_logits, torch, hf_target, row),
+            max_decode_len,
+          )
+        )
+  return divergences
+
+
+def _system_result(system, outputs, seconds, divergences) -> SystemResult:
+  """One system's `SystemResult` from its outputs and seconds [repetitions, examples]."""
+  per_pass = seconds.sum(axis=1)
+  return SystemResult(
+    system=system,
+    tokens_per_example=tuple(len(tokens) for tokens, _ in outputs),
+    target_calls_per_example=tuple(calls for _, calls in outputs),
+    seconds_median=float(np.median(per_pass)),
+    seconds_min=float(np.min(per_pass)),
+    seconds_max=float(np.max(per_pass)),
+    identical_fraction=1.0 - sum(d.system == system for d in divergences) / len(outputs),
+    seconds_per_example=tuple(float(t) for t in np.median(seconds, axis=0)),
   )
 
 
