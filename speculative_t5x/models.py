@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 import flax
 import jax
@@ -320,7 +320,6 @@ def baseline_decode(
     'topk',
     'topp',
     'eos_id',
-    'emulate_alpha',
     'settings',
   ),
 )
@@ -338,7 +337,6 @@ def _generate(
   topk: int,
   topp: float,
   eos_id: int,
-  emulate_alpha: Union[None, float, Tuple[float, ...]],
   settings: Optional[settings_lib.SpeculativeSettings],
 ):
   """The whole decode call, compiled once per static configuration and prompt width.
@@ -383,7 +381,6 @@ def _generate(
       **prefill_args,
       eos_id=eos_id,
       **sample_args,
-      emulate_alpha=emulate_alpha,
       **settings.decode_kwargs(),
     )
   if prompts is not None:
@@ -553,14 +550,12 @@ def make_decoder(
   topp: float = 0.0,
   max_decode_len: int = 64,
   eos_id: int = EOS_ID,
-  emulate_alpha: Union[None, float, Sequence[float]] = None,
   **setting_fields: Any,
 ) -> Decoder:
   """Validates a decoding configuration once; returns `(input_tokens, rng) -> GenerateOutput`.
 
   The returned function does no host-side work beyond the compiled call, so
-  benchmarks and inference loops time only decoding. Arguments as `generate`,
-  plus `emulate_alpha` (timing only, see `decoding.speculative_sample`).
+  benchmarks and inference loops time only decoding. Arguments as `generate`.
   """
   if np.ndim(temperature) != 0:
     raise ValueError(
@@ -576,9 +571,9 @@ def make_decoder(
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     check_same_architecture(target, draft)
     settings.for_batch(1, temperature, topk, topp)  # A profile of another mode fails here.
-    decoding.check_emulate_alpha(emulate_alpha, settings.tree)
+    decoding.check_emulate_alpha(decoding.emulated_acceptance(draft), settings.tree)
   else:  # Unused by the baseline.
-    settings, emulate_alpha = None, None
+    settings = None
   static_args = dict(
     target_config=target.config,
     inputs_bidirectional_attention=target.inputs_bidirectional_attention,
@@ -587,18 +582,10 @@ def make_decoder(
     topk=int(topk),
     topp=float(topp),
     eos_id=int(eos_id),
-    emulate_alpha=_hashable_rates(emulate_alpha),
     settings=settings,
   )
 
   return Decoder(target, draft, static_args)
-
-
-def _hashable_rates(emulate_alpha) -> Union[None, float, Tuple[float, ...]]:
-  """emulate_alpha as a static argument: a float (a chain), a tuple of rates by rank (a tree)."""
-  if emulate_alpha is None or np.ndim(emulate_alpha) == 0:
-    return None if emulate_alpha is None else float(emulate_alpha)
-  return tuple(float(rate) for rate in np.ravel(emulate_alpha))
 
 
 def generate(

@@ -54,6 +54,7 @@ from speculative_t5x import acceptance
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import layouts
+from speculative_t5x.bench import emulation
 from speculative_t5x.bench import measure
 from speculative_t5x.bench import records as records_lib
 from speculative_t5x import models
@@ -776,15 +777,13 @@ class TimedExamples:
 
   def decoder(self, temperature: float, settings=None):
     """The baseline (`settings` None) or speculative decoder at `temperature`."""
-    emulate_alpha = None if settings is None else self.emulate_alpha
     return models.make_decoder(
       self.target,
-      None if settings is None else self.draft,
+      None if settings is None else emulation.emulated(self.draft, self.emulate_alpha),
       settings,
       temperature=temperature,
       max_decode_len=self.max_decode_len,
       eos_id=self.eos_id,
-      **({} if emulate_alpha is None else dict(emulate_alpha=emulate_alpha)),
     )
 
   def time(self, decoders, batch_size: int) -> List[DecodeRun]:

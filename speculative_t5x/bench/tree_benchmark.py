@@ -37,6 +37,7 @@ import numpy as np
 from speculative_t5x.bench import benchmark
 from speculative_t5x import decoding
 from speculative_t5x import layouts
+from speculative_t5x.bench import emulation
 from speculative_t5x.bench import measure
 from speculative_t5x.bench import records as records_lib
 from speculative_t5x import models
@@ -265,11 +266,17 @@ def compare_trees_and_chains(
   for shape in shapes:
     tree = tree_lib.Tree.parse(shape)
     trees.append((f'tree {tree.branching or tree.parents} (given)', tree, None))
+  # (decoder settings, the draft as decoded: emulated, chains at the rank-0 rate).
   configs = {
-    f'chain gamma={g}': dict(gamma=g, emulate_alpha=emulate_rates and emulate_rates[0])
+    f'chain gamma={g}': (
+      dict(gamma=g),
+      emulation.emulated(draft, emulate_rates and emulate_rates[0]),
+    )
     for g in gammas
   }
-  configs.update({name: dict(tree=t, emulate_alpha=emulate_rates) for name, t, _ in trees})
+  configs.update(
+    {name: (dict(tree=t), emulation.emulated(draft, emulate_rates)) for name, t, _ in trees}
+  )
   for name, tree, budget in trees:
     progress(f'T={temperature:g}: costs of {name}, {tree} ...')
     costs = tree_costs(
@@ -296,11 +303,12 @@ def compare_trees_and_chains(
     eos_id=-1 if emulated else layouts.EOS_ID,
   )
   decoders = [models.make_decoder(target, None, **sampling_args)] + [
-    models.make_decoder(target, draft, **config, **sampling_args) for config in configs.values()
+    models.make_decoder(target, config_draft, **config, **sampling_args)
+    for config, config_draft in configs.values()
   ]
   runs = benchmark.time_decodings(decoders, inputs, repetitions=repetitions)
   baseline = runs[0]
-  for (name, config), run in zip(configs.items(), runs[1:]):
+  for (name, (config, _)), run in zip(configs.items(), runs[1:]):
     tree = tree_lib.Tree.parse(config['tree']) if 'tree' in config else None
     speedups = [b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)]
     records.append(
