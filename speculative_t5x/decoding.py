@@ -789,6 +789,16 @@ def judge_block(
   )
 
 
+def emulated_acceptance(draft) -> Union[None, float, Tuple[float, ...]]:
+  """The timing-only acceptance rate(s) a draft is judged at, or None (the exact rules).
+
+  The one door of the benchmarks' emulation into the loop: a draft wrapped by
+  `bench.emulation.EmulatedDraft` carries its rates; every other draft is
+  judged exactly.
+  """
+  return getattr(draft, 'emulated_acceptance', None)
+
+
 def check_emulate_alpha(emulate_alpha, tree: Optional[tree_lib.Tree]) -> None:
   """ValueError unless emulate_alpha is None, one rate (a chain) or rates by rank (a tree)."""
   if emulate_alpha is None:
@@ -1011,7 +1021,6 @@ def speculative_sample(
   draft_cache: PyTree,
   gamma: int,
   lenience: float = settings_lib.DEFAULTS.lenience,
-  emulate_alpha: Optional[float] = None,
   verification: str = settings_lib.DEFAULTS.verification,
   draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
   tree: Optional[tree_lib.Tree] = None,
@@ -1074,7 +1083,12 @@ def speculative_sample(
       the root being the prefix (`node_state`).
     draft: a `drafts.Draft` (model, n-gram, prompt lookup, or a feature head
       that reads the target's features: `drafts.FeatureDraft`, which needs a
-      `score_block` taking `feature_layers`, chains only).
+      `score_block` taking `feature_layers`, chains only). Timing only: a
+      draft with emulated acceptance (`emulated_acceptance`, the benchmarks'
+      `bench.emulation.EmulatedDraft`) has its tokens accepted i.i.d. at its
+      rate instead of by `verify` (`speculative_sampling.emulated_verify`):
+      the output is not the target's distribution; with a tree, one rate per
+      sibling rank, rank 0 first (`tree.emulation_rates`).
     draft_cache: the draft's state for batch B, from `draft.init_cache`
       (and `draft.prefill` if `initial_index` is given).
     gamma: draft tokens proposed per iteration, >= 1.
@@ -1083,12 +1097,6 @@ def speculative_sample(
     verification: 'token' (Algorithm 1) or 'block' (Sun et al.'s block
       verification: the same output distribution, never fewer tokens per
       call in expectation; lenience 1 only). See `speculative_sampling.verify`.
-    emulate_alpha: timing only. When set, acceptances are drawn i.i.d. with
-      this probability instead of by `verify` (see
-      `speculative_sampling.emulated_verify`): the output is not the target's
-      distribution. For walltime at a given alpha with untrained weights.
-      With a tree: one rate per sibling rank, rank 0 first (see
-      `tree.emulation_rates`).
     draft_threshold: an adaptive draft length, in [0, 1): a row stops
       drafting after a token to which the draft gave probability below this
       (its own softmax at temperature 1; Hugging Face's
@@ -1126,6 +1134,7 @@ def speculative_sample(
     draft_threshold=draft_threshold,
     tree=tree,
   )
+  emulate_alpha = emulated_acceptance(draft)
   check_emulate_alpha(emulate_alpha, spec.tree)
   if spec.tree is not None and compact_cache is None:
     raise ValueError(

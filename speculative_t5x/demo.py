@@ -63,6 +63,8 @@ from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import run_settings
+from speculative_t5x.bench import records as records_lib
 from speculative_t5x.bench import reports
 from speculative_t5x.bench import result_cache as result_cache_lib
 from speculative_t5x.data import tasks_core
@@ -95,10 +97,6 @@ DISTILL_STEPS = (150, 200)
 # temperature 1, the draft's own samples (DistillSpec's on-policy data; alpha 0.52 ->
 # 0.66 in 300 steps).
 DISTILLATION_DATA = {0.0: {'target': 1.0}, 1.0: {'draft': 1.0}}
-# distill.SETTINGS_FILE and train.METRICS_FILE, read without importing those modules
-# (TensorFlow and seqio), so that a second run, which trains nothing, never loads them.
-DISTILL_SETTINGS_FILE = 'distill_settings.json'
-METRICS_FILE = 'metrics.jsonl'
 
 
 def _define_flags() -> None:
@@ -133,8 +131,10 @@ def _define_flags() -> None:
     '(a second run reads them back; timings are always measured).',
   )
   flags.DEFINE_integer('alpha_tokens', 10_000, 'Target tokens per alpha.')
-  flags.DEFINE_integer(
-    'peer_examples', 8, 'Test examples of the Hugging Face comparison (0: skip it).'
+  flags.DEFINE_bool(
+    'peers',
+    True,
+    "The Hugging Face comparison, on the benchmark's timed examples (--nopeers: skip it).",
   )
 
 
@@ -321,9 +321,9 @@ def distilled_model(
     gin_utils.call_configured(
       distill.distill, files, [f'{name} = {value!r}' for name, value in bindings.items()]
     )
-  with open(os.path.join(model_dir, DISTILL_SETTINGS_FILE)) as f:
+  with open(os.path.join(model_dir, run_settings.DISTILL_SETTINGS_FILE)) as f:
     record = json.load(f)
-  with open(os.path.join(model_dir, METRICS_FILE)) as f:
+  with open(os.path.join(model_dir, run_settings.METRICS_FILE)) as f:
     curve = [json.loads(line) for line in f]
   record.update(
     steps=steps,
@@ -371,24 +371,24 @@ def print_table(records) -> None:
   )
   print(' '.join(f'{h:>11s}' for h in header))
   sampled = []
-  for r in records:
-    if r['kind'] != 'walltime' or r['batch_size'] != 1:
+  for r in records_lib.typed(records):
+    if not isinstance(r, records_lib.Walltime) or r.batch_size != 1:
       continue
     row = (
-      r['temperature'],
-      r['gamma'],
-      r['alpha'],
-      r['c'],
-      r['verify_cost'],
-      r['tokens_per_call'],
-      r['ms_per_token_baseline']['median'],
-      r['ms_per_token_speculative']['median'],
-      r['speedup']['median'],
-      r.get('predicted_speedup'),
+      r.temperature,
+      r.gamma,
+      r.alpha,
+      r.c,
+      r.verify_cost,
+      r.tokens_per_call,
+      r.ms_per_token_baseline['median'],
+      r.ms_per_token_speculative['median'],
+      r.speedup['median'],
+      r.predicted_speedup,
       *_bleu_cells(r),
     )
     print(' '.join(f'{v:>11.3f}' if isinstance(v, float) else f'{str(v):>11s}' for v in row))
-    if r.get('sampled_quality'):
+    if r.sampled_quality:
       sampled.append(r)
   if sampled:
     print(f'\n{reports.SAMPLED_QUALITY_NOTE}')
@@ -498,17 +498,19 @@ def main(argv) -> None:
       result_cache=result_cache,
       progress=progress,
     )
-  records.append(dict(kind='machine', emulated=False, **machine))
+  records.append(records_lib.Machine(emulated=False, **machine))
   reports.write_report(records, os.path.join(workdir, 'report'))
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None
-  if args.peer_examples:
+  if args.peers:
     greedy_gamma = benchmark.best_gamma(records, temperature=0.0)
     _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
     peers_markdown = compare_with_huggingface(
       target,
       drafts_used[0.0],
-      layouts.trim_padding(inputs[: args.peer_examples]),
+      # The examples the benchmark times (run_benchmark's walltime inputs), so that the
+      # two tables' speedups are of the same inputs.
+      layouts.trim_padding(inputs[: args.num_examples]),
       greedy_gamma,
       workdir,
       report_dir,

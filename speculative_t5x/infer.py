@@ -85,7 +85,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import app
 from absl import logging
@@ -106,6 +106,7 @@ from speculative_t5x import partitioning
 from speculative_t5x import run_settings
 from speculative_t5x import settings as settings_lib
 from speculative_t5x.data import tasks
+from speculative_t5x.data import tasks_core
 
 Record = Dict[str, Any]
 
@@ -113,20 +114,6 @@ Record = Dict[str, Any]
 # ------------------------------------------------------------------------------
 # Checks.
 # ------------------------------------------------------------------------------
-def _get_task(task: Union[str, seqio.Task]) -> seqio.Task:
-  task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
-  if not isinstance(task, seqio.Task):
-    raise ValueError(f'{task.name!r} is a mixture; infer decodes one task at a time.')
-  missing = {'inputs', 'targets'} - set(task.output_features)
-  if missing:
-    raise ValueError(
-      f'Task {task.name!r} has no {sorted(missing)} features; infer needs '
-      "text-to-text tasks with 'inputs' and 'targets' (a decoder-only pair's prompts are "
-      "the 'inputs': for configs/tasks/english_lm.gin keep PROMPT_WORDS > 0)."
-    )
-  return task
-
-
 def check_pair(target: models.Model, draft: Optional[models.Draft]) -> None:
   """Raises ValueError unless the draft fits the target: one vocabulary, one architecture.
 
@@ -179,8 +166,7 @@ def _check_arguments(
   for name, value in dict(
     feature_lengths, batch_size=batch_size, num_partitions=num_partitions
   ).items():
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+    settings_lib.check_positive_int(name, value)
   if jax.device_count() % num_partitions:
     raise ValueError(
       f'num_partitions={num_partitions} does not divide the {jax.device_count()} devices.'
@@ -535,6 +521,7 @@ def infer(
   truncate_inputs: bool = False,
   num_examples: Optional[int] = None,
   progress: bool = True,
+  after_batch: Optional[Callable[[int], None]] = None,
 ) -> Dict[str, Any]:
   """Decodes a task split into `output_dir`, resuming a run there; see the module docstring.
 
@@ -572,6 +559,9 @@ def infer(
       a larger number continues the outputs; the records of the shorter run's
       last, padded batch keep that batch's beta statistics.
     progress: show a tqdm progress bar.
+    after_batch: called with the number of examples this run has written, after
+      each batch's records are flushed (a hook: the kill-and-resume test stops
+      a run after its first batch with it).
 
   Returns:
     The summary written to `<task>-<split>.summary.json`: `summarize`'s
@@ -595,7 +585,7 @@ def infer(
       tree=tree,
     )
   check_pair(target, draft)
-  task = _get_task(task)
+  task = tasks_core.get_task(task)
   check_vocabularies(task, target)
   decoder_only = network.is_decoder_only(target.config)
   decoding_args = dict(
@@ -678,6 +668,8 @@ def infer(
       decoded_tokens += sum(r['emitted'] for r in records)
       gammas_ran.add(output.gamma)
       bar.update(len(records))
+      if after_batch is not None:
+        after_batch(decoded)
 
     # One batch in flight: the host writes batch k while the devices decode k + 1.
     pending = None

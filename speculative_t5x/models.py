@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 import flax
 import jax
@@ -39,6 +39,7 @@ from speculative_t5x import feature_head
 from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x import network
+from speculative_t5x import run_settings
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
 
@@ -50,7 +51,7 @@ Draft = Union['Model', drafts.Draft]
 
 EOS_ID = layouts.EOS_ID
 # What `train.train` records in its model directory beside the checkpoints.
-TRAIN_SETTINGS_FILE = 'train_settings.json'
+TRAIN_SETTINGS_FILE = run_settings.TRAIN_SETTINGS_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,7 +355,6 @@ def baseline_decode(
     'topk',
     'topp',
     'eos_id',
-    'emulate_alpha',
     'settings',
   ),
 )
@@ -372,7 +372,6 @@ def _generate(
   topk: int,
   topp: float,
   eos_id: int,
-  emulate_alpha: Union[None, float, Tuple[float, ...]],
   settings: Optional[settings_lib.SpeculativeSettings],
 ):
   """The whole decode call, compiled once per static configuration and prompt width.
@@ -417,7 +416,6 @@ def _generate(
       **prefill_args,
       eos_id=eos_id,
       **sample_args,
-      emulate_alpha=emulate_alpha,
       **settings.decode_kwargs(),
     )
   if prompts is not None:
@@ -596,14 +594,12 @@ def make_decoder(
   topp: float = 0.0,
   max_decode_len: int = 64,
   eos_id: int = EOS_ID,
-  emulate_alpha: Union[None, float, Sequence[float]] = None,
   **setting_fields: Any,
 ) -> Decoder:
   """Validates a decoding configuration once; returns `(input_tokens, rng) -> GenerateOutput`.
 
   The returned function does no host-side work beyond the compiled call, so
-  benchmarks and inference loops time only decoding. Arguments as `generate`,
-  plus `emulate_alpha` (timing only, see `decoding.speculative_sample`).
+  benchmarks and inference loops time only decoding. Arguments as `generate`.
   """
   if np.ndim(temperature) != 0:
     raise ValueError(
@@ -619,9 +615,9 @@ def make_decoder(
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     check_same_architecture(target, draft)
     settings.for_batch(1, temperature, topk, topp)  # A profile of another mode fails here.
-    decoding.check_emulate_alpha(emulate_alpha, settings.tree)
+    decoding.check_emulate_alpha(decoding.emulated_acceptance(draft), settings.tree)
   else:  # Unused by the baseline.
-    settings, emulate_alpha = None, None
+    settings = None
   static_args = dict(
     target_config=target.config,
     inputs_bidirectional_attention=target.inputs_bidirectional_attention,
@@ -630,18 +626,10 @@ def make_decoder(
     topk=int(topk),
     topp=float(topp),
     eos_id=int(eos_id),
-    emulate_alpha=_hashable_rates(emulate_alpha),
     settings=settings,
   )
 
   return Decoder(target, draft, static_args)
-
-
-def _hashable_rates(emulate_alpha) -> Union[None, float, Tuple[float, ...]]:
-  """emulate_alpha as a static argument: a float (a chain), a tuple of rates by rank (a tree)."""
-  if emulate_alpha is None or np.ndim(emulate_alpha) == 0:
-    return None if emulate_alpha is None else float(emulate_alpha)
-  return tuple(float(rate) for rate in np.ravel(emulate_alpha))
 
 
 def generate(

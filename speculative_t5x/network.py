@@ -85,6 +85,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import kernels
+from speculative_t5x import settings as settings_lib
 
 Array = jax.Array
 param_with_axes = nn_partitioning.param_with_axes
@@ -105,9 +106,7 @@ def _check_config(config: Any, positive_fields: Sequence[str]) -> None:
   # gin binds sequences as lists; a tuple keeps the config hashable.
   object.__setattr__(config, 'mlp_activations', tuple(config.mlp_activations))
   for name in positive_fields:
-    value = getattr(config, name)
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f'{cls}.{name} must be a positive integer, got {value!r}.')
+    settings_lib.check_positive_int(f'{cls}.{name}', getattr(config, name))
   if not config.mlp_activations:
     raise ValueError(f'{cls}.mlp_activations is empty; T5 1.1 uses ("gelu", "linear").')
   for name in config.mlp_activations:
@@ -1431,7 +1430,7 @@ class Transformer(nn.Module):
         'encoder_input_tokens [batch, length]; got '
         f'{encoded.shape} and {encoder_input_tokens.shape}.'
       )
-    _check_positive('cache_length', cache_length)
+    settings_lib.check_positive_int('cache_length', cache_length)
     self.decoder.init_block_cache(
       encoded.shape[0], int(cache_length), encoded, encoder_input_tokens > 0
     )
@@ -1625,8 +1624,8 @@ class DecoderOnly(nn.Module):
     Returns:
       None; `apply` returns `(None, {'cache': cache})`.
     """
-    _check_positive('batch', batch)
-    _check_positive('cache_length', cache_length)
+    settings_lib.check_positive_int('batch', batch)
+    settings_lib.check_positive_int('cache_length', cache_length)
     self.decoder.init_block_cache(int(batch), int(cache_length))
 
   def prefill(
@@ -1686,11 +1685,6 @@ class DecoderOnly(nn.Module):
     return self.decoder.decode_block(
       block_tokens, start_positions, tree, first_node, feature_layers
     )
-
-
-def _check_positive(name: str, value: Any):
-  if not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f'{name} must be a positive int, got {value!r}.')
 
 
 # ------------------------------------------------------------------------------

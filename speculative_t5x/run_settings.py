@@ -19,6 +19,14 @@ import jax.numpy as jnp
 from speculative_t5x import network
 
 
+# The files a run writes beside its outputs, named once here: `train` and
+# `distill` write them, `models.load_trained` and the demo read them (the demo
+# without importing train or distill, which load TensorFlow and seqio).
+TRAIN_SETTINGS_FILE = 'train_settings.json'
+DISTILL_SETTINGS_FILE = 'distill_settings.json'
+METRICS_FILE = 'metrics.jsonl'  # One JSON record per logged step, train's and distill's.
+
+
 class _Missing:
   def __repr__(self) -> str:
     return '(not recorded)'

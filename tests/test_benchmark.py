@@ -17,6 +17,8 @@ import pytest
 
 from speculative_t5x import acceptance
 from speculative_t5x.bench import benchmark
+from speculative_t5x.bench import emulation
+from speculative_t5x.bench import records as records_lib
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
@@ -83,7 +85,7 @@ def test_reports_other_drafts_alpha_and_the_distillation(records):
 def test_writes_json_markdown_and_figures(records):
   result, output_dir = records
   with open(os.path.join(output_dir, 'benchmark.json')) as f:
-    assert json.load(f) == json.loads(json.dumps(result, default=float))
+    assert json.load(f) == json.loads(json.dumps(records_lib.to_json(result), default=float))
   for name in (
     'benchmark.md',
     'speedup_vs_gamma.png',
@@ -180,7 +182,12 @@ def test_emulated_tokens_per_call_follow_eq_1():
   alpha, gamma = 0.7, 4
   inputs, _ = benchmark.random_inputs(16, 6, TARGET.vocab_size)
   decode = benchmark.models.make_decoder(
-    TARGET, DRAFT, gamma=gamma, temperature=1.0, max_decode_len=60, eos_id=-1, emulate_alpha=alpha
+    TARGET,
+    emulation.EmulatedDraft.of(DRAFT, alpha),
+    gamma=gamma,
+    temperature=1.0,
+    max_decode_len=60,
+    eos_id=-1,
   )
   run = benchmark.time_decoding(decode, inputs, batch_size=16, repetitions=1)
   histogram = run.stats.accepted_histogram

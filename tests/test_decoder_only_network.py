@@ -135,7 +135,7 @@ def test_decoder_weight_bytes_counts_what_a_step_reads(config):
 
 
 def test_config_and_module_errors():
-  with pytest.raises(ValueError, match=r'DecoderOnlyConfig.num_layers must be a positive'):
+  with pytest.raises(ValueError, match=r'DecoderOnlyConfig.num_layers must be an integer >= 1'):
     dataclasses.replace(CONFIG, num_layers=0)
   with pytest.raises(ValueError, match='DecoderOnlyConfig.dropout_rate'):
     dataclasses.replace(CONFIG, dropout_rate=1.0)
@@ -420,7 +420,7 @@ def test_decode_protocol_and_block_errors():
     prefill(cache, tokens[:1], lengths)
   with pytest.raises(ValueError, match='does not fit a cache of length 6'):
     prefill(cache, jnp.ones((2, 7), jnp.int32), lengths)
-  with pytest.raises(ValueError, match='cache_length must be a positive int'):
+  with pytest.raises(ValueError, match='cache_length must be an integer >= 1'):
     init_cache(2, 0)
 
 

@@ -6,8 +6,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
-import time
 
 import gin
 import jax
@@ -322,29 +320,24 @@ tasks.register_tsv_task:
 
   reference = run_in_process(str(tmp_path / 'reference'))
   killed_dir = str(tmp_path / 'killed')
-  command = [
-    sys.executable,
-    '-m',
+  # Killed at step 30, once the save of step 20 is complete: mid-run by construction.
+  command = testing_utils.main_killed_at(
     'speculative_t5x.training.distill',
-    f'--gin.MODEL_DIR={killed_dir!r}',
-  ]
+    'distill',
+    'after_step',
+    at=30,
+    wait_for=os.path.join(killed_dir, '20', 'commit_success.txt'),
+  )
   command += [f'--gin_file={path}' for path in files]
   command += [f'--gin.{name}={value!r}' for name, value in bindings.items()]
-  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  deadline = time.monotonic() + 240
-  complete = lambda: [
-    name
+  command += [f'--gin.MODEL_DIR={killed_dir!r}']
+  process = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  assert process.returncode == -signal.SIGKILL, process.stderr.decode()[-3000:]
+  assert sorted(
+    int(name)
     for name in os.listdir(killed_dir)
     if os.path.exists(f'{killed_dir}/{name}/commit_success.txt')
-  ]
-  while not (os.path.isdir(killed_dir) and complete()):
-    assert process.poll() is None, process.stderr.read().decode()[-3000:]
-    assert time.monotonic() < deadline, 'no checkpoint within 240 s'
-    time.sleep(0.005)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  process.stderr.close()
-  assert max(int(n) for n in complete()) < 60, 'the run ended before it was killed'
+  ) == [20]
   resumed = run_in_process(killed_dir)
   assert resumed.train_metrics[0]['step'] > 10
   jax.tree.map(np.testing.assert_array_equal, resumed.params, reference.params)

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import gin
 import jax
@@ -29,6 +28,7 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x.data import tasks
 from speculative_t5x.data import tasks_core
+import testing_utils
 from testing_utils import NOUNS, PAIRS as PHRASE_PAIRS, VERBS, decoded_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,17 +269,14 @@ def test_a_longer_run_continues_a_shorter_one(fixture, greedy_runs, tmp_path):
 def test_killed_run_resumes_without_losing_or_repeating_examples(fixture, greedy_runs, tmp_path):
   output_dir = tmp_path / 'killed'
   command = _cli(fixture, output_dir)
+  # Killed once its first batch is written: mid-run by construction.
+  killed = testing_utils.main_killed_at('speculative_t5x.infer', 'infer', 'after_batch', at=1)
   with open(tmp_path / 'stderr', 'wb') as stderr:  # A file: a full pipe would block it.
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
-  records_path = _records_path(output_dir)
-  deadline = time.time() + 300
-  while time.time() < deadline and process.poll() is None:
-    if os.path.exists(records_path) and os.path.getsize(records_path) > 0:
-      break
-    time.sleep(0.002)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
+    process = subprocess.run(
+      killed + command[3:], cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr
+    )
   assert process.returncode == -signal.SIGKILL, (tmp_path / 'stderr').read_text()[-3000:]
+  records_path = _records_path(output_dir)
   written = _read(output_dir)
   assert 0 < written.count(b'\n') < len(PAIRS), 'the run was not killed mid-way'
   # A write cut short by the kill: half a record at the end of the file.

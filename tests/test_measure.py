@@ -12,23 +12,37 @@ import pytest
 
 from speculative_t5x.bench import measure
 
-SPIN = 'import time\nend = time.time() + 10\nwhile time.time() < end: pass'
+# Waits for a line, uses 0.3 s of CPU time, says so, then waits for its stdin to close.
+SPIN = """
+import sys, time
+sys.stdin.readline()
+while time.process_time() < 0.3: pass
+print('spun', flush=True)
+sys.stdin.read()
+"""
 
 
-@pytest.mark.skipif(not os.path.isdir('/proc'), reason='busy_processes reads /proc')
-def test_busy_processes_finds_a_spinning_process():
-  spinner = subprocess.Popen([sys.executable, '-c', SPIN])
+@pytest.mark.skipif(not os.path.isdir('/proc'), reason='cpu_times reads /proc')
+def test_busy_since_finds_a_process_that_used_the_cpu_meanwhile():
+  spinner = subprocess.Popen(
+    [sys.executable, '-c', SPIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+  )
   try:
-    time.sleep(0.5)  # Past the interpreter's start.
-    busy = measure.busy_processes(interval=1.0, threshold=10.0)
+    before = measure.cpu_times()
+    spinner.stdin.write('go\n')
+    spinner.stdin.flush()
+    assert spinner.stdout.readline() == 'spun\n'
+    # The spinner used >= 0.3 s of CPU between the readings, however long they took.
+    busy = measure.busy_since(before, threshold=0.0)
   finally:
     spinner.kill()
     spinner.wait()
   assert spinner.pid in busy, busy
-  assert 10.0 <= busy[spinner.pid]['cpu_percent'] <= 100.0 * (os.cpu_count() or 1) + 5
-  assert 'while time.time() < end' in busy[spinner.pid]['command']
+  assert busy[spinner.pid]['cpu_percent'] > 0
+  assert 'process_time() < 0.3' in busy[spinner.pid]['command']
   assert os.getpid() not in busy
   # A process that is gone, or not there, is skipped.
+  assert spinner.pid not in measure.busy_since(before, threshold=0.0)
   assert spinner.pid not in measure.busy_processes(interval=0.1)
 
 

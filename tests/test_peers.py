@@ -131,7 +131,56 @@ def test_comparison_runs_end_to_end_and_outputs_agree(tmp_path):
   table = peers.format_markdown(result)
   for system in peers.SYSTEMS:
     assert f'| {system} |' in table
+    per_example = result.speedups_per_example(system)
+    assert per_example.shape == (3,) and np.all(per_example > 0)
   assert '1 intra-op thread(s)' in table
+
+
+def _system(system, tokens, seconds):
+  """A `SystemResult` of examples with these tokens and median seconds."""
+  passes = sum(seconds)
+  return peers.SystemResult(
+    system=system,
+    tokens_per_example=tuple(tokens),
+    target_calls_per_example=tuple(tokens),
+    seconds_median=passes,
+    seconds_min=passes,
+    seconds_max=passes,
+    identical_fraction=1.0,
+    seconds_per_example=tuple(seconds),
+  )
+
+
+def test_the_spread_is_of_each_examples_own_speedup():
+  """An easy example (3x) and a hard one (1x): the aggregate hides what the spread shows."""
+  result = peers.Comparison(
+    systems=(
+      _system(peers.OURS_BASELINE, [10, 10], [1.0, 1.0]),
+      _system(peers.OURS_SPECULATIVE, [10, 10], [1 / 3, 1.0]),
+      # HF's speculative output is one token longer on the second example: per token.
+      _system(peers.HF_GREEDY, [10, 10], [2.0, 2.0]),
+      _system(peers.HF_ASSISTED, [10, 11], [1.0, 2.2]),
+    ),
+    divergences=(),
+    num_examples=2,
+    input_length=8,
+    max_decode_len=16,
+    gamma=3,
+    repetitions=1,
+    torch_threads=1,
+    cpu_cores=1,
+    xla_flags='',
+    target_logits_error=0.0,
+    draft_logits_error=0.0,
+    versions=dict(jax='', torch='', transformers=''),
+  )
+  np.testing.assert_allclose(result.speedups_per_example(peers.OURS_SPECULATIVE), [3.0, 1.0])
+  np.testing.assert_allclose(result.speedups_per_example(peers.HF_ASSISTED), [2.0, 1.0])
+  assert result.speedup(peers.OURS_SPECULATIVE) == pytest.approx(2 / (4 / 3))
+  spread = result.speedup_spread(peers.OURS_SPECULATIVE)
+  assert spread == pytest.approx(dict(mean=2.0, stderr=1.0, min=1.0, max=3.0))
+  assert result.speedup_spread(peers.OURS_BASELINE) == dict(mean=1.0, stderr=0.0, min=1.0, max=1.0)
+  assert '| 2.00 +- 1.00 (1.00-3.00) |' in peers.format_markdown(result)
 
 
 @pytest.mark.slow  # Both loops on real networks; the divergence and argument tests below are fast.

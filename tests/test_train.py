@@ -9,8 +9,6 @@ as a prefix LM and as a language model of the targets.
 import os
 import signal
 import subprocess
-import sys
-import time
 
 import gin
 import jax
@@ -281,7 +279,7 @@ def test_bad_arguments_name_the_problem(fixture_task, tmp_path):
     train.train(str(tmp_path), _config(32), task, **args)
   with pytest.raises(ValueError, match='feature_lengths must map'):
     train.train(str(tmp_path), _config(64), task, **{**args, 'feature_lengths': {'inputs': 8}})
-  with pytest.raises(ValueError, match='batch_size must be a positive integer'):
+  with pytest.raises(ValueError, match='batch_size must be an integer >= 1'):
     train.train(str(tmp_path), _config(64), task, **{**args, 'batch_size': 0})
   with pytest.raises(ValueError, match='Unknown loss_normalizing_factor'):
     train.train(str(tmp_path), _config(64), task, loss_normalizing_factor='TOKENS', **args)
@@ -293,21 +291,21 @@ def test_killed_run_resumes_to_the_uninterrupted_result(gin_config, reference, t
   files, bindings = gin_config
   reference_result, reference_dir = reference
   killed_dir = str(tmp_path / 'killed')
-  command = [sys.executable, '-m', 'speculative_t5x.training.train']
+  # Killed at step 120, once the save of step 100 is complete: mid-run by construction.
+  command = testing_utils.main_killed_at(
+    'speculative_t5x.training.train',
+    'train',
+    'after_step',
+    at=120,
+    wait_for=os.path.join(killed_dir, '100', 'commit_success.txt'),
+  )
   command += [f'--gin_file={path}' for path in files]
   command += [f'--gin.{name}={value!r}' for name, value in bindings.items()]
   command += [f'--gin.MODEL_DIR={killed_dir!r}']
-  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  deadline = time.monotonic() + 240
-  while not (os.path.isdir(killed_dir) and _complete_steps(killed_dir)):
-    assert process.poll() is None, process.stderr.read().decode()[-3000:]
-    assert time.monotonic() < deadline, 'no checkpoint within 240 s'
-    time.sleep(0.005)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  process.stderr.close()
+  process = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  assert process.returncode == -signal.SIGKILL, process.stderr.decode()[-3000:]
   steps_at_kill = _complete_steps(killed_dir)
-  assert steps_at_kill[-1] < TRAIN_STEPS, 'the run ended before it was killed'
+  assert steps_at_kill == [50, 100]
 
   resumed = _train_with_gin(files, {**bindings, 'MODEL_DIR': killed_dir})
   # It started from the last checkpoint, not from scratch, and ended like the reference.

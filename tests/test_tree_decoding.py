@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from speculative_t5x.bench import emulation
 from speculative_t5x import drafts
 from speculative_t5x import models
 from speculative_t5x import settings
@@ -264,17 +265,17 @@ class TestErrors:
       )
 
   @pytest.mark.parametrize(
-    'fields, message',
+    'fields, rates, message',
     [
-      (dict(tree=(2, 2), emulate_alpha=0.7), 'an acceptance rate per sibling rank, 2 of them'),
-      (dict(gamma=2, emulate_alpha=(0.7, 0.3)), 'for a chain is one acceptance rate'),
+      (dict(tree=(2, 2)), 0.7, 'an acceptance rate per sibling rank, 2 of them'),
+      (dict(gamma=2), (0.7, 0.3), 'for a chain is one acceptance rate'),
     ],
   )
   def test_emulated_acceptance_is_a_rate_per_rank_for_a_tree_and_one_for_a_chain(
-    self, fields, message
+    self, fields, rates, message
   ):
     with pytest.raises(ValueError, match=message):
-      models.make_decoder(TARGET, DRAFT, **fields)
+      models.make_decoder(TARGET, emulation.EmulatedDraft.of(DRAFT, rates), **fields)
 
 
 @pytest.mark.parametrize(
@@ -285,7 +286,12 @@ def test_an_emulated_tree_accepts_at_its_rates(rates, iterations):
   calls); never accepted: one token per call. eos_id -1: rows run to the full length."""
   inputs = padded_inputs(0, 2, 6, TARGET.vocab_size)
   out = models.generate(
-    TARGET, DRAFT, inputs, tree=(2, 2), emulate_alpha=rates, max_decode_len=8, eos_id=-1
+    TARGET,
+    emulation.EmulatedDraft.of(DRAFT, rates),
+    inputs,
+    tree=(2, 2),
+    max_decode_len=8,
+    eos_id=-1,
   )
   np.testing.assert_array_equal(out.stats.iterations, [iterations, iterations])
   np.testing.assert_array_equal(out.stats.emitted, [8, 8])

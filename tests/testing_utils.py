@@ -37,6 +37,36 @@ def python_output(code):
   ).stdout.strip()
 
 
+_KILLED_MAIN = """
+import os, signal, time
+import gin
+from speculative_t5x import gin_utils
+import {module} as module
+
+def kill(value):
+  if value >= {at}:
+    # The kill waits for a save to be complete, never for a time.
+    while {wait_for!r} is not None and not os.path.exists({wait_for!r}):
+      time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+gin_utils.run(lambda argv: gin.get_configurable(module.{function})({hook}=kill))
+"""
+
+
+def main_killed_at(module, function, hook, at, wait_for=None):
+  """The command of a gin main that SIGKILLs itself at a step, not after a wait.
+
+  Runs `module.function` from the gin flags appended to the command (as the
+  module's `main` does) with its step hook `hook` (train's `after_step`,
+  infer's `after_batch`), which kills the process the first time it is called
+  with a value >= `at`, once the file `wait_for` (a checkpoint's
+  commit_success.txt) exists if given.
+  """
+  code = _KILLED_MAIN.format(module=module, function=function, hook=hook, at=at, wait_for=wait_for)
+  return [sys.executable, '-c', code]
+
+
 # ------------------------------------------------------------------------------
 # Models and inputs.
 # ------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +54,9 @@ from speculative_t5x import acceptance
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import layouts
+from speculative_t5x.bench import emulation
 from speculative_t5x.bench import measure
+from speculative_t5x.bench import records as records_lib
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import profiles
@@ -103,13 +105,6 @@ def tsv_inputs(
   return layouts.pad_rows(sources, input_length), [target for _, target in pairs]
 
 
-def _get_task(task):
-  """The `seqio.Task` of a registered name, or the task itself."""
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  return seqio.get_mixture_or_task(task) if isinstance(task, str) else task
-
-
 def task_inputs(
   task, split: str, *, num_examples: Optional[int] = None, input_length: Optional[int] = None
 ):
@@ -126,7 +121,9 @@ def task_inputs(
     (inputs int32 [N, input_length] as the task tokenizes them, EOS
     included; list of N target strings).
   """
-  task = _get_task(task)
+  from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
+
+  task = tasks_core.get_task(task)
   dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
   if num_examples is not None:
     dataset = dataset.take(num_examples)
@@ -598,8 +595,8 @@ def run_benchmark(
   profile_dir: Optional[str] = None,
   result_cache: Optional[result_cache_lib.ResultCache] = None,
   progress: Callable[[str], None] = print,
-) -> List[Dict[str, Any]]:
-  """Measures everything in the module docstring; returns JSON-ready records.
+) -> List[records_lib.Record]:
+  """Measures everything in the module docstring; returns typed records (`records`).
 
   Args:
     target: the target model, encoder-decoder or decoder-only.
@@ -646,7 +643,7 @@ def run_benchmark(
       every batch size every gamma is timed against the baseline, with c(B)
       and v(gamma, B) measured at that batch size; one profile per
       temperature is written there (`profile_t<T>.json`), and gamma='auto'
-      with it is timed at every batch size (records of kind 'auto').
+      with it is timed at every batch size (`records.Auto`).
       Without it the batch-size sweep times one gamma (`batch_size_gamma`).
     result_cache: where the figures that the models, inputs and machine
       determine (alpha, sampled quality) are kept between runs
@@ -656,16 +653,60 @@ def run_benchmark(
     progress: called with a line per step.
 
   Returns:
-    A list of records (dicts): kind 'alpha' (per draft and temperature),
-    'costs', 'walltime' (per temperature, gamma and batch size), and
-    'distillation' if given. Every record names the target's `architecture`.
+    The records: `records.Costs`, `records.Alpha` (per draft and
+    temperature), `records.Walltime` (per temperature, gamma and batch size),
+    `records.GammaChoice`, with a profile directory `records.Profile` and
+    `records.Auto`, and `records.Distillation` if given. Every record names
+    the target's `architecture`.
   """
-  emulated = emulate_alpha is not None
-  result_cache = result_cache or result_cache_lib.ResultCache(None)
   # Checked before anything is measured; each gamma of the sweep replaces its gamma.
   settings = settings_lib.SpeculativeSettings(
     gamma=max(gammas), verification=verification, draft_threshold=draft_threshold
   )
+  draft = _checked_draft(target, draft, decoder_prompts)
+  timed = TimedExamples.of(
+    target,
+    draft,
+    inputs[:num_walltime_examples],
+    None if decoder_prompts is None else decoder_prompts[:num_walltime_examples],
+    references=None if references is None else list(references)[:num_walltime_examples],
+    vocabulary_path=vocabulary_path,
+    common=dict(pair=pair_name, task=task_name, emulated=emulate_alpha is not None),
+    repetitions=repetitions,
+    max_decode_len=max_decode_len,
+    emulate_alpha=emulate_alpha,
+    result_cache=result_cache or result_cache_lib.ResultCache(None),
+    progress=progress,
+  )
+  sweep_gammas = set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())
+  costs, parts = _measure_costs(timed, settings, temperatures, sorted(sweep_gammas))
+  records: List[records_lib.Record] = [costs]
+  alpha_records, alphas = _measure_alphas(
+    timed, inputs, decoder_prompts, temperatures, alpha_tokens, ngram_corpus, alpha_drafts
+  )
+  records += alpha_records
+  for temperature in temperatures:
+    records += _measure_walltimes(
+      timed,
+      records,
+      temperature,
+      settings,
+      gammas,
+      batch_sizes,
+      batch_size_gamma,
+      alphas.get(temperature),
+      parts=parts,
+      profile_dir=profile_dir,
+    )
+  if distillation is not None:
+    records.append(records_lib.make(records_lib.Distillation, **timed.common, **distillation))
+  if output_dir is not None:
+    reports.write_report(records, output_dir)
+  return records
+
+
+def _checked_draft(target: models.Model, draft, decoder_prompts: Optional[np.ndarray]):
+  """The draft as a `drafts` draft; ValueError unless it fits the target and the prompts."""
   draft = draft.as_draft() if isinstance(draft, models.Model) else draft
   drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
   models.check_same_architecture(target, draft)
@@ -674,175 +715,252 @@ def run_benchmark(
       'A decoder-only target takes its prompts as the inputs; decoder_prompts is for '
       'encoder-decoder targets. Pass the prompts as inputs.'
     )
-  draft_name = PAIR_DRAFT  # Whatever its kind; the others are named by what they are.
-  walltime_inputs = layouts.trim_padding(inputs[:num_walltime_examples])
-  walltime_prompts = None
-  if decoder_prompts is not None:
-    walltime_prompts = layouts.trim_padding(decoder_prompts[:num_walltime_examples])
-  prompts = layouts.prompts_of(target, walltime_inputs, walltime_prompts)
-  prompt_length = 0 if prompts is None else prompts.shape[1]
-  walltime_refs = None if references is None else list(references)[:num_walltime_examples]
-  common = dict(
-    pair=pair_name, task=task_name, emulated=emulated, architecture=models.architecture(target)
-  )
-  records: List[Dict[str, Any]] = []
+  return draft
 
-  progress('Measuring the parts of an iteration, bytes and bandwidth ...')
-  measure_parts_of_pair = functools.partial(
-    measure_parts,
-    target,
-    draft,
-    settings=settings,
-    input_length=walltime_inputs.shape[1],
-    max_decode_len=max_decode_len,
-    prompt_length=prompt_length,
-    emulate_alpha=emulate_alpha,
-    repetitions=max(5, repetitions),
-  )
-  parts = measure_parts_of_pair(
-    temperatures,
-    sorted(set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())),
-  )
-  records.append(
-    dict(
-      common,
-      kind='costs',
-      prompts=prompts_record(prompts),
-      **costs_record(target, draft, parts, walltime_inputs.shape[1], max_decode_len, prompt_length),
+
+@dataclasses.dataclass(frozen=True)
+class TimedExamples:
+  """What every timing of one benchmark shares: the pair, the timed examples, how they are timed.
+
+  Attributes:
+    target, draft: the pair (the draft as a `drafts` draft).
+    inputs: int32 [N, Lin] the timed inputs, padding columns trimmed.
+    decoder_prompts: int32 [N, Lp] their decoder prompts, trimmed, or None.
+    references: their N reference strings, or None.
+    vocabulary_path: SentencePiece model, for BLEU.
+    common: the fields every record shares (pair, task, emulated, architecture).
+    repetitions: timed passes per configuration.
+    max_decode_len: output length.
+    emulate_alpha: the timing-only emulated acceptance (None: the pair's own).
+    result_cache: where sampled quality is kept between runs.
+    progress: called with a line per step.
+  """
+
+  target: models.Model
+  draft: Any
+  inputs: np.ndarray
+  decoder_prompts: Optional[np.ndarray]
+  references: Optional[List[str]]
+  vocabulary_path: Optional[str]
+  common: Dict[str, Any]
+  repetitions: int
+  max_decode_len: int
+  emulate_alpha: Optional[float]
+  result_cache: result_cache_lib.ResultCache
+  progress: Callable[[str], None]
+
+  @classmethod
+  def of(cls, target, draft, inputs, decoder_prompts, *, common, **kwargs) -> 'TimedExamples':
+    """Trims the padding columns of the timed rows; adds the target's architecture."""
+    return cls(
+      target=target,
+      draft=draft,
+      inputs=layouts.trim_padding(inputs),
+      decoder_prompts=None if decoder_prompts is None else layouts.trim_padding(decoder_prompts),
+      common=dict(common, architecture=models.architecture(target)),
+      **kwargs,
     )
+
+  @property
+  def emulated(self) -> bool:
+    return self.emulate_alpha is not None
+
+  @property
+  def eos_id(self) -> int:
+    return -1 if self.emulated else EOS_ID  # Emulated rows run to full length.
+
+  @property
+  def prompt_length(self) -> int:
+    """The prompts' width (a decoder-only target's inputs, or decoder prompts; 0: none)."""
+    prompts = layouts.prompts_of(self.target, self.inputs, self.decoder_prompts)
+    return 0 if prompts is None else prompts.shape[1]
+
+  def decoder(self, temperature: float, settings=None):
+    """The baseline (`settings` None) or speculative decoder at `temperature`."""
+    return models.make_decoder(
+      self.target,
+      None if settings is None else emulation.emulated(self.draft, self.emulate_alpha),
+      settings,
+      temperature=temperature,
+      max_decode_len=self.max_decode_len,
+      eos_id=self.eos_id,
+    )
+
+  def time(self, decoders, batch_size: int) -> List[DecodeRun]:
+    """`time_decodings` of `decoders` on the timed examples, passes interleaved."""
+    return time_decodings(
+      decoders,
+      self.inputs,
+      decoder_prompts=self.decoder_prompts,
+      batch_size=batch_size,
+      repetitions=self.repetitions,
+    )
+
+
+def _measure_costs(
+  timed: TimedExamples,
+  settings: settings_lib.SpeculativeSettings,
+  temperatures: Sequence[float],
+  gammas: Sequence[int],
+  batch_size: int = 1,
+) -> Tuple[records_lib.Costs, Dict[Any, measure.IterationParts]]:
+  """The parts of an iteration at every (temperature, gamma), and the costs record (batch 1)."""
+  timed.progress('Measuring the parts of an iteration, bytes and bandwidth ...')
+  parts = _measure_parts(timed, settings, temperatures, gammas, batch_size)
+  costs = records_lib.Costs(
+    **timed.common,
+    prompts=prompts_record(layouts.prompts_of(timed.target, timed.inputs, timed.decoder_prompts)),
+    **costs_record(
+      timed.target,
+      timed.draft,
+      parts,
+      timed.inputs.shape[1],
+      timed.max_decode_len,
+      timed.prompt_length,
+    ),
+  )
+  return costs, parts
+
+
+def _measure_parts(timed, settings, temperatures, gammas, batch_size):
+  """`measure_parts` at the timed examples' shapes."""
+  return measure_parts(
+    timed.target,
+    timed.draft,
+    temperatures,
+    gammas,
+    settings,
+    input_length=timed.inputs.shape[1],
+    max_decode_len=timed.max_decode_len,
+    prompt_length=timed.prompt_length,
+    emulate_alpha=timed.emulate_alpha,
+    repetitions=max(5, timed.repetitions),
+    batch_size=batch_size,
   )
 
-  # alpha of the draft (and of n-gram drafts) on target samples, per temperature.
-  alphas = {temperature: emulate_alpha for temperature in temperatures} if emulated else {}
-  candidates = {}
-  if not emulated:
-    candidates[draft_name] = (
+
+def _measure_alphas(
+  timed: TimedExamples,
+  inputs: np.ndarray,
+  decoder_prompts: Optional[np.ndarray],
+  temperatures: Sequence[float],
+  alpha_tokens: int,
+  ngram_corpus: Optional[Sequence[np.ndarray]],
+  alpha_drafts: Optional[Mapping[str, Any]],
+) -> Tuple[List[records_lib.Alpha], Dict[float, Optional[float]]]:
+  """alpha of the pair's draft (and of the other drafts) on target samples, per temperature.
+
+  Returns the alpha records and {temperature: the pair's alpha} (emulated: the
+  emulated rate, nothing measured).
+  """
+  if timed.emulated:
+    return [], {temperature: timed.emulate_alpha for temperature in temperatures}
+  target, draft = timed.target, timed.draft
+  candidates = {
+    PAIR_DRAFT: (
       models.Model(draft.config, draft.params, draft.inputs_bidirectional_attention)
       if isinstance(draft, drafts.ModelDraft)
       else draft
     )
-  if not emulated:
-    candidates.update(alpha_drafts or {})
-  if not emulated and ngram_corpus is not None:
+  }
+  candidates.update(alpha_drafts or {})
+  if ngram_corpus is not None:
     for order in (1, 2):
       candidates[f'{order}-gram'] = drafts.NgramDraft.fit(
         ngram_corpus, target.vocab_size, order=order
       )
-  for temperature in temperatures if candidates else ():
-    progress(f'alpha of {", ".join(candidates)} at temperature {temperature} ...')
-    measure_alphas = functools.partial(
-      _alpha_records,
-      target,
-      candidates,
-      inputs,
-      decoder_prompts,
+  records, alphas = [], {}
+  for temperature in temperatures:
+    timed.progress(f'alpha of {", ".join(candidates)} at temperature {temperature} ...')
+    key = dict(
+      target=target,
+      drafts=candidates,
+      inputs=inputs,
+      decoder_prompts=decoder_prompts,
       temperature=temperature,
-      max_decode_len=max_decode_len,
+      max_decode_len=timed.max_decode_len,
       alpha_tokens=alpha_tokens,
     )
-    entry = result_cache.get_or_compute(
+    entry = timed.result_cache.get_or_compute(
       'alpha',
-      dict(
-        target=target,
-        drafts=candidates,
-        inputs=inputs,
-        decoder_prompts=decoder_prompts,
+      key,
+      functools.partial(
+        _alpha_records,
+        target,
+        candidates,
+        inputs,
+        decoder_prompts,
         temperature=temperature,
-        max_decode_len=max_decode_len,
+        max_decode_len=timed.max_decode_len,
         alpha_tokens=alpha_tokens,
       ),
-      measure_alphas,
       description=dict(drafts=list(candidates), temperature=temperature, num_inputs=len(inputs)),
     )
     if entry.from_cache:
-      progress(f'  read from the result cache (computed {entry.computed})')
-    for alpha_record in entry.value:
+      timed.progress(f'  read from the result cache (computed {entry.computed})')
+    for alpha in entry.value:
       records.append(
-        dict(
-          common,
-          kind='alpha',
+        records_lib.Alpha(
+          **timed.common,
           temperature=temperature,
-          **alpha_record,
+          **alpha,
           cached_from=result_cache_lib.cached_from(entry),
         )
       )
-      if alpha_record['draft'] == draft_name:
-        alphas[temperature] = alpha_record['alpha']
+      if alpha['draft'] == PAIR_DRAFT:
+        alphas[temperature] = alpha['alpha']
+  return records, alphas
 
-  eos_id = -1 if emulated else EOS_ID  # Emulated rows run to full length.
-  measure_walltime = functools.partial(
-    _measure_walltime,
-    target,
-    draft,
-    walltime_inputs,
-    walltime_prompts,
-    common=common,
-    parts=parts,
-    repetitions=repetitions,
-    vocabulary_path=vocabulary_path,
-    references=walltime_refs,
-    emulate_alpha=emulate_alpha,
-    max_decode_len=max_decode_len,
-    eos_id=eos_id,
-    result_cache=result_cache,
-    progress=progress,
-  )
-  for temperature in temperatures:
-    for gamma in gammas:
-      records.append(
-        measure_walltime(temperature, settings.replace(gamma=gamma), 1, alphas.get(temperature))
+
+def _measure_walltimes(
+  timed: TimedExamples,
+  records: Sequence[records_lib.Record],
+  temperature: float,
+  settings: settings_lib.SpeculativeSettings,
+  gammas: Sequence[int],
+  batch_sizes: Sequence[int],
+  batch_size_gamma: Optional[Union[int, str]],
+  alpha: Optional[float],
+  *,
+  parts: Mapping[Any, measure.IterationParts],
+  profile_dir: Optional[str],
+) -> List[records_lib.Record]:
+  """One temperature's walltime: the gamma sweep at batch 1, the choice, the batch sweep.
+
+  `records` are the run's so far (its costs record among them). With a
+  profile directory, the batch sweep is the profile's (`_profile_sweep`);
+  otherwise one gamma (`batch_size_gamma`, or the best at batch 1) is timed at
+  every other batch size.
+  """
+  new = [
+    _measure_walltime(timed, temperature, settings.replace(gamma=gamma), 1, alpha, parts=parts)
+    for gamma in gammas
+  ]
+  choice = gamma_choice(new, temperature)
+  if choice:
+    new.append(records_lib.GammaChoice(**timed.common, **choice))
+  if profile_dir is not None:
+    costs = next(r for r in records if isinstance(r, records_lib.Costs))
+    return new + _profile_sweep(
+      timed, new, costs, temperature, settings, gammas, batch_sizes, alpha, profile_dir
+    )
+  if batch_size_gamma == 'auto':
+    sweep_gamma = choice['chosen_gamma'] if choice else best_gamma(new, temperature)
+  else:
+    sweep_gamma = batch_size_gamma or best_gamma(new, temperature)
+  for batch_size in sorted(set(batch_sizes) - {1}):
+    new.append(
+      _measure_walltime(
+        timed, temperature, settings.replace(gamma=sweep_gamma), batch_size, alpha, parts=parts
       )
-    choice = gamma_choice(records, temperature)
-    if choice:
-      records.append(dict(common, kind='gamma_choice', **choice))
-    if batch_size_gamma == 'auto':
-      sweep_gamma = choice['chosen_gamma'] if choice else best_gamma(records, temperature)
-    else:
-      sweep_gamma = batch_size_gamma or best_gamma(records, temperature)
-    if profile_dir is not None:
-      records += _profile_sweep(
-        records,
-        measure_walltime,
-        temperature,
-        settings,
-        gammas,
-        batch_sizes,
-        alphas.get(temperature),
-        common=common,
-        profile_dir=profile_dir,
-        measure_auto=functools.partial(
-          _measure_auto,
-          target,
-          draft,
-          walltime_inputs,
-          walltime_prompts,
-          gammas=gammas,
-          common=common,
-          repetitions=repetitions,
-          max_decode_len=max_decode_len,
-          eos_id=eos_id,
-          progress=progress,
-        ),
-        measure_batch_parts=functools.partial(measure_parts_of_pair, [temperature], gammas),
-      )
-      continue
-    for batch_size in sorted(set(batch_sizes) - {1}):
-      records.append(
-        measure_walltime(
-          temperature, settings.replace(gamma=sweep_gamma), batch_size, alphas.get(temperature)
-        )
-      )
-  if distillation is not None:
-    records.append(dict(common, kind='distillation', **distillation))
-  if output_dir is not None:
-    reports.write_report(records, output_dir)
-  return records
+    )
+  return new
 
 
 def _alpha_records(
   target, candidates, inputs, decoder_prompts, *, temperature, max_decode_len, alpha_tokens
 ) -> List[Dict[str, Any]]:
-  """`acceptance.measure_alpha` of every candidate draft as alpha records (their own fields)."""
+  """`acceptance.measure_alpha` of every candidate draft as alpha fields (JSON, for the cache)."""
   results = acceptance.measure_alpha(
     target,
     candidates,
@@ -868,61 +986,68 @@ def _alpha_records(
 
 
 def _measure_walltime(
-  target,
-  draft,
-  inputs,
-  decoder_prompts,
-  temperature,
+  timed: TimedExamples,
+  temperature: float,
   settings: settings_lib.SpeculativeSettings,
-  batch_size,
-  alpha,
+  batch_size: int,
+  alpha: Optional[float],
   *,
-  common,
   parts: Mapping[Any, measure.IterationParts],
-  repetitions,
-  vocabulary_path,
-  references,
-  emulate_alpha,
-  max_decode_len,
-  eos_id,
-  result_cache,
-  progress,
   batch1_rows: Optional[Mapping[str, Sequence[int]]] = None,
-):
+) -> records_lib.Walltime:
   """Times the baseline and speculative decoding, passes interleaved; returns the record.
 
-  `batch1_rows` ({'row_lengths', 'row_iterations'}: int [N] each, this
-  gamma's batch-1 record's): adds the batched prediction from each row's own
-  batch-1 decode (`_predict_from_rows`).
+  The timings and the loop's statistics (`_timed_fields`), the predictions
+  from alpha and the parts (`_predicted_fields`), and the outputs' quality
+  (`_quality_fields`). `batch1_rows` ({'row_lengths', 'row_iterations'}: int
+  [N] each, this gamma's batch-1 record's): adds the batched prediction from
+  each row's own batch-1 decode (`_predict_from_rows`).
   """
-  gamma, draft_threshold = settings.gamma, settings.draft_threshold
-  sampling_args = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
-  progress(
-    f'baseline and speculative, temperature {temperature}, gamma {gamma}, batch {batch_size} ...'
+  timed.progress(
+    f'baseline and speculative, temperature {temperature}, gamma {settings.gamma}, '
+    f'batch {batch_size} ...'
   )
-  baseline, speculative = time_decodings(
-    [
-      models.make_decoder(target, None, **sampling_args),
-      models.make_decoder(target, draft, settings, emulate_alpha=emulate_alpha, **sampling_args),
-    ],
-    inputs,
-    decoder_prompts=decoder_prompts,
-    batch_size=batch_size,
-    repetitions=repetitions,
+  baseline, speculative = timed.time(
+    [timed.decoder(temperature), timed.decoder(temperature, settings)], batch_size
   )
-  stats = speculative.stats
-  speedups = [b / s for b, s in zip(baseline.ms_per_token, speculative.ms_per_token)]
-  part = parts[temperature, gamma]
+  part = parts[temperature, settings.gamma]
   # [batches, batch_size]: what each batch's rows emit, the length of each batch's loop.
-  lengths_by_batch = layouts.output_lengths(baseline.outputs, eos_id).reshape(-1, batch_size)
-  record = dict(
-    common,
-    kind='walltime',
+  lengths_by_batch = layouts.output_lengths(baseline.outputs, timed.eos_id).reshape(-1, batch_size)
+  fields = _timed_fields(baseline, speculative, part, alpha, lengths_by_batch)
+  if alpha is not None and not settings.draft_threshold:  # Eq. 1 is for a fixed gamma.
+    if batch_size == 1:  # Its own rows: at batch 1 this checks the cost terms alone.
+      batch1_rows = {k: fields[k] for k in ('row_lengths', 'row_iterations')}
+    fields.update(
+      _predicted_fields(
+        timed, temperature, settings.gamma, alpha, part, lengths_by_batch, speculative, batch1_rows
+      )
+    )
+  if not timed.emulated:
+    fields.update(_quality_fields(timed, temperature, settings, batch_size, baseline, speculative))
+  record = records_lib.Walltime(
+    **timed.common,
     temperature=temperature,
     **settings.as_dict(),
     batch_size=batch_size,
-    num_examples=int(len(inputs)),
+    num_examples=int(len(timed.inputs)),
     alpha=alpha,
+    **fields,
+  )
+  timed.progress(reports.walltime_line(record))
+  return record
+
+
+def _timed_fields(
+  baseline: DecodeRun,
+  speculative: DecodeRun,
+  part: measure.IterationParts,
+  alpha: Optional[float],
+  lengths_by_batch: np.ndarray,
+) -> Dict[str, Any]:
+  """The measured `records.Walltime` fields: timings, the loop's statistics, memory."""
+  stats = speculative.stats
+  speedups = [b / s for b, s in zip(baseline.ms_per_token, speculative.ms_per_token)]
+  fields = dict(
     alpha_loop=float(stats.mean_beta),
     c=part.c,
     verify_cost=part.verify_cost,
@@ -940,68 +1065,89 @@ def _measure_walltime(
     memory=speculative.memory,
     device_peak_bytes=device_peak_bytes(),
   )
-  if batch_size == 1:
-    record['breakdown'] = iteration_breakdown(part, baseline, speculative)
+  if lengths_by_batch.shape[1] == 1:
+    fields['breakdown'] = iteration_breakdown(part, baseline, speculative)
     # Per row, in input order: what the batched predictions start from (`_predict_from_rows`).
-    record.update(
+    fields.update(
       row_lengths=lengths_by_batch.ravel().tolist(),
       row_iterations=np.asarray(stats.iterations).ravel().tolist(),
     )
-  if alpha is not None and not draft_threshold:  # Eq. 1 is for a fixed gamma.
-    # Emulated rows run to the full length: their last call is cut (Eq. 1 overstates).
-    tokens_per_call = (
-      max_decode_len / theory.expected_iterations(alpha, gamma, max_decode_len)
-      if emulate_alpha is not None
-      else float(theory.expected_tokens(alpha, gamma))
+  return fields
+
+
+def _predicted_fields(
+  timed: TimedExamples,
+  temperature: float,
+  gamma: int,
+  alpha: float,
+  part: measure.IterationParts,
+  lengths_by_batch: np.ndarray,
+  speculative: DecodeRun,
+  batch1_rows: Optional[Mapping[str, Sequence[int]]],
+) -> Dict[str, Any]:
+  """The predicted `records.Walltime` fields: Eq. 1 and Theorem 3.8 from alpha and the parts."""
+  batch_size = lengths_by_batch.shape[1]
+  # Emulated rows run to the full length: their last call is cut (Eq. 1 overstates).
+  tokens_per_call = (
+    timed.max_decode_len / theory.expected_iterations(alpha, gamma, timed.max_decode_len)
+    if timed.emulated
+    else float(theory.expected_tokens(alpha, gamma))
+  )
+  fields = dict(
+    predicted_tokens_per_call=tokens_per_call,
+    predicted_speedup=float(
+      theory.walltime_improvement(alpha, gamma, part.c, verify_cost=part.verify_cost)
+    ),
+    predicted_speedup_free_verify=float(theory.walltime_improvement(alpha, gamma, part.c)),
+    # Both loops wait for their slowest row: the baseline's lengths set each batch's.
+    predicted_speedup_batched=theory.batch_walltime_improvement(
+      alpha, gamma, part.c, part.verify_cost, lengths_by_batch
+    ),
+    predicted_finished_row_share=theory.finished_row_share(alpha, gamma, lengths_by_batch),
+  )
+  # An emulated acceptance is i.i.d. at one known rate: the one-alpha model is exact.
+  if batch1_rows is not None and not timed.emulated:
+    fields.update(_predict_from_rows(temperature, gamma, part, batch1_rows, lengths_by_batch))
+  if batch_size == 1:
+    call = part.call_seconds(
+      tokens=speculative.tokens / len(timed.inputs),
+      tokens_per_call=tokens_per_call,
+      catch_up_rate=1 - (1 - alpha**gamma) ** batch_size,
     )
-    catch_up_rate = 1 - (1 - alpha**gamma) ** batch_size
-    record.update(
-      predicted_tokens_per_call=tokens_per_call,
-      predicted_speedup=float(
-        theory.walltime_improvement(alpha, gamma, part.c, verify_cost=part.verify_cost)
+    fields['predicted_speedup_parts'] = call['baseline'] / call['speculative']
+  return fields
+
+
+def _quality_fields(
+  timed: TimedExamples,
+  temperature: float,
+  settings: settings_lib.SpeculativeSettings,
+  batch_size: int,
+  baseline: DecodeRun,
+  speculative: DecodeRun,
+) -> Dict[str, Any]:
+  """The outputs' `records.Walltime` fields: identical to the baseline's, BLEU or its spread."""
+  fields = dict(
+    identical_outputs=float(np.mean(np.all(baseline.outputs == speculative.outputs, axis=1)))
+  )
+  if sampling.is_greedy(temperature):  # One output each; identical_outputs checks them.
+    fields.update(
+      bleu_baseline=corpus_bleu(timed.vocabulary_path, baseline.outputs, timed.references),
+      bleu_speculative=corpus_bleu(timed.vocabulary_path, speculative.outputs, timed.references),
+    )
+  elif batch_size == 1:  # Samples of one distribution: mean +- stderr over keys, once.
+    fields['sampled_quality'] = sampled_quality(
+      dict(
+        baseline=timed.decoder(temperature),
+        speculative=timed.decoder(temperature, settings),
       ),
-      predicted_speedup_free_verify=float(theory.walltime_improvement(alpha, gamma, part.c)),
-      # Both loops wait for their slowest row: the baseline's lengths set each batch's.
-      predicted_speedup_batched=theory.batch_walltime_improvement(
-        alpha, gamma, part.c, part.verify_cost, lengths_by_batch
-      ),
-      predicted_finished_row_share=theory.finished_row_share(alpha, gamma, lengths_by_batch),
+      timed.inputs,
+      timed.decoder_prompts,
+      vocabulary_path=timed.vocabulary_path,
+      references=timed.references,
+      result_cache=timed.result_cache,
     )
-    if batch_size == 1:  # Its own rows: at batch 1 this checks the cost terms alone.
-      batch1_rows = {k: record[k] for k in ('row_lengths', 'row_iterations')}
-    # An emulated acceptance is i.i.d. at one known rate: the one-alpha model is exact.
-    if batch1_rows is not None and emulate_alpha is None:
-      record.update(_predict_from_rows(temperature, gamma, part, batch1_rows, lengths_by_batch))
-    if batch_size == 1:
-      call = part.call_seconds(
-        tokens=speculative.tokens / len(inputs),
-        tokens_per_call=tokens_per_call,
-        catch_up_rate=catch_up_rate,
-      )
-      record['predicted_speedup_parts'] = call['baseline'] / call['speculative']
-  if emulate_alpha is None:
-    record['identical_outputs'] = float(
-      np.mean(np.all(baseline.outputs == speculative.outputs, axis=1))
-    )
-    if sampling.is_greedy(temperature):  # One output each; identical_outputs checks them.
-      record.update(
-        bleu_baseline=corpus_bleu(vocabulary_path, baseline.outputs, references),
-        bleu_speculative=corpus_bleu(vocabulary_path, speculative.outputs, references),
-      )
-    elif batch_size == 1:  # Samples of one distribution: mean +- stderr over keys, once.
-      record['sampled_quality'] = sampled_quality(
-        dict(
-          baseline=models.make_decoder(target, None, **sampling_args),
-          speculative=models.make_decoder(target, draft, settings, **sampling_args),
-        ),
-        inputs,
-        decoder_prompts,
-        vocabulary_path=vocabulary_path,
-        references=references,
-        result_cache=result_cache,
-      )
-  progress(reports.walltime_line(record))
-  return record
+  return fields
 
 
 def _predict_from_rows(
@@ -1041,36 +1187,35 @@ def _predict_from_rows(
 
 
 def _profile_sweep(
-  records: List[Dict[str, Any]],
-  measure_walltime: Callable[..., Dict[str, Any]],
+  timed: TimedExamples,
+  batch1: Sequence[records_lib.Record],
+  costs: records_lib.Costs,
   temperature: float,
   settings: settings_lib.SpeculativeSettings,
   gammas: Sequence[int],
   batch_sizes: Sequence[int],
   alpha: Optional[float],
-  *,
-  common: Mapping[str, Any],
   profile_dir: str,
-  measure_batch_parts: Callable[..., Dict[Any, measure.IterationParts]],
-  measure_auto: Callable[..., Dict[str, Any]],
-) -> List[Dict[str, Any]]:
+) -> List[records_lib.Record]:
   """The speculation-profile sweep of one temperature (see `run_benchmark`'s `profile_dir`).
 
-  Batch 1's records are `records`' own; every other batch size gets each
-  gamma's walltime record with its c and v measured at that size. Writes
-  the profile, then times gamma='auto' with it against the baseline at every
-  batch size. Returns the new records: walltime, 'profile' and 'auto'.
+  `batch1` are this temperature's batch-1 records; every other batch size
+  gets each gamma's walltime record with its c and v measured at that size.
+  Writes the profile, then times gamma='auto' with it against the baseline at
+  every batch size. Returns the new records: walltime, the profile, auto.
   """
   new_records = []
-  batch1_rows = {}  # gamma: {'row_lengths', 'row_iterations'} of its batch-1 record.
-  for r in records:
-    if r['kind'] == 'walltime' and r['temperature'] == temperature and r['batch_size'] == 1:
-      batch1_rows[r['gamma']] = {k: r[k] for k in ('row_lengths', 'row_iterations')}
+  batch1_rows = {  # gamma: {'row_lengths', 'row_iterations'} of its batch-1 record.
+    r.gamma: {'row_lengths': r.row_lengths, 'row_iterations': r.row_iterations}
+    for r in batch1
+    if isinstance(r, records_lib.Walltime) and r.batch_size == 1
+  }
   for batch_size in sorted(set(batch_sizes) - {1}):
-    parts = measure_batch_parts(batch_size=batch_size)
+    parts = _measure_parts(timed, settings, [temperature], gammas, batch_size)
     for gamma in gammas:
       new_records.append(
-        measure_walltime(
+        _measure_walltime(
+          timed,
           temperature,
           settings.replace(gamma=gamma),
           batch_size,
@@ -1081,41 +1226,35 @@ def _profile_sweep(
       )
   walltime = [
     r
-    for r in records + new_records
-    if r['kind'] == 'walltime' and r['temperature'] == temperature and r['gamma'] in gammas
+    for r in list(batch1) + new_records
+    if isinstance(r, records_lib.Walltime) and r.gamma in gammas
   ]
   profile = profiles.profile_from_records(walltime, temperature, alpha)
   path = os.path.join(profile_dir, f'profile_t{temperature:g}.json')
-  costs = next(r for r in records if r['kind'] == 'costs')
   profile = dict(
     profile,
-    **{k: common[k] for k in ('pair', 'task', 'architecture')},
-    machine=measure.machine(bandwidth=costs['bandwidth_gb_per_s'] * 1e9),
+    **{k: timed.common[k] for k in ('pair', 'task', 'architecture')},
+    machine=measure.machine(bandwidth=costs.bandwidth_gb_per_s * 1e9),
   )
   profiles.write_profile(path, profile)
-  new_records.append(dict(common, kind='profile', temperature=temperature, path=path, **profile))
+  new_records.append(
+    records_lib.make(
+      records_lib.Profile, **dict(timed.common, **profile), temperature=temperature, path=path
+    )
+  )
   auto = settings.replace(gamma=settings_lib.AUTO, profile=path)
   for batch_size in sorted(set(batch_sizes)):
-    new_records.append(measure_auto(temperature, auto, batch_size))
+    new_records.append(_measure_auto(timed, temperature, auto, batch_size, gammas))
   return new_records
 
 
 def _measure_auto(
-  target,
-  draft,
-  inputs,
-  decoder_prompts,
+  timed: TimedExamples,
   temperature: float,
   settings: settings_lib.SpeculativeSettings,
   batch_size: int,
-  *,
   gammas: Sequence[int],
-  common: Mapping[str, Any],
-  repetitions: int,
-  max_decode_len: int,
-  eos_id: int,
-  progress: Callable[[str], None],
-) -> Dict[str, Any]:
+) -> records_lib.Auto:
   """Times gamma='auto' (a profile's choice, possibly the baseline) and every fixed gamma.
 
   All run side by side with the baseline, passes interleaved, so auto's
@@ -1123,27 +1262,17 @@ def _measure_auto(
   the same moments, measured after, and apart from, the sweep the profile
   chose on.
   """
-  sampling_args = dict(temperature=temperature, max_decode_len=max_decode_len, eos_id=eos_id)
-  baseline, auto, *fixed = time_decodings(
-    [
-      models.make_decoder(target, None, **sampling_args),
-      models.make_decoder(target, draft, settings, **sampling_args),
-    ]
-    + [
-      models.make_decoder(target, draft, settings.replace(gamma=g, profile=None), **sampling_args)
-      for g in gammas
-    ],
-    inputs,
-    decoder_prompts=decoder_prompts,
-    batch_size=batch_size,
-    repetitions=repetitions,
+  baseline, auto, *fixed = timed.time(
+    [timed.decoder(temperature), timed.decoder(temperature, settings)]
+    + [timed.decoder(temperature, settings.replace(gamma=g, profile=None)) for g in gammas],
+    batch_size,
   )
   speedup = lambda run: _summary([b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)])
   fixed_speedups = {g: speedup(run) for g, run in zip(gammas, fixed)}
-  best_fixed = max([0] + list(gammas), key=lambda g: fixed_speedups[g]['median'] if g else 1.0)
-  record = dict(
-    common,
-    kind='auto',
+  fixed_median = lambda g: fixed_speedups[g]['median'] if g else 1.0
+  best_fixed = max([0] + list(gammas), key=fixed_median)
+  record = records_lib.Auto(
+    **timed.common,
     temperature=temperature,
     batch_size=batch_size,
     gamma_ran=auto.gamma,
@@ -1155,68 +1284,65 @@ def _measure_auto(
     best_fixed_gamma=best_fixed,
     finished_row_share=auto.finished_row_share,
     identical_outputs=float(np.mean(np.all(baseline.outputs == auto.outputs, axis=1))),
+    auto_over_best_fixed=speedup(auto)['median'] / fixed_median(best_fixed),
+    # The choice itself, apart from the noise between two timings of one program: the chosen
+    # gamma's fixed decoder against the best, timed in the same passes (None: not timed).
+    chosen_over_best_fixed=(
+      fixed_median(auto.gamma) / fixed_median(best_fixed)
+      if auto.gamma == 0 or auto.gamma in fixed_speedups
+      else None
+    ),
   )
-  fixed_median = lambda g: fixed_speedups[g]['median'] if g else 1.0
-  record['auto_over_best_fixed'] = record['speedup']['median'] / fixed_median(best_fixed)
-  # The choice itself, apart from the noise between two timings of one program: the chosen
-  # gamma's fixed decoder against the best, timed in the same passes (None: not timed).
-  record['chosen_over_best_fixed'] = (
-    fixed_median(auto.gamma) / fixed_median(best_fixed)
-    if auto.gamma == 0 or auto.gamma in fixed_speedups
-    else None
-  )
-  progress(
+  timed.progress(
     f'  T={temperature} gamma=auto (ran {auto.gamma}) batch={batch_size}: '
-    f'{record["speedup"]["median"]:.2f}x; best fixed gamma {best_fixed}, auto / best '
-    f'{record["auto_over_best_fixed"]:.2f}, chosen gamma / best '
-    f'{record["chosen_over_best_fixed"] or float("nan"):.2f}'
+    f'{record.speedup["median"]:.2f}x; best fixed gamma {best_fixed}, auto / best '
+    f'{record.auto_over_best_fixed:.2f}, chosen gamma / best '
+    f'{record.chosen_over_best_fixed or float("nan"):.2f}'
   )
   return record
 
 
-def gamma_choice(records: Sequence[Dict[str, Any]], temperature: float) -> Dict[str, Any]:
+def gamma_choice(records: Sequence[records_lib.Record], temperature: float) -> Dict[str, Any]:
   """gamma='auto' from the measured parts, next to the measured best (batch 1).
 
   The choice is `theory.choose_gamma` over `predicted_speedup_parts` (alpha,
   and each part of an iteration timed alone); it needs no walltime run of its
-  own, so a user can take it from one benchmark of the pair.
+  own, so a user can take it from one benchmark of the pair. Returns the
+  fields of a `records.GammaChoice` ({} without predictions).
   """
   rows = [
-    r
-    for r in records
-    if r['kind'] == 'walltime'
-    and r['batch_size'] == 1
-    and r['temperature'] == temperature
-    and r.get('predicted_speedup_parts') is not None
+    r for r in _batch1_walltime(records, temperature) if r.predicted_speedup_parts is not None
   ]
   if not rows:
     return {}
-  by_gamma = {r['gamma']: r for r in rows}
+  by_gamma = {r.gamma: r for r in rows}
   chosen = by_gamma[
-    theory.choose_gamma({g: r['predicted_speedup_parts'] for g, r in by_gamma.items()})
+    theory.choose_gamma({g: r.predicted_speedup_parts for g, r in by_gamma.items()})
   ]
-  best = max(rows, key=lambda r: r['speedup']['median'])
+  best = max(rows, key=lambda r: r.speedup['median'])
   return dict(
     temperature=temperature,
-    chosen_gamma=chosen['gamma'],
-    chosen_predicted_speedup=chosen['predicted_speedup_parts'],
-    chosen_measured_speedup=chosen['speedup']['median'],
-    best_gamma=best['gamma'],
-    best_measured_speedup=best['speedup']['median'],
-    chosen_over_best=chosen['speedup']['median'] / best['speedup']['median'],
+    chosen_gamma=chosen.gamma,
+    chosen_predicted_speedup=chosen.predicted_speedup_parts,
+    chosen_measured_speedup=chosen.speedup['median'],
+    best_gamma=best.gamma,
+    best_measured_speedup=best.speedup['median'],
+    chosen_over_best=chosen.speedup['median'] / best.speedup['median'],
   )
 
 
-def best_gamma(records: Sequence[Dict[str, Any]], temperature: float) -> int:
+def best_gamma(records: Sequence[records_lib.Record], temperature: float) -> int:
   """The gamma of the fastest (median speedup) batch-1 walltime record at `temperature`."""
-  return max(
-    (
-      r
-      for r in records
-      if r['kind'] == 'walltime' and r['batch_size'] == 1 and r['temperature'] == temperature
-    ),
-    key=lambda r: r['speedup']['median'],
-  )['gamma']
+  return max(_batch1_walltime(records, temperature), key=lambda r: r.speedup['median']).gamma
+
+
+def _batch1_walltime(records, temperature: float) -> List[records_lib.Walltime]:
+  """The batch-1 `records.Walltime` records at `temperature` (JSON dicts read as records)."""
+  return [
+    r
+    for r in records_lib.typed(records)
+    if isinstance(r, records_lib.Walltime) and r.batch_size == 1 and r.temperature == temperature
+  ]
 
 
 def iteration_breakdown(
@@ -1326,8 +1452,10 @@ def benchmark_pair(
     )
   vocabulary = None  # What tokenizes the references into decoder prompts.
   if task is not None:
+    from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
+
     inputs, references = task_inputs(task, split, num_examples=num_examples)
-    vocabulary = _get_task(task).output_features['targets'].vocabulary
+    vocabulary = tasks_core.get_task(task).output_features['targets'].vocabulary
   elif tsv_path is not None:
     if vocabulary_path is None:
       raise ValueError(

@@ -43,7 +43,7 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import jax
 from jax import lax
@@ -679,28 +679,44 @@ def _command(pid: int) -> str:
     return ''
 
 
-def busy_processes(interval: float = 1.0, threshold: float = 5.0) -> Dict[int, Dict[str, Any]]:
-  """{pid: {'cpu_percent', 'command'}}: other processes using >= threshold % over `interval` s.
+def cpu_times() -> Tuple[float, Dict[int, float]]:
+  """(time.monotonic(), {pid: CPU seconds used so far}) of every other process, from /proc.
 
-  Percent of one core (a process's threads add up, as in `top`), read from
-  Linux's /proc; {} where there is no /proc.
+  The first reading of `busy_since`; {} where there is no /proc.
   """
   if not os.path.isdir('/proc'):
-    return {}
+    return time.monotonic(), {}
   pids = [int(name) for name in os.listdir('/proc') if name.isdigit() and int(name) != os.getpid()]
-  before = {pid: _cpu_seconds(pid) for pid in pids}
-  start = time.monotonic()
-  time.sleep(interval)
+  used = {pid: _cpu_seconds(pid) for pid in pids}
+  return time.monotonic(), {pid: seconds for pid, seconds in used.items() if seconds is not None}
+
+
+def busy_since(
+  before: Tuple[float, Dict[int, float]], threshold: float = 5.0
+) -> Dict[int, Dict[str, Any]]:
+  """{pid: {'cpu_percent', 'command'}}: processes that used >= threshold % since `before`.
+
+  Percent of one core (a process's threads add up, as in `top`); `before` is a
+  `cpu_times()` reading. Processes gone since are skipped.
+  """
+  start, used_before = before
   elapsed = time.monotonic() - start
   busy = {}
-  for pid, used in before.items():
+  for pid, used in used_before.items():
     now = _cpu_seconds(pid)
-    if used is None or now is None:
+    if now is None:
       continue
     percent = 100.0 * (now - used) / elapsed
     if percent >= threshold:
       busy[pid] = dict(cpu_percent=percent, command=_command(pid)[:160])
   return busy
+
+
+def busy_processes(interval: float = 1.0, threshold: float = 5.0) -> Dict[int, Dict[str, Any]]:
+  """`busy_since` a `cpu_times()` reading `interval` s ago: what else used the CPU meanwhile."""
+  before = cpu_times()
+  time.sleep(interval)
+  return busy_since(before, threshold)
 
 
 class LoadMonitor:

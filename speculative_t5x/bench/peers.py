@@ -50,6 +50,12 @@ encoder layers (our demo target: 2 and 4) fails with an IndexError in
 decoder's depth after loading: transformers reads it only to build the
 encoder (already built) and to size that cache.
 
+Spread. Examples differ in how much of them the draft guesses, so the
+speedup over all examples together comes with each example's own speedup (the
+median of its timed passes): their mean, standard error and range
+(`Comparison.speedup_spread`). Compare with the benchmark on the examples it
+times (the demo passes those).
+
 Tokens are counted alike: each example's tokens up to and including EOS (all
 `max_decode_len` if none). HF's sequences begin with decoder_start_token_id,
 which is not a generated token.
@@ -66,9 +72,8 @@ import contextlib
 import dataclasses
 import functools
 import os
-import statistics
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -117,6 +122,7 @@ class SystemResult:
     seconds_max: slowest pass.
     identical_fraction: fraction of examples whose output equals our greedy
       output token for token.
+    seconds_per_example: median over repetitions of each example's seconds.
   """
 
   system: str
@@ -126,6 +132,7 @@ class SystemResult:
   seconds_min: float
   seconds_max: float
   identical_fraction: float
+  seconds_per_example: Tuple[float, ...]
 
   @property
   def tokens(self) -> int:
@@ -223,6 +230,28 @@ class Comparison:
   def speedup(self, system: str) -> float:
     """Tokens/s of `system` over those of its own framework's greedy decoding."""
     return self[system].tokens_per_second / self[_BASELINE_OF[system]].tokens_per_second
+
+  def speedups_per_example(self, system: str) -> np.ndarray:
+    """float64 [num_examples]: `speedup` on each example alone (its median seconds)."""
+    ours, baseline = self[system], self[_BASELINE_OF[system]]
+    rate = lambda r: np.asarray(r.tokens_per_example) / np.asarray(r.seconds_per_example)
+    return rate(ours) / rate(baseline)
+
+  def speedup_spread(self, system: str) -> Dict[str, float]:
+    """{'mean', 'stderr', 'min', 'max'} of `speedups_per_example` over the examples.
+
+    Examples differ in how much of them the draft guesses, so the ratio differs
+    from one to the next: the spread says how far the aggregate `speedup` would
+    move on other examples of the same kind.
+    """
+    ratios = self.speedups_per_example(system)
+    stderr = float(np.std(ratios, ddof=1) / np.sqrt(len(ratios))) if len(ratios) > 1 else 0.0
+    return dict(
+      mean=float(np.mean(ratios)),
+      stderr=stderr,
+      min=float(np.min(ratios)),
+      max=float(np.max(ratios)),
+    )
 
 
 def _import_torch_and_transformers():
@@ -401,19 +430,19 @@ def _logits_error(
 
 def _time_passes(
   runners: Dict[str, Callable], input_tokens: np.ndarray, outputs: Dict[str, list], repetitions: int
-) -> Dict[str, list]:
-  """Seconds of each timed pass over all examples, per system.
+) -> Dict[str, np.ndarray]:
+  """Per system, float64 [repetitions, num_examples]: each example's seconds in each pass.
 
   The systems take turns on each example, so that load from other processes
   falls on all of them alike. Each output must equal the untimed pass's.
   """
-  seconds = {system: [0.0] * repetitions for system in runners}
+  seconds = {system: np.zeros((repetitions, len(input_tokens))) for system in runners}
   for repetition in range(repetitions):
     for example, row in enumerate(input_tokens):
       for system, run in runners.items():
         start = time.perf_counter()
         tokens, _ = run(row)
-        seconds[system][repetition] += time.perf_counter() - start
+        seconds[system][repetition, example] = time.perf_counter() - start
         if not np.array_equal(tokens, outputs[system][example][0]):
           raise RuntimeError(
             f'{system} decoded example {example} differently in repetition '
@@ -477,10 +506,67 @@ def compare_with_huggingface(
   if not isinstance(torch_threads, (int, np.integer)) or torch_threads < 1:
     raise ValueError(f'num_threads must be an integer >= 1 or None; got {num_threads!r}.')
 
-  target_calls = [0]
+  with _quiet(transformers):
+    hf_target = _export(target, os.path.join(workdir, 'target_hf'), transformers)
+    hf_draft = _export(draft, os.path.join(workdir, 'draft_hf'), transformers)
+    runners, target_calls = _runners(
+      torch, transformers, target, draft, hf_target, hf_draft, gamma, max_decode_len, eos_id
+    )
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(int(torch_threads))
+    hook = hf_target.register_forward_hook(functools.partial(_count_call, target_calls))
+    try:
+      # Untimed pass: compiles, warms up, and records outputs and target
+      # calls; the parity check then uses our first output as decoder inputs.
+      outputs = {system: [run(row) for row in input_tokens] for system, run in runners.items()}
+      decoder_inputs = _shift_right(outputs[OURS_BASELINE][0][0], max_decode_len)
+      target_error = _logits_error(
+        torch, target, hf_target, input_tokens[:1], decoder_inputs, 'target'
+      )
+      draft_error = _logits_error(torch, draft, hf_draft, input_tokens[:1], decoder_inputs, 'draft')
+      seconds = _time_passes(runners, input_tokens, outputs, repetitions)
+      divergences = _divergences(torch, target, hf_target, input_tokens, outputs, max_decode_len)
+    finally:
+      hook.remove()
+      torch.set_num_threads(previous_threads)
 
-  def count_target_call(*unused):
-    target_calls[0] += 1
+  return Comparison(
+    systems=tuple(
+      _system_result(system, outputs[system], seconds[system], divergences) for system in SYSTEMS
+    ),
+    divergences=tuple(divergences),
+    num_examples=len(input_tokens),
+    input_length=input_tokens.shape[1],
+    max_decode_len=int(max_decode_len),
+    gamma=int(gamma),
+    repetitions=int(repetitions),
+    torch_threads=int(torch_threads),
+    cpu_cores=cpu_cores,
+    xla_flags=os.environ.get('XLA_FLAGS', ''),
+    target_logits_error=target_error,
+    draft_logits_error=draft_error,
+    versions={
+      'jax': jax.__version__,
+      'torch': torch.__version__,
+      'transformers': transformers.__version__,
+    },
+  )
+
+
+def _count_call(counter, *unused):
+  """A forward hook's body: one more target call."""
+  counter[0] += 1
+
+
+def _runners(
+  torch, transformers, target, draft, hf_target, hf_draft, gamma, max_decode_len, eos_id
+):
+  """({system: run(row) -> (tokens, target calls)}, the HF target's call counter [1]).
+
+  The counter is a one-element list that a forward hook on `hf_target`
+  increments; `run_hf` resets it per example.
+  """
+  target_calls = [0]
 
   def run_ours(row, draft_or_none):
     out = models.generate(
@@ -509,95 +595,64 @@ def compare_with_huggingface(
     # Drop decoder_start_token_id; at batch 1 nothing follows the EOS.
     return emitted_tokens(sequences[0, 1:].numpy(), eos_id), target_calls[0]
 
-  with _quiet(transformers):
-    hf_target = _export(target, os.path.join(workdir, 'target_hf'), transformers)
-    hf_draft = _export(draft, os.path.join(workdir, 'draft_hf'), transformers)
-    # transformers' candidate generator reads these from the assistant's
-    # config (see the module docstring): a fixed gamma, no early stop.
-    hf_draft.generation_config.num_assistant_tokens = int(gamma)
-    hf_draft.generation_config.num_assistant_tokens_schedule = 'constant'
-    hf_draft.generation_config.assistant_confidence_threshold = 0.0
-    greedy_config = transformers.GenerationConfig(
-      do_sample=False,
-      num_beams=1,
-      max_new_tokens=int(max_decode_len),
-      eos_token_id=eos_id,
-      pad_token_id=0,
-      decoder_start_token_id=0,
-    )
-    runners = {
-      OURS_BASELINE: functools.partial(run_ours, draft_or_none=None),
-      OURS_SPECULATIVE: functools.partial(run_ours, draft_or_none=draft),
-      HF_GREEDY: functools.partial(run_hf, assistant=None),
-      HF_ASSISTED: functools.partial(run_hf, assistant=hf_draft),
-    }
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(int(torch_threads))
-    hook = hf_target.register_forward_hook(count_target_call)
-    try:
-      # Untimed pass: compiles, warms up, and records outputs and target
-      # calls; the parity check then uses our first output as decoder inputs.
-      outputs = {system: [run(row) for row in input_tokens] for system, run in runners.items()}
-      reference = [tokens for tokens, _ in outputs[OURS_BASELINE]]
-      decoder_inputs = _shift_right(reference[0], max_decode_len)
-      target_error = _logits_error(
-        torch, target, hf_target, input_tokens[:1], decoder_inputs, 'target'
-      )
-      draft_error = _logits_error(torch, draft, hf_draft, input_tokens[:1], decoder_inputs, 'draft')
-      seconds = _time_passes(runners, input_tokens, outputs, repetitions)
-      divergences = []
-      for system in SYSTEMS[1:]:
-        for example, (tokens, _) in enumerate(outputs[system]):
-          if not np.array_equal(tokens, reference[example]):
-            row = input_tokens[example : example + 1]
-            divergences.append(
-              _divergence(
-                system,
-                example,
-                reference[example],
-                tokens,
-                functools.partial(
-                  acceptance.teacher_forced_logits, target.config, target.params, row
-                ),
-                functools.partial(_hf_logits, torch, hf_target, row),
-                max_decode_len,
-              )
-            )
-    finally:
-      hook.remove()
-      torch.set_num_threads(previous_threads)
-
-  num_examples = len(input_tokens)
-  systems = tuple(
-    SystemResult(
-      system=system,
-      tokens_per_example=tuple(len(tokens) for tokens, _ in outputs[system]),
-      target_calls_per_example=tuple(calls for _, calls in outputs[system]),
-      seconds_median=statistics.median(seconds[system]),
-      seconds_min=min(seconds[system]),
-      seconds_max=max(seconds[system]),
-      identical_fraction=1.0 - sum(d.system == system for d in divergences) / num_examples,
-    )
-    for system in SYSTEMS
+  # transformers' candidate generator reads these from the assistant's
+  # config (see the module docstring): a fixed gamma, no early stop.
+  hf_draft.generation_config.num_assistant_tokens = int(gamma)
+  hf_draft.generation_config.num_assistant_tokens_schedule = 'constant'
+  hf_draft.generation_config.assistant_confidence_threshold = 0.0
+  greedy_config = transformers.GenerationConfig(
+    do_sample=False,
+    num_beams=1,
+    max_new_tokens=int(max_decode_len),
+    eos_token_id=eos_id,
+    pad_token_id=0,
+    decoder_start_token_id=0,
   )
-  return Comparison(
-    systems=systems,
-    divergences=tuple(divergences),
-    num_examples=num_examples,
-    input_length=input_tokens.shape[1],
-    max_decode_len=int(max_decode_len),
-    gamma=int(gamma),
-    repetitions=int(repetitions),
-    torch_threads=int(torch_threads),
-    cpu_cores=cpu_cores,
-    xla_flags=os.environ.get('XLA_FLAGS', ''),
-    target_logits_error=target_error,
-    draft_logits_error=draft_error,
-    versions={
-      'jax': jax.__version__,
-      'torch': torch.__version__,
-      'transformers': transformers.__version__,
-    },
+  runners = {
+    OURS_BASELINE: functools.partial(run_ours, draft_or_none=None),
+    OURS_SPECULATIVE: functools.partial(run_ours, draft_or_none=draft),
+    HF_GREEDY: functools.partial(run_hf, assistant=None),
+    HF_ASSISTED: functools.partial(run_hf, assistant=hf_draft),
+  }
+  return runners, target_calls
+
+
+def _divergences(
+  torch, target, hf_target, input_tokens, outputs, max_decode_len
+) -> List[Divergence]:
+  """A `Divergence` for every example on which a system's output differs from our greedy one."""
+  reference = [tokens for tokens, _ in outputs[OURS_BASELINE]]
+  divergences = []
+  for system in SYSTEMS[1:]:
+    for example, (tokens, _) in enumerate(outputs[system]):
+      if not np.array_equal(tokens, reference[example]):
+        row = input_tokens[example : example + 1]
+        divergences.append(
+          _divergence(
+            system,
+            example,
+            reference[example],
+            tokens,
+            functools.partial(acceptance.teacher_forced_logits, target.config, target.params, row),
+            functools.partial(_hf_logits, torch, hf_target, row),
+            max_decode_len,
+          )
+        )
+  return divergences
+
+
+def _system_result(system, outputs, seconds, divergences) -> SystemResult:
+  """One system's `SystemResult` from its outputs and seconds [repetitions, examples]."""
+  per_pass = seconds.sum(axis=1)
+  return SystemResult(
+    system=system,
+    tokens_per_example=tuple(len(tokens) for tokens, _ in outputs),
+    target_calls_per_example=tuple(calls for _, calls in outputs),
+    seconds_median=float(np.median(per_pass)),
+    seconds_min=float(np.min(per_pass)),
+    seconds_max=float(np.max(per_pass)),
+    identical_fraction=1.0 - sum(d.system == system for d in divergences) / len(outputs),
+    seconds_per_example=tuple(float(t) for t in np.median(seconds, axis=0)),
   )
 
 
@@ -613,15 +668,21 @@ def format_markdown(result: Comparison) -> str:
     f'Exported logits match ours within {result.target_logits_error:.1e} (target) and '
     f'{result.draft_logits_error:.1e} (draft).',
     '',
+    "The speedup is over the same framework's greedy decoding, on all examples together; "
+    "per example: the mean of the examples' own speedups +- its standard error, and "
+    'their range.',
+    '',
     '| system | tokens | target calls | tokens/call | s per pass (min-max) | ms/token '
-    '| tokens/s | speedup | identical to ours greedy |',
-    '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+    '| tokens/s | speedup | per example: mean +- s.e. (range) | identical to ours greedy |',
+    '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
   ]
   for r in result.systems:
+    spread = result.speedup_spread(r.system)
     lines.append(
       f'| {r.system} | {r.tokens} | {r.target_calls} | {r.tokens_per_target_call:.2f} '
       f'| {r.seconds_median:.3f} ({r.seconds_min:.3f}-{r.seconds_max:.3f}) '
       f'| {r.ms_per_token:.2f} | {r.tokens_per_second:.1f} | {result.speedup(r.system):.2f}x '
+      f'| {spread["mean"]:.2f} +- {spread["stderr"]:.2f} ({spread["min"]:.2f}-{spread["max"]:.2f}) '
       f'| {r.identical_fraction:.0%} |'
     )
   if result.divergences:

@@ -1,10 +1,10 @@
 """Benchmark reports: Markdown tables, benchmark.json and figures from the records.
 
-The records are `benchmark.run_benchmark`'s: JSON-ready dicts of kind 'alpha'
-(per draft and temperature), 'costs' and 'walltime' (per temperature, gamma
-and batch size), each naming the target's architecture (encoder-decoder,
-decoder-only, decoder-only prefix LM). This module reads them only;
-matplotlib is imported when a figure is asked for.
+The records are `benchmark.run_benchmark`'s (`records`: one class per kind,
+each naming the target's architecture), or benchmark.json's dicts, read back
+with `records.from_json` at the entry points (`markdown_report`,
+`plot_report`, `write_report`). This module reads them only; matplotlib is
+imported when a figure is asked for.
 """
 
 import json
@@ -14,18 +14,20 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from speculative_t5x import profiles
+from speculative_t5x.bench import records as records_lib
 
 
 def _fmt(value, digits=2):
   return '-' if value is None else f'{value:.{digits}f}'
 
 
-def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
+def markdown_report(records: Sequence[records_lib.Record]) -> str:
   """Markdown tables: walltime and prediction (Tables 2 and 4), alpha (Table 3),
   distillation, batch size, memory, acceptance by position."""
+  records = records_lib.typed(records)
   lines = _pair_lines(records) + _machine_lines(records)
-  walltime = [r for r in records if r['kind'] == 'walltime']
-  if any(r['emulated'] for r in records):
+  walltime = [r for r in records if isinstance(r, records_lib.Walltime)]
+  if any(getattr(r, 'emulated', False) for r in records):
     lines += [
       '**EMULATION**: acceptances drawn i.i.d. at the given alpha on random weights; '
       'timings only, no text.',
@@ -40,22 +42,22 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
     '|' + '---|' * 15,
   ]
   for r in walltime:
-    if r['batch_size'] != 1:
+    if r.batch_size != 1:
       continue
     bleu = _bleu_cell(r)
     lines.append(
-      f'| {r["pair"]} | {r["task"]} | {r["temperature"]} | {r["gamma"]} | {_fmt(r["alpha"])} '
-      f'| {_fmt(r["alpha_loop"])} | {_fmt(r["c"], 3)} | {_fmt(r["verify_cost"])} '
-      f'| {_fmt(r["tokens_per_call"])} | {_fmt(r["ms_per_token_baseline"]["median"])} '
-      f'| {_fmt(r["ms_per_token_speculative"]["median"])} '
-      f'| {_fmt(r["speedup"]["median"])}x ({_fmt(r["speedup"]["min"])}-'
-      f'{_fmt(r["speedup"]["max"])}) | {_fmt(r.get("predicted_speedup"))}x '
-      f'| {_fmt(r.get("predicted_speedup_free_verify"))}x | {bleu} |'
+      f'| {r.pair} | {r.task} | {r.temperature} | {r.gamma} | {_fmt(r.alpha)} '
+      f'| {_fmt(r.alpha_loop)} | {_fmt(r.c, 3)} | {_fmt(r.verify_cost)} '
+      f'| {_fmt(r.tokens_per_call)} | {_fmt(r.ms_per_token_baseline["median"])} '
+      f'| {_fmt(r.ms_per_token_speculative["median"])} '
+      f'| {_fmt(r.speedup["median"])}x ({_fmt(r.speedup["min"])}-'
+      f'{_fmt(r.speedup["max"])}) | {_fmt(r.predicted_speedup)}x '
+      f'| {_fmt(r.predicted_speedup_free_verify)}x | {bleu} |'
     )
   lines += _sampled_quality_lines(walltime)
   lines += _breakdown_lines(records)
   lines += _gamma_choice_lines(records)
-  alpha = [r for r in records if r['kind'] == 'alpha']
+  alpha = [r for r in records if isinstance(r, records_lib.Alpha)]
   if alpha:
     lines += [
       '',
@@ -68,15 +70,15 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
       '|---|---|---|---|---|',
     ]
     lines += [
-      f'| {r["draft"]} | {r["temperature"]} | {_fmt(r["alpha"], 3)} '
-      f'| {_fmt(r["alpha_stderr"], 3)} | {r["num_tokens"]} |'
+      f'| {r.draft} | {r.temperature} | {_fmt(r.alpha, 3)} '
+      f'| {_fmt(r.alpha_stderr, 3)} | {r.num_tokens} |'
       for r in alpha
     ]
-    lines += _cached_lines(r.get('cached_from') for r in alpha)
+    lines += _cached_lines(r.cached_from for r in alpha)
   lines += _distillation_lines(records)
   lines += _profile_lines(records)
-  batched = [r for r in walltime if r['batch_size'] != 1]
-  if batched and not any(r['kind'] == 'profile' for r in records):
+  batched = [r for r in walltime if r.batch_size != 1]
+  if batched and not any(isinstance(r, records_lib.Profile) for r in records):
     lines += [
       '',
       '## Speedup vs batch size',
@@ -84,13 +86,13 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
       '| T | gamma | batch | ms/token base | ms/token spec | speedup |',
       '|---|---|---|---|---|---|',
     ]
-    for r in sorted(walltime, key=lambda r: (r['temperature'], r['batch_size'])):
-      if r['gamma'] == batched[0]['gamma']:
+    for r in sorted(walltime, key=lambda r: (r.temperature, r.batch_size)):
+      if r.gamma == batched[0].gamma:
         lines.append(
-          f'| {r["temperature"]} | {r["gamma"]} | {r["batch_size"]} '
-          f'| {_fmt(r["ms_per_token_baseline"]["median"])} '
-          f'| {_fmt(r["ms_per_token_speculative"]["median"])} '
-          f'| {_fmt(r["speedup"]["median"])}x |'
+          f'| {r.temperature} | {r.gamma} | {r.batch_size} '
+          f'| {_fmt(r.ms_per_token_baseline["median"])} '
+          f'| {_fmt(r.ms_per_token_speculative["median"])} '
+          f'| {_fmt(r.speedup["median"])}x |'
         )
   lines += [
     '',
@@ -100,48 +102,47 @@ def markdown_report(records: Sequence[Dict[str, Any]]) -> str:
     '|---|---|---|---|---|',
   ]
   for r in walltime:
-    if r['batch_size'] == 1:
-      mem = r['memory']
+    if r.batch_size == 1:
+      mem = r.memory
       lines.append(
-        f'| {r["temperature"]} | {r["gamma"]} '
+        f'| {r.temperature} | {r.gamma} '
         f'| {_fmt(mem.get("temp_bytes", 0) / 2**20, 1)} '
         f'| {_fmt(mem.get("argument_bytes", 0) / 2**20, 1)} '
-        f'| {" ".join(f"{a:.2f}" for a in r["acceptance_by_position"])} |'
+        f'| {" ".join(f"{a:.2f}" for a in r.acceptance_by_position)} |'
       )
   lines += _drafting_lines(walltime)
   return '\n'.join(lines) + '\n'
 
 
-def _machine_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+def _machine_lines(records: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: the machine the run measured (a record of kind 'machine', if any)."""
-  machine = next((r for r in records if r['kind'] == 'machine'), None)
+  machine = next((r for r in records if isinstance(r, records_lib.Machine)), None)
   if machine is None:
     return []
   step = (
-    f'; a target training step ({machine["training_step_rows"]} rows) '
-    f'{machine["training_step_s"]:.2f} s'
-    if machine.get('training_step_s') is not None
+    f'; a target training step ({machine.training_step_rows} rows) {machine.training_step_s:.2f} s'
+    if machine.training_step_s is not None
     else ''
   )
   return [
-    f'Machine: {machine.get("cpu")} (CPU family {machine.get("cpu_family")}), '
-    f'{machine.get("cores")} cores, {machine["bandwidth_gb_per_s"]:.1f} GB/s '
+    f'Machine: {machine.cpu} (CPU family {machine.cpu_family}), '
+    f'{machine.cores} cores, {machine.bandwidth_gb_per_s:.1f} GB/s '
     f'(a reduction over 512 MiB){step}.',
     '',
   ]
 
 
-def _bleu_cell(record: Dict[str, Any]) -> str:
+def _bleu_cell(record: records_lib.Walltime) -> str:
   """The walltime table's BLEU: greedy, one value each; sampled, mean +- stderr over keys."""
-  quality = record.get('sampled_quality')
+  quality = record.sampled_quality
   if quality and quality['baseline']['bleu'] is not None:
     return ' / '.join(
       f'{quality[name]["bleu"]["mean"]:.1f} ± {quality[name]["bleu"]["stderr"]:.1f}'
       for name in ('baseline', 'speculative')
     )
-  if record.get('bleu_baseline') is None:
+  if record.bleu_baseline is None:
     return '-'
-  return f'{_fmt(record.get("bleu_baseline"), 1)} / {_fmt(record.get("bleu_speculative"), 1)}'
+  return f'{_fmt(record.bleu_baseline, 1)} / {_fmt(record.bleu_speculative, 1)}'
 
 
 # What a sampled-quality row means, in the report and in the demo's table.
@@ -154,9 +155,9 @@ SAMPLED_QUALITY_NOTE = (
 )
 
 
-def sampled_quality_line(record: Dict[str, Any]) -> str:
+def sampled_quality_line(record: records_lib.Walltime) -> str:
   """One walltime record's sampled quality as a line of text."""
-  q = record['sampled_quality']
+  q = record.sampled_quality
   ms = lambda name, field, digits: (
     f'{q[name][field]["mean"]:.{digits}f} ± {q[name][field]["stderr"]:.{digits}f}'
   )
@@ -167,15 +168,15 @@ def sampled_quality_line(record: Dict[str, Any]) -> str:
     else ''
   )
   return (
-    f'  T={record["temperature"]} gamma={record["gamma"]}, {q["num_keys"]} keys x '
+    f'  T={record.temperature} gamma={record.gamma}, {q["num_keys"]} keys x '
     f'{q["num_examples"]} inputs: {bleu}mean length {ms("baseline", "length", 1)} / '
     f'{ms("speculative", "length", 1)} tokens (baseline / speculative)'
   )
 
 
-def _sampled_quality_lines(walltime: Sequence[Dict[str, Any]]) -> List[str]:
+def _sampled_quality_lines(walltime: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: BLEU and output length at T > 0, mean +- standard error over keys."""
-  rows = [r for r in walltime if r.get('sampled_quality') and r['batch_size'] == 1]
+  rows = [r for r in walltime if r.sampled_quality and r.batch_size == 1]
   if not rows:
     return []
   lines = [
@@ -188,7 +189,7 @@ def _sampled_quality_lines(walltime: Sequence[Dict[str, Any]]) -> List[str]:
     '|' + '---|' * 8,
   ]
   for r in rows:
-    q = r['sampled_quality']
+    q = r.sampled_quality
     cell = lambda name, field, digits=1: (
       '-'
       if q[name][field] is None
@@ -196,15 +197,13 @@ def _sampled_quality_lines(walltime: Sequence[Dict[str, Any]]) -> List[str]:
     )
     diff = q.get('bleu_difference_in_stderr')
     lines.append(
-      f'| {r["temperature"]} | {r["gamma"]} | {q["num_keys"]} x {q["num_examples"]} '
+      f'| {r.temperature} | {r.gamma} | {q["num_keys"]} x {q["num_examples"]} '
       f'| {cell("baseline", "bleu")} | {cell("speculative", "bleu")} '
       f'| {"-" if diff is None else f"{diff:+.1f}"} '
       f'| {cell("baseline", "length")} | {cell("speculative", "length")} |'
     )
   return lines + _cached_lines(
-    r['sampled_quality'][name].get('cached_from')
-    for r in rows
-    for name in ('baseline', 'speculative')
+    r.sampled_quality[name].get('cached_from') for r in rows for name in ('baseline', 'speculative')
   )
 
 
@@ -220,12 +219,12 @@ def _cached_lines(cached_from: Iterable[Optional[Dict[str, str]]]) -> List[str]:
   ]
 
 
-def _pair_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+def _pair_lines(records: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: the pair, its architecture and the prompts (from the costs record)."""
-  costs = next((r for r in records if r['kind'] == 'costs'), None)
+  costs = next((r for r in records if isinstance(r, records_lib.Costs)), None)
   if costs is None:
     return []
-  prompts = costs.get('prompts')
+  prompts = costs.prompts
   described = (
     'none (decoding starts at BOS)'
     if prompts is None
@@ -234,15 +233,15 @@ def _pair_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   )
   # Records written before decoder-only pairs existed are all encoder-decoder.
   return [
-    f'Pair **{costs["pair"]}** ({costs.get("architecture", "encoder-decoder")}), task '
-    f'**{costs["task"]}**; prompts of the timed examples: {described}.',
+    f'Pair **{costs.pair}** ({costs.architecture or "encoder-decoder"}), task '
+    f'**{costs.task}**; prompts of the timed examples: {described}.',
     '',
   ]
 
 
-def _drafting_lines(walltime: Sequence[Dict[str, Any]]) -> List[str]:
+def _drafting_lines(walltime: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: what was drafted and accepted per iteration (batch 1)."""
-  rows = [r for r in walltime if r['batch_size'] == 1 and 'drafted_per_iteration' in r]
+  rows = [r for r in walltime if r.batch_size == 1 and r.drafted_per_iteration is not None]
   if not rows:
     return []
   lines = [
@@ -258,11 +257,11 @@ def _drafting_lines(walltime: Sequence[Dict[str, Any]]) -> List[str]:
   ]
   for r in rows:
     lines.append(
-      f'| {r["temperature"]} | {r["gamma"]} | {r.get("verification", "token")} '
-      f'| {r.get("draft_threshold", 0.0)} | {_fmt(r["drafted_per_iteration"])} '
-      f'| {_fmt(r["draft_steps_per_call"])} | {_fmt(r["mean_acceptance_length"])} '
-      f'| {_fmt(r["tokens_per_call"])} | {_fmt(r["speedup"]["median"])}x '
-      f'| {" ".join(str(n) for n in r["accepted_histogram"])} |'
+      f'| {r.temperature} | {r.gamma} | {r.verification or "token"} '
+      f'| {r.draft_threshold or 0.0} | {_fmt(r.drafted_per_iteration)} '
+      f'| {_fmt(r.draft_steps_per_call)} | {_fmt(r.mean_acceptance_length)} '
+      f'| {_fmt(r.tokens_per_call)} | {_fmt(r.speedup["median"])}x '
+      f'| {" ".join(str(n) for n in r.accepted_histogram)} |'
     )
   return lines
 
@@ -278,9 +277,9 @@ _BREAKDOWN_PARTS = (
 )
 
 
-def _gamma_choice_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+def _gamma_choice_lines(records: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: gamma chosen from the measured parts vs the measured best."""
-  choices = [r for r in records if r['kind'] == 'gamma_choice']
+  choices = [r for r in records if isinstance(r, records_lib.GammaChoice)]
   if not choices:
     return []
   lines = [
@@ -293,16 +292,16 @@ def _gamma_choice_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   ]
   for r in choices:
     lines.append(
-      f'| {r["temperature"]} | {r["chosen_gamma"]} | {_fmt(r["chosen_predicted_speedup"])}x '
-      f'| {_fmt(r["chosen_measured_speedup"])}x | {r["best_gamma"]} '
-      f'| {_fmt(r["best_measured_speedup"])}x | {_fmt(r["chosen_over_best"])} |'
+      f'| {r.temperature} | {r.chosen_gamma} | {_fmt(r.chosen_predicted_speedup)}x '
+      f'| {_fmt(r.chosen_measured_speedup)}x | {r.best_gamma} '
+      f'| {_fmt(r.best_measured_speedup)}x | {_fmt(r.chosen_over_best)} |'
     )
   return lines
 
 
-def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+def _breakdown_lines(records: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: where an iteration's time goes, and each step against its memory floor."""
-  rows = [r for r in records if r['kind'] == 'walltime' and 'breakdown' in r]
+  rows = [r for r in records if isinstance(r, records_lib.Walltime) and r.breakdown is not None]
   lines = [
     '',
     "## Where an iteration's time goes (batch 1, ms)",
@@ -319,25 +318,25 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
     '|' + '---|' * 14,
   ]
   for r in rows:
-    b = r['breakdown']
+    b = r.breakdown
     lines.append(
-      f'| {r["temperature"]} | {r["gamma"]} | {_fmt(b["draft_catch_up"], 3)} '
+      f'| {r.temperature} | {r.gamma} | {_fmt(b["draft_catch_up"], 3)} '
       f'| {_fmt(b["draft_rollout"], 3)} | {_fmt(b["target_block"], 3)} | {_fmt(b["judge"], 3)} '
       f'| {_fmt(b["emit"], 3)} | {_fmt(b["encode"], 3)} | {_fmt(b["parts_sum"], 3)} '
       f'| {_fmt(b["measured"], 3)} '
       f'| {_fmt(b["unexplained"], 3)} ({100 * b["unexplained"] / max(b["measured"], 1e-9):.0f}%) '
       f'| {_fmt(b["baseline_parts"], 3)} / {_fmt(b["baseline_measured"], 3)} '
-      f'| {_fmt(r.get("predicted_speedup_parts"))}x '
-      f'| {_fmt(r["speedup"]["median"])}x |'
+      f'| {_fmt(r.predicted_speedup_parts)}x '
+      f'| {_fmt(r.speedup["median"])}x |'
     )
   lines += _breakdown_misses(rows)
-  costs = next((r for r in records if r['kind'] == 'costs'), None)
-  if costs and costs.get('floors'):
+  costs = next((r for r in records if isinstance(r, records_lib.Costs)), None)
+  if costs and costs.floors:
     lines += [
       '',
       '## One-token steps against the memory floor',
       '',
-      f'Bandwidth measured in this run: {costs["bandwidth_gb_per_s"]:.1f} GB/s '
+      f'Bandwidth measured in this run: {costs.bandwidth_gb_per_s:.1f} GB/s '
       '(a reduction over 512 MiB); floor = bytes / bandwidth. Below 1x the floor, a '
       "model's weights were served from cache, not DRAM.",
       '',
@@ -345,17 +344,17 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       '|---|---|---|---|---|---|',
     ]
     for name in ('target', 'draft'):
-      floor = costs['floors'].get(name)
+      floor = costs.floors.get(name)
       if floor:
         lines.append(
           f'| {name} | {floor["bytes"] / 1e6:.1f} | {_fmt(floor["floor_ms"], 3)} '
           f'| {_fmt(floor["measured_ms"], 3)} | {_fmt(floor["achieved_gb_per_s"], 1)} '
           f'| {_fmt(floor["over_floor"])} |'
         )
-    if 'draft_bytes_over_target_bytes' in costs['floors']:
+    if 'draft_bytes_over_target_bytes' in costs.floors:
       lines.append('')
       lines.append(
-        f'Draft / target bytes per step: {costs["floors"]["draft_bytes_over_target_bytes"]:.3f}.'
+        f'Draft / target bytes per step: {costs.floors["draft_bytes_over_target_bytes"]:.3f}.'
       )
   return lines
 
@@ -364,14 +363,14 @@ def _breakdown_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
 BREAKDOWN_TOLERANCE = 0.10
 
 
-def _breakdown_misses(rows: Sequence[Dict[str, Any]]) -> List[str]:
+def _breakdown_misses(rows: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: whether the parts explain each measured iteration, and if not which part
   is mis-timed, told apart by the baseline's own step (parts: the target step alone)."""
   if not rows:
     return []
   share = lambda b, part, whole: b[part] / max(b[whole], 1e-9)
   missed = [
-    r for r in rows if abs(share(r['breakdown'], 'unexplained', 'measured')) > BREAKDOWN_TOLERANCE
+    r for r in rows if abs(share(r.breakdown, 'unexplained', 'measured')) > BREAKDOWN_TOLERANCE
   ]
   lines = [
     '',
@@ -379,7 +378,7 @@ def _breakdown_misses(rows: Sequence[Dict[str, Any]]) -> List[str]:
     f'{len(rows) - len(missed)} of {len(rows)} rows.',
   ]
   for r in missed:
-    b = r['breakdown']
+    b = r.breakdown
     miss = share(b, 'unexplained', 'measured')
     baseline_miss = share(b, 'baseline_unexplained', 'baseline_measured')
     if abs(baseline_miss) > BREAKDOWN_TOLERANCE / 2 and baseline_miss * miss > 0:
@@ -398,34 +397,34 @@ def _breakdown_misses(rows: Sequence[Dict[str, Any]]) -> List[str]:
         'verification.'
       )
     lines.append(
-      f'- T = {r["temperature"]}, gamma = {r["gamma"]}: the measured iteration exceeds the '
+      f'- T = {r.temperature}, gamma = {r.gamma}: the measured iteration exceeds the '
       f'parts by {miss:+.0%}; {why}'
       if miss > 0
-      else f'- T = {r["temperature"]}, gamma = {r["gamma"]}: the parts exceed the measured '
+      else f'- T = {r.temperature}, gamma = {r.gamma}: the parts exceed the measured '
       f'iteration by {-miss:.0%}; {why}'
     )
   return lines
 
 
-def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+def _profile_lines(records: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: per temperature, batch size and gamma the measured and predicted speedups and
   finished-row shares; then per batch size the profile's choice and gamma='auto' against
   every fixed gamma, timed side by side."""
   lines = []
-  for profile in (r for r in records if r['kind'] == 'profile'):
-    temperature = profile['temperature']
+  for profile in (r for r in records if isinstance(r, records_lib.Profile)):
+    temperature = profile.temperature
     auto = {
-      r['batch_size']: r for r in records if r['kind'] == 'auto' and r['temperature'] == temperature
+      r.batch_size: r
+      for r in records
+      if isinstance(r, records_lib.Auto) and r.temperature == temperature
     }
-    sizes = sorted(profile['batch_sizes'], key=int)
+    sizes = sorted(profile.batch_sizes, key=int)
     # Integer keys in memory, strings when read back from benchmark.json.
-    chosen = {int(b): g for b, g in profile['gamma_by_batch_size'].items()}
-    by_prediction = {
-      int(b): g for b, g in (profile.get('predicted_gamma_by_batch_size') or {}).items()
-    }
+    chosen = {int(b): g for b, g in profile.gamma_by_batch_size.items()}
+    by_prediction = {int(b): g for b, g in (profile.predicted_gamma_by_batch_size or {}).items()}
     lines += [
       '',
-      f'## Speculation profile, T = {temperature} ({profile["path"]})',
+      f'## Speculation profile, T = {temperature} ({profile.path})',
       '',
       'Measured: the median speedup over the baseline. Theorem 3.8: with alpha and c, v '
       'measured at that batch size. Batched: the same for loops that run until their '
@@ -444,7 +443,7 @@ def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       '|---|---|---|---|---|---|---|---|---|---|---|',
     ]
     for size in sizes:
-      by_gamma = sorted(profile['batch_sizes'][size]['gammas'].items(), key=lambda x: int(x[0]))
+      by_gamma = sorted(profile.batch_sizes[size]['gammas'].items(), key=lambda x: int(x[0]))
       for gamma, cell in by_gamma:
         rows = cell.get('predicted_speedup_rows')
         lines.append(
@@ -479,32 +478,34 @@ def _profile_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
       if record is None:
         lines.append(f'| {size} | {choice} | - | - | - | - |')
         continue
-      best = record['best_fixed_gamma']
-      best_speedup = record['fixed_speedups'][str(best)]['median'] if best else 1.0
+      best = record.best_fixed_gamma
+      best_speedup = record.fixed_speedups[str(best)]['median'] if best else 1.0
       lines.append(
-        f'| {size} | {choice} | {_fmt(record["speedup"]["median"])}x '
-        f'({record["gamma_ran"]}) | {best} ({_fmt(best_speedup)}x) '
-        f'| {_fmt(record["auto_over_best_fixed"])} '
-        f'| {_fmt(record.get("chosen_over_best_fixed"))} |'
+        f'| {size} | {choice} | {_fmt(record.speedup["median"])}x '
+        f'({record.gamma_ran}) | {best} ({_fmt(best_speedup)}x) '
+        f'| {_fmt(record.auto_over_best_fixed)} '
+        f'| {_fmt(record.chosen_over_best_fixed)} |'
       )
   return lines
 
 
-def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], path: str) -> None:
+def plot_profile(
+  records: Sequence[records_lib.Record], profile: records_lib.Profile, path: str
+) -> None:
   """Speedup vs batch size: each gamma measured (solid) and predicted for loops that wait for
   their batch's slowest row (dashed, `profiles.best_prediction`), and auto."""
   from matplotlib import pyplot as plt
 
-  temperature = profile['temperature']
-  sizes = sorted(profile['batch_sizes'], key=int)
-  gammas = sorted({g for b in sizes for g in profile['batch_sizes'][b]['gammas']}, key=int)
+  temperature = profile.temperature
+  sizes = sorted(profile.batch_sizes, key=int)
+  gammas = sorted({g for b in sizes for g in profile.batch_sizes[b]['gammas']}, key=int)
   fig, ax = plt.subplots(figsize=(6, 4))
   for index, gamma in enumerate(gammas):
     color = f'C{index}'
     points = [
-      (int(b), profile['batch_sizes'][b]['gammas'][gamma])
+      (int(b), profile.batch_sizes[b]['gammas'][gamma])
       for b in sizes
-      if gamma in profile['batch_sizes'][b]['gammas']
+      if gamma in profile.batch_sizes[b]['gammas']
     ]
     ax.plot(
       [b for b, _ in points],
@@ -521,9 +522,9 @@ def plot_profile(records: Sequence[Dict[str, Any]], profile: Dict[str, Any], pat
         *zip(*predicted), '--', color=color, alpha=0.7, label=f'gamma {gamma}, predicted (batched)'
       )
   auto = sorted(
-    (r['batch_size'], r['speedup']['median'])
+    (r.batch_size, r.speedup['median'])
     for r in records
-    if r['kind'] == 'auto' and r['temperature'] == temperature
+    if isinstance(r, records_lib.Auto) and r.temperature == temperature
   )
   if auto:
     ax.plot(*zip(*auto), marker='s', color='black', linewidth=2, label="gamma='auto'")
@@ -537,19 +538,19 @@ def _alpha_keys(evaluation: Dict[str, Any]) -> List[str]:
   return sorted(k for k in evaluation if k.startswith('alpha_T') and not k.endswith('_stderr'))
 
 
-def _distillation_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
+def _distillation_lines(records: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: held-out alpha of the draft before and after distillation (its curve's ends)."""
   lines = []
   for r in records:
-    if r['kind'] != 'distillation':
+    if not isinstance(r, records_lib.Distillation):
       continue
-    first, last = r['curve'][0], r['curve'][-1]
+    first, last = r.curve[0], r.curve[-1]
     lines += [
       '',
-      f'## Distillation ({r["divergence"]}, {r["steps"]} steps, for T = {r["temperature"]}, '
-      f'data {r["data_mix"]})',
+      f'## Distillation ({r.divergence}, {r.steps} steps, for T = {r.temperature}, '
+      f'data {r.data_mix})',
       '',
-      f'Held-out alpha on {r["eval_examples"]} validation inputs (figure: '
+      f'Held-out alpha on {r.eval_examples} validation inputs (figure: '
       f'{distillation_figure_name(r)}).',
       '',
       '| T | alpha before | alpha after | stderr after |',
@@ -563,16 +564,16 @@ def _distillation_lines(records: Sequence[Dict[str, Any]]) -> List[str]:
   return lines
 
 
-def distillation_figure_name(record: Dict[str, Any]) -> str:
+def distillation_figure_name(record: records_lib.Distillation) -> str:
   """The file name of a distillation record's curve, one per decoding temperature."""
-  return f'distillation_T{record["temperature"]:g}.png'
+  return f'distillation_T{record.temperature:g}.png'
 
 
-def plot_distillation(record: Dict[str, Any], path: str) -> None:
+def plot_distillation(record: records_lib.Distillation, path: str) -> None:
   """Held-out alpha per temperature against the distillation step, with standard errors."""
   from matplotlib import pyplot as plt
 
-  curve = record['curve']
+  curve = record.curve
   fig, ax = plt.subplots(figsize=(5, 3.5))
   for key in _alpha_keys(curve[-1]):
     points = [c for c in curve if key in c]
@@ -584,7 +585,7 @@ def plot_distillation(record: Dict[str, Any], path: str) -> None:
       capsize=3,
       label=f'T={key[len("alpha_T") :]}',
     )
-  ax.set_xlabel(f'distillation step ({record["divergence"]})')
+  ax.set_xlabel(f'distillation step ({record.divergence})')
   ax.set_ylabel('held-out alpha')
   ax.legend(fontsize=7)
   fig.tight_layout()
@@ -592,22 +593,22 @@ def plot_distillation(record: Dict[str, Any], path: str) -> None:
   plt.close(fig)
 
 
-def plot_breakdown(records: Sequence[Dict[str, Any]], path: str) -> None:
+def plot_breakdown(records: Sequence[records_lib.Record], path: str) -> None:
   """A stacked bar per (temperature, gamma): the parts of an iteration and the rest."""
   from matplotlib import pyplot as plt
 
-  rows = [r for r in records if r['kind'] == 'walltime' and 'breakdown' in r]
+  rows = [r for r in records if isinstance(r, records_lib.Walltime) and r.breakdown is not None]
   fig, ax = plt.subplots(figsize=(max(4, 0.8 * len(rows) + 2), 3.5))
-  labels = [f'T={r["temperature"]}\ng={r["gamma"]}' for r in rows]
+  labels = [f'T={r.temperature}\ng={r.gamma}' for r in rows]
   bottom = np.zeros(len(rows))
   for part in _BREAKDOWN_PARTS:
-    heights = np.array([max(r['breakdown'][part], 0.0) for r in rows])
+    heights = np.array([max(r.breakdown[part], 0.0) for r in rows])
     ax.bar(labels, heights, bottom=bottom, label=part.replace('_', ' '))
     bottom += heights
   if rows:
     ax.plot(
       labels,
-      [r['breakdown']['baseline_measured'] for r in rows],
+      [r.breakdown['baseline_measured'] for r in rows],
       'k_',
       markersize=20,
       label='baseline ms/token',
@@ -619,28 +620,29 @@ def plot_breakdown(records: Sequence[Dict[str, Any]], path: str) -> None:
   plt.close(fig)
 
 
-def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]:
+def plot_report(records: Sequence[records_lib.Record], output_dir: str) -> List[str]:
   """Saves speedup-vs-gamma (measured and predicted) and speedup-vs-batch figures."""
+  records = records_lib.typed(records)
   import matplotlib  # Figures only when asked for.
 
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt
 
-  walltime = [r for r in records if r['kind'] == 'walltime']
+  walltime = [r for r in records if isinstance(r, records_lib.Walltime)]
   paths = []
   fig, ax = plt.subplots(figsize=(5, 3.5))
-  for temperature in sorted({r['temperature'] for r in walltime}):
+  for temperature in sorted({r.temperature for r in walltime}):
     rows = sorted(
-      (r for r in walltime if r['temperature'] == temperature and r['batch_size'] == 1),
-      key=lambda r: r['gamma'],
+      (r for r in walltime if r.temperature == temperature and r.batch_size == 1),
+      key=lambda r: r.gamma,
     )
-    gammas = [r['gamma'] for r in rows]
+    gammas = [r.gamma for r in rows]
     ax.errorbar(
       gammas,
-      [r['speedup']['median'] for r in rows],
+      [r.speedup['median'] for r in rows],
       yerr=[
-        [r['speedup']['median'] - r['speedup']['min'] for r in rows],
-        [r['speedup']['max'] - r['speedup']['median'] for r in rows],
+        [r.speedup['median'] - r.speedup['min'] for r in rows],
+        [r.speedup['max'] - r.speedup['median'] for r in rows],
       ],
       marker='o',
       capsize=3,
@@ -649,38 +651,34 @@ def plot_report(records: Sequence[Dict[str, Any]], output_dir: str) -> List[str]
     if rows and rows[0].get('predicted_speedup') is not None:
       ax.plot(
         gammas,
-        [r['predicted_speedup'] for r in rows],
+        [r.predicted_speedup for r in rows],
         '--',
         marker='x',
         label=f'predicted, T={temperature}',
       )
   paths.append(os.path.join(output_dir, 'speedup_vs_gamma.png'))
   _save_speedup_figure(fig, ax, 'gamma', paths[-1])
-  if any('breakdown' in r for r in walltime):
+  if any(r.breakdown is not None for r in walltime):
     paths.append(os.path.join(output_dir, 'iteration_breakdown.png'))
     plot_breakdown(records, paths[-1])
   for r in records:
-    if r['kind'] == 'distillation':
+    if isinstance(r, records_lib.Distillation):
       paths.append(os.path.join(output_dir, distillation_figure_name(r)))
       plot_distillation(r, paths[-1])
-  for profile in (r for r in records if r['kind'] == 'profile'):
-    paths.append(os.path.join(output_dir, f'profile_t{profile["temperature"]:g}.png'))
+  for profile in (r for r in records if isinstance(r, records_lib.Profile)):
+    paths.append(os.path.join(output_dir, f'profile_t{profile.temperature:g}.png'))
     plot_profile(records, profile, paths[-1])
-  batched = [r for r in walltime if r['batch_size'] != 1]
-  if batched and not any(r['kind'] == 'profile' for r in records):
+  batched = [r for r in walltime if r.batch_size != 1]
+  if batched and not any(isinstance(r, records_lib.Profile) for r in records):
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for temperature in sorted({r['temperature'] for r in walltime}):
+    for temperature in sorted({r.temperature for r in walltime}):
       rows = sorted(
-        (
-          r
-          for r in walltime
-          if r['temperature'] == temperature and r['gamma'] == batched[0]['gamma']
-        ),
-        key=lambda r: r['batch_size'],
+        (r for r in walltime if r.temperature == temperature and r.gamma == batched[0].gamma),
+        key=lambda r: r.batch_size,
       )
       ax.plot(
-        [r['batch_size'] for r in rows],
-        [r['speedup']['median'] for r in rows],
+        [r.batch_size for r in rows],
+        [r.speedup['median'] for r in rows],
         marker='o',
         label=f'T={temperature}, gamma={batched[0]["gamma"]}',
       )
@@ -703,35 +701,36 @@ def _save_speedup_figure(fig, ax, xlabel: str, path: str) -> None:
   plt.close(fig)
 
 
-def write_report(records: Sequence[Dict[str, Any]], output_dir: str) -> None:
+def write_report(records: Sequence[records_lib.Record], output_dir: str) -> None:
   """benchmark.json (one record per configuration), benchmark.md, figures."""
+  records = records_lib.typed(records)
   os.makedirs(output_dir, exist_ok=True)
   with open(os.path.join(output_dir, 'benchmark.json'), 'w') as f:
-    json.dump(list(records), f, indent=1, default=float)
+    json.dump(records_lib.to_json(records), f, indent=1, default=float)
   with open(os.path.join(output_dir, 'benchmark.md'), 'w') as f:
     f.write(markdown_report(records))
   plot_report(records, output_dir)
 
 
-def walltime_line(record: Dict[str, Any]) -> str:
+def walltime_line(record: records_lib.Walltime) -> str:
   """One walltime record as a progress line: ms/token, speedup, prediction, tokens/call."""
-  predicted = record.get('predicted_speedup')
+  predicted = record.predicted_speedup
   return (
-    f'  T={record["temperature"]} gamma={record["gamma"]} batch={record["batch_size"]}: '
-    f'{record["ms_per_token_baseline"]["median"]:.2f} -> '
-    f'{record["ms_per_token_speculative"]["median"]:.2f} ms/token, speedup '
-    f'{record["speedup"]["median"]:.2f}x'
+    f'  T={record.temperature} gamma={record.gamma} batch={record.batch_size}: '
+    f'{record.ms_per_token_baseline["median"]:.2f} -> '
+    f'{record.ms_per_token_speculative["median"]:.2f} ms/token, speedup '
+    f'{record.speedup["median"]:.2f}x'
     + (f' (predicted {predicted:.2f}x' if predicted is not None else '')
     + (
-      f', from the parts {record["predicted_speedup_parts"]:.2f}x'
-      if 'predicted_speedup_parts' in record
+      f', from the parts {record.predicted_speedup_parts:.2f}x'
+      if record.predicted_speedup_parts is not None
       else ''
     )
     + (
-      f', batched {record["predicted_speedup_batched"]:.2f}x'
-      if record['batch_size'] > 1 and 'predicted_speedup_batched' in record
+      f', batched {record.predicted_speedup_batched:.2f}x'
+      if record.batch_size > 1 and record.predicted_speedup_batched is not None
       else ''
     )
     + (')' if predicted is not None else '')
-    + f', {record["tokens_per_call"]:.2f} tokens/call'
+    + f', {record.tokens_per_call:.2f} tokens/call'
   )

@@ -24,6 +24,7 @@ writes them with a figure. The gin main (configs/runs/tree_benchmark.gin has
 the command) runs `benchmark_pair_trees` on a pair and a TSV split.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -36,7 +37,9 @@ import numpy as np
 from speculative_t5x.bench import benchmark
 from speculative_t5x import decoding
 from speculative_t5x import layouts
+from speculative_t5x.bench import emulation
 from speculative_t5x.bench import measure
+from speculative_t5x.bench import records as records_lib
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tree as tree_lib
@@ -111,8 +114,7 @@ def measure_rates(
   )
   reached, accepted = np.asarray(out.stats.rank_judged), np.asarray(out.stats.rank_accepted)
   rates, stderr = tree_lib.acceptance_rates_from_counts(reached, accepted)
-  return dict(
-    kind='tree_rates',
+  return records_lib.TreeRates(
     temperature=temperature,
     probe=probe.describe(),
     num_examples=int(len(inputs)),
@@ -193,8 +195,7 @@ def tree_costs(
     draft_levels.append(
       measure.step_seconds(step, draft.params, (draft_cache, checksum), repetitions=repetitions)
     )
-  return dict(
-    kind='tree_costs',
+  return records_lib.TreeCosts(
     tree=tree.describe(),
     parents=list(tree.parents),
     nodes=tree.num_nodes,
@@ -250,9 +251,7 @@ def compare_trees_and_chains(
   rate_inputs = inputs if rate_inputs is None else layouts.trim_padding(np.asarray(rate_inputs))
   emulated = emulate_rates is not None
   if emulated:
-    rates = dict(
-      kind='tree_rates', temperature=temperature, emulated=True, rates=list(emulate_rates)
-    )
+    rates = records_lib.TreeRates(temperature=temperature, emulated=True, rates=list(emulate_rates))
   else:
     progress(f'T={temperature:g}: acceptance by depth and rank ({probe_tree().describe()}) ...')
     rates = measure_rates(
@@ -261,32 +260,39 @@ def compare_trees_and_chains(
   records = [rates]
   # (name, tree, node budget or None for a given shape) of every tree timed.
   trees = [
-    (f'tree <= {budget} nodes', tree_lib.choose_tree(np.asarray(rates['rates']), budget), budget)
+    (f'tree <= {budget} nodes', tree_lib.choose_tree(np.asarray(rates.rates), budget), budget)
     for budget in node_budgets
   ]
   for shape in shapes:
     tree = tree_lib.Tree.parse(shape)
     trees.append((f'tree {tree.branching or tree.parents} (given)', tree, None))
+  # (decoder settings, the draft as decoded: emulated, chains at the rank-0 rate).
   configs = {
-    f'chain gamma={g}': dict(gamma=g, emulate_alpha=emulate_rates and emulate_rates[0])
+    f'chain gamma={g}': (
+      dict(gamma=g),
+      emulation.emulated(draft, emulate_rates and emulate_rates[0]),
+    )
     for g in gammas
   }
-  configs.update({name: dict(tree=t, emulate_alpha=emulate_rates) for name, t, _ in trees})
+  configs.update(
+    {name: (dict(tree=t), emulation.emulated(draft, emulate_rates)) for name, t, _ in trees}
+  )
   for name, tree, budget in trees:
     progress(f'T={temperature:g}: costs of {name}, {tree} ...')
+    costs = tree_costs(
+      target,
+      draft,
+      tree,
+      input_length=inputs.shape[1],
+      max_decode_len=max_decode_len,
+      repetitions=max(5, repetitions),
+    )
     records.append(
-      dict(
-        tree_costs(
-          target,
-          draft,
-          tree,
-          input_length=inputs.shape[1],
-          max_decode_len=max_decode_len,
-          repetitions=max(5, repetitions),
-        ),
+      dataclasses.replace(
+        costs,
         temperature=temperature,
         budget=budget,
-        predicted_tokens_per_call=predicted_tokens_per_call(tree, rates['rates']),
+        predicted_tokens_per_call=predicted_tokens_per_call(tree, rates.rates),
       )
     )
   progress(f'T={temperature:g}: baseline, {len(configs)} speculative decoders, interleaved ...')
@@ -297,16 +303,16 @@ def compare_trees_and_chains(
     eos_id=-1 if emulated else layouts.EOS_ID,
   )
   decoders = [models.make_decoder(target, None, **sampling_args)] + [
-    models.make_decoder(target, draft, **config, **sampling_args) for config in configs.values()
+    models.make_decoder(target, config_draft, **config, **sampling_args)
+    for config, config_draft in configs.values()
   ]
   runs = benchmark.time_decodings(decoders, inputs, repetitions=repetitions)
   baseline = runs[0]
-  for (name, config), run in zip(configs.items(), runs[1:]):
+  for (name, (config, _)), run in zip(configs.items(), runs[1:]):
     tree = tree_lib.Tree.parse(config['tree']) if 'tree' in config else None
     speedups = [b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)]
     records.append(
-      dict(
-        kind='tree_walltime',
+      records_lib.TreeWalltime(
         temperature=temperature,
         emulated=emulated,
         name=name,
@@ -329,24 +335,28 @@ def compare_trees_and_chains(
   return records
 
 
-def markdown_row(record: Dict[str, Any]) -> str:
-  """One 'tree_walltime' record as a table row."""
-  tpc = record['tokens_per_call']
+def markdown_row(record: records_lib.TreeWalltime) -> str:
+  """One `records.TreeWalltime` as a table row."""
+  tpc = record.tokens_per_call
   return (
-    f'| {record["temperature"]:g} | {record["name"]} | {record["nodes_per_call"]} | '
-    f'{tpc["mean"]:.2f} ± {tpc["stderr"]:.2f} | {record["ms_per_token_baseline"]:.2f} | '
-    f'{record["ms_per_token"]:.2f} | {record["speedup"]["median"]:.2f}x |'
+    f'| {record.temperature:g} | {record.name} | {record.nodes_per_call} | '
+    f'{tpc["mean"]:.2f} ± {tpc["stderr"]:.2f} | {record.ms_per_token_baseline:.2f} | '
+    f'{record.ms_per_token:.2f} | {record.speedup["median"]:.2f}x |'
   )
 
 
-def markdown_table(records: Sequence[Dict[str, Any]]) -> str:
-  """The walltime records side by side, then the costs (v(nodes), the draft per depth)."""
+def markdown_table(records: Sequence[records_lib.Record]) -> str:
+  """The walltime records side by side, then the costs (v(nodes), the draft per depth).
+
+  `records` may be typed or tree_benchmark.json's dicts.
+  """
+  records = records_lib.typed(records)
   lines = []
-  emulated = [r for r in records if r['kind'] == 'tree_rates' and r.get('emulated')]
+  emulated = [r for r in records if isinstance(r, records_lib.TreeRates) and r.emulated]
   if emulated:
     lines += [
       f'**EMULATION**: acceptance drawn i.i.d. per node at rates by sibling rank '
-      f'{emulated[0]["rates"]} (chains at the rank-0 rate), on random weights; timings only, '
+      f'{emulated[0].rates} (chains at the rank-0 rate), on random weights; timings only, '
       'no text.',
       '',
     ]
@@ -354,50 +364,49 @@ def markdown_table(records: Sequence[Dict[str, Any]]) -> str:
     '| T | decoder | nodes/call | tokens/call | base ms/tok | ms/tok | speedup |',
     '| ---: | --- | ---: | ---: | ---: | ---: | ---: |',
   ]
-  lines += [markdown_row(r) for r in records if r['kind'] == 'tree_walltime']
+  lines += [markdown_row(r) for r in records if isinstance(r, records_lib.TreeWalltime)]
   lines += [
     '',
     '| T | budget | tree | predicted tokens/call | v(nodes) | draft ms per depth, warm (widths) |',
     '| ---: | ---: | --- | ---: | ---: | --- |',
   ]
   for r in records:
-    if r['kind'] == 'tree_costs':
-      levels = ', '.join(
-        f'{ms:.2f} ({w})' for ms, w in zip(r['draft_level_ms'], r['draft_level_widths'])
-      )
-      predicted = r['predicted_tokens_per_call']
+    if isinstance(r, records_lib.TreeCosts):
+      levels = ', '.join(f'{ms:.2f} ({w})' for ms, w in zip(r.draft_level_ms, r.draft_level_widths))
+      predicted = r.predicted_tokens_per_call
       lines.append(
-        f'| {r["temperature"]:g} | {r["budget"] or "given"} | {r["tree"]} | '
-        f'{"-" if predicted is None else f"{predicted:.2f}"} | {r["v_nodes"]:.2f} | {levels} |'
+        f'| {r.temperature:g} | {r.budget or "given"} | {r.tree} | '
+        f'{"-" if predicted is None else f"{predicted:.2f}"} | {r.v_nodes:.2f} | {levels} |'
       )
   return '\n'.join(lines)
 
 
-def plot_trees(records: Sequence[Dict[str, Any]], path: str) -> None:
+def plot_trees(records: Sequence[records_lib.Record], path: str) -> None:
   """Tokens per call and speedup against nodes per call, trees and chains, per temperature."""
+  records = records_lib.typed(records)
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  walltime = [r for r in records if r['kind'] == 'tree_walltime']
+  walltime = [r for r in records if isinstance(r, records_lib.TreeWalltime)]
   figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-  for temperature in sorted({r['temperature'] for r in walltime}):
+  for temperature in sorted({r.temperature for r in walltime}):
     for kind, marker in (('chain', 'o'), ('tree', 's')):
       rows = sorted(
-        (r for r in walltime if r['temperature'] == temperature and r['name'].startswith(kind)),
-        key=lambda r: r['nodes_per_call'],
+        (r for r in walltime if r.temperature == temperature and r.name.startswith(kind)),
+        key=lambda r: r.nodes_per_call,
       )
-      nodes = [r['nodes_per_call'] for r in rows]
+      nodes = [r.nodes_per_call for r in rows]
       label = f'{kind}s, T={temperature:g}'
       left.errorbar(
         nodes,
-        [r['tokens_per_call']['mean'] for r in rows],
-        yerr=[r['tokens_per_call']['stderr'] for r in rows],
+        [r.tokens_per_call['mean'] for r in rows],
+        yerr=[r.tokens_per_call['stderr'] for r in rows],
         marker=marker,
         label=label,
       )
-      right.plot(nodes, [r['speedup']['median'] for r in rows], marker=marker, label=label)
+      right.plot(nodes, [r.speedup['median'] for r in rows], marker=marker, label=label)
   left.set(xlabel='nodes per target call', ylabel='tokens per target call')
   right.set(xlabel='nodes per target call', ylabel='speedup over the baseline (median)')
   right.axhline(1.0, color='gray', linewidth=0.5)
@@ -407,11 +416,11 @@ def plot_trees(records: Sequence[Dict[str, Any]], path: str) -> None:
   plt.close(figure)
 
 
-def write_report(records: Sequence[Dict[str, Any]], output_dir: str) -> None:
+def write_report(records: Sequence[records_lib.Record], output_dir: str) -> None:
   """tree_benchmark.json, tree_benchmark.md and tree_benchmark.png in `output_dir`."""
   os.makedirs(output_dir, exist_ok=True)
   with open(os.path.join(output_dir, 'tree_benchmark.json'), 'w') as f:
-    json.dump(list(records), f, indent=1)
+    json.dump(records_lib.to_json(records_lib.typed(records)), f, indent=1)
   with open(os.path.join(output_dir, 'tree_benchmark.md'), 'w') as f:
     f.write(markdown_table(records) + '\n')
   plot_trees(records, os.path.join(output_dir, 'tree_benchmark.png'))
@@ -464,7 +473,7 @@ def benchmark_pair_trees(
         f'measures acceptance on {rate_examples} others. Lower NUM_EXAMPLES or RATE_EXAMPLES.'
       )
     inputs, rate_inputs = inputs[:num_examples], inputs[num_examples:]
-  records: List[Dict[str, Any]] = [dict(kind='machine', **measure.machine())]
+  records: List[records_lib.Record] = [records_lib.Machine(**measure.machine())]
   for temperature in temperatures:
     records += compare_trees_and_chains(
       target,

@@ -8,6 +8,7 @@ readers of accelerator machines) lives here, once:
 * task names, the TFDS datasets and T5's prefixes (`EN_DE_PREFIX`, ...);
 * the metrics, with the `t5` package's settings (`bleu`, `rouge`), in seqio's
   signature `(targets, predictions) -> {name: value}`;
+* a registered task by name, checked (`get_task`);
 * TSV files of `source<TAB>target` lines (`read_tsv`);
 * `train_sentencepiece_model`, T5's special ids (pad=0, eos=1, unk=2, no bos).
 
@@ -127,6 +128,33 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float
     for key in keys:
       totals[key] += scores[key].fmeasure
   return {key: 100 * totals[key] / len(targets) for key in keys}
+
+
+# ---------------------------------------------------------------------------
+# Tasks by name.
+# ---------------------------------------------------------------------------
+
+
+def get_task(task):
+  """The text-to-text `seqio.Task` of a registered name, or `task` itself, checked.
+
+  Imports seqio only when called, so the TensorFlow-free paths can import this
+  module. Raises ValueError for a mixture (decoding reads one task at a time)
+  and for a task without 'inputs' and 'targets' features.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
+  if not isinstance(task, seqio.Task):
+    raise ValueError(f'{task.name!r} is a mixture; decoding reads one task at a time.')
+  missing = {'inputs', 'targets'} - set(task.output_features)
+  if missing:
+    raise ValueError(
+      f'Task {task.name!r} has no {sorted(missing)} features; decoding needs '
+      "text-to-text tasks with 'inputs' and 'targets' (a decoder-only pair's prompts are "
+      "the 'inputs': for configs/tasks/english_lm.gin keep PROMPT_WORDS > 0)."
+    )
+  return task
 
 
 # ---------------------------------------------------------------------------

@@ -70,7 +70,7 @@ Encoder-decoder pairs only: the functions take encoder-decoder
 
 import dataclasses
 import functools
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +83,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import run_settings
 from speculative_t5x import sampling
 from speculative_t5x import speculative_sampling
 from speculative_t5x.data import tasks
@@ -93,7 +94,7 @@ PyTree = Any
 
 SOURCES = ('draft', 'target', 'ground_truth')
 # Written into model_dir at the start: what the run distills for, with which data and loss.
-SETTINGS_FILE = 'distill_settings.json'
+SETTINGS_FILE = run_settings.DISTILL_SETTINGS_FILE
 # Steps whose target greedy outputs are decoded in one batch (see the module docstring).
 GREEDY_CHUNK_STEPS = 8
 
@@ -356,6 +357,7 @@ def distill(
   eval_temperatures: Sequence[float] = (0.0, 1.0),
   log_every: int = 25,
   progress: bool = True,
+  after_step: Optional[Callable[[int], None]] = None,
 ) -> DistillResult:
   """Distills `draft` from the frozen `target` (or resumes); see the module docstring.
 
@@ -383,6 +385,7 @@ def distill(
     eval_temperatures: temperatures of the held-out alpha (the run's top-k / top-p).
     log_every: steps per logged (and progress bar) metrics line.
     progress: show a tqdm progress bar.
+    after_step: called with each step's number (`train.resumable_loop`).
 
   Returns:
     A `DistillResult`.
@@ -555,6 +558,7 @@ def distill(
     log_every=log_every,
     progress=progress,
     start=start,
+    after_step=after_step,
   )
   return DistillResult(params, step, train_metrics, eval_metrics)
 

@@ -89,9 +89,9 @@ import tqdm
 
 from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
-from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import run_settings
+from speculative_t5x import settings as settings_lib
 from speculative_t5x.data import tasks
 
 PyTree = Any
@@ -99,8 +99,8 @@ Batch = Dict[str, np.ndarray]
 LossNormalizingFactor = Union[None, float, str]
 
 ITEM_NAMES = ('params', 'opt_state')
-METRICS_FILE = 'metrics.jsonl'
-SETTINGS_FILE = models.TRAIN_SETTINGS_FILE  # models.load_trained reads it.
+METRICS_FILE = run_settings.METRICS_FILE
+SETTINGS_FILE = run_settings.TRAIN_SETTINGS_FILE  # models.load_trained reads it.
 # T5X's special loss normalizing factors (`t5x.losses.SpecialLossNormalizingFactor`).
 SPECIAL_LOSS_NORMALIZING_FACTORS = (
   'NUM_REAL_TARGET_TOKENS',
@@ -581,9 +581,10 @@ class TrainResult:
 
 
 def check_positive(**values) -> None:
+  """`settings.check_positive_int` of each value given (None: not set, not checked)."""
   for name, value in values.items():
-    if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
-      raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+    if value is not None:
+      settings_lib.check_positive_int(name, value)
 
 
 def check_task(
@@ -701,6 +702,7 @@ def resumable_loop(
   progress: bool,
   start: Callable[[int], LoopSteps],
   abstract_params: Optional[Callable[[], PyTree]] = None,
+  after_step: Optional[Callable[[int], None]] = None,
 ) -> Tuple[PyTree, int, List[Dict[str, Any]], List[Dict[str, Any]]]:
   """Trains `model_dir`'s run up to `num_steps`, from its latest checkpoint or from the start.
 
@@ -734,6 +736,9 @@ def resumable_loop(
     abstract_params: the trained parameters' shapes (`jax.ShapeDtypeStruct`s)
       for a restore, when they are not a network's (e.g. a draft head's);
       None: `network.abstract_params(config)`.
+    after_step: called with each step's number once the step, its records and
+      any save it starts are issued (a step hook: the kill-and-resume tests stop
+      a run at a chosen step with it).
 
   Returns:
     (the final parameters, the final step, training records, evaluation records).
@@ -816,6 +821,8 @@ def resumable_loop(
         save_state(manager, state)
       if steps.evaluate is not None and (step % eval_every == 0 or step == num_steps):
         evaluate(step)
+      if after_step is not None:
+        after_step(step)
     bar.close()
     return state.params, num_steps, train_metrics, eval_metrics
   finally:
@@ -846,6 +853,7 @@ def train(
   eval_batches: Optional[int] = None,
   log_every: int = 50,
   progress: bool = True,
+  after_step: Optional[Callable[[int], None]] = None,
 ) -> TrainResult:
   """Trains (or resumes training of) a network on a task; see the module docstring.
 
@@ -886,6 +894,7 @@ def train(
     eval_batches: evaluate on at most this many batches; None the whole split.
     log_every: steps per logged (and progress bar) metrics line.
     progress: show a tqdm progress bar.
+    after_step: called with each step's number (`train.resumable_loop`).
 
   Returns:
     A `TrainResult`.
@@ -993,6 +1002,7 @@ def train(
     log_every=log_every,
     progress=progress,
     start=start,
+    after_step=after_step,
   )
   return TrainResult(params, step, train_metrics, eval_metrics)
 
