@@ -485,7 +485,7 @@ def measure_parts(
     for gamma in gammas:
       parts[temperature, gamma] = measure.iteration_parts(
         target.config,
-        target.params,
+        target.decode_params,  # What the timed decoders run on (the CPU kernel where on).
         draft,
         settings.replace(gamma=gamma),
         batch_size=batch_size,

@@ -167,7 +167,7 @@ def tree_costs(
   checksum = jnp.zeros((1,), jnp.float32)
 
   def target_call(width, call_tree):
-    cache = network.init_decoder_cache(target.config, target.params, inputs, cache_length)
+    cache = network.init_decoder_cache(target.config, target.decode_params, inputs, cache_length)
     step = functools.partial(
       _tree_block_step,
       config=target.config,
@@ -176,11 +176,13 @@ def tree_costs(
       width=width,
       start=start,
     )
-    return measure.step_seconds(step, target.params, (cache, checksum), repetitions=repetitions)
+    return measure.step_seconds(
+      step, target.decode_params, (cache, checksum), repetitions=repetitions
+    )
 
   target_step = target_call(1, None)
   target_tree = target_call(tree.num_nodes, tree)
-  draft_cache = network.init_decoder_cache(draft.config, draft.params, inputs, cache_length)
+  draft_cache = network.init_decoder_cache(draft.config, draft.decode_params, inputs, cache_length)
   draft_levels = []
   for depth in range(tree.max_depth):
     level_start, level_stop = tree.levels[depth]
@@ -193,7 +195,9 @@ def tree_costs(
       start=start,
     )
     draft_levels.append(
-      measure.step_seconds(step, draft.params, (draft_cache, checksum), repetitions=repetitions)
+      measure.step_seconds(
+        step, draft.decode_params, (draft_cache, checksum), repetitions=repetitions
+      )
     )
   return records_lib.TreeCosts(
     tree=tree.describe(),
