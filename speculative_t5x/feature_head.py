@@ -38,7 +38,6 @@ from typing import Any, Optional, Sequence, Tuple
 from flax import linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from speculative_t5x import network
 
@@ -385,22 +384,8 @@ def init_params(config: FeatureHeadConfig, seed: int = 0) -> PyTree:
   1/sqrt(fan_in), queries further / sqrt(head_dim), layer norm scales 1,
   relative position tables uniform), without compiling `init`.
   """
-  rng = np.random.default_rng(seed)
-
-  def draw(path, leaf):
-    name, shape = path[-1].key, leaf.shape
-    if name == 'rel_embedding':
-      limit = np.sqrt(6.0 / sum(shape))
-      value = rng.uniform(-limit, limit, shape)
-    elif name == 'scale':
-      value = np.ones(shape)
-    else:
-      value = rng.standard_normal(shape) / np.sqrt(shape[0])
-      if path[-2].key == 'query':
-        value /= np.sqrt(config.head_dim)
-    return jnp.asarray(value, jnp.float32)
-
-  return jax.tree_util.tree_map_with_path(draw, abstract_params(config))
+  params = network.t5x_like_random_params(abstract_params(config), config.head_dim, seed)
+  return jax.tree.map(jnp.asarray, params)
 
 
 def init_cache(

@@ -2061,6 +2061,16 @@ def random_params(config: NetworkConfig, seed: int = 0) -> Tuple[dict, dict]:
     `module_for(config).init(...)['params']` and `['params_axes']`.
   """
   shapes, params_axes = abstract_params(config)
+  return t5x_like_random_params(shapes, config.head_dim, seed), params_axes
+
+
+def t5x_like_random_params(shapes: Any, head_dim: int, seed: int) -> Any:
+  """float32 numpy arrays of `shapes` (a tree of shaped leaves) at T5X's initializer scales.
+
+  Embeddings std 1; kernels std 1/sqrt(fan_in), queries further / sqrt(head_dim);
+  relative position tables uniform with variance 2/(heads + buckets); layer
+  norm scales 1. Shared by `random_params` and the feature head's.
+  """
   rng = np.random.default_rng(seed)
 
   def draw(path, leaf):
@@ -2076,7 +2086,7 @@ def random_params(config: NetworkConfig, seed: int = 0) -> Tuple[dict, dict]:
     else:
       value = rng.standard_normal(shape) / np.sqrt(shape[0])
       if path[-2].key == 'query':
-        value /= np.sqrt(config.head_dim)
+        value /= np.sqrt(head_dim)
     return value.astype(np.float32)
 
-  return jax.tree_util.tree_map_with_path(draw, shapes), params_axes
+  return jax.tree_util.tree_map_with_path(draw, shapes)
