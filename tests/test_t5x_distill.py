@@ -277,9 +277,9 @@ def _initial_state(model, batch, seed=0):
 @pytest.mark.t5x
 @pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
 def test_t5x_train_step_trains_the_draft_alone(kind):
+  import_t5x()
   from t5x import trainer as t5x_trainer  # pylint: disable=g-import-not-at-top
 
-  import_t5x()
   model = (_encoder_decoder_model if kind == 'encoder_decoder' else _decoder_only_model)(
     divergence='tvd', temperature=1.0
   )
@@ -593,9 +593,10 @@ def test_t5x_train_resumes_a_stopped_distillation(distill_run):
 def test_distill_gin_files_build_the_draft_training_model(model_file, distill_file, sizes):
   """T5X's model file, then a distillation file: the model, its loss, optimizer and restore."""
   import gin  # pylint: disable=g-import-not-at-top
-  from t5x import adafactor  # pylint: disable=g-import-not-at-top
 
   t5x = import_t5x()
+  from t5x import adafactor  # pylint: disable=g-import-not-at-top
+
   t5x_root = os.path.dirname(os.path.dirname(os.path.abspath(t5x.__file__)))
   bindings = ["DIVERGENCE = 'jsd'", 'JSD_BETA = 0.25', 'TEMPERATURE = 1.0']
   if distill_file == 'distill_decoder_only.gin':
