@@ -74,9 +74,17 @@ def t5x_doc_blocks():
 
 
 def t5x_doc_command(index):
-  """The argv of docs/t5x.md's `index`-th `python -m t5x.infer` command, as a shell splits it."""
-  commands = [block for block in t5x_doc_blocks() if block.startswith('python -m t5x.infer')]
-  assert len(commands) == 2, 'docs/t5x.md should hold two t5x.infer commands'
+  """The argv of docs/t5x.md's `index`-th inference command (encoder-decoder, decoder-only).
+
+  The draft-training section's `t5x.infer` (the target writing its outputs)
+  is test_t5x_distill's.
+  """
+  blocks = [
+    *fenced_blocks(os.path.join('docs', 't5x.md'), 'Encoder-decoder pairs'),
+    *fenced_blocks(os.path.join('docs', 't5x.md'), 'Decoder-only pairs'),
+  ]
+  commands = [block for block in blocks if block.startswith('python -m t5x.infer')]
+  assert len(commands) == 2, 'docs/t5x.md should hold two t5x.infer commands for inference'
   return shlex.split(commands[index].replace('\\\n', ' '))
 
 
