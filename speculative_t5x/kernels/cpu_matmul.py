@@ -1,7 +1,7 @@
 """A small-M float32 matmul for CPU decoding, y[M, N] = x[M, K] @ W[K, N], through the XLA FFI.
 
 Why: XLA:CPU's dot for 2-8 rows streams weights at 14-21 GB/s where a GEMV
-reaches ~25 GB/s (DESIGN.md), so a target block of gamma + 1 tokens costs
+reaches ~25 GB/s (docs/results.md), so a target block of gamma + 1 tokens costs
 1.5-1.75 one-token steps. `small_m_matmul.cc` reads weights repacked once
 into column blocks [ceil(N / NB), K, NB] (`pack`), each weight element once
 per call, with all rows' accumulators in registers.
