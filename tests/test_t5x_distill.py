@@ -367,13 +367,21 @@ TRAIN_STEPS = 30
 EVAL_PERIOD = 10
 
 
-def readme_train_command():
-  """The argv of the `python -m t5x.train` command of docs/t5x.md's "Train a draft with T5X"."""
+def readme_train_command(decoder_only=False):
+  """The argv of a `python -m t5x.train` command of docs/t5x.md's "Train a draft with T5X".
+
+  The encoder-decoder command, or with `decoder_only` the one with T5X's
+  decoder-only model file.
+  """
   with open(os.path.join(REPO_ROOT, 'docs', 't5x.md'), encoding='utf-8') as f:
     text = f.read()
   section = text.split('\n## Train a draft with T5X\n', 1)[1].split('\n## ', 1)[0]
   blocks = re.findall(r'^```[^\n]*\n(.*?)^```', section, flags=re.M | re.S)
-  (command,) = [block for block in blocks if block.startswith('python -m t5x.train')]
+  (command,) = [
+    block
+    for block in blocks
+    if block.startswith('python -m t5x.train') and ('/decoder_only/' in block) == decoder_only
+  ]
   return shlex.split(command.replace('\\\n', ' '))
 
 
@@ -443,13 +451,11 @@ class DistillRun:
 
     Substituted: this checkout, the checkpoints written above, the task (a
     module of this test's), short feature lengths and steps, the model
-    directory. Appended: the checkpoints' size (tiny, over the task's
-    vocabulary of 64 pieces, float32), batches of 8, fixed seeds, a larger
-    learning rate for 30 steps, summaries and held-out evaluation every 10
-    steps (before training too), no inference evaluation, and the mesh.
+    directory. Appended: `tiny_train_flags`, batches of 8, a larger learning
+    rate for 30 steps, summaries and held-out evaluation every 10 steps
+    (before training too).
     """
     values = {
-      '--gin_search_paths': REPO_ROOT,
       '--gin.INITIAL_CHECKPOINT_PATH': repr(self.checkpoints['target']),
       '--gin.DRAFT_CHECKPOINT_PATH': repr(self.checkpoints['draft']),
       '--gin.MIXTURE_OR_TASK_NAME': repr(TRAIN_TASK),
@@ -458,53 +464,90 @@ class DistillRun:
       '--gin.TRAIN_STEPS': str(TRAIN_STEPS),
       '--gin.MODEL_DIR': repr(model_dir),
     }
-    argv = []
-    for arg in readme_train_command():
-      flag = arg.split('=', 1)[0]
-      argv.append(f'{flag}={values.pop(flag)}' if flag in values else arg)
-    assert not values, f'not in the command of docs/t5x.md: {sorted(values)}'
-    assert argv[:3] == ['python', '-m', 't5x.train']
-    return [
-      sys.executable,
-      *argv[1:],
-      "--gin.TARGET_SIZE='tiny'",
-      "--gin.DRAFT_SIZE='tiny'",
-      '--gin.speculative_network.t5_1_1_config.vocab_size=64',
-      "--gin.speculative_network.t5_1_1_config.dtype='float32'",
-      f'--gin.seqio.SentencePieceVocabulary.sentencepiece_model_file={self.vocabulary!r}',
-      '--gin.seqio.SentencePieceVocabulary.extra_ids=0',
-      '--gin.USE_CACHED_TASKS=False',
+    return readme_train_argv(values) + [
+      *tiny_train_flags(self.vocabulary),
       '--gin.BATCH_SIZE=8',
-      '--gin.RANDOM_SEED=0',
-      '--gin.train/utils.DatasetConfig.seed=0',
       '--gin.utils.create_learning_rate_scheduler.base_learning_rate=0.05',
       f'--gin.EVAL_PERIOD={EVAL_PERIOD}',
       '--gin.EVAL_STEPS=1',
       f'--gin.utils.SaveCheckpointConfig.period={EVAL_PERIOD}',
       '--gin.utils.SaveCheckpointConfig.save_dataset=True',  # A resumed run reads on.
-      '--gin.__main__.train.infer_eval_dataset_cfg=None',
-      '--gin.__main__.train.run_eval_before_training=True',
-      # T5X's PjitPartitioner on a (2, 4) ('data', 'model') mesh: see
-      # test_t5x_commands.test_readme_encoder_decoder_command_sharded_over_8_devices.
-      '--gin.partitioning.PjitPartitioner.num_partitions=None',
-      '--gin.partitioning.PjitPartitioner.model_parallel_submesh=(1, 4)',
     ]
 
   def _train(self, model_dir):
-    env = {
-      **os.environ,
-      'JAX_PLATFORMS': 'cpu',
-      'XLA_FLAGS': (
-        os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
-      ).strip(),
-      'PYTHONPATH': os.pathsep.join(filter(None, [self.work_dir, os.environ.get('PYTHONPATH')])),
-    }
-    result = subprocess.run(
-      self.argv(model_dir), cwd=self.work_dir, env=env, capture_output=True, text=True, timeout=1200
-    )
-    traceback = max(result.stderr.rfind('Traceback (most recent call last)'), 0)
-    assert result.returncode == 0, result.stderr[traceback:][-6000:]
-    return result
+    return run_t5x_train(self.argv(model_dir), self.work_dir)
+
+
+def readme_train_argv(values, decoder_only=False):
+  """docs/t5x.md's `t5x.train` command (`readme_train_command`), this checkout's, `values` substituted.
+
+  `values` maps a flag (`--gin.MODEL_DIR`) or a whole argument
+  (`--gin_file=/path/to/x.gin`) to its replacement value or argument.
+  """
+  values = {'--gin_search_paths': REPO_ROOT, **values}
+  argv = []
+  for arg in readme_train_command(decoder_only):
+    if arg in values:
+      argv.append(values.pop(arg))
+      continue
+    flag = arg.split('=', 1)[0]
+    argv.append(f'{flag}={values.pop(flag)}' if flag in values else arg)
+  assert not values, f'not in the command of docs/t5x.md: {sorted(values)}'
+  assert argv[:3] == ['python', '-m', 't5x.train']
+  return [sys.executable, *argv[1:]]
+
+
+def tiny_train_flags(vocabulary, configure='t5_1_1_config'):
+  """What every `t5x.train` run here appends to the documented command.
+
+  The checkpoints' size (tiny, over the task's vocabulary of 64 pieces at
+  `vocabulary`, float32; `configure` names the `network` function of the
+  sizes), fixed seeds, no inference evaluation, held-out
+  evaluation before training too, and T5X's PjitPartitioner on a (2, 4)
+  ('data', 'model') mesh: see
+  test_t5x_commands.test_encoder_decoder_command_sharded_over_8_devices.
+  """
+  return [
+    "--gin.TARGET_SIZE='tiny'",
+    "--gin.DRAFT_SIZE='tiny'",
+    f'--gin.speculative_network.{configure}.vocab_size=64',
+    f"--gin.speculative_network.{configure}.dtype='float32'",
+    f'--gin.seqio.SentencePieceVocabulary.sentencepiece_model_file={vocabulary!r}',
+    '--gin.seqio.SentencePieceVocabulary.extra_ids=0',
+    '--gin.USE_CACHED_TASKS=False',
+    '--gin.RANDOM_SEED=0',
+    '--gin.train/utils.DatasetConfig.seed=0',
+    '--gin.__main__.train.infer_eval_dataset_cfg=None',
+    '--gin.__main__.train.run_eval_before_training=True',
+    *MESH_FLAGS,
+  ]
+
+
+MESH_FLAGS = (
+  '--gin.partitioning.PjitPartitioner.num_partitions=None',
+  '--gin.partitioning.PjitPartitioner.model_parallel_submesh=(1, 4)',
+)
+
+
+def run_t5x_train(argv, work_dir):
+  """Runs `argv` (a `python -m t5x.train` command) from `work_dir` on 8 host CPU devices.
+
+  `work_dir` (holding the task module) is put on PYTHONPATH. Returns the
+  completed process; a failure shows T5X's traceback.
+  """
+  env = {
+    **os.environ,
+    'JAX_PLATFORMS': 'cpu',
+    'XLA_FLAGS': (
+      os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+    ).strip(),
+    'PYTHONPATH': os.pathsep.join(filter(None, [work_dir, os.environ.get('PYTHONPATH')])),
+  }
+  result = subprocess.run(argv, cwd=work_dir, env=env, capture_output=True, text=True, timeout=1200)
+  traceback = max(result.stderr.rfind('Traceback (most recent call last)'), 0)
+  assert result.returncode == 0, result.stderr[traceback:][-6000:]
+  assert 'global_mesh devices shape: (2, 4)' in result.stderr
+  return result
 
 
 @pytest.fixture(scope='module')
@@ -516,7 +559,6 @@ def distill_run(tmp_path_factory):
 @pytest.mark.t5x
 @pytest.mark.slow
 def test_t5x_train_distills_the_draft_sharded_over_8_devices(distill_run):
-  assert 'global_mesh devices shape: (2, 4)' in distill_run.result.stderr
   train = _scalars(os.path.join(distill_run.model_dir, 'train'))
   held_out = _scalars(os.path.join(distill_run.model_dir, 'training_eval', TRAIN_TASK))
   steps = [EVAL_PERIOD * i for i in range(1, TRAIN_STEPS // EVAL_PERIOD + 1)]
@@ -553,8 +595,7 @@ def test_t5x_train_distills_the_draft_sharded_over_8_devices(distill_run):
 @pytest.mark.t5x
 @pytest.mark.slow
 def test_t5x_train_resumes_a_stopped_distillation(distill_run):
-  model_dir, result = distill_run.resumed()
-  assert 'global_mesh devices shape: (2, 4)' in result.stderr
+  model_dir, _ = distill_run.resumed()
   assert sorted(os.listdir(model_dir)) == [
     'checkpoint_20',
     'checkpoint_30',
@@ -746,3 +787,382 @@ def test_trained_checkpoint_decodes_through_t5x_infer_as_stock_t5x(distill_run, 
   assert len(stock.predictions) == 8 and len(set(stock.predictions)) > 1
   assert ours.predictions == stock.predictions
   commands.check_aux(ours.records, gamma=7, max_length=32)
+
+
+# ------------------------------------------------------------------------------
+# Two trainers, one loss: t5x.train and training.distill on the same data.
+# ------------------------------------------------------------------------------
+PARITY_TASK = 'st5x_parity_outputs'
+PARITY_TASK_MODULE = """
+from speculative_t5x.data import target_outputs
+
+target_outputs.register_target_outputs_task({name!r}, {splits!r}, {vocabulary!r}, extra_ids=0)
+"""
+PARITY_LENGTHS = {'inputs': 48, 'targets': 32}
+PARITY_STEPS = 40
+PARITY_EVAL_PERIOD = 10
+PARITY_BATCH = 16
+PARITY_EXAMPLES = {'train': 96, 'validation': 32}
+PARITY_LEARNING_RATE = 0.01
+# optax's Adam in both trainers (T5X's optimizers.adam is it, wrapped): one
+# update rule, so that the runs differ only where the trainers do.
+ADAM_GIN = """
+from __gin__ import dynamic_registration
+from t5x import optimizers
+
+OPTIMIZER = @optimizers.adam()
+optimizers.adam.learning_rate = {learning_rate}
+"""
+
+
+def phrase_inputs(seed, count):
+  """`count` input texts of two random clauses of testing_utils' phrases."""
+  from testing_utils import NOUNS, VERBS  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(seed)
+  texts = []
+  for _ in range(count):
+    (v1, n1), (v2, n2) = rng.integers(len(VERBS), size=2), rng.integers(len(NOUNS), size=2)
+    texts.append(
+      f'translate: {VERBS[v1][0]} {NOUNS[n1][0]} and {VERBS[v2][0].lower()} {NOUNS[n2][0]}'
+    )
+  return texts
+
+
+class ParityRun:
+  """One draft distilled twice from one target: by `t5x.train` and by `training.distill`.
+
+  The data is the recipe's (docs/t5x.md): the target's greedy outputs on
+  random phrase inputs (train and validation splits), in T5X's inference
+  files, read by `target_outputs.register_target_outputs_task`; the files
+  are written here with this project's greedy decoder, whose outputs are
+  T5X's (test_t5x_commands; step 1 through `t5x.infer` is
+  test_target_outputs_recipe_t5x_infer_then_the_task). Both trainers start
+  from the same draft checkpoint (the target perturbed), train for greedy
+  decoding with the forward KL (the cross entropy of the target's argmax),
+  batches of 16 unpacked examples in seqio's order with seed 0, the
+  per-token mean loss and optax's Adam at 0.01, for 40 steps: T5X with
+  docs/t5x.md's command on 8 host CPU devices, `distill` on one, its data
+  mix the task's targets ('ground_truth': here the target's outputs).
+  """
+
+  def __init__(self, work_dir):
+    from test_t5x_commands import save_t5x_checkpoint  # pylint: disable=g-import-not-at-top
+
+    from speculative_t5x import models  # pylint: disable=g-import-not-at-top
+    from speculative_t5x.data import target_outputs  # pylint: disable=g-import-not-at-top
+    from speculative_t5x.data import tasks  # pylint: disable=g-import-not-at-top
+
+    self.work_dir = work_dir
+    data_dir = os.path.join(work_dir, 'data')
+    os.makedirs(data_dir)
+    _, _, self.vocabulary = phrase_task(data_dir, 'st5x_parity_phrases', 'translate: ')
+    vocabulary = tasks.get_vocabulary(self.vocabulary, 0)
+    self.config = network.t5_1_1_config('tiny', vocab_size=64, dtype='float32')
+    params, params_axes = network.random_params(self.config, seed=0)
+    kernel = params['decoder']['logits_dense']['kernel']
+    kernel *= 3.0  # Sharp distributions: alpha well below 1.
+    kernel[:, 0] = (kernel[:, 2] + kernel[:, 3]) / 2  # PAD's logit between two others': no argmax.
+    rng = np.random.default_rng(1)
+    draft = jax.tree.map(
+      lambda x: (x + 0.3 * np.std(x) * rng.standard_normal(x.shape)).astype(x.dtype), params
+    )
+    self.target = models.Model(self.config, params)
+    self.draft = models.Model(self.config, draft)
+    self.checkpoints = {
+      role: save_t5x_checkpoint(p, params_axes, os.path.join(work_dir, role))
+      for role, p in (('target', params), ('draft', draft))
+    }
+    # The recipe's step 1: the target's greedy outputs, as t5x.infer writes them.
+    decode = models.make_decoder(
+      self.target, None, max_decode_len=PARITY_LENGTHS['targets'], temperature=0.0
+    )
+    splits, self.inputs = {}, {}
+    for split, count in PARITY_EXAMPLES.items():
+      texts = phrase_inputs(seed=len(split), count=count)
+      inputs = np.zeros((count, PARITY_LENGTHS['inputs']), np.int32)
+      for row, text in enumerate(texts):
+        ids = vocabulary.encode(text) + [EOS]
+        inputs[row, : len(ids)] = ids
+      outputs = np.asarray(decode(inputs, jax.random.PRNGKey(0)).tokens)
+      lengths = np.where(
+        (outputs == EOS).any(1), np.argmax(outputs == EOS, 1) + 1, outputs.shape[1]
+      )
+      tokens = [row[:length].tolist() for row, length in zip(outputs, lengths, strict=True)]
+      assert all(0 not in row for row in tokens), 'a padding id inside an output'
+      os.makedirs(os.path.join(data_dir, split))
+      splits[split] = os.path.join(data_dir, split, f'{PARITY_TASK}-predict.jsonl-00000-of-00001')
+      _write_t5x_infer_file(
+        splits[split],
+        [(t, vocabulary.decode(ids), ids) for t, ids in zip(texts, tokens, strict=True)],
+      )
+      self.inputs[split] = inputs
+    with open(os.path.join(work_dir, 'st5x_parity_task.py'), 'w', encoding='utf-8') as f:
+      f.write(
+        PARITY_TASK_MODULE.format(name=PARITY_TASK, splits=splits, vocabulary=self.vocabulary)
+      )
+    self.task = target_outputs.register_target_outputs_task(
+      PARITY_TASK, splits, self.vocabulary, extra_ids=0
+    )
+    self.t5x_dir = os.path.join(work_dir, 't5x')
+    self.t5x_result = run_t5x_train(self.t5x_argv(), work_dir)
+    self.distill = self._distill()
+
+  def t5x_argv(self):
+    """docs/t5x.md's command, with Adam, unpacked batches, per-token loss and per-step summaries."""
+    adam_gin = os.path.join(self.work_dir, 'adam.gin')
+    with open(adam_gin, 'w', encoding='utf-8') as f:
+      f.write(ADAM_GIN.format(learning_rate=PARITY_LEARNING_RATE))
+    values = {
+      '--gin.INITIAL_CHECKPOINT_PATH': repr(self.checkpoints['target']),
+      '--gin.DRAFT_CHECKPOINT_PATH': repr(self.checkpoints['draft']),
+      '--gin.MIXTURE_OR_TASK_NAME': repr(PARITY_TASK),
+      '--gin.MIXTURE_OR_TASK_MODULE': "'st5x_parity_task'",
+      '--gin.TASK_FEATURE_LENGTHS': repr(PARITY_LENGTHS),
+      '--gin.TRAIN_STEPS': str(PARITY_STEPS),
+      '--gin.MODEL_DIR': repr(self.t5x_dir),
+    }
+    return readme_train_argv(values) + [
+      f'--gin_file={adam_gin}',
+      *tiny_train_flags(self.vocabulary),
+      "--gin.DIVERGENCE='forward_kl'",
+      "--gin.LOSS_NORMALIZING_FACTOR='NUM_REAL_TARGET_TOKENS'",  # distill's mean over tokens.
+      f'--gin.BATCH_SIZE={PARITY_BATCH}',
+      '--gin.train/utils.DatasetConfig.pack=False',
+      '--gin.train_eval/utils.DatasetConfig.pack=False',
+      '--gin.__main__.train.stats_period=1',  # The training loss and beta of every step.
+      f'--gin.EVAL_PERIOD={PARITY_EVAL_PERIOD}',
+      f'--gin.EVAL_STEPS={PARITY_EXAMPLES["validation"] // PARITY_BATCH}',
+      f'--gin.utils.SaveCheckpointConfig.period={PARITY_STEPS}',
+    ]
+
+  def _distill(self):
+    import optax  # pylint: disable=g-import-not-at-top
+
+    from speculative_t5x.training import distill  # pylint: disable=g-import-not-at-top
+
+    return distill.distill(
+      os.path.join(self.work_dir, 'distill'),
+      self.target,
+      self.draft,
+      self.task,
+      feature_lengths=PARITY_LENGTHS,
+      batch_size=PARITY_BATCH,
+      num_steps=PARITY_STEPS,
+      divergence='forward_kl',
+      temperature=0.0,
+      data_mix={'ground_truth': 1.0},
+      learning_rate=PARITY_LEARNING_RATE,
+      optimizer=optax.adam,
+      seed=0,
+      checkpoint_every=PARITY_STEPS,
+      eval_every=PARITY_EVAL_PERIOD,
+      eval_examples=PARITY_EXAMPLES['validation'],
+      eval_temperatures=(0.0,),
+      log_every=1,
+      progress=False,
+    )
+
+  def t5x_draft(self):
+    """The draft T5X trained (its final checkpoint), a `models.Model`."""
+    from speculative_t5x import models  # pylint: disable=g-import-not-at-top
+
+    trained = checkpoints.load_params(self.t5x_dir)
+    target, draft = t5x_adapter.split_draft_params(trained)
+    assert _bits(target) == _bits(self.target.params)
+    return models.Model(self.config, draft)
+
+  def distill_draft(self):
+    """The draft `training.distill` trained, a `models.Model`."""
+    from speculative_t5x import models  # pylint: disable=g-import-not-at-top
+
+    return models.Model(self.config, self.distill.params)
+
+
+@pytest.fixture(scope='module')
+def parity_run(tmp_path_factory):
+  import_t5x()
+  return ParityRun(os.fspath(tmp_path_factory.mktemp('parity')))
+
+
+def _held_out_alpha(parity_run, drafts):
+  """{name: AlphaResult}: `acceptance.measure_alpha` of `drafts` at T = 0 on the validation inputs."""
+  from speculative_t5x import acceptance  # pylint: disable=g-import-not-at-top
+
+  inputs = parity_run.inputs['validation']
+  return acceptance.measure_alpha(
+    parity_run.target,
+    drafts,
+    inputs,
+    temperature=0.0,
+    max_decode_len=PARITY_LENGTHS['targets'],
+    min_tokens=1,  # One batch of every input: greedy outputs do not vary.
+    batch_size=len(inputs),
+  )
+
+
+@pytest.mark.t5x
+@pytest.mark.slow
+def test_t5x_train_and_distill_reach_the_same_held_out_alpha(parity_run):
+  """Same data, steps, seed and optimizer: one loss, so one trajectory and one held-out alpha."""
+  train = _scalars(os.path.join(parity_run.t5x_dir, 'train'))
+  held_out = _scalars(os.path.join(parity_run.t5x_dir, 'training_eval', PARITY_TASK))
+  steps = list(range(1, PARITY_STEPS + 1))
+  assert sorted(train['loss']) == sorted(train['beta']) == steps
+  distill_train = {record['step']: record for record in parity_run.distill.train_metrics}
+  distill_eval = {record['step']: record for record in parity_run.distill.eval_metrics}
+  assert sorted(distill_train) == steps
+  eval_steps = list(range(0, PARITY_STEPS + 1, PARITY_EVAL_PERIOD))
+  assert sorted(held_out['beta']) == sorted(distill_eval) == eval_steps
+  print('step  t5x loss  distill loss  t5x beta  distill beta')
+  for step in steps:
+    print(
+      f'{step:4d}  {train["loss"][step]:8.4f}  {distill_train[step]["loss"]:12.4f}  '
+      f'{train["beta"][step]:8.4f}  {distill_train[step]["alpha"]:12.4f}'
+    )
+  print('step  t5x held-out beta  distill held-out alpha (stderr)')
+  for step in eval_steps:
+    record = distill_eval[step]
+    print(
+      f'{step:4d}  {held_out["beta"][step]:17.4f}  {record["alpha_T0"]:.4f} ({record["alpha_T0_stderr"]:.4f})'
+    )
+
+  # Step 1: the same parameters on the same batch (seqio's order, seed 0, in both), one loss.
+  np.testing.assert_allclose(train['loss'][1], distill_train[1]['loss'], rtol=1e-4)
+  np.testing.assert_allclose(train['beta'][1], distill_train[1]['alpha'], rtol=1e-4)
+  # Before training: the same draft on the same held-out sequences, measured by both.
+  np.testing.assert_allclose(held_out['beta'][0], distill_eval[0]['alpha_T0'], rtol=1e-5)
+
+  alphas = _held_out_alpha(
+    parity_run, {'t5x': parity_run.t5x_draft(), 'distill': parity_run.distill_draft()}
+  )
+  start = _held_out_alpha(parity_run, {'start': parity_run.draft})['start']
+  t5x, distilled = alphas['t5x'], alphas['distill']
+  print(
+    f'held-out alpha: start {start.alpha:.4f} ({start.stderr:.4f}), t5x {t5x.alpha:.4f} '
+    f'({t5x.stderr:.4f}), distill {distilled.alpha:.4f} ({distilled.stderr:.4f})'
+  )
+  joint = np.hypot(t5x.stderr, distilled.stderr)
+  assert abs(t5x.alpha - distilled.alpha) < 2 * joint, (t5x, distilled)
+  for trained in (t5x, distilled):  # Both trained: far above the start, in standard errors.
+    assert trained.alpha - start.alpha > 3 * np.hypot(trained.stderr, start.stderr), trained
+
+
+@pytest.mark.t5x
+@pytest.mark.slow
+def test_alpha_of_the_t5x_trained_draft_is_the_beta_t5x_reported(parity_run):
+  """`acceptance` measures the trained draft's alpha where T5X's summaries reported beta.
+
+  T5X's held-out beta (training_eval, the last step) is on the target's
+  greedy outputs for the validation inputs; `acceptance.measure_alpha`
+  decodes the target greedily on the same inputs and teacher-forces both
+  networks along its outputs, from the trained checkpoint.
+  """
+  held_out = _scalars(os.path.join(parity_run.t5x_dir, 'training_eval', PARITY_TASK))
+  reported = held_out['beta'][PARITY_STEPS]
+  measured = _held_out_alpha(parity_run, {'t5x': parity_run.t5x_draft()})['t5x']
+  print(f'T5X reported beta {reported:.5f}; alpha {measured.alpha:.5f} ({measured.stderr:.5f})')
+  assert measured.num_tokens == sum(
+    len(record['prediction_tokens']) for record in _records(parity_run, 'validation')
+  )
+  assert abs(measured.alpha - reported) < measured.stderr, (measured, reported)
+
+
+def _records(parity_run, split):
+  path = os.path.join(parity_run.work_dir, 'data', split)
+  (name,) = os.listdir(path)
+  with open(os.path.join(path, name), encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+# ------------------------------------------------------------------------------
+# Decoder-only: python -m t5x.train with configs/t5x/distill_decoder_only.gin.
+# ------------------------------------------------------------------------------
+DECODER_ONLY_TASK = 'st5x_distill_decoder_only_phrases'
+
+
+@pytest.mark.t5x
+@pytest.mark.slow
+def test_t5x_train_distills_a_decoder_only_draft_sharded_over_8_devices(tmp_path):
+  """docs/t5x.md's decoder-only `t5x.train` command on tiny networks, a prefix-LM phrase task.
+
+  As the encoder-decoder run: T5X's decoder-only model file (by path),
+  finetune.gin and distill_decoder_only.gin, T5X-written checkpoints (the
+  draft the target perturbed), 30 steps of 8 examples on the (2, 4) mesh.
+  """
+  import_t5x()
+  from test_t5x_commands import _model_info  # pylint: disable=g-import-not-at-top
+  from test_t5x_commands import save_t5x_checkpoint  # pylint: disable=g-import-not-at-top
+  from test_t5x_commands import t5x_root  # pylint: disable=g-import-not-at-top
+
+  work_dir = os.fspath(tmp_path)
+  data_dir = os.path.join(work_dir, 'data')
+  os.makedirs(data_dir)
+  _, _, vocabulary = phrase_task(data_dir, 'st5x_decoder_only_local', 'translate: ')
+  splits = {split: os.path.join(data_dir, f'{split}.tsv') for split in ('train', 'validation')}
+  (tmp_path / 'st5x_decoder_only_task.py').write_text(
+    TRAIN_TASK_MODULE.format(name=DECODER_ONLY_TASK, splits=splits, vocabulary=vocabulary)
+  )
+  config = network.decoder_only_config('tiny', vocab_size=64, dtype='float32')
+  params, params_axes = network.random_params(config, seed=0)
+  # Logits through the embedding: at random weights the residual stream is the input token's
+  # embedding and every network predicts the token it reads (alpha 1 for any draft); louder
+  # layers make the next token depend on them.
+  for layer in range(config.num_layers):
+    params['decoder'][f'layers_{layer}']['mlp']['wo']['kernel'] *= 5.0
+  rng = np.random.default_rng(1)
+  draft = jax.tree.map(
+    lambda x: (x + 0.3 * np.std(x) * rng.standard_normal(x.shape)).astype(x.dtype), params
+  )
+  paths = {
+    role: save_t5x_checkpoint(p, params_axes, os.path.join(work_dir, role))
+    for role, p in (('target', params), ('draft', draft))
+  }
+  model_dir = os.path.join(work_dir, 'model')
+  command = readme_train_command(decoder_only=True)
+  (model_file,) = [arg for arg in command if arg.endswith('/decoder_only/models/base.gin')]
+  values = {
+    model_file: f'--gin_file={t5x_root()}/t5x/examples/decoder_only/models/base.gin',
+    '--gin.TARGET_SIZE': "'tiny'",
+    '--gin.DRAFT_SIZE': "'tiny'",
+    '--gin.INITIAL_CHECKPOINT_PATH': repr(paths['target']),
+    '--gin.DRAFT_CHECKPOINT_PATH': repr(paths['draft']),
+    '--gin.MIXTURE_OR_TASK_NAME': repr(DECODER_ONLY_TASK),
+    '--gin.MIXTURE_OR_TASK_MODULE': "'st5x_decoder_only_task'",
+    '--gin.TASK_FEATURE_LENGTHS': "{'inputs': 32, 'targets': 32}",
+    '--gin.TRAIN_STEPS': str(TRAIN_STEPS),
+    '--gin.MODEL_DIR': repr(model_dir),
+  }
+  argv = readme_train_argv(values, decoder_only=True) + [
+    *[
+      flag
+      for flag in tiny_train_flags(vocabulary, configure='decoder_only_config')
+      if not flag.startswith(('--gin.TARGET_SIZE', '--gin.DRAFT_SIZE'))
+    ],
+    '--gin.INPUTS_BIDIRECTIONAL_ATTENTION=True',  # A prefix LM.
+    '--gin.BATCH_SIZE=8',
+    '--gin.utils.create_learning_rate_scheduler.base_learning_rate=0.05',
+    f'--gin.EVAL_PERIOD={EVAL_PERIOD}',
+    '--gin.EVAL_STEPS=1',
+    f'--gin.utils.SaveCheckpointConfig.period={TRAIN_STEPS}',
+  ]
+  run_t5x_train(argv, work_dir)
+
+  train = _scalars(os.path.join(model_dir, 'train'))
+  held_out = _scalars(os.path.join(model_dir, 'training_eval', DECODER_ONLY_TASK))
+  steps = [EVAL_PERIOD * i for i in range(1, TRAIN_STEPS // EVAL_PERIOD + 1)]
+  assert sorted(train['loss']) == sorted(train['beta']) == steps
+  loss, beta = [train['loss'][s] for s in steps], [train['beta'][s] for s in steps]
+  held_out_beta = [held_out['beta'][s] for s in [0, *steps]]
+  print('train loss', loss, 'train beta', beta, 'held-out beta', held_out_beta)
+  assert loss[-1] < loss[0] and beta[-1] > beta[0], (loss, beta)
+  assert held_out_beta[-1] > held_out_beta[0] + 0.05, held_out_beta
+
+  target, trained = t5x_adapter.split_draft_params(checkpoints.load_params(model_dir))
+  assert _bits(target) == _bits(params)
+  assert _bits(trained) != _bits(draft)
+  info = _model_info(model_dir)
+  params_info = {n: v for n, v in info.items() if n != 'step' and not n.startswith('param_states/')}
+  draft_info = {n[len('draft/') :]: v for n, v in params_info.items() if n.startswith('draft/')}
+  assert len(draft_info) == len(jax.tree.leaves(params))
+  assert draft_info == {n: v for n, v in params_info.items() if not n.startswith('draft/')}
