@@ -361,20 +361,25 @@ def _example_args(config: FeatureHeadConfig):
   return features, embedded, jnp.zeros((1, 1, config.target_emb_dim)), jnp.ones((1, 1), bool)
 
 
+def init_variables(config: FeatureHeadConfig, rng: Array) -> PyTree:
+  """`FeatureHead(config)`'s flax variables: 'params' and their logical axes 'params_axes'.
+
+  T5X's partitioner shards the head by 'params_axes' (`t5x_adapter`).
+  """
+  variables = FeatureHead(config).init(rng, *_example_args(config))
+  # `own_logits` is not reached by __call__; initialize it too.
+  if config.output == 'own':
+    own = FeatureHead(config).init(
+      rng, jnp.zeros((1, config.emb_dim)), method=FeatureHead.own_logits
+    )
+    for collection, tree in own.items():
+      variables[collection]['logits_dense'] = tree['logits_dense']
+  return variables
+
+
 def abstract_params(config: FeatureHeadConfig) -> PyTree:
   """The shapes (`jax.ShapeDtypeStruct`) of `FeatureHead(config)`'s parameters, computing nothing."""
-
-  def init():
-    variables = FeatureHead(config).init(jax.random.PRNGKey(0), *_example_args(config))
-    # `own_logits` is not reached by __call__; initialize it too.
-    if config.output == 'own':
-      own = FeatureHead(config).init(
-        jax.random.PRNGKey(0), jnp.zeros((1, config.emb_dim)), method=FeatureHead.own_logits
-      )
-      variables['params']['logits_dense'] = own['params']['logits_dense']
-    return variables['params']
-
-  return jax.eval_shape(init)
+  return jax.eval_shape(lambda: init_variables(config, jax.random.PRNGKey(0))['params'])
 
 
 def init_params(config: FeatureHeadConfig, seed: int = 0) -> PyTree:

@@ -22,7 +22,12 @@ level, in T5X's tree (a T5X checkpoint of the target restores unchanged), and
 the draft's under `params['draft']`. `get_initial_variables` builds both trees
 and both `params_axes`, so T5X's partitioner shards the draft by the same
 logical axis rules, and the jitted inference step takes the draft's parameters
-as traced arguments (not as constants folded into the program).
+as traced arguments (not as constants folded into the program). A feature
+head (`feature_head`, drafting from the target's own features) takes the
+draft's place: the model's `draft_module` is its `FeatureHeadConfig`, its
+parameters and logical axes live under `params['draft_head']`
+(`HEAD_KEY`), and `graft_head_checkpoint` restores them
+(configs/t5x/speculative_feature_head.gin).
 
 Restoring. T5X restores one checkpoint. `graft_draft_checkpoint(path)` makes a
 `utils.RestoreCheckpointConfig.state_transformation_fns` entry that adds the
@@ -57,6 +62,7 @@ import jax.numpy as jnp
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import feature_head
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import settings as settings_lib
@@ -67,43 +73,60 @@ Array = jax.Array
 # `t5x.checkpoints.RestoreStateTransformationFn`.
 RestoreStateTransformationFn = Callable[..., PyTree]
 
-# Where the draft's parameters (and their logical axes) live in the tree.
+# Where the draft's parameters (and their logical axes) live in the tree: a
+# draft network's, or a feature head's (`feature_head`, `drafts.FeatureDraft`).
 DRAFT_KEY = 'draft'
+HEAD_KEY = 'draft_head'
 
 
 # ------------------------------------------------------------------------------
 # Parameters: the target's tree with the draft's under 'draft'.
 # ------------------------------------------------------------------------------
-def split_draft_params(params: Mapping[str, Any]) -> Tuple[Dict[str, Any], PyTree]:
-  """(target params without the draft, the draft's params) from one tree."""
-  if DRAFT_KEY not in params:
+def split_draft_params(
+  params: Mapping[str, Any], key: str = DRAFT_KEY
+) -> Tuple[Dict[str, Any], PyTree]:
+  """(target params without the draft, the draft's params under `key`) from one tree.
+
+  `key`: `DRAFT_KEY` (a draft network) or `HEAD_KEY` (a feature head).
+  """
+  if key not in params:
+    graft = 'graft_head_checkpoint' if key == HEAD_KEY else 'graft_draft_checkpoint'
+    gin_file = 'speculative_feature_head.gin' if key == HEAD_KEY else 'speculative.gin'
     raise ValueError(
-      f"The parameters have no '{DRAFT_KEY}' subtree (top-level keys: {sorted(params)}). "
-      'Restore the draft with the state transformation of graft_draft_checkpoint '
-      '(configs/t5x/speculative.gin adds it), or initialize with '
+      f"The parameters have no '{key}' subtree (top-level keys: {sorted(params)}). "
+      f'Restore the draft with the state transformation of {graft} '
+      f'(configs/t5x/{gin_file} adds it), or initialize with '
       'SpeculativeEncoderDecoderModel.get_initial_variables.'
     )
-  return strip_draft_params(params), params[DRAFT_KEY]
+  return strip_draft_params(params), params[key]
 
 
 def strip_draft_params(params: Mapping[str, Any]) -> Dict[str, Any]:
-  """The target's parameters: `params` without its 'draft' subtree, if any."""
-  return {name: subtree for name, subtree in params.items() if name != DRAFT_KEY}
+  """The target's parameters: `params` without its 'draft' or 'draft_head' subtree, if any."""
+  return {name: subtree for name, subtree in params.items() if name not in (DRAFT_KEY, HEAD_KEY)}
+
+
+def draft_key(draft_module: Any) -> str:
+  """Where `draft_module`'s parameters live: `HEAD_KEY` for a feature head's config, else `DRAFT_KEY`."""
+  return HEAD_KEY if isinstance(draft_module, feature_head.FeatureHeadConfig) else DRAFT_KEY
 
 
 def add_draft_variables(
-  variables: Mapping[str, Any], draft_variables: Mapping[str, Any]
+  variables: Mapping[str, Any], draft_variables: Mapping[str, Any], key: str = DRAFT_KEY
 ) -> Dict[str, Any]:
-  """The target's variables with the draft's `params` and `params_axes` under 'draft'.
+  """The target's variables with the draft's `params` and `params_axes` under `key`.
 
   Args:
     variables: `module.init(...)` of the target: 'params' and 'params_axes'.
-    draft_variables: the same of the draft.
+    draft_variables: the same of the draft (a network, or a feature head:
+      `feature_head.init_variables`).
+    key: `DRAFT_KEY` or `HEAD_KEY`.
 
   Returns:
     An unfrozen copy of `variables` whose 'params' and 'params_axes' each
-    have a 'draft' entry, so that T5X's `InferenceState` and partitioner see
-    one consistent tree.
+    have a `key` entry, so that T5X's `InferenceState` and partitioner see
+    one consistent tree (the draft's parameters sharded by their logical
+    axes, with the target's rules).
   """
   variables = flax.core.unfreeze(variables)
   for collection in ('params', 'params_axes'):
@@ -113,23 +136,26 @@ def add_draft_variables(
         f'network.Transformer makes them); the target has {sorted(variables)} and the draft '
         f'{sorted(draft_variables)}.'
       )
-    if DRAFT_KEY in variables[collection]:
+    if key in variables[collection]:
       raise ValueError(
-        f"The target network's {collection} already has a '{DRAFT_KEY}' entry; "
-        'it cannot also hold a draft network.'
+        f"The target network's {collection} already has a '{key}' entry; "
+        'it cannot also hold a draft.'
       )
-    variables[collection][DRAFT_KEY] = flax.core.unfreeze(draft_variables[collection])
+    variables[collection][key] = flax.core.unfreeze(draft_variables[collection])
   return variables
 
 
 def init_network_variables(
   module: Any, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]]
 ) -> Dict[str, Any]:
-  """`module.init` on ones of T5X's input shapes.
+  """`module.init` on ones of T5X's input shapes (a feature head's config: its variables).
 
   A `network.Transformer` takes `encoder_input_tokens` and
-  `decoder_input_tokens`, a `network.DecoderOnly` the decoder's alone.
+  `decoder_input_tokens`, a `network.DecoderOnly` the decoder's alone; a
+  `feature_head.FeatureHeadConfig` needs no inputs.
   """
+  if isinstance(module, feature_head.FeatureHeadConfig):
+    return flax.core.unfreeze(feature_head.init_variables(module, rng))
   decoder_tokens = jnp.ones(input_shapes['decoder_input_tokens'], jnp.int32)
   if isinstance(module, network.DecoderOnly):
     tokens = (decoder_tokens, decoder_tokens)
@@ -357,6 +383,62 @@ def graft_draft_checkpoint(
   return graft
 
 
+def graft_head_checkpoint(
+  head_checkpoint_path: str, dtype: Optional[str] = None
+) -> RestoreStateTransformationFn:
+  """A `RestoreCheckpointConfig.state_transformation_fns` entry adding a feature head.
+
+  As `graft_draft_checkpoint`, for a model whose draft is a feature head
+  (configs/t5x/speculative_feature_head.gin): the head's checkpoint
+  (`training.train_feature_head`'s model directory, or a T5X checkpoint
+  holding it under 'draft_head') is grafted under `target/draft_head`,
+  checked against the configured head's shapes (HEAD_* settings) and the
+  target's checkpoint against TARGET_SIZE.
+
+  Args:
+    head_checkpoint_path: where the head's checkpoint is.
+    dtype: cast the head's parameters on reading; None keeps them.
+
+  Returns:
+    `graft(state_dict, target_state_dict, *, is_resuming=False) -> state_dict`.
+  """
+  if not head_checkpoint_path or not isinstance(head_checkpoint_path, str):
+    raise ValueError(
+      'graft_head_checkpoint needs the feature head checkpoint path; set '
+      f'HEAD_CHECKPOINT_PATH (got {head_checkpoint_path!r}).'
+    )
+
+  def graft(state_dict, target_state_dict, *, is_resuming=False):
+    if is_resuming and HEAD_KEY in state_dict.get('target', {}):
+      return state_dict
+    expected = target_state_dict.get('target', {}).get(HEAD_KEY)
+    if expected is None:
+      raise ValueError(
+        f"The model being restored has no '{HEAD_KEY}' parameters: a feature head needs "
+        't5x_models.SpeculativeEncoderDecoderModel.draft_module = @feature_head.config_for() '
+        '(configs/t5x/speculative_feature_head.gin); give that file last.'
+      )
+    check_checkpoint_matches(
+      strip_draft_params(state_dict['target']),
+      strip_draft_params(target_state_dict['target']),
+      role='target',
+    )
+    logging.info('Grafting the feature head %s under target/%s.', head_checkpoint_path, HEAD_KEY)
+    head_params = checkpoints.load_params(head_checkpoint_path, dtype=dtype)
+    head_params = head_params.get(HEAD_KEY, head_params)
+    differences = checkpoints.compare_shapes(head_params, expected)
+    if differences:
+      raise ValueError(
+        f'The feature head checkpoint (HEAD_CHECKPOINT_PATH) does not match the configured '
+        f'head: {differences.summary("the head")}. Set the head fields to those it was '
+        'trained with (HEAD_EMB_DIM, HEAD_NUM_LAYERS, HEAD_OUTPUT, HEAD_FEATURE_LAYERS, ...; '
+        'feature_head.FeatureHeadConfig).'
+      )
+    return {**state_dict, 'target': {**state_dict['target'], HEAD_KEY: head_params}}
+
+  return graft
+
+
 def start_distillation(
   draft_checkpoint_path: Optional[str] = None, dtype: Optional[str] = None
 ) -> RestoreStateTransformationFn:
@@ -374,7 +456,8 @@ def start_distillation(
     * grafts the draft's checkpoint under `target/draft` if
       `draft_checkpoint_path` is given (`graft_draft_checkpoint`: checked
       against the configured draft network, whose vocabulary must be the
-      target's); without one, a draft already in the checkpoint (one written by
+      target's; for a feature head, `graft_head_checkpoint` under
+      `target/draft_head`); without one, a draft already in the checkpoint (one written by
       a draft-training run) is kept, and otherwise the draft starts from
       scratch.
   What the transformed state lacks (the step, the draft's optimizer state, a
@@ -392,12 +475,16 @@ def start_distillation(
   Returns:
     `transform(state_dict, target_state_dict, *, is_resuming=False) -> state_dict`.
   """
-  graft = graft_draft_checkpoint(draft_checkpoint_path, dtype) if draft_checkpoint_path else None
+  if draft_checkpoint_path is not None and not isinstance(draft_checkpoint_path, str):
+    raise ValueError(
+      f'draft_checkpoint_path must be a path or None, got {draft_checkpoint_path!r}.'
+    )
 
   def transform(state_dict, target_state_dict, *, is_resuming=False):
     if is_resuming:
       return state_dict
-    if DRAFT_KEY not in target_state_dict.get('target', {}):
+    keys = [key for key in (DRAFT_KEY, HEAD_KEY) if key in target_state_dict.get('target', {})]
+    if not keys:
       raise ValueError(
         f"The model being trained has no '{DRAFT_KEY}' parameters: draft training needs "
         'MODEL = @t5x_models.DraftDistillationEncoderDecoderModel() (configs/t5x/distill.gin) '
@@ -405,6 +492,9 @@ def start_distillation(
         '(configs/t5x/distill_decoder_only.gin); a gin file given after it (one including '
         "T5X's base.gin) rebinds MODEL: give the distillation file last."
       )
+    # A feature head (configs/t5x/distill_feature_head.gin) or a draft network.
+    graft_fn = graft_head_checkpoint if keys[0] == HEAD_KEY else graft_draft_checkpoint
+    graft = graft_fn(draft_checkpoint_path, dtype) if draft_checkpoint_path else None
     check_checkpoint_matches(
       strip_draft_params(state_dict['target']),
       strip_draft_params(target_state_dict['target']),
@@ -414,7 +504,7 @@ def start_distillation(
     if graft is None:
       logging.info(
         'Draft training: the target from its checkpoint, the draft %s.',
-        'from that checkpoint' if DRAFT_KEY in state_dict['target'] else 'from scratch',
+        'from that checkpoint' if keys[0] in state_dict['target'] else 'from scratch',
       )
       return params_only
     return graft(params_only, target_state_dict)
@@ -431,8 +521,14 @@ def check_networks(
   """Raises ValueError unless both are `network_class` modules with one vocabulary.
 
   `network_class`: `network.Transformer` (T5X's T5 1.1 encoder-decoder) or
-  `network.DecoderOnly` (T5X's decoder-only network).
+  `network.DecoderOnly` (T5X's decoder-only network). `draft_module` may
+  instead be a `feature_head.FeatureHeadConfig`, a feature head built for
+  this target (`feature_head.check_target`).
   """
+  if isinstance(draft_module, feature_head.FeatureHeadConfig):
+    check_networks(module, module, network_class)
+    feature_head.check_target(draft_module, module.config)
+    return
   for name, value in (('module', module), ('draft_module', draft_module)):
     if not isinstance(value, network_class):
       raise ValueError(
@@ -466,12 +562,15 @@ def speculative_predict_batch(
 
   Splits the draft's parameters off, then runs `models.speculative_decode`
   (both caches, prefilled with the decoder prompts if any, the target's block
-  scorer, `decode_fn`) with a `drafts.ModelDraft`.
+  scorer, `decode_fn`) with a `drafts.ModelDraft`, or a `drafts.FeatureDraft`
+  for a feature head (`make_draft`).
 
   Args:
     module: the target network (`network.Transformer` or `network.DecoderOnly`).
-    draft_module: the draft network (same kind, same vocabulary).
-    params: the target's parameters with the draft's under 'draft'.
+    draft_module: the draft network (same kind, same vocabulary), or a
+      `feature_head.FeatureHeadConfig` built for the target (a feature head).
+    params: the target's parameters with the draft's under 'draft' (a
+      feature head's under 'draft_head').
     batch: T5X's features: `decoder_input_tokens` int32 [B, L], whose width L
       is the output length (its values are used only through
       `decoder_prompt`), and for an encoder-decoder `encoder_input_tokens`
@@ -537,12 +636,7 @@ def speculative_predict_batch(
       )
     decoder_params['decode_rng'] = rng
   decoder_params.setdefault('eos_id', eos_id)
-  target_params, draft_params = split_draft_params(params)
-  draft = drafts.ModelDraft(
-    params=draft_params,
-    config=draft_module.config,
-    inputs_bidirectional_attention=inputs_bidirectional_attention,
-  )
+  target_params, draft = make_draft(module, draft_module, params, inputs_bidirectional_attention)
   if network.is_decoder_only(module.config):
     if decoder_prompt is None:
       raise ValueError('A decoder-only target needs decoder_prompt (its prompts, T5X layout).')
@@ -589,6 +683,28 @@ def speculative_predict_batch(
     'batch_gamma': jnp.full((batch_size,), settings.gamma, jnp.int32),
   }
   return decodes, aux
+
+
+def make_draft(
+  module: Any, draft_module: Any, params: Mapping[str, Any], inputs_bidirectional_attention: bool
+) -> Tuple[Dict[str, Any], drafts.Draft]:
+  """(the target's parameters, the draft) from a speculative model's parameter tree.
+
+  A draft network (`drafts.ModelDraft` of `params['draft']`), or, for a
+  `feature_head.FeatureHeadConfig`, the feature head of
+  `params['draft_head']` reading the target (`drafts.FeatureDraft`).
+  """
+  target_params, draft_params = split_draft_params(params, draft_key(draft_module))
+  if isinstance(draft_module, feature_head.FeatureHeadConfig):
+    return target_params, drafts.FeatureDraft(
+      draft_params, target_params, draft_module, module.config
+    )
+  draft = drafts.ModelDraft(
+    params=draft_params,
+    config=draft_module.config,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+  )
+  return target_params, draft
 
 
 def decode_fn_sampling(decode_fn: Callable[..., Any], decoder_params: Mapping[str, Any]):

@@ -23,12 +23,14 @@ import jax
 import jax.numpy as jnp
 
 from speculative_t5x import decoding
+from speculative_t5x import feature_head
 from speculative_t5x import layouts
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
 from speculative_t5x import t5x_adapter
 from speculative_t5x.training import losses
+from speculative_t5x.training import train_feature_head
 
 T5X_MISSING = (
   'SpeculativeEncoderDecoderModel subclasses t5x.models.EncoderDecoderModel, '
@@ -42,6 +44,7 @@ T5X_MISSING = (
 
 try:
   from t5x import losses as t5x_losses
+  from t5x import metrics as t5x_metrics
   from t5x import models as t5x_models
   from t5x import optimizers
 except ImportError as error:
@@ -80,14 +83,18 @@ class _SpeculativeMixin:
     self.settings = settings_lib.SpeculativeSettings(**fields)
 
   def get_initial_variables(self, rng, input_shapes, input_types=None):
-    """T5X's initial variables of the target, with the draft's under 'draft'."""
+    """T5X's initial variables of the target, with the draft's under 'draft' (a head's: 'draft_head')."""
     variables = super().get_initial_variables(rng, input_shapes, input_types)
     # A key of its own, so that the draft's initialization is independent of
     # the target's (which keeps T5X's).
     draft_variables = t5x_adapter.init_network_variables(
       self.draft_module, jax.random.fold_in(rng, 1), input_shapes
     )
-    return flax.core.freeze(t5x_adapter.add_draft_variables(variables, draft_variables))
+    return flax.core.freeze(
+      t5x_adapter.add_draft_variables(
+        variables, draft_variables, t5x_adapter.draft_key(self.draft_module)
+      )
+    )
 
   def _compute_logits(self, params, batch, dropout_rng=None, mutable=False, other_variables=None):
     """The target's logits; the draft's parameters are dropped (loss, eval, score)."""
@@ -116,7 +123,10 @@ class _SpeculativeMixin:
 
 _SETTINGS_DOC = """
     Attributes:
-      draft_module: the draft network.
+      draft_module: the draft network, or a `feature_head.FeatureHeadConfig`
+        built for the target: a feature head drafting from the target's own
+        features (`drafts.FeatureDraft`; its parameters under
+        `params['draft_head']`, configs/t5x/speculative_feature_head.gin).
       settings: the `settings.SpeculativeSettings` built from the keyword-only
         `gamma` (static: it sizes the caches; 'auto': by batch size from the
         profile at `speculation_profile`, gin SPECULATION_PROFILE),
@@ -151,7 +161,7 @@ class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecode
     loss_normalizing_factor=None,
     default_decoder_params=None,
     *,
-    draft_module: network.Transformer,
+    draft_module: Union[network.Transformer, feature_head.FeatureHeadConfig],
     gamma: Union[int, str, None],
     lenience: float = settings_lib.DEFAULTS.lenience,
     verification: str = settings_lib.DEFAULTS.verification,
@@ -243,7 +253,7 @@ class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel
     z_loss: float = 0.0,
     loss_normalizing_factor=None,
     *,
-    draft_module: network.DecoderOnly,
+    draft_module: Union[network.DecoderOnly, feature_head.FeatureHeadConfig],
     gamma: Union[int, str, None],
     lenience: float = settings_lib.DEFAULTS.lenience,
     verification: str = settings_lib.DEFAULTS.verification,
@@ -314,7 +324,7 @@ for _cls in (SpeculativeEncoderDecoderModel, SpeculativeDecoderOnlyModel):
 # Training the draft through T5X's train.py.
 # ------------------------------------------------------------------------------
 class DraftOnlyOptimizer(optimizers.OptimizerDef):
-  """A T5X optimizer (`OptimizerDef`) applied to `params['draft']` alone.
+  """A T5X optimizer (`OptimizerDef`) applied to `params['draft']` alone (or another `key`).
 
   The target's parameters are not touched: `apply_gradient` returns them as
   they came (bit for bit: no update, not even a zero one, is added), and the
@@ -334,18 +344,21 @@ class DraftOnlyOptimizer(optimizers.OptimizerDef):
   Attributes:
     inner: the wrapped `OptimizerDef` (e.g. T5X's `adafactor.Adafactor`, or an
       optax optimizer through `optimizers.OptaxWrapper`).
+    key: the subtree that trains: `t5x_adapter.DRAFT_KEY` (a draft network) or
+      `t5x_adapter.HEAD_KEY` (a feature head).
   """
 
-  def __init__(self, inner: optimizers.OptimizerDef):
+  def __init__(self, inner: optimizers.OptimizerDef, key: str = t5x_adapter.DRAFT_KEY):
     self.inner = inner
+    self.key = key
     super().__init__(inner.hyper_params)
 
   def init_state(self, params):
-    state = self.inner.init_state(params[t5x_adapter.DRAFT_KEY])
-    return optimizers.OptimizerState(state.step, {t5x_adapter.DRAFT_KEY: state.param_states})
+    state = self.inner.init_state(params[self.key])
+    return optimizers.OptimizerState(state.step, {self.key: state.param_states})
 
   def apply_gradient(self, hyper_params, params, state, grads):
-    key = t5x_adapter.DRAFT_KEY
+    key = self.key
     draft, draft_state = self.inner.apply_gradient(
       hyper_params,
       params[key],
@@ -364,11 +377,11 @@ class DraftOnlyOptimizer(optimizers.OptimizerDef):
   def set_param_axes(self, param_logical_axes):
     """The inner optimizer's factorization rules (T5X's Adafactor) from the draft's axes."""
     if hasattr(self.inner, 'set_param_axes'):
-      self.inner.set_param_axes(param_logical_axes[t5x_adapter.DRAFT_KEY])
+      self.inner.set_param_axes(param_logical_axes[self.key])
 
   def derive_logical_axes(self, optimizer, param_logical_axes):
     """T5X's partitioning of the state: the inner optimizer's, derived from the draft's axes."""
-    key = t5x_adapter.DRAFT_KEY
+    key = self.key
     draft = self.inner.derive_logical_axes(
       optimizers.Optimizer(
         self.inner,
@@ -396,47 +409,80 @@ class _DistillationMixin:
   """
 
   def _set_distillation(
-    self, draft_model, *, divergence: str, jsd_beta: float, temperature, topk, topp
+    self,
+    draft_model,
+    *,
+    divergence: str,
+    jsd_beta: float,
+    temperature,
+    topk,
+    topp,
+    unroll_steps: int,
+    decay: float,
+    feature_weight: float,
   ) -> None:
     """Checks the loss settings, keeps them, and restricts the optimizer to the draft."""
-    losses.validate_divergence(divergence, jsd_beta)
     sampling.validate_sampling_args(temperature, topk, topp)
     if isinstance(temperature, (list, tuple)) or jnp.ndim(temperature):
       raise ValueError(
         f'temperature must be one number (the decoding temperature the draft is trained for), '
         f'got {temperature!r}.'
       )
-    # A T5X model of the draft alone: its `_compute_logits` is T5X's, so packed
-    # batches (segment ids, positions) and prefix-LM attention reach the draft
-    # as they reach the target.
+    mode = dict(temperature=float(temperature), topk=int(topk), topp=float(topp))
+    self._head_loss = None
+    if isinstance(self.draft_module, feature_head.FeatureHeadConfig):
+      if divergence != 'tvd':
+        raise ValueError(
+          f"divergence={divergence!r} is for draft networks; a feature head's loss is "
+          "training.train_feature_head's (soft cross entropy with training-time test): "
+          'leave divergence unset and set unroll_steps, decay and feature_weight.'
+        )
+      if getattr(self, '_inputs_bidirectional_attention', False):
+        raise ValueError(
+          'A feature head trains on causal decoder-only targets (and encoder-decoder ones); '
+          'this target is a prefix LM (inputs_bidirectional_attention=True).'
+        )
+      self._head_loss = train_feature_head.HeadLossConfig(
+        self.draft_module,
+        self.module.config,
+        unroll_steps=int(unroll_steps),
+        decay=float(decay),
+        feature_weight=float(feature_weight),
+        **mode,
+      )
+    else:
+      losses.validate_divergence(divergence, jsd_beta)
+    # A T5X model of the draft network alone: its `_compute_logits` is T5X's, so
+    # packed batches (segment ids, positions) and prefix-LM attention reach the
+    # draft as they reach the target.
     self._draft_model = draft_model
-    self.distillation = dict(
-      divergence_name=divergence,
-      beta=float(jsd_beta),
-      temperature=float(temperature),
-      topk=int(topk),
-      topp=float(topp),
-    )
+    self.distillation = dict(divergence_name=divergence, beta=float(jsd_beta), **mode)
     if self.optimizer_def is not None:  # None: a model built for inference only.
-      self.optimizer_def = DraftOnlyOptimizer(self.optimizer_def)
+      self.optimizer_def = DraftOnlyOptimizer(
+        self.optimizer_def, t5x_adapter.draft_key(self.draft_module)
+      )
 
   def loss_fn(self, params, batch: Mapping[str, Array], dropout_rng: Optional[Array]):
     """The distillation loss of the draft against the frozen target, and T5X's metrics.
 
     The target runs without dropout and under `stop_gradient`; the draft
     with T5X's `dropout_rng` (its network's dropout rate; the distillation
-    gin files set 0). The loss is `training.losses.distillation_sums`'s
-    weighted sum over `decoder_loss_weights`, divided by
-    `loss_normalizing_factor` if set (T5X's convention for its cross
-    entropy). Metrics: T5X's base metrics of the draft's logits (`loss`,
-    `accuracy` of the draft's argmax against the data's tokens, timing), and
-    `beta`: the mean over real tokens of sum_x min(p, q) of the standardized
-    distributions, speculative decoding's acceptance probability (alpha on
-    the training sequences).
+    gin files set 0). A draft network's loss is
+    `training.losses.distillation_sums`'s weighted sum over
+    `decoder_loss_weights`, a feature head's `training.train_feature_head`'s
+    (`head_loss`), each divided by `loss_normalizing_factor` if set (T5X's
+    convention for its cross entropy). Metrics: `loss`, and `beta`: the mean
+    over real tokens of sum_x min(p, q) of the standardized distributions,
+    speculative decoding's acceptance probability (alpha on the training
+    sequences; a head's first draft token's); for a draft network also T5X's
+    base metrics of its logits (`accuracy` of its argmax against the data's
+    tokens, timing).
 
     Returns:
       (loss float32 scalar, metrics {name: clu metric}).
     """
+    if self._head_loss is not None:
+      return self._head_loss_fn(params, batch)
     target_params, draft_params = t5x_adapter.split_draft_params(params)
     target_logits = self._compute_logits(jax.lax.stop_gradient(target_params), batch)
     draft_logits = self._draft_model._compute_logits(draft_params, batch, dropout_rng)  # pylint: disable=protected-access
@@ -455,6 +501,33 @@ class _DistillationMixin:
     metrics['beta'] = clu_metrics.Average(total=sums['beta'], count=jnp.sum(weights))
     return loss, metrics
 
+  def _head_loss_fn(self, params, batch: Mapping[str, Array]):
+    """`loss_fn` of a feature head: `train_feature_head.head_loss` on unpacked batches."""
+    if 'decoder_segment_ids' in batch:
+      raise ValueError(
+        "A feature head trains on unpacked batches (its loss runs the head's own attention "
+        'over whole rows): set --gin.train/utils.DatasetConfig.pack=False and '
+        '--gin.train_eval/utils.DatasetConfig.pack=False.'
+      )
+    target_params, head_params = t5x_adapter.split_draft_params(params, t5x_adapter.HEAD_KEY)
+    loss_normalizing_factor, _ = t5x_losses.get_loss_normalizing_factor_and_weights(
+      self._loss_normalizing_factor, batch
+    )
+    _, sums = train_feature_head.head_loss(
+      self._head_loss, head_params, jax.lax.stop_gradient(target_params), batch
+    )
+    loss = (
+      sums['loss'] if loss_normalizing_factor is None else sums['loss'] / loss_normalizing_factor
+    )
+    metrics = {
+      'loss': t5x_metrics.AveragePerStep(total=loss),
+      'loss_per_nonpadding_target_token': clu_metrics.Average(
+        total=sums['loss'], count=sums['weight']
+      ),
+      'beta': clu_metrics.Average(total=sums['beta'], count=sums['weight']),
+    }
+    return loss, metrics
+
 
 _DISTILLATION_DOC = """
     Training (T5X's train.py, configs/t5x/distill*.gin): `loss_fn` is the
@@ -465,9 +538,27 @@ _DISTILLATION_DOC = """
       jsd_beta: the weight of p in 'jsd', in (0, 1).
       temperature, topk, topp: the decoding mode the draft is trained for
         (temperature 0, greedy, by default).
+    With a feature head as `draft_module` (configs/t5x/distill_feature_head.gin)
+    the loss is `training.train_feature_head.head_loss` instead (soft cross
+    entropy against the target's standardized distribution, the head
+    unrolled on its own outputs: training-time test), one implementation
+    with `train_feature_head`, on unpacked batches:
+      unroll_steps, decay, feature_weight: `train_feature_head.HeadLossConfig`'s.
     The optimizer (`optimizer_def`, e.g. T5X's Adafactor) is wrapped in
-    `DraftOnlyOptimizer`: only `params['draft']` trains.
+    `DraftOnlyOptimizer`: only `params['draft']` (a head's
+    `params['draft_head']`) trains.
 """
+
+_LOSS_DEFAULTS = dict(
+  divergence='tvd',
+  jsd_beta=0.5,
+  temperature=0.0,
+  topk=0,
+  topp=0.0,
+  unroll_steps=3,
+  decay=0.8,
+  feature_weight=0.0,
+)
 
 
 class DraftDistillationEncoderDecoderModel(_DistillationMixin, SpeculativeEncoderDecoderModel):
@@ -477,69 +568,47 @@ class DraftDistillationEncoderDecoderModel(_DistillationMixin, SpeculativeEncode
   the target's as in its T5X checkpoint, the draft's under
   `params['draft']`, so a checkpoint of this model serves `t5x/infer.py`
   with configs/t5x/speculative*.gin), plus the keyword-only loss settings
-  below. Inference and `score_batch` are the speculative model's.
+  below (defaults `_LOSS_DEFAULTS`). Inference and `score_batch` are the
+  speculative model's.
   """
 
-  def __init__(
-    self,
-    *args,
-    divergence: str = 'tvd',
-    jsd_beta: float = 0.5,
-    temperature: float = 0.0,
-    topk: int = 0,
-    topp: float = 0.0,
-    **kwargs,
-  ):
+  def __init__(self, *args, **kwargs):
+    loss = {name: kwargs.pop(name, default) for name, default in _LOSS_DEFAULTS.items()}
     super().__init__(*args, **kwargs)
-    self._set_distillation(
-      t5x_models.EncoderDecoderModel(
+    draft_model = None
+    if not isinstance(self.draft_module, feature_head.FeatureHeadConfig):
+      draft_model = t5x_models.EncoderDecoderModel(
         module=self.draft_module,
         input_vocabulary=self.input_vocabulary,
         output_vocabulary=self.output_vocabulary,
         optimizer_def=None,
-      ),
-      divergence=divergence,
-      jsd_beta=jsd_beta,
-      temperature=temperature,
-      topk=topk,
-      topp=topp,
-    )
+      )
+    self._set_distillation(draft_model, **loss)
 
 
 class DraftDistillationDecoderOnlyModel(_DistillationMixin, SpeculativeDecoderOnlyModel):
   """`SpeculativeDecoderOnlyModel` whose T5X training trains the draft alone.
 
   Arguments are `SpeculativeDecoderOnlyModel`'s plus the keyword-only loss
-  settings below. With `inputs_bidirectional_attention` (a prefix LM), both
-  networks attend to the task's inputs bidirectionally, as T5X's
-  `DecoderOnlyModel` does; the loss is taken on the targets
-  (`decoder_loss_weights` of seqio's `DecoderFeatureConverter`).
+  settings below (defaults `_LOSS_DEFAULTS`). With
+  `inputs_bidirectional_attention` (a prefix LM), both networks attend to the
+  task's inputs bidirectionally, as T5X's `DecoderOnlyModel` does; the loss is
+  taken on the targets (`decoder_loss_weights` of seqio's
+  `DecoderFeatureConverter`).
   """
 
-  def __init__(
-    self,
-    *args,
-    divergence: str = 'tvd',
-    jsd_beta: float = 0.5,
-    temperature: float = 0.0,
-    topk: int = 0,
-    topp: float = 0.0,
-    **kwargs,
-  ):
+  def __init__(self, *args, **kwargs):
+    loss = {name: kwargs.pop(name, default) for name, default in _LOSS_DEFAULTS.items()}
     super().__init__(*args, **kwargs)
-    self._set_distillation(
-      t5x_models.DecoderOnlyModel(
+    draft_model = None
+    if not isinstance(self.draft_module, feature_head.FeatureHeadConfig):
+      draft_model = t5x_models.DecoderOnlyModel(
         module=self.draft_module,
         vocabulary=self.output_vocabulary,
         optimizer_def=None,
         inputs_bidirectional_attention=self._inputs_bidirectional_attention,
-      ),
-      divergence=divergence,
-      jsd_beta=jsd_beta,
-      temperature=temperature,
-      topk=topk,
-      topp=topp,
-    )
+      )
+    self._set_distillation(draft_model, **loss)
 
 
 for _cls in (DraftDistillationEncoderDecoderModel, DraftDistillationDecoderOnlyModel):

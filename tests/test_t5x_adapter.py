@@ -26,6 +26,8 @@ import numpy as np
 import pytest
 
 from speculative_t5x import decoding
+from speculative_t5x import drafts
+from speculative_t5x import feature_head
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import settings
@@ -767,3 +769,165 @@ def test_t5x_model_rejects_bad_arguments(t5x_env):
     build(draft_module=MODULE, gamma=GAMMA, draft_threshold=-0.1)
   with pytest.raises(ValueError, match='draft_module must be a speculative_t5x.network'):
     build(draft_module=t5x_env['stock'].module, gamma=GAMMA)
+
+
+# ------------------------------------------------------------------------------
+# A feature head as the draft: its parameters under params['draft_head'].
+# ------------------------------------------------------------------------------
+HEAD_CONFIG = feature_head.config_for(
+  TARGET.config, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64
+)
+HEAD_PARAMS = feature_head.init_params(HEAD_CONFIG, seed=5)
+
+
+def _with_head(head_params=HEAD_PARAMS):
+  return {**TARGET.params, t5x_adapter.HEAD_KEY: head_params}
+
+
+@functools.partial(jax.jit, static_argnames='temperature')
+def _predict_with_head(params, temperature=0.0):
+  return t5x_adapter.speculative_predict_batch(
+    MODULE,
+    HEAD_CONFIG,
+    params,
+    BATCH,
+    eos_id=EOS,
+    settings=settings.SpeculativeSettings(gamma=GAMMA),
+    rng=jax.random.PRNGKey(4),
+    decoder_params={'temperature': temperature, 'topk': 0},
+  )
+
+
+def test_feature_head_predictions_equal_generate_with_the_head():
+  """T5X's predict path drafts with the head of params['draft_head']: `generate`'s decodes.
+
+  Greedy: the baseline's tokens. Sampled (the same key): `generate`'s tokens
+  and acceptance with that head, and other acceptance with other weights.
+  """
+  head = drafts.FeatureDraft.for_target(TARGET, HEAD_PARAMS, HEAD_CONFIG)
+  decodes, aux = _predict_with_head(_with_head())
+  baseline = models.generate(TARGET, None, INPUTS, max_decode_len=MAX_DECODE_LEN)
+  np.testing.assert_array_equal(decodes, baseline.tokens)
+  assert np.all(aux['drafted'] == GAMMA * aux['iterations'])
+
+  decodes, aux = _predict_with_head(_with_head(), temperature=1.0)
+  out = models.generate(
+    TARGET,
+    head,
+    INPUTS,
+    max_decode_len=MAX_DECODE_LEN,
+    gamma=GAMMA,
+    temperature=1.0,
+    rng=jax.random.PRNGKey(4),
+  )
+  np.testing.assert_array_equal(decodes, out.tokens)
+  for name in ('iterations', 'accepted', 'emitted', 'drafted'):
+    np.testing.assert_array_equal(aux[name], getattr(out.stats, name), err_msg=name)
+  assert aux['accepted'].sum() > 0
+  _, other_aux = _predict_with_head(
+    _with_head(feature_head.init_params(HEAD_CONFIG, seed=6)), temperature=1.0
+  )
+  assert not np.array_equal(other_aux['accepted'], aux['accepted'])
+
+
+def test_feature_head_for_another_target_is_refused():
+  other = feature_head.config_for(
+    dataclasses.replace(TARGET.config, emb_dim=2 * TARGET.config.emb_dim), emb_dim=32
+  )
+  with pytest.raises(ValueError, match='feature head was built for a target with .*width 64'):
+    t5x_adapter.check_networks(MODULE, other)
+  with pytest.raises(ValueError, match="no 'draft_head' subtree.*graft_head_checkpoint"):
+    t5x_adapter.speculative_predict_batch(
+      MODULE,
+      HEAD_CONFIG,
+      _with_draft(DRAFT.params),
+      BATCH,
+      eos_id=EOS,
+      settings=settings.SpeculativeSettings(gamma=GAMMA),
+    )
+
+
+def test_graft_head_checkpoint_checks_the_head_and_the_target(tmp_path):
+  head_dir = write_t5x_legacy(tmp_path / 'head', 3, {t5x_adapter.HEAD_KEY: HEAD_PARAMS})
+  expected = {
+    'target': {
+      **network.abstract_params(TARGET.config)[0],
+      t5x_adapter.HEAD_KEY: feature_head.abstract_params(HEAD_CONFIG),
+    }
+  }
+  graft = t5x_adapter.graft_head_checkpoint(os.fspath(head_dir))
+  grafted = graft({'target': TARGET.params}, expected)
+  assert_trees_equal(grafted['target'][t5x_adapter.HEAD_KEY], HEAD_PARAMS)
+  assert_trees_equal(t5x_adapter.strip_draft_params(grafted['target']), TARGET.params)
+  wider = feature_head.config_for(TARGET.config, emb_dim=48, num_heads=2, head_dim=16, mlp_dim=64)
+  expected['target'][t5x_adapter.HEAD_KEY] = feature_head.abstract_params(wider)
+  with pytest.raises(ValueError, match='feature head checkpoint.*does not match.*HEAD_EMB_DIM'):
+    graft({'target': TARGET.params}, expected)
+
+
+@pytest.mark.t5x
+def test_t5x_feature_head_predictions_equal_stock_t5x_greedy(t5x_env):
+  """The speculative T5X model with a feature head: T5X's greedy outputs, the head partitioned.
+
+  Its parameters are under params['draft_head'] with their logical axes,
+  which T5X's partitioner maps by the target's rules.
+  """
+  from t5x import partitioning as t5x_partitioning  # pylint: disable=g-import-not-at-top
+  from t5x import train_state as t5x_train_state  # pylint: disable=g-import-not-at-top
+
+  vocabulary = t5x_env['vocabulary']
+  model = speculative_t5x_models().SpeculativeEncoderDecoderModel(
+    MODULE, vocabulary, vocabulary, optimizer_def=None, draft_module=HEAD_CONFIG, gamma=GAMMA
+  )
+  expected, _ = jax.jit(t5x_env['stock'].predict_batch_with_aux)(TARGET.params, BATCH)
+  decodes, aux = jax.jit(model.predict_batch_with_aux)(_with_head(), BATCH)
+  np.testing.assert_array_equal(decodes, expected)
+  assert np.all(aux['drafted'] > 0)
+
+  variables = jax.eval_shape(
+    lambda: model.get_initial_variables(jax.random.PRNGKey(0), t5x_env['shapes'], t5x_env['types'])
+  )
+  shapes = lambda tree: jax.tree.map(lambda x: x.shape, tree)
+  assert shapes(variables['params'][t5x_adapter.HEAD_KEY]) == shapes(
+    feature_head.abstract_params(HEAD_CONFIG)
+  )
+  state = t5x_train_state.InferenceState.create(variables)  # Validates params_axes.
+  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
+  mesh_axes = partitioner.get_mesh_axes(state).params[t5x_adapter.HEAD_KEY]
+  logical = traverse_util.flatten_dict(
+    flax.core.unfreeze(variables['params_axes'][t5x_adapter.HEAD_KEY]), sep='/'
+  )
+  specs = traverse_util.flatten_dict(flax.core.unfreeze(mesh_axes), sep='/')
+  for path, spec in specs.items():
+    axes = logical[path + '_axes'].names
+    assert spec == nn_partitioning.logical_to_mesh_axes(axes, partitioner.logical_axis_rules)
+  assert any('model' in spec for spec in specs.values())  # Sharded, not all replicated.
+
+
+@pytest.mark.t5x
+def test_t5x_feature_head_gin_file_builds_the_model(t5x_env):
+  import gin  # pylint: disable=g-import-not-at-top
+  import t5x  # pylint: disable=g-import-not-at-top
+
+  t5x_root = os.path.dirname(os.path.dirname(os.path.abspath(t5x.__file__)))
+  gin.clear_config()
+  try:
+    for path in (REPO_ROOT, t5x_root):
+      gin.add_config_file_search_path(path)
+    gin.parse_config_files_and_bindings(
+      ['t5x/examples/t5/t5_1_1/base.gin', 'configs/t5x/speculative_feature_head.gin'],
+      ["HEAD_CHECKPOINT_PATH = '/ckpt/head'", "TARGET_SIZE = 'small'", 'HEAD_EMB_DIM = 64'],
+      finalize_config=False,
+    )
+    model = gin.query_parameter('%MODEL').scoped_configurable_fn()
+    (graft,) = [
+      reference.scoped_configurable_fn()
+      for reference in gin.query_parameter('utils.RestoreCheckpointConfig.state_transformation_fns')
+    ]
+  finally:
+    gin.clear_config()
+  target = network.t5_1_1_config('small', dtype='bfloat16', dropout_rate=0.0)
+  assert model.module.config == target
+  assert model.draft_module == feature_head.config_for(target, emb_dim=64)
+  assert model.settings == settings.SpeculativeSettings(gamma=5)
+  assert graft.__qualname__.startswith('graft_head_checkpoint')

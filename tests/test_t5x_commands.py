@@ -74,17 +74,20 @@ def t5x_doc_blocks():
 
 
 def t5x_doc_command(index):
-  """The argv of docs/t5x.md's `index`-th inference command (encoder-decoder, decoder-only).
+  """The argv of docs/t5x.md's `index`-th inference command.
 
-  The draft-training section's `t5x.infer` (the target writing its outputs)
-  is test_t5x_distill's.
+  0: encoder-decoder, 1: decoder-only, 2: with a feature head. The
+  draft-training section's `t5x.infer` (the target writing its outputs) is
+  test_t5x_distill's.
   """
+  sections = ('Encoder-decoder pairs', 'Decoder-only pairs', 'Feature heads')
   blocks = [
-    *fenced_blocks(os.path.join('docs', 't5x.md'), 'Encoder-decoder pairs'),
-    *fenced_blocks(os.path.join('docs', 't5x.md'), 'Decoder-only pairs'),
+    block
+    for section in sections
+    for block in fenced_blocks(os.path.join('docs', 't5x.md'), section)
   ]
   commands = [block for block in blocks if block.startswith('python -m t5x.infer')]
-  assert len(commands) == 2, 'docs/t5x.md should hold two t5x.infer commands for inference'
+  assert len(commands) == 3, 'docs/t5x.md should hold three t5x.infer commands for inference'
   return shlex.split(commands[index].replace('\\\n', ' '))
 
 
@@ -202,8 +205,11 @@ def run_t5x_infer(argv, output_dir, work_dir, devices=1):
   return InferRun(records, os.fspath(output_dir), result.stderr)
 
 
-def check_aux(records, gamma, max_length):
-  """The acceptance statistics of predict_with_aux: present and consistent, per example."""
+def check_aux(records, gamma, max_length, some_accepted=True):
+  """The acceptance statistics of predict_with_aux: present and consistent, per example.
+
+  With `some_accepted`, the draft had some tokens accepted.
+  """
   for record in records:
     aux = record['aux']
     assert set(AUX_NAMES) <= set(aux), sorted(aux)
@@ -212,7 +218,8 @@ def check_aux(records, gamma, max_length):
     assert 0 <= aux['accepted'] <= aux['drafted'] <= gamma * aux['iterations']
     assert aux['iterations'] <= aux['batch_target_calls']
     assert 0.0 <= aux['batch_mean_beta'] <= 1.0
-  assert sum(record['aux']['accepted'] for record in records) > 0
+  if some_accepted:
+    assert sum(record['aux']['accepted'] for record in records) > 0
 
 
 # ------------------------------------------------------------------------------
@@ -545,3 +552,63 @@ def test_decoder_only_command_equals_stock_t5x_greedy(tmp_path, bidirectional):
   assert ours.predictions == stock.predictions
   # Decoded speculatively: the acceptance statistics come with each output.
   check_aux(ours.records, gamma=5, max_length=128)
+
+
+# ------------------------------------------------------------------------------
+# The feature-head command: configs/t5x/speculative_feature_head.gin.
+# ------------------------------------------------------------------------------
+@pytest.mark.t5x
+@pytest.mark.slow
+def test_feature_head_command_sharded_over_8_devices(encoder_decoder):
+  """docs/t5x.md's feature-head command on the (4, 2) mesh: stock T5X's greedy outputs.
+
+  The head (random weights: greedy outputs do not depend on them) is in
+  `train_feature_head`'s checkpoint layout; T5X's `model-info.txt` gives its
+  parameters the partition specs of T5X's rules over their logical axes.
+  """
+  from speculative_t5x import checkpoints  # pylint: disable=g-import-not-at-top
+  from speculative_t5x import feature_head  # pylint: disable=g-import-not-at-top
+
+  head_config = feature_head.config_for(TINY, emb_dim=64, num_heads=2, head_dim=32, mlp_dim=128)
+  head_dir = os.path.join(encoder_decoder.work_dir, 'head')
+  checkpoints.save_params(head_dir, feature_head.init_params(head_config, seed=3))
+
+  def argv(output_dir):
+    return substituted(
+      t5x_doc_command(2),
+      {
+        '--gin_search_paths': REPO_ROOT,
+        '--gin.CHECKPOINT_PATH': repr(encoder_decoder.checkpoints['target']),
+        '--gin.HEAD_CHECKPOINT_PATH': repr(head_dir),
+        '--gin.INFER_OUTPUT_DIR': repr(os.fspath(output_dir)),
+        '--gin.seqio.SentencePieceVocabulary.sentencepiece_model_file': repr(
+          encoder_decoder.vocabulary
+        ),
+      },
+      [
+        "--gin.TARGET_SIZE='tiny'",
+        *encoder_decoder._task_bindings(),  # pylint: disable=protected-access
+        "--gin.speculative_network.t5_1_1_config.dtype='float32'",
+        '--gin.HEAD_EMB_DIM=64',
+        '--gin.HEAD_NUM_HEADS=2',
+        '--gin.HEAD_MLP_DIM=128',
+        '--gin.partitioning.PjitPartitioner.num_partitions=None',
+        '--gin.partitioning.PjitPartitioner.model_parallel_submesh=(1, 2)',
+        '--gin.speculative_decoding.speculative_sample.temperature=0.0',
+      ],
+    )
+
+  run = encoder_decoder.run('feature_head', argv, devices=8)
+  assert 'global_mesh devices shape: (4, 2)' in run.stderr
+  assert run.predictions == encoder_decoder.stock().predictions
+  check_aux(run.records, 5, TARGETS_LENGTH, some_accepted=False)  # A random head: alpha ~ 0.
+
+  info = _model_info(run.output_dir)
+  head = {n[len('draft_head/') :]: v for n, v in info.items() if n.startswith('draft_head/')}
+  assert len(head) == len(jax.tree.leaves(feature_head.abstract_params(head_config)))
+  # The head's input: the target's feature and its embedding of the next token (2 x 128).
+  assert head['pre_projection/kernel'] == ('(mlp=256, embed=64)', "('model', None)")
+  assert head['layers_0/mlp/wi_0/kernel'] == ('(embed=64, mlp=128)', "(None, 'model')")
+  # The same rules as the target's: a logical axis maps to one mesh axis in both.
+  target = {n: v for n, v in info.items() if n != 'step' and not n.startswith('draft_head/')}
+  assert head['layers_0/mlp/wi_0/kernel'][1] == target['decoder/layers_0/mlp/wi_0/kernel'][1]

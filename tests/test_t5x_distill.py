@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 
 from speculative_t5x import checkpoints
+from speculative_t5x import feature_head
 from speculative_t5x import network
 from speculative_t5x import t5x_adapter
 from speculative_t5x.training import losses
@@ -124,6 +125,26 @@ def test_graft_draft_checkpoint_reads_the_draft_of_a_trained_checkpoint(tmp_path
     {'target': target_params}, _abstract_state(TARGET_CONFIG, DRAFT_CONFIG)
   )
   assert _bits(grafted['target']['draft']) == _bits(draft_params)
+
+
+def test_start_distillation_grafts_a_feature_head(tmp_path):
+  """A head-training model (params['draft_head']): the head's checkpoint grafted there, or none."""
+  target_params = network.random_params(TARGET_CONFIG, seed=0)[0]
+  head = jax.tree.map(np.asarray, feature_head.init_params(HEAD_CONFIG, seed=1))
+  head_dir = write_t5x_legacy(tmp_path / 'head', 2, {t5x_adapter.HEAD_KEY: head})
+  expected = {
+    'target': {
+      **network.abstract_params(TARGET_CONFIG)[0],
+      t5x_adapter.HEAD_KEY: feature_head.abstract_params(HEAD_CONFIG),
+    },
+    'state': {'step': np.int32(0)},
+  }
+  read = {'target': target_params, 'state': {'step': np.int32(1000)}}
+  grafted = t5x_adapter.start_distillation(os.fspath(head_dir))(read, expected)
+  assert sorted(grafted) == ['target']
+  assert _bits(grafted['target'][t5x_adapter.HEAD_KEY]) == _bits(head)
+  assert _bits(t5x_adapter.strip_draft_params(grafted['target'])) == _bits(target_params)
+  assert t5x_adapter.start_distillation(None)(read, expected) == {'target': target_params}
 
 
 def test_start_distillation_refuses_a_target_checkpoint_of_another_size(tmp_path):
@@ -342,6 +363,73 @@ def test_loss_fn_is_the_loss_of_training_losses(divergence, temperature, topk):
   np.testing.assert_allclose(metrics['beta'].compute(), expected['beta'] / num_tokens, rtol=1e-5)
 
 
+HEAD_CONFIG = feature_head.config_for(
+  TARGET_CONFIG, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32
+)
+
+
+def _head_model(**loss):
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  vocabulary = seqio.PassThroughVocabulary(size=VOCAB, eos_id=EOS)
+  return speculative_t5x_models().DraftDistillationEncoderDecoderModel(
+    network.Transformer(TARGET_CONFIG),
+    vocabulary,
+    vocabulary,
+    _adafactor(),
+    draft_module=HEAD_CONFIG,
+    gamma=3,
+    **loss,
+  )
+
+
+@pytest.mark.t5x
+def test_t5x_train_step_trains_a_feature_head_alone():
+  """A feature head under params['draft_head'], trained by T5X's step with train_feature_head's loss."""
+  import_t5x()
+  from t5x import trainer as t5x_trainer  # pylint: disable=g-import-not-at-top
+
+  from speculative_t5x.training import train_feature_head  # pylint: disable=g-import-not-at-top
+
+  model = _head_model(temperature=1.0, unroll_steps=3, decay=0.8)
+  batch = _batch(seed=4)
+  state = _initial_state(model, batch)
+  key = t5x_adapter.HEAD_KEY
+  assert list(state.param_states) == [key]
+  assert _flat(state.param_states[key]).keys() == _flat(state.params[key]).keys()
+  target_before = _bits(t5x_adapter.strip_draft_params(state.params))
+  head_before = _bits(state.params[key])
+
+  # One loss: train_feature_head's, on this batch.
+  loss, metrics = model.loss_fn(state.params, batch, None)
+  config = train_feature_head.HeadLossConfig(
+    HEAD_CONFIG, TARGET_CONFIG, unroll_steps=3, decay=0.8, temperature=1.0
+  )
+  _, sums = train_feature_head.head_loss(
+    config, state.params[key], t5x_adapter.strip_draft_params(state.params), batch
+  )
+  np.testing.assert_allclose(loss, sums['loss'], rtol=1e-5)
+  np.testing.assert_allclose(metrics['beta'].compute(), sums['beta'] / sums['weight'], rtol=1e-5)
+
+  step = jax.jit(lambda state, rng: t5x_trainer.train_with_lr(state, batch, 0.05, rng, model, None))
+  history = []
+  for i in range(30):
+    state, metrics = step(state, jax.random.PRNGKey(i))
+    history.append({name: float(metrics[name].compute()) for name in ('loss', 'beta')})
+  assert int(state.step) == 30
+  # Soft cross entropy: its floor is the target's entropy, not 0.
+  assert history[-1]['loss'] < 0.9 * history[0]['loss'], history
+  assert history[-1]['beta'] > history[0]['beta'] + 0.1, history
+  assert _bits(t5x_adapter.strip_draft_params(state.params)) == target_before
+  assert _bits(state.params[key]) != head_before
+
+  packed = {**batch, 'decoder_segment_ids': (batch['decoder_target_tokens'] > 0).astype(np.int32)}
+  with pytest.raises(ValueError, match='unpacked batches.*pack=False'):
+    model.loss_fn(state.params, packed, None)
+  with pytest.raises(ValueError, match="divergence='jsd' is for draft networks"):
+    _head_model(divergence='jsd')
+
+
 @pytest.mark.t5x
 def test_bad_settings_fail_before_training():
   with pytest.raises(ValueError, match='vocabulary'):
@@ -367,11 +455,11 @@ TRAIN_STEPS = 30
 EVAL_PERIOD = 10
 
 
-def readme_train_command(decoder_only=False):
-  """The argv of a `python -m t5x.train` command of docs/t5x.md's "Train a draft with T5X".
+def readme_train_command(gin_file='distill_xxl_small.gin'):
+  """The argv of the `python -m t5x.train` command of docs/t5x.md's "Train a draft with T5X".
 
-  The encoder-decoder command, or with `decoder_only` the one with T5X's
-  decoder-only model file.
+  The command that gives configs/t5x/`gin_file`: 'distill_xxl_small.gin'
+  (encoder-decoder), 'distill_decoder_only.gin' or 'distill_feature_head.gin'.
   """
   with open(os.path.join(REPO_ROOT, 'docs', 't5x.md'), encoding='utf-8') as f:
     text = f.read()
@@ -380,7 +468,7 @@ def readme_train_command(decoder_only=False):
   (command,) = [
     block
     for block in blocks
-    if block.startswith('python -m t5x.train') and ('/decoder_only/' in block) == decoder_only
+    if block.startswith('python -m t5x.train') and f'configs/t5x/{gin_file} ' in block
   ]
   return shlex.split(command.replace('\\\n', ' '))
 
@@ -478,7 +566,7 @@ class DistillRun:
     return run_t5x_train(self.argv(model_dir), self.work_dir)
 
 
-def readme_train_argv(values, decoder_only=False):
+def readme_train_argv(values, gin_file='distill_xxl_small.gin'):
   """docs/t5x.md's `t5x.train` command (`readme_train_command`), this checkout's, `values` substituted.
 
   `values` maps a flag (`--gin.MODEL_DIR`) or a whole argument
@@ -486,7 +574,7 @@ def readme_train_argv(values, decoder_only=False):
   """
   values = {'--gin_search_paths': REPO_ROOT, **values}
   argv = []
-  for arg in readme_train_command(decoder_only):
+  for arg in readme_train_command(gin_file):
     if arg in values:
       argv.append(values.pop(arg))
       continue
@@ -678,6 +766,44 @@ def test_distill_gin_files_build_the_draft_training_model(model_file, distill_fi
 
 
 @pytest.mark.t5x
+def test_distill_feature_head_gin_file_builds_the_head_training_model():
+  """T5X's model file, then distill_feature_head.gin: the head, its loss, optimizer and restore."""
+  import gin  # pylint: disable=g-import-not-at-top
+
+  t5x = import_t5x()
+  from t5x import adafactor  # pylint: disable=g-import-not-at-top
+
+  t5x_root = os.path.dirname(os.path.dirname(os.path.abspath(t5x.__file__)))
+  gin.clear_config()
+  try:
+    gin.add_config_file_search_path(REPO_ROOT)
+    gin.parse_config_files_and_bindings(
+      [
+        os.path.join(t5x_root, 't5x/examples/t5/t5_1_1/base.gin'),
+        'configs/t5x/distill_feature_head.gin',
+      ],
+      ["TARGET_SIZE = 'small'", 'HEAD_EMB_DIM = 64', 'UNROLL_STEPS = 4'],
+      finalize_config=False,
+    )
+    model = gin.query_parameter('%MODEL').scoped_configurable_fn()
+    (transform,) = [
+      reference.scoped_configurable_fn()
+      for reference in gin.query_parameter('utils.RestoreCheckpointConfig.state_transformation_fns')
+    ]
+    pack = gin.query_parameter('train/utils.DatasetConfig.pack')
+  finally:
+    gin.clear_config()
+  target = network.t5_1_1_config('small', dtype='bfloat16', dropout_rate=0.0)
+  assert type(model).__name__ == 'DraftDistillationEncoderDecoderModel'
+  assert model.draft_module == feature_head.config_for(target, emb_dim=64)
+  assert model._head_loss.unroll_steps == 4 and model._head_loss.temperature == 1.0  # pylint: disable=protected-access
+  assert isinstance(model.optimizer_def, speculative_t5x_models().DraftOnlyOptimizer)
+  assert model.optimizer_def.key == t5x_adapter.HEAD_KEY
+  assert isinstance(model.optimizer_def.inner, adafactor.Adafactor)
+  assert transform.__qualname__.startswith('start_distillation') and pack is False
+
+
+@pytest.mark.t5x
 @pytest.mark.slow
 def test_target_outputs_recipe_t5x_infer_then_the_task(tmp_path):
   """Step 1 with stock T5X (plus configs/t5x/target_outputs.gin), step 2 the task over its files."""
@@ -730,63 +856,92 @@ def test_trained_checkpoint_decodes_through_t5x_infer_as_stock_t5x(distill_run, 
   import test_t5x_commands as commands  # pylint: disable=g-import-not-at-top
 
   trained = os.path.join(distill_run.model_dir, f'checkpoint_{TRAIN_STEPS}')
-  common = [
-    '--gin_file=t5x/examples/t5/t5_1_1/base.gin',
-    '--gin_file=t5x/configs/runs/infer.gin',
-    f'--gin.MIXTURE_OR_TASK_NAME={TRAIN_TASK!r}',
-    "--gin.MIXTURE_OR_TASK_MODULE='st5x_distill_task'",
-    "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 32}",
-    "--gin.utils.DatasetConfig.split='validation'",
-    f'--gin.seqio.SentencePieceVocabulary.sentencepiece_model_file={distill_run.vocabulary!r}',
-    '--gin.seqio.SentencePieceVocabulary.extra_ids=0',
-    "--gin.utils.RestoreCheckpointConfig.dtype='float32'",
-    "--gin.infer.mode='predict_with_aux'",
-    '--gin.DROPOUT_RATE=0.0',  # T5X's base.gin leaves it gin.REQUIRED.
-  ]
-  ours_dir, stock_dir = tmp_path / 'speculative', tmp_path / 'stock'
-  ours_argv = [
-    sys.executable,
-    '-m',
-    't5x.infer',
-    f'--gin_search_paths={REPO_ROOT}',
-    *common,
-    '--gin_file=configs/t5x/speculative_xxl_small.gin',
-    f'--gin.CHECKPOINT_PATH={trained!r}',
-    f'--gin.DRAFT_CHECKPOINT_PATH={trained!r}',
-    f'--gin.INFER_OUTPUT_DIR={os.fspath(ours_dir)!r}',
-    "--gin.TARGET_SIZE='tiny'",
-    "--gin.DRAFT_SIZE='tiny'",
-    '--gin.speculative_network.t5_1_1_config.vocab_size=64',
-    "--gin.speculative_network.t5_1_1_config.dtype='float32'",
-  ]
-  greedy_gin = tmp_path / 'stock_greedy.gin'
-  greedy_gin.write_text(commands.STOCK_GREEDY_GIN)
-  config = distill_run.config
-  fields = (
-    'emb_dim',
-    'num_heads',
-    'num_encoder_layers',
-    'num_decoder_layers',
-    'head_dim',
-    'mlp_dim',
+  runs = InferRuns(
+    distill_run.work_dir,
+    TRAIN_TASK,
+    'st5x_distill_task',
+    {'inputs': 32, 'targets': 32},
+    distill_run.vocabulary,
   )
-  stock_argv = [
-    sys.executable,
-    '-m',
-    't5x.infer',
-    *common,
-    f'--gin_file={greedy_gin}',
-    f'--gin.CHECKPOINT_PATH={distill_run.checkpoints["target"]!r}',
-    f'--gin.INFER_OUTPUT_DIR={os.fspath(stock_dir)!r}',
-    *(f'--gin.network.T5Config.{field}={getattr(config, field)!r}' for field in fields),
-    '--gin.network.T5Config.vocab_size=64',
-    "--gin.network.T5Config.dtype='float32'",
-  ]
-  ours = commands.run_t5x_infer(ours_argv, ours_dir, distill_run.work_dir)
-  stock = commands.run_t5x_infer(stock_argv, stock_dir, distill_run.work_dir)
+  ours = runs.run(
+    os.fspath(tmp_path / 'speculative'),
+    [
+      '--gin_file=configs/t5x/speculative_xxl_small.gin',
+      f'--gin.CHECKPOINT_PATH={trained!r}',
+      f'--gin.DRAFT_CHECKPOINT_PATH={trained!r}',
+      "--gin.DRAFT_SIZE='tiny'",
+    ],
+  )
+  stock = runs.stock(os.fspath(tmp_path / 'stock'), distill_run.checkpoints['target'])
   assert len(stock.predictions) == 8 and len(set(stock.predictions)) > 1
   assert ours.predictions == stock.predictions
   commands.check_aux(ours.records, gamma=7, max_length=32)
+
+
+class InferRuns:
+  """`python -m t5x.infer` over a task's validation split on the tiny 64-piece networks here.
+
+  T5X's t5_1_1 base.gin and infer.gin, float32, predict_with_aux; ours adds
+  a speculative gin file, stock T5X its own network at the same size, greedy.
+  """
+
+  def __init__(self, work_dir, task, module, lengths, vocabulary):
+    self.work_dir = work_dir
+    self.common = [
+      '--gin_file=t5x/examples/t5/t5_1_1/base.gin',
+      '--gin_file=t5x/configs/runs/infer.gin',
+      f'--gin.MIXTURE_OR_TASK_NAME={task!r}',
+      f'--gin.MIXTURE_OR_TASK_MODULE={module!r}',
+      f'--gin.TASK_FEATURE_LENGTHS={lengths!r}',
+      "--gin.utils.DatasetConfig.split='validation'",
+      f'--gin.seqio.SentencePieceVocabulary.sentencepiece_model_file={vocabulary!r}',
+      '--gin.seqio.SentencePieceVocabulary.extra_ids=0',
+      "--gin.utils.RestoreCheckpointConfig.dtype='float32'",
+      "--gin.infer.mode='predict_with_aux'",
+      '--gin.DROPOUT_RATE=0.0',  # T5X's base.gin leaves it gin.REQUIRED.
+    ]
+
+  def run(self, output_dir, speculative_flags):
+    """Ours: the gin file and checkpoints of `speculative_flags`, a tiny target."""
+    import test_t5x_commands as commands  # pylint: disable=g-import-not-at-top
+
+    argv = [
+      sys.executable,
+      '-m',
+      't5x.infer',
+      f'--gin_search_paths={REPO_ROOT}',
+      *self.common,
+      *speculative_flags,
+      f'--gin.INFER_OUTPUT_DIR={output_dir!r}',
+      "--gin.TARGET_SIZE='tiny'",
+      '--gin.speculative_network.t5_1_1_config.vocab_size=64',
+      "--gin.speculative_network.t5_1_1_config.dtype='float32'",
+    ]
+    return commands.run_t5x_infer(argv, output_dir, self.work_dir)
+
+  def stock(self, output_dir, checkpoint):
+    """Stock T5X's greedy outputs with the 'tiny' target of `checkpoint`."""
+    import test_t5x_commands as commands  # pylint: disable=g-import-not-at-top
+
+    greedy_gin = os.path.join(output_dir + '.gin')
+    with open(greedy_gin, 'w', encoding='utf-8') as f:
+      f.write(commands.STOCK_GREEDY_GIN)
+    config = network.t5_1_1_config('tiny', vocab_size=64)
+    fields = ('emb_dim', 'num_heads', 'num_encoder_layers', 'num_decoder_layers', 'head_dim')
+    argv = [
+      sys.executable,
+      '-m',
+      't5x.infer',
+      *self.common,
+      f'--gin_file={greedy_gin}',
+      f'--gin.CHECKPOINT_PATH={checkpoint!r}',
+      f'--gin.INFER_OUTPUT_DIR={output_dir!r}',
+      *(f'--gin.network.T5Config.{field}={getattr(config, field)!r}' for field in fields),
+      f'--gin.network.T5Config.mlp_dim={config.mlp_dim!r}',
+      '--gin.network.T5Config.vocab_size=64',
+      "--gin.network.T5Config.dtype='float32'",
+    ]
+    return commands.run_t5x_infer(argv, output_dir, self.work_dir)
 
 
 # ------------------------------------------------------------------------------
@@ -829,21 +984,16 @@ def phrase_inputs(seed, count):
   return texts
 
 
-class ParityRun:
-  """One draft distilled twice from one target: by `t5x.train` and by `training.distill`.
+class TargetOutputsData:
+  """The recipe's data (docs/t5x.md) for a tiny target, and a draft checkpoint.
 
-  The data is the recipe's (docs/t5x.md): the target's greedy outputs on
-  random phrase inputs (train and validation splits), in T5X's inference
-  files, read by `target_outputs.register_target_outputs_task`; the files
-  are written here with this project's greedy decoder, whose outputs are
-  T5X's (test_t5x_commands; step 1 through `t5x.infer` is
-  test_target_outputs_recipe_t5x_infer_then_the_task). Both trainers start
-  from the same draft checkpoint (the target perturbed), train for greedy
-  decoding with the forward KL (the cross entropy of the target's argmax),
-  batches of 16 unpacked examples in seqio's order with seed 0, the
-  per-token mean loss and optax's Adam at 0.01, for 40 steps: T5X with
-  docs/t5x.md's command on 8 host CPU devices, `distill` on one, its data
-  mix the task's targets ('ground_truth': here the target's outputs).
+  The target's greedy outputs on random phrase inputs (train and validation
+  splits), in T5X's inference files, read by
+  `target_outputs.register_target_outputs_task` (here and, for T5X, in the
+  task module `st5x_parity_task`); the files are written with this
+  project's greedy decoder, whose outputs are T5X's (test_t5x_commands; step
+  1 through `t5x.infer` is test_target_outputs_recipe_t5x_infer_then_the_task).
+  T5X checkpoints of the target and of a draft (the target perturbed).
   """
 
   def __init__(self, work_dir):
@@ -904,8 +1054,38 @@ class ParityRun:
     self.task = target_outputs.register_target_outputs_task(
       PARITY_TASK, splits, self.vocabulary, extra_ids=0
     )
-    self.t5x_dir = os.path.join(work_dir, 't5x')
-    self.t5x_result = run_t5x_train(self.t5x_argv(), work_dir)
+
+  def records(self, split):
+    """The JSON records of the split's file."""
+    path = os.path.join(self.work_dir, 'data', split)
+    (name,) = os.listdir(path)
+    with open(os.path.join(path, name), encoding='utf-8') as f:
+      return [json.loads(line) for line in f]
+
+  def trained_draft(self, model_dir, key=t5x_adapter.DRAFT_KEY):
+    """The draft (or head) a `t5x.train` run left in `model_dir`; its target checked bit for bit."""
+    target, draft = t5x_adapter.split_draft_params(checkpoints.load_params(model_dir), key)
+    assert _bits(target) == _bits(self.target.params)
+    return draft
+
+
+class ParityRun:
+  """One draft distilled twice from one target: by `t5x.train` and by `training.distill`.
+
+  On `TargetOutputsData`, both trainers start from the same draft checkpoint,
+  train for greedy decoding with the forward KL (the cross entropy of the
+  target's argmax), batches of 16 unpacked examples in seqio's order with
+  seed 0, the per-token mean loss and optax's Adam at 0.01, for 40 steps:
+  T5X with docs/t5x.md's command on 8 host CPU devices, `distill` on one, its
+  data mix the task's targets ('ground_truth': here the target's outputs).
+  """
+
+  def __init__(self, data):
+    self.data = data
+    self.work_dir = os.path.join(data.work_dir, 'parity')
+    os.makedirs(self.work_dir)
+    self.t5x_dir = os.path.join(self.work_dir, 't5x')
+    self.t5x_result = run_t5x_train(self.t5x_argv(), data.work_dir)
     self.distill = self._distill()
 
   def t5x_argv(self):
@@ -914,8 +1094,8 @@ class ParityRun:
     with open(adam_gin, 'w', encoding='utf-8') as f:
       f.write(ADAM_GIN.format(learning_rate=PARITY_LEARNING_RATE))
     values = {
-      '--gin.INITIAL_CHECKPOINT_PATH': repr(self.checkpoints['target']),
-      '--gin.DRAFT_CHECKPOINT_PATH': repr(self.checkpoints['draft']),
+      '--gin.INITIAL_CHECKPOINT_PATH': repr(self.data.checkpoints['target']),
+      '--gin.DRAFT_CHECKPOINT_PATH': repr(self.data.checkpoints['draft']),
       '--gin.MIXTURE_OR_TASK_NAME': repr(PARITY_TASK),
       '--gin.MIXTURE_OR_TASK_MODULE': "'st5x_parity_task'",
       '--gin.TASK_FEATURE_LENGTHS': repr(PARITY_LENGTHS),
@@ -924,7 +1104,7 @@ class ParityRun:
     }
     return readme_train_argv(values) + [
       f'--gin_file={adam_gin}',
-      *tiny_train_flags(self.vocabulary),
+      *tiny_train_flags(self.data.vocabulary),
       "--gin.DIVERGENCE='forward_kl'",
       "--gin.LOSS_NORMALIZING_FACTOR='NUM_REAL_TARGET_TOKENS'",  # distill's mean over tokens.
       f'--gin.BATCH_SIZE={PARITY_BATCH}',
@@ -943,9 +1123,9 @@ class ParityRun:
 
     return distill.distill(
       os.path.join(self.work_dir, 'distill'),
-      self.target,
-      self.draft,
-      self.task,
+      self.data.target,
+      self.data.draft,
+      self.data.task,
       feature_lengths=PARITY_LENGTHS,
       batch_size=PARITY_BATCH,
       num_steps=PARITY_STEPS,
@@ -967,31 +1147,33 @@ class ParityRun:
     """The draft T5X trained (its final checkpoint), a `models.Model`."""
     from speculative_t5x import models  # pylint: disable=g-import-not-at-top
 
-    trained = checkpoints.load_params(self.t5x_dir)
-    target, draft = t5x_adapter.split_draft_params(trained)
-    assert _bits(target) == _bits(self.target.params)
-    return models.Model(self.config, draft)
+    return models.Model(self.data.config, self.data.trained_draft(self.t5x_dir))
 
   def distill_draft(self):
     """The draft `training.distill` trained, a `models.Model`."""
     from speculative_t5x import models  # pylint: disable=g-import-not-at-top
 
-    return models.Model(self.config, self.distill.params)
+    return models.Model(self.data.config, self.distill.params)
 
 
 @pytest.fixture(scope='module')
-def parity_run(tmp_path_factory):
+def target_outputs_data(tmp_path_factory):
   import_t5x()
-  return ParityRun(os.fspath(tmp_path_factory.mktemp('parity')))
+  return TargetOutputsData(os.fspath(tmp_path_factory.mktemp('target_outputs')))
+
+
+@pytest.fixture(scope='module')
+def parity_run(target_outputs_data):
+  return ParityRun(target_outputs_data)
 
 
 def _held_out_alpha(parity_run, drafts):
   """{name: AlphaResult}: `acceptance.measure_alpha` of `drafts` at T = 0 on the validation inputs."""
   from speculative_t5x import acceptance  # pylint: disable=g-import-not-at-top
 
-  inputs = parity_run.inputs['validation']
+  inputs = parity_run.data.inputs['validation']
   return acceptance.measure_alpha(
-    parity_run.target,
+    parity_run.data.target,
     drafts,
     inputs,
     temperature=0.0,
@@ -1036,7 +1218,7 @@ def test_t5x_train_and_distill_reach_the_same_held_out_alpha(parity_run):
   alphas = _held_out_alpha(
     parity_run, {'t5x': parity_run.t5x_draft(), 'distill': parity_run.distill_draft()}
   )
-  start = _held_out_alpha(parity_run, {'start': parity_run.draft})['start']
+  start = _held_out_alpha(parity_run, {'start': parity_run.data.draft})['start']
   t5x, distilled = alphas['t5x'], alphas['distill']
   print(
     f'held-out alpha: start {start.alpha:.4f} ({start.stderr:.4f}), t5x {t5x.alpha:.4f} '
@@ -1063,106 +1245,91 @@ def test_alpha_of_the_t5x_trained_draft_is_the_beta_t5x_reported(parity_run):
   measured = _held_out_alpha(parity_run, {'t5x': parity_run.t5x_draft()})['t5x']
   print(f'T5X reported beta {reported:.5f}; alpha {measured.alpha:.5f} ({measured.stderr:.5f})')
   assert measured.num_tokens == sum(
-    len(record['prediction_tokens']) for record in _records(parity_run, 'validation')
+    len(record['prediction_tokens']) for record in parity_run.data.records('validation')
   )
   assert abs(measured.alpha - reported) < measured.stderr, (measured, reported)
 
 
-def _records(parity_run, split):
-  path = os.path.join(parity_run.work_dir, 'data', split)
-  (name,) = os.listdir(path)
-  with open(os.path.join(path, name), encoding='utf-8') as f:
-    return [json.loads(line) for line in f]
-
-
 # ------------------------------------------------------------------------------
-# Decoder-only: python -m t5x.train with configs/t5x/distill_decoder_only.gin.
+# A feature head trained by t5x.train, decoded by t5x.infer.
 # ------------------------------------------------------------------------------
-DECODER_ONLY_TASK = 'st5x_distill_decoder_only_phrases'
+HEAD_STEPS = 40
+# 4 heads of 16: the heads axis is sharded over 'model' (4 here), as the target's.
+HEAD_FLAGS = ('--gin.HEAD_EMB_DIM=64', '--gin.HEAD_HEAD_DIM=16', '--gin.HEAD_MLP_DIM=128')
 
 
 @pytest.mark.t5x
 @pytest.mark.slow
-def test_t5x_train_distills_a_decoder_only_draft_sharded_over_8_devices(tmp_path):
-  """docs/t5x.md's decoder-only `t5x.train` command on tiny networks, a prefix-LM phrase task.
+def test_t5x_trains_a_feature_head_that_t5x_infer_decodes_with(target_outputs_data, tmp_path):
+  """docs/t5x.md's feature-head `t5x.train` command, then `t5x.infer` with its checkpoint.
 
-  As the encoder-decoder run: T5X's decoder-only model file (by path),
-  finetune.gin and distill_decoder_only.gin, T5X-written checkpoints (the
-  draft the target perturbed), 30 steps of 8 examples on the (2, 4) mesh.
+  On `TargetOutputsData` (8 host CPU devices, (2, 4) mesh, 40 steps of 16,
+  optax's Adam at 0.01, T = 1): held-out beta rises, the target stays bit
+  for bit, T5X's optimizer state covers the head alone, and
+  speculative_feature_head.gin decodes with the trained checkpoint (both
+  paths): stock T5X's greedy outputs, draft tokens accepted.
   """
-  import_t5x()
-  from test_t5x_commands import _model_info  # pylint: disable=g-import-not-at-top
-  from test_t5x_commands import save_t5x_checkpoint  # pylint: disable=g-import-not-at-top
-  from test_t5x_commands import t5x_root  # pylint: disable=g-import-not-at-top
+  import test_t5x_commands as commands  # pylint: disable=g-import-not-at-top
 
-  work_dir = os.fspath(tmp_path)
-  data_dir = os.path.join(work_dir, 'data')
-  os.makedirs(data_dir)
-  _, _, vocabulary = phrase_task(data_dir, 'st5x_decoder_only_local', 'translate: ')
-  splits = {split: os.path.join(data_dir, f'{split}.tsv') for split in ('train', 'validation')}
-  (tmp_path / 'st5x_decoder_only_task.py').write_text(
-    TRAIN_TASK_MODULE.format(name=DECODER_ONLY_TASK, splits=splits, vocabulary=vocabulary)
-  )
-  config = network.decoder_only_config('tiny', vocab_size=64, dtype='float32')
-  params, params_axes = network.random_params(config, seed=0)
-  # Logits through the embedding: at random weights the residual stream is the input token's
-  # embedding and every network predicts the token it reads (alpha 1 for any draft); louder
-  # layers make the next token depend on them.
-  for layer in range(config.num_layers):
-    params['decoder'][f'layers_{layer}']['mlp']['wo']['kernel'] *= 5.0
-  rng = np.random.default_rng(1)
-  draft = jax.tree.map(
-    lambda x: (x + 0.3 * np.std(x) * rng.standard_normal(x.shape)).astype(x.dtype), params
-  )
-  paths = {
-    role: save_t5x_checkpoint(p, params_axes, os.path.join(work_dir, role))
-    for role, p in (('target', params), ('draft', draft))
-  }
-  model_dir = os.path.join(work_dir, 'model')
-  command = readme_train_command(decoder_only=True)
-  (model_file,) = [arg for arg in command if arg.endswith('/decoder_only/models/base.gin')]
+  data = target_outputs_data
+  model_dir = os.fspath(tmp_path / 'head')
+  adam_gin = tmp_path / 'adam.gin'
+  adam_gin.write_text(ADAM_GIN.format(learning_rate=0.01))
   values = {
-    model_file: f'--gin_file={t5x_root()}/t5x/examples/decoder_only/models/base.gin',
-    '--gin.TARGET_SIZE': "'tiny'",
-    '--gin.DRAFT_SIZE': "'tiny'",
-    '--gin.INITIAL_CHECKPOINT_PATH': repr(paths['target']),
-    '--gin.DRAFT_CHECKPOINT_PATH': repr(paths['draft']),
-    '--gin.MIXTURE_OR_TASK_NAME': repr(DECODER_ONLY_TASK),
-    '--gin.MIXTURE_OR_TASK_MODULE': "'st5x_decoder_only_task'",
-    '--gin.TASK_FEATURE_LENGTHS': "{'inputs': 32, 'targets': 32}",
-    '--gin.TRAIN_STEPS': str(TRAIN_STEPS),
+    '--gin.INITIAL_CHECKPOINT_PATH': repr(data.checkpoints['target']),
+    '--gin.MIXTURE_OR_TASK_NAME': repr(PARITY_TASK),
+    '--gin.MIXTURE_OR_TASK_MODULE': "'st5x_parity_task'",
+    '--gin.TASK_FEATURE_LENGTHS': repr(PARITY_LENGTHS),
+    '--gin.TRAIN_STEPS': str(HEAD_STEPS),
     '--gin.MODEL_DIR': repr(model_dir),
   }
-  argv = readme_train_argv(values, decoder_only=True) + [
-    *[
-      flag
-      for flag in tiny_train_flags(vocabulary, configure='decoder_only_config')
-      if not flag.startswith(('--gin.TARGET_SIZE', '--gin.DRAFT_SIZE'))
-    ],
-    '--gin.INPUTS_BIDIRECTIONAL_ATTENTION=True',  # A prefix LM.
-    '--gin.BATCH_SIZE=8',
-    '--gin.utils.create_learning_rate_scheduler.base_learning_rate=0.05',
-    f'--gin.EVAL_PERIOD={EVAL_PERIOD}',
-    '--gin.EVAL_STEPS=1',
-    f'--gin.utils.SaveCheckpointConfig.period={TRAIN_STEPS}',
+  argv = readme_train_argv(values, 'distill_feature_head.gin') + [
+    f'--gin_file={adam_gin}',
+    *tiny_train_flags(data.vocabulary),
+    *HEAD_FLAGS,
+    f'--gin.BATCH_SIZE={PARITY_BATCH}',
+    f'--gin.EVAL_PERIOD={PARITY_EVAL_PERIOD}',
+    f'--gin.EVAL_STEPS={PARITY_EXAMPLES["validation"] // PARITY_BATCH}',
+    f'--gin.utils.SaveCheckpointConfig.period={HEAD_STEPS}',
   ]
-  run_t5x_train(argv, work_dir)
-
+  run_t5x_train(argv, data.work_dir)
   train = _scalars(os.path.join(model_dir, 'train'))
-  held_out = _scalars(os.path.join(model_dir, 'training_eval', DECODER_ONLY_TASK))
-  steps = [EVAL_PERIOD * i for i in range(1, TRAIN_STEPS // EVAL_PERIOD + 1)]
-  assert sorted(train['loss']) == sorted(train['beta']) == steps
-  loss, beta = [train['loss'][s] for s in steps], [train['beta'][s] for s in steps]
-  held_out_beta = [held_out['beta'][s] for s in [0, *steps]]
-  print('train loss', loss, 'train beta', beta, 'held-out beta', held_out_beta)
-  assert loss[-1] < loss[0] and beta[-1] > beta[0], (loss, beta)
-  assert held_out_beta[-1] > held_out_beta[0] + 0.05, held_out_beta
+  held_out = _scalars(os.path.join(model_dir, 'training_eval', PARITY_TASK))
+  steps = list(range(0, HEAD_STEPS + 1, PARITY_EVAL_PERIOD))
+  held_out_beta = [held_out['beta'][step] for step in steps]
+  train_loss = [train['loss'][step] for step in steps[1:]]
+  print('feature head: train loss', train_loss, 'held-out beta (T = 1)', held_out_beta)
+  assert train_loss[-1] < train_loss[0]
+  assert held_out_beta[-1] > held_out_beta[0] + 0.1, held_out_beta
+  head = data.trained_draft(model_dir, t5x_adapter.HEAD_KEY)  # The target bit for bit.
+  from test_t5x_commands import _model_info  # pylint: disable=g-import-not-at-top
 
-  target, trained = t5x_adapter.split_draft_params(checkpoints.load_params(model_dir))
-  assert _bits(target) == _bits(params)
-  assert _bits(trained) != _bits(draft)
   info = _model_info(model_dir)
-  params_info = {n: v for n, v in info.items() if n != 'step' and not n.startswith('param_states/')}
-  draft_info = {n[len('draft/') :]: v for n, v in params_info.items() if n.startswith('draft/')}
-  assert len(draft_info) == len(jax.tree.leaves(params))
-  assert draft_info == {n: v for n, v in params_info.items() if not n.startswith('draft/')}
+  # Adam's state (mu and nu per head parameter) for the head alone.
+  states = {n[len('param_states/') :] for n in info if n.startswith('param_states/')}
+  assert {path.split('/', 1)[0] for path in states} == {t5x_adapter.HEAD_KEY}
+  for moment in ('mu', 'nu'):
+    assert {p.split(f'/{moment}/', 1)[1] for p in states if f'/{moment}/' in p} == set(_flat(head))
+
+  trained = os.path.join(model_dir, f'checkpoint_{HEAD_STEPS}')
+  runs = InferRuns(data.work_dir, PARITY_TASK, 'st5x_parity_task', PARITY_LENGTHS, data.vocabulary)
+  ours = runs.run(
+    os.fspath(tmp_path / 'speculative'),
+    [
+      '--gin_file=configs/t5x/speculative_feature_head.gin',
+      f'--gin.CHECKPOINT_PATH={trained!r}',
+      f'--gin.HEAD_CHECKPOINT_PATH={trained!r}',
+      *HEAD_FLAGS,
+    ],
+  )
+  stock = runs.stock(os.fspath(tmp_path / 'stock'), data.checkpoints['target'])
+  assert len(stock.predictions) == PARITY_EXAMPLES['validation']
+  assert ours.predictions == stock.predictions
+  commands.check_aux(ours.records, gamma=5, max_length=PARITY_LENGTHS['targets'])
+  accepted = sum(r['aux']['accepted'] for r in ours.records)
+  print(
+    'feature head in t5x.infer: accepted',
+    accepted,
+    'of',
+    sum(r['aux']['drafted'] for r in ours.records),
+  )
