@@ -905,18 +905,29 @@ def test_t5x_feature_head_predictions_equal_stock_t5x_greedy(t5x_env):
 
 
 @pytest.mark.t5x
-def test_t5x_feature_head_gin_file_builds_the_model(t5x_env):
+@pytest.mark.parametrize(
+  'model_file, head_file, configure',
+  [
+    ('t5x/examples/t5/t5_1_1/base.gin', 'speculative_feature_head.gin', network.t5_1_1_config),
+    (
+      't5x/examples/decoder_only/models/base.gin',
+      'speculative_decoder_only_feature_head.gin',
+      network.decoder_only_config,
+    ),
+  ],
+)
+def test_t5x_feature_head_gin_files_build_the_model(t5x_env, model_file, head_file, configure):
   import gin  # pylint: disable=g-import-not-at-top
   import t5x  # pylint: disable=g-import-not-at-top
 
   t5x_root = os.path.dirname(os.path.dirname(os.path.abspath(t5x.__file__)))
   gin.clear_config()
   try:
-    for path in (REPO_ROOT, t5x_root):
-      gin.add_config_file_search_path(path)
+    gin.add_config_file_search_path(REPO_ROOT)
     gin.parse_config_files_and_bindings(
-      ['t5x/examples/t5/t5_1_1/base.gin', 'configs/t5x/speculative_feature_head.gin'],
-      ["HEAD_CHECKPOINT_PATH = '/ckpt/head'", "TARGET_SIZE = 'small'", 'HEAD_EMB_DIM = 64'],
+      # By path: t5x/examples/decoder_only/models is no package.
+      [os.path.join(t5x_root, model_file), f'configs/t5x/{head_file}'],
+      ["HEAD_CHECKPOINT_PATH = '/ckpt/head'", "TARGET_SIZE = 'base'", 'HEAD_EMB_DIM = 64'],
       finalize_config=False,
     )
     model = gin.query_parameter('%MODEL').scoped_configurable_fn()
@@ -926,7 +937,7 @@ def test_t5x_feature_head_gin_file_builds_the_model(t5x_env):
     ]
   finally:
     gin.clear_config()
-  target = network.t5_1_1_config('small', dtype='bfloat16', dropout_rate=0.0)
+  target = configure('base', dtype='bfloat16', dropout_rate=0.0)
   assert model.module.config == target
   assert model.draft_module == feature_head.config_for(target, emb_dim=64)
   assert model.settings == settings.SpeculativeSettings(gamma=5)

@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from speculative_t5x import decoding
+from speculative_t5x import drafts
+from speculative_t5x import feature_head
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
@@ -96,6 +98,34 @@ def test_predict_batch_equals_generate(bidirectional):
   np.testing.assert_array_equal(
     aux['emitted'], np.minimum(decoded_lengths(continuations), LENGTH - PROMPT_LENGTHS)
   )
+
+
+def test_feature_head_predictions_equal_generate():
+  """A feature head (params['draft_head']) drafting for a causal decoder-only target."""
+  head_config = feature_head.config_for(
+    TARGET.config, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64
+  )
+  head_params = feature_head.init_params(head_config, seed=2)
+  batch = prefix_lm_batch()
+  prompt = batch['decoder_input_tokens'] * batch['decoder_causal_attention']
+  decodes, aux = t5x_adapter.speculative_predict_batch(
+    MODULE,
+    head_config,
+    {**TARGET.params, t5x_adapter.HEAD_KEY: head_params},
+    batch,
+    eos_id=EOS,
+    settings=settings.SpeculativeSettings(gamma=GAMMA),
+    decoder_params={'temperature': 0.0},
+    decoder_prompt=prompt,
+  )
+  head = drafts.FeatureDraft.for_target(TARGET, head_params, head_config)
+  out = models.generate(TARGET, head, prompts_of(batch), max_decode_len=LENGTH, gamma=GAMMA)
+  baseline = models.generate(TARGET, None, prompts_of(batch), max_decode_len=LENGTH)
+  np.testing.assert_array_equal(out.tokens, baseline.tokens)
+  continuations = layouts.remove_prompts(decodes, decoding.prompt_lengths(prompt))
+  room = np.arange(LENGTH)[None] < (LENGTH - PROMPT_LENGTHS)[:, None]
+  np.testing.assert_array_equal(continuations, np.where(room, out.tokens, 0))
+  assert np.all(aux['drafted'] > 0)
 
 
 def test_remove_prompts_is_t5x_remove_prefix():
