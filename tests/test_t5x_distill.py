@@ -15,7 +15,11 @@ bit-identical, the draft partitioned as the target), the same run stopped at
 step 20 and resumed, the trained checkpoint decoding through `t5x.infer`
 with the speculative gin as stock T5X greedy does, and step 1 of the data
 recipe (`t5x.infer` with configs/t5x/target_outputs.gin) read by step 2's
-task.
+task. Also slow: the decoder-only command; `t5x.train` and
+`training.distill` on the same data reaching the same held-out alpha, and
+the T5X-trained draft's alpha by `acceptance` equal to the beta T5X
+reported; a feature head trained by `t5x.train` (distill_feature_head.gin)
+and decoded by `t5x.infer` (speculative_feature_head.gin).
 """
 
 import dataclasses
