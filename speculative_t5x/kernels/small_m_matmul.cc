@@ -168,7 +168,8 @@ struct Problem {
 };
 
 // Column blocks [first, last) for all M rows, kStreams blocks at a time: for
-// each chunk of kChunk k-steps, every row tile (8 rows on AVX2 -> 4 + 4) over
+// each chunk of kChunk k-steps, every row tile (MR rows each, the rest last: 8 rows on
+// AVX2 -> 6 + 2, fuller tiles being faster per FMA than equal halves) over
 // every block of the group, so the chunk's weights are read from DRAM once and
 // by later row tiles from L1.
 void RunBlocks(const Problem& p, int64_t first, int64_t last) {
@@ -187,7 +188,7 @@ void RunBlocks(const Problem& p, int64_t first, int64_t last) {
       const int64_t k1 = std::min(p.K, k0 + chunk);
       int64_t row = 0;
       for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t rows = (p.M - row) / (tiles - t);
+        const int64_t rows = std::min<int64_t>(kMaxRows, p.M - row);
         const TileSet& tile = kTiles[rows - 1];
         // This tile's accumulators: [g][rows][NB] after the earlier tiles'.
         float* tile_acc = acc + row * g * kBlock;
@@ -203,7 +204,7 @@ void RunBlocks(const Problem& p, int64_t first, int64_t last) {
     }
     int64_t row = 0;
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t rows = (p.M - row) / (tiles - t);
+      const int64_t rows = std::min<int64_t>(kMaxRows, p.M - row);
       const float* tile_acc = acc + row * g * kBlock;
       for (int64_t j = 0; j < g; ++j) {
         const int64_t col = (b + j) * kBlock;
