@@ -129,8 +129,8 @@ class GenerateOutput:
   gamma: int = flax.struct.field(pytree_node=False, default=0)
 
 
-def _as_draft(draft: Draft):
-  # A decode call runs a draft model on its packed parameters, as the target.
+def as_draft(draft: Draft):
+  """A `drafts` draft for a decode call: a `Model` on its packed parameters (as the target's)."""
   return draft.as_draft(packed=True) if isinstance(draft, Model) else draft
 
 
@@ -611,7 +611,7 @@ def make_decoder(
   settings_lib.check_positive_int('max_decode_len', max_decode_len)
   settings = settings_lib.SpeculativeSettings.of(settings, **setting_fields)
   if draft is not None:
-    draft = _as_draft(draft)
+    draft = as_draft(draft)
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     check_same_architecture(target, draft)
     settings.for_batch(1, temperature, topk, topp)  # A profile of another mode fails here.

@@ -53,6 +53,7 @@ import numpy as np
 from speculative_t5x import acceptance
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x.bench import emulation
 from speculative_t5x.bench import measure
@@ -528,7 +529,7 @@ def costs_record(
   }
   if isinstance(draft, drafts.ModelDraft):
     floors['draft'] = measure.step_floor(
-      measure.decoder_step_bytes(draft.config, draft.params, **shape),
+      measure.decoder_step_bytes(draft.config, kernels.plain_params(draft.params), **shape),
       first.draft_catch_up,
       bandwidth,
     )
@@ -707,7 +708,7 @@ def run_benchmark(
 
 def _checked_draft(target: models.Model, draft, decoder_prompts: Optional[np.ndarray]):
   """The draft as a `drafts` draft; ValueError unless it fits the target and the prompts."""
-  draft = draft.as_draft() if isinstance(draft, models.Model) else draft
+  draft = models.as_draft(draft)
   drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
   models.check_same_architecture(target, draft)
   if decoder_prompts is not None and network.is_decoder_only(target.config):
@@ -858,7 +859,9 @@ def _measure_alphas(
   target, draft = timed.target, timed.draft
   candidates = {
     PAIR_DRAFT: (
-      models.Model(draft.config, draft.params, draft.inputs_bidirectional_attention)
+      models.Model(
+        draft.config, kernels.plain_params(draft.params), draft.inputs_bidirectional_attention
+      )
       if isinstance(draft, drafts.ModelDraft)
       else draft
     )

@@ -43,7 +43,7 @@ class EmulatedDraft:
   def of(cls, draft, rates) -> 'EmulatedDraft':
     """`draft` (a `models.Model` becomes its draft) with `rates` (a number, or a sequence by
     rank) as a static float or tuple."""
-    draft = draft.as_draft() if isinstance(draft, models.Model) else draft
+    draft = models.as_draft(draft)
     if np.ndim(rates) == 0:
       return cls(draft, float(rates))
     return cls(draft, tuple(float(rate) for rate in np.ravel(rates)))

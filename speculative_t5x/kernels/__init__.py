@@ -9,4 +9,5 @@ from speculative_t5x.kernels.cpu_matmul import unpack as unpack
 from speculative_t5x.kernels.params import COLLECTION as COLLECTION
 from speculative_t5x.kernels.params import PackedParams as PackedParams
 from speculative_t5x.kernels.params import pack_params as pack_params
+from speculative_t5x.kernels.params import plain_params as plain_params
 from speculative_t5x.kernels.params import variables as variables

@@ -92,6 +92,11 @@ def pack_params(config: Any, params: PyTree, *, keep_unpacked: bool = True) -> P
   )
 
 
+def plain_params(params: PyTree) -> PyTree:
+  """The T5X parameter tree of `params` (a plain tree, or `PackedParams`' own)."""
+  return params.params if isinstance(params, PackedParams) else params
+
+
 def variables(params: PyTree, **collections: Any) -> Dict[str, Any]:
   """The variables for `module.apply`: {'params': ...}, with 'packed' for `PackedParams`."""
   if isinstance(params, PackedParams):
