@@ -35,10 +35,11 @@ keys and values there (overwriting), and attends to the cached positions before
 each row's start. With static `feature_layers` it (and `prefill`) also returns
 the features of every scored position, those decoder layers' outputs (the last
 layer's is the output before the final norm), from the same call: what a draft
-head that reads the target (`drafts.FeatureDraft`) drafts from. A row is rolled back by passing a smaller start position next
-time: entries at positions >= the start are masked until overwritten. `prefill`
-writes a block's keys and values at positions 0..W-1 without computing logits;
-for a decoder-only model it can attend bidirectionally within the prompt (T5X's
+head that reads the target (`drafts.FeatureDraft`) drafts from. A row is
+rolled back by passing a smaller start position next time: entries at
+positions >= the start are masked until overwritten. `prefill` writes a
+block's keys and values at positions 0..W-1 without computing logits; for a
+decoder-only model it can attend bidirectionally within the prompt (T5X's
 prefix LM). With `tree=` (tree speculative decoding), `decode_block` scores
 nodes of a static token tree instead of a chain: node i is written at slot
 start + i and attends to the context and its ancestors, at position
