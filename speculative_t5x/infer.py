@@ -495,6 +495,148 @@ def summarize(records: Sequence[Record], task: seqio.Task, batch_size: int) -> D
 
 
 # ------------------------------------------------------------------------------
+# Decoding the split.
+# ------------------------------------------------------------------------------
+def _speculative_settings(
+  draft: Optional[models.Draft],
+  *,
+  gamma: Optional[Union[int, str]],
+  tree: Optional[Any],
+  lenience: float,
+  verification: str,
+  draft_threshold: float,
+  speculation_profile: Optional[str],
+) -> Optional[settings_lib.SpeculativeSettings]:
+  """The checked speculative settings of `infer`'s arguments; None for the baseline (no draft)."""
+  if draft is None:
+    return None
+  if gamma is None and tree is None:
+    raise ValueError('gamma (or a tree) is required with a draft (the pair file sets GAMMA).')
+  return settings_lib.SpeculativeSettings(
+    gamma=gamma,
+    lenience=lenience,
+    verification=verification,
+    draft_threshold=draft_threshold,
+    profile=speculation_profile,
+    tree=tree,
+  )
+
+
+def _decoding_args(
+  speculation: Optional[settings_lib.SpeculativeSettings],
+  *,
+  temperature: float,
+  topk: int,
+  topp: float,
+) -> Dict[str, Any]:
+  """The settings file's 'decoding' entry: sampling and every speculative field (None: baseline)."""
+  return dict(
+    temperature=temperature,
+    topk=topk,
+    topp=topp,
+    **(
+      speculation.as_dict()
+      if speculation
+      else dict.fromkeys(settings_lib.SpeculativeSettings.field_names())
+    ),
+  )
+
+
+class _BatchDecoder:
+  """Decodes `_Batch`es on the mesh: one compilation (every batch has the same shapes).
+
+  Batch k's key is fold_in(PRNGKey(seed), its first row). `compile_seconds`
+  is the compilation's time and `decode_start` when the first decode began
+  (None before), for the run's tokens per second.
+  """
+
+  def __init__(self, decoder: models.Decoder, mesh: Mesh, seed: int):
+    self._decoder, self._mesh = decoder, mesh
+    self._replicated = NamedSharding(mesh, PartitionSpec())
+    self._base_key = jax.random.PRNGKey(seed)
+    self._compiled = None
+    self.compile_seconds = 0.0
+    self.decode_start: Optional[float] = None
+
+  def __call__(self, batch: _Batch) -> models.GenerateOutput:
+    inputs = jax.device_put(
+      batch.inputs, partitioning.batch_sharding(batch.inputs.shape, self._mesh)
+    )
+    key = jax.device_put(jax.random.fold_in(self._base_key, batch.start), self._replicated)
+    if self._compiled is None:
+      start = time.perf_counter()
+      self._compiled = self._decoder.compile(inputs, key)
+      self.decode_start = time.perf_counter()
+      self.compile_seconds = self.decode_start - start
+    return self._compiled(inputs, key)
+
+
+@dataclasses.dataclass
+class _Written:
+  """What one run appended: examples, tokens (EOS included), and the gammas its batches ran."""
+
+  examples: int = 0
+  tokens: int = 0
+  gammas: set = dataclasses.field(default_factory=set)
+
+
+def _decode_and_append(
+  batches: Iterator[_Batch],
+  decode: Callable[[_Batch], models.GenerateOutput],
+  records_path: str,
+  done: int,
+  task: seqio.Task,
+  eos_id: int,
+  *,
+  bar: tqdm.tqdm,
+  after_batch: Optional[Callable[[int], None]],
+) -> _Written:
+  """Decodes `batches` and appends the records of examples >= `done`, flushed batch by batch.
+
+  One batch is in flight: the host writes batch k while the devices decode
+  k + 1. `after_batch` gets the number of examples written so far.
+  """
+  written = _Written()
+  with open(records_path, 'ab') as f:
+
+    def write(batch: _Batch, output: models.GenerateOutput) -> None:
+      records = [
+        r for r in _batch_records(batch, jax.device_get(output), task, eos_id) if r['index'] >= done
+      ]
+      f.write(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in records).encode())
+      f.flush()
+      written.examples += len(records)
+      written.tokens += sum(r['emitted'] for r in records)
+      written.gammas.add(output.gamma)
+      bar.update(len(records))
+      if after_batch is not None:
+        after_batch(written.examples)
+
+    pending = None
+    for batch in batches:
+      output = decode(batch)
+      if pending is not None:
+        write(*pending)
+      pending = (batch, output)
+    if pending is not None:
+      write(*pending)
+  return written
+
+
+def _throughput(written: _Written, decode: _BatchDecoder) -> Dict[str, Any]:
+  """The summary's decoded_examples, decoded_tokens, compile_seconds, decode_seconds (until
+  now) and tokens_per_second."""
+  decode_seconds = time.perf_counter() - decode.decode_start if written.examples else 0.0
+  return dict(
+    decoded_examples=written.examples,
+    decoded_tokens=written.tokens,
+    compile_seconds=decode.compile_seconds,
+    decode_seconds=decode_seconds,
+    tokens_per_second=written.tokens / decode_seconds if written.examples else None,
+  )
+
+
+# ------------------------------------------------------------------------------
 # Inference.
 # ------------------------------------------------------------------------------
 def infer(
@@ -572,32 +714,19 @@ def infer(
     decode_seconds and tokens_per_second.
   """
   mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
-  speculation = None  # The baseline's.
-  if draft is not None:
-    if gamma is None and tree is None:
-      raise ValueError('gamma (or a tree) is required with a draft (the pair file sets GAMMA).')
-    speculation = settings_lib.SpeculativeSettings(
-      gamma=gamma,
-      lenience=lenience,
-      verification=verification,
-      draft_threshold=draft_threshold,
-      profile=speculation_profile,
-      tree=tree,
-    )
+  speculation = _speculative_settings(
+    draft,
+    gamma=gamma,
+    tree=tree,
+    lenience=lenience,
+    verification=verification,
+    draft_threshold=draft_threshold,
+    speculation_profile=speculation_profile,
+  )
   check_pair(target, draft)
   task = tasks_core.get_task(task)
   check_vocabularies(task, target)
-  decoder_only = network.is_decoder_only(target.config)
-  decoding_args = dict(
-    temperature=temperature,
-    topk=topk,
-    topp=topp,
-    **(
-      speculation.as_dict()
-      if speculation
-      else dict.fromkeys(settings_lib.SpeculativeSettings.field_names())
-    ),
-  )
+  decoding_args = _decoding_args(speculation, temperature=temperature, topk=topk, topp=topp)
   settings = dict(
     task=task.name,
     split=split,
@@ -615,6 +744,7 @@ def infer(
   done = len(read_records(records_path))
 
   tasks.hide_gpus_from_tensorflow()
+  decoder_only = network.is_decoder_only(target.config)
   raw, features = _datasets(task, split, feature_lengths, num_examples, decoder_only)
   total = _count_and_check_inputs(
     raw, feature_lengths['inputs'], truncate_inputs, f'{task.name}:{split}'
@@ -630,23 +760,8 @@ def infer(
     max_decode_len=feature_lengths['targets'],
     eos_id=eos_id,
   )
-  replicated = NamedSharding(mesh, PartitionSpec())
-  base_key = jax.random.PRNGKey(seed)
-  compiled, compile_seconds, decode_start = None, 0.0, None
-
-  def decode(batch: _Batch) -> models.GenerateOutput:
-    nonlocal compiled, compile_seconds, decode_start
-    inputs = jax.device_put(batch.inputs, partitioning.batch_sharding(batch.inputs.shape, mesh))
-    key = jax.device_put(jax.random.fold_in(base_key, batch.start), replicated)
-    if compiled is None:  # Every batch has the same shapes: one compilation.
-      start = time.perf_counter()
-      compiled = decoder.compile(inputs, key)
-      decode_start = time.perf_counter()
-      compile_seconds = decode_start - start
-    return compiled(inputs, key)
-
+  decode = _BatchDecoder(decoder, mesh, seed)
   run_settings.write(settings_path, settings)
-  decoded, decoded_tokens, gammas_ran = 0, 0, set()
   bar = tqdm.tqdm(
     total=total,
     initial=min(done, total),
@@ -655,51 +770,21 @@ def infer(
     desc=f'{task.name}:{split}',
     dynamic_ncols=True,
   )
-  with open(records_path, 'ab') as f:
-
-    def write(batch: _Batch, output: models.GenerateOutput) -> None:
-      nonlocal decoded, decoded_tokens
-      records = [
-        r for r in _batch_records(batch, jax.device_get(output), task, eos_id) if r['index'] >= done
-      ]
-      f.write(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in records).encode())
-      f.flush()
-      decoded += len(records)
-      decoded_tokens += sum(r['emitted'] for r in records)
-      gammas_ran.add(output.gamma)
-      bar.update(len(records))
-      if after_batch is not None:
-        after_batch(decoded)
-
-    # One batch in flight: the host writes batch k while the devices decode k + 1.
-    pending = None
-    batches = _batches(
-      raw, features, done - done % batch_size, batch_size, feature_lengths['inputs']
+  batches = _batches(raw, features, done - done % batch_size, batch_size, feature_lengths['inputs'])
+  with bar:
+    written = _decode_and_append(
+      batches, decode, records_path, done, task, eos_id, bar=bar, after_batch=after_batch
     )
-    for batch in batches:
-      output = decode(batch)
-      if pending is not None:
-        write(*pending)
-      pending = (batch, output)
-    if pending is not None:
-      write(*pending)
-  bar.close()
-  decode_seconds = time.perf_counter() - decode_start if decoded else 0.0
-
   summary = dict(
     task=task.name,
     split=split,
     architecture=models.architecture(target),
     speculative=draft is not None,
     gamma=decoding_args['gamma'],
-    gammas_ran=sorted(gammas_ran),  # gamma='auto' chose these by batch size (0: baseline).
+    gammas_ran=sorted(written.gammas),  # gamma='auto' chose these by batch size (0: baseline).
     mesh=dict(mesh.shape),
     **summarize(read_records(records_path)[:total], task, batch_size),
-    decoded_examples=decoded,
-    decoded_tokens=decoded_tokens,
-    compile_seconds=compile_seconds,
-    decode_seconds=decode_seconds,
-    tokens_per_second=decoded_tokens / decode_seconds if decoded else None,
+    **_throughput(written, decode),
   )
   with open(summary_path, 'w') as f:
     json.dump(summary, f, indent=1)

@@ -728,8 +728,9 @@ def choose_tree(rates, max_nodes: int, max_depth: Optional[int] = None) -> Tree:
   Args:
     rates: as in `expected_accepted`.
     max_nodes: the budget of drafted nodes, >= 1.
-    max_depth: the deepest node allowed; default: rates' depth (required
-      when rates is [K]).
+    max_depth: the deepest node allowed; default: rates' depth D for rates
+      [D, K]; for rates [K] (the same at every depth) the budget alone, so
+      that a chain of max_nodes can be chosen.
 
   Returns:
     The best tree. Among equal values the program keeps fewer nodes under
@@ -739,9 +740,7 @@ def choose_tree(rates, max_nodes: int, max_depth: Optional[int] = None) -> Tree:
   if not isinstance(max_nodes, (int, np.integer)) or max_nodes < 1:
     raise ValueError(f'max_nodes must be an int >= 1 (drafted nodes); got {max_nodes!r}.')
   if max_depth is None:
-    if np.ndim(rates) != 2:
-      raise ValueError('rates of shape [K] (every depth) need an explicit max_depth.')
-    max_depth = np.shape(rates)[0]
+    max_depth = np.shape(rates)[0] if np.ndim(rates) == 2 else max_nodes
   max_depth = min(int(max_depth), int(max_nodes))
   if max_depth < 1:
     raise ValueError(f'max_depth must be >= 1; got {max_depth}.')

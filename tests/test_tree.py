@@ -747,6 +747,9 @@ def test_choose_tree_is_monotone_in_budget():
   assert values[-1] > values[0]
   assert tree_lib.choose_tree(np.zeros((3, 2)), 5) == Tree.chain(1)
   assert tree_lib.choose_tree([0.7, 0.4], 10, max_depth=3).max_depth <= 3
+  # Rates [K] hold at every depth: only the budget bounds the depth.
+  assert tree_lib.choose_tree([0.7, 0.4], 10) == tree_lib.choose_tree([[0.7, 0.4]] * 10, 10)
+  assert tree_lib.choose_tree([0.9], 4) == Tree.chain(4)
 
 
 def test_rates_errors_name_the_problem():
@@ -754,8 +757,6 @@ def test_rates_errors_name_the_problem():
     tree_lib.expected_accepted(Tree.chain(1), [[1.5]])
   with pytest.raises(ValueError, match='cover depths 0..0.*needs 2'):
     tree_lib.expected_accepted(Tree.chain(2), [[0.5]])
-  with pytest.raises(ValueError, match='explicit max_depth'):
-    tree_lib.choose_tree([0.5], 3)
   with pytest.raises(ValueError, match='max_nodes must be an int >= 1'):
     tree_lib.choose_tree([[0.5]], 0)
 

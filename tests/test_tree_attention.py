@@ -172,7 +172,7 @@ def _self_attention_caches(config, cache):
   """{(layer, name): [B, L, heads, head_dim]} of the self-attention caches."""
   return {
     (i, name): np.asarray(cache['decoder'][f'layers_{i}']['self_attention'][name])
-    for i in range(network._num_decoder_layers(config))
+    for i in range(network.num_decoder_layers(config))
     for name in ('cached_key', 'cached_value')
   }
 

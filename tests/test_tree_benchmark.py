@@ -120,6 +120,9 @@ def test_the_gin_main_writes_the_report(fixture, tmp_path):  # noqa: F811
 def test_the_emulated_gin_main_times_random_weights_at_the_given_rates(tmp_path):
   """EMULATE_RATES: no TSV, random inputs, the trees chosen from the rates, records marked."""
   bindings = [
+    # configs/runs/tree_benchmark.gin's emulation example: random weights, no checkpoint.
+    'TARGET = @target/models.random_model()',
+    'DRAFT = @draft/models.random_model()',
     'CHECKPOINT_PATH = None',
     'VOCAB_SIZE = 64',
     f"TREE_BENCHMARK_DIR = '{tmp_path}'",

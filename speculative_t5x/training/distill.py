@@ -303,6 +303,172 @@ def _validation_inputs(task, feature_lengths, num_examples: int) -> np.ndarray:
   return batch['encoder_input_tokens']
 
 
+def _check_pair(target: models.Model, draft: models.Model) -> None:
+  """Raises ValueError unless target and draft are encoder-decoders of one vocabulary."""
+  if network.is_decoder_only(target.config) or network.is_decoder_only(draft.config):
+    raise ValueError(
+      'distill takes encoder-decoder pairs (network.T5Config); distilling a decoder-only '
+      'pair is not implemented. Train the decoder-only draft with speculative_t5x.training.train.'
+    )
+  if target.vocab_size != draft.vocab_size:
+    raise ValueError(
+      f'The target has {target.vocab_size} ids and the draft {draft.vocab_size}: a draft '
+      'is distilled into its target vocabulary; build it with the same vocab_size.'
+    )
+
+
+def _jitted_steps(config: DistillConfig, optimizer, learning_rate) -> tuple:
+  """(optax transformation, jitted step, jitted step on the target's greedy outputs)."""
+  greedy_config = dataclasses.replace(config, teacher_from_sequences=True)
+  cached = functools.partial(train.cached_unless_unhashable, _jitted_step)
+  tx, step_fn = cached(config, optimizer, learning_rate)
+  _, greedy_step_fn = cached(greedy_config, optimizer, learning_rate)
+  return tx, step_fn, greedy_step_fn
+
+
+class _StepSequences:
+  """Each step's batch of output sequences, from the step's source (see the module docstring).
+
+  Reads the task's train split in its seeded order from the batch of
+  `start_step + 1` (or, with greedy target outputs, from the first step of
+  its chunk, which a resumed run decodes whole as an uninterrupted one does).
+  Steps are 1-based and asked for in order.
+  """
+
+  def __init__(
+    self,
+    target: models.Model,
+    draft_config: network.T5Config,
+    task: seqio.Task,
+    feature_lengths: Mapping[str, int],
+    *,
+    batch_size: int,
+    num_steps: int,
+    sources: Sequence[str],
+    probabilities: np.ndarray,
+    sample_mode: Mapping[str, Any],
+    greedy_targets: bool,
+    seed: int,
+    start_step: int,
+  ):
+    self._target, self._draft_config = target, draft_config
+    self._num_steps, self._seed = num_steps, seed
+    self._sources, self._probabilities = sources, probabilities
+    self._sample_mode, self._greedy_targets = dict(sample_mode), greedy_targets
+    self._max_decode_len = feature_lengths['targets']
+    self._batches = train.get_dataset(
+      task,
+      'train',
+      feature_lengths,
+      batch_size,
+      pack=False,
+      shuffle=True,
+      seed=seed,
+      repeat=True,
+      # Greedy target outputs are decoded by chunks of steps: read from the chunk's first step.
+      skip_batches=_chunk_start(start_step + 1) - 1 if greedy_targets else start_step,
+    ).as_numpy_iterator()
+    self._key = jax.random.PRNGKey(seed)
+    self._ahead = {}  # {step: batch} read ahead of its step.
+    self._chunk = {}  # The target's greedy outputs for the current chunk's steps: {step: [B, L]}.
+    if greedy_targets:
+      for earlier in range(_chunk_start(start_step + 1), start_step + 1):
+        self._ahead[earlier] = next(self._batches)
+
+  def _source(self, step: int) -> str:
+    return step_source(self._sources, self._probabilities, self._seed, step)
+
+  def features(self, step: int, draft_params: PyTree) -> Tuple[str, Dict[str, np.ndarray]]:
+    """(the step's source, `sequence_features` of its batch's inputs and sequences).
+
+    The draft's samples come from `draft_params`, the draft as it is at this step.
+    """
+    batch = self._ahead.pop(step) if step in self._ahead else next(self._batches)
+    source = self._source(step)
+    inputs = batch['encoder_input_tokens']
+    if source == 'ground_truth':
+      return source, sequence_features(inputs, batch['decoder_target_tokens'])
+    if source == 'target' and self._greedy_targets:
+      return source, sequence_features(inputs, self._greedy_output(step, batch))
+    model = self._target if source == 'target' else models.Model(self._draft_config, draft_params)
+    decode = models.make_decoder(
+      model, None, max_decode_len=self._max_decode_len, **self._sample_mode
+    )
+    sequences = decode(inputs, jax.random.fold_in(self._key, step)).tokens
+    return source, sequence_features(inputs, np.asarray(sequences))
+
+  def _greedy_output(self, step: int, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The target's greedy outputs [B, L] for `step`; at a chunk's first need, the whole chunk's.
+
+    Reads the chunk's later batches ahead and decodes the inputs of all its
+    'target' steps in one batch (`_greedy_outputs`).
+    """
+    if step not in self._chunk:
+      last = min(_chunk_start(step) + GREEDY_CHUNK_STEPS - 1, self._num_steps)
+      for later in range(step + 1, last + 1):
+        self._ahead[later] = next(self._batches)
+      steps = [s for s in range(_chunk_start(step), last + 1) if self._source(s) == 'target']
+      rows = [(batch if s == step else self._ahead[s])['encoder_input_tokens'] for s in steps]
+      self._chunk.clear()
+      self._chunk.update(zip(steps, _greedy_outputs(self._target, rows, self._max_decode_len)))
+      for earlier in [s for s in self._ahead if s < step]:
+        del self._ahead[earlier]
+    return self._chunk.pop(step)
+
+
+def _loop_steps(
+  sequences: _StepSequences,
+  held_out_sets: Sequence[HeldOutSet],
+  target: models.Model,
+  draft_config: network.T5Config,
+  step_fns: Tuple[Callable, Optional[Callable]],
+  *,
+  topk: int,
+  topp: float,
+) -> train.LoopSteps:
+  """`distill`'s step, interval summary, progress postfix and held-out evaluation.
+
+  `step_fns`: the jitted step, and the one for the target's greedy outputs
+  (None unless those are a source), which calls no target.
+  """
+  step_fn, greedy_step_fn = step_fns
+  used = {}  # Steps per source in the logging interval.
+
+  def step(state: train.TrainState, step: int):
+    source, features = sequences.features(step, state.params)
+    used[source] = used.get(source, 0) + 1
+    fn = greedy_step_fn if source == 'target' and greedy_step_fn is not None else step_fn
+    state, sums = fn(state, target.params, features)
+    return state, sums, sums['weight']
+
+  def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
+    weight = max(float(totals['weight']), 1.0)
+    record = {
+      'loss': float(totals['loss']) / weight,
+      'alpha': float(totals['beta']) / weight,
+      'sources': dict(used),
+    }
+    used.clear()
+    return record
+
+  def evaluate(params: PyTree) -> Dict[str, float]:
+    record = {}
+    for held_out in held_out_sets:
+      alpha, stderr = held_out_alpha(draft_config, params, held_out, topk=topk, topp=topp)
+      record[alpha_key(held_out.temperature)] = alpha
+      record[alpha_key(held_out.temperature) + '_stderr'] = stderr
+    return record
+
+  postfix = lambda record: dict(loss=f'{record["loss"]:.3f}', alpha=f'{record["alpha"]:.3f}')
+  return train.LoopSteps(
+    step,
+    summary,
+    postfix,
+    evaluate if held_out_sets else None,
+    evaluate_at_start=True,  # The starting draft's alpha: the curve's first point.
+  )
+
+
 # ------------------------------------------------------------------------------
 # Distillation.
 # ------------------------------------------------------------------------------
@@ -404,16 +570,7 @@ def distill(
   for t in eval_temperatures:
     sampling.validate_sampling_args(t, topk, topp)
   sources, probabilities = validate_data_mix({'draft': 1.0} if data_mix is None else data_mix)
-  if network.is_decoder_only(target.config) or network.is_decoder_only(draft.config):
-    raise ValueError(
-      'distill takes encoder-decoder pairs (network.T5Config); distilling a decoder-only '
-      'pair is not implemented. Train the decoder-only draft with speculative_t5x.training.train.'
-    )
-  if target.vocab_size != draft.vocab_size:
-    raise ValueError(
-      f'The target has {target.vocab_size} ids and the draft {draft.vocab_size}: a draft '
-      'is distilled into its target vocabulary; build it with the same vocab_size.'
-    )
+  _check_pair(target, draft)
   task = train.check_task(task, draft.config, feature_lengths)
   if eval_every is not None and 'validation' not in task.splits:
     raise ValueError(
@@ -423,15 +580,9 @@ def distill(
   config = DistillConfig(
     target.config, draft.config, divergence, float(beta), float(temperature), int(topk), float(topp)
   )
-  greedy_config = dataclasses.replace(config, teacher_from_sequences=True)
-  try:
-    tx, step_fn = _jitted_step(config, optimizer, learning_rate)
-    _, greedy_step_fn = _jitted_step(greedy_config, optimizer, learning_rate)
-  except TypeError:  # An unhashable argument (e.g. an array learning rate): no caching.
-    tx, step_fn = _jitted_step.__wrapped__(config, optimizer, learning_rate)
-    _, greedy_step_fn = _jitted_step.__wrapped__(greedy_config, optimizer, learning_rate)
+  tx, step_fn, greedy_step_fn = _jitted_steps(config, optimizer, learning_rate)
   greedy_targets = sampling.is_greedy(temperature) and 'target' in sources
-  sample_mode = dict(temperature=temperature, topk=topk, topp=topp)
+  top = dict(topk=topk, topp=topp)
   max_decode_len = feature_lengths['targets']
   settings = dict(
     divergence=divergence,
@@ -451,97 +602,25 @@ def distill(
     if eval_every is not None:
       inputs = _validation_inputs(task, feature_lengths, eval_examples)
       held_out_sets = [
-        held_out_set(
-          target,
-          inputs,
-          temperature=t,
-          topk=topk,
-          topp=topp,
-          max_decode_len=max_decode_len,
-          seed=seed,
-        )
+        held_out_set(target, inputs, temperature=t, max_decode_len=max_decode_len, seed=seed, **top)
         for t in eval_temperatures
       ]
-    batches = train.get_dataset(
+    sequences = _StepSequences(
+      target,
+      draft.config,
       task,
-      'train',
       feature_lengths,
-      batch_size,
-      pack=False,
-      shuffle=True,
+      batch_size=batch_size,
+      num_steps=num_steps,
+      sources=sources,
+      probabilities=probabilities,
+      sample_mode=dict(temperature=temperature, **top),
+      greedy_targets=greedy_targets,
       seed=seed,
-      repeat=True,
-      # Greedy target outputs are decoded by chunks of steps: read from the chunk's first step.
-      skip_batches=_chunk_start(start_step + 1) - 1 if greedy_targets else start_step,
-    ).as_numpy_iterator()
-    key = jax.random.PRNGKey(seed)
-    ahead = {}  # {step: batch} read ahead of its step.
-    chunk = {}  # The target's greedy outputs for the current chunk's steps: {step: [B, L]}.
-    if greedy_targets:  # A resumed run decodes its first chunk whole, as an uninterrupted one.
-      for earlier in range(_chunk_start(start_step + 1), start_step + 1):
-        ahead[earlier] = next(batches)
-    used = {}  # Steps per source in the logging interval.
-
-    def step(state: train.TrainState, step: int):
-      batch = ahead.pop(step) if step in ahead else next(batches)
-      source = step_source(sources, probabilities, seed, step)
-      used[source] = used.get(source, 0) + 1
-      inputs = batch['encoder_input_tokens']
-      if source == 'ground_truth':
-        features = sequence_features(inputs, batch['decoder_target_tokens'])
-      elif source == 'target' and greedy_targets:
-        if step not in chunk:
-          last = min(_chunk_start(step) + GREEDY_CHUNK_STEPS - 1, num_steps)
-          for later in range(step + 1, last + 1):
-            ahead[later] = next(batches)
-          steps = [
-            s
-            for s in range(_chunk_start(step), last + 1)
-            if step_source(sources, probabilities, seed, s) == 'target'
-          ]
-          rows = [(batch if s == step else ahead[s])['encoder_input_tokens'] for s in steps]
-          chunk.clear()
-          chunk.update(zip(steps, _greedy_outputs(target, rows, max_decode_len)))
-          for earlier in [s for s in ahead if s < step]:
-            del ahead[earlier]
-        features = sequence_features(inputs, chunk.pop(step))
-        state, sums = greedy_step_fn(state, target.params, features)
-        return state, sums, sums['weight']
-      else:
-        # The draft's samples come from the draft as it is at this step.
-        model = target if source == 'target' else models.Model(draft.config, state.params)
-        decode = models.make_decoder(model, None, max_decode_len=max_decode_len, **sample_mode)
-        sequences = decode(inputs, jax.random.fold_in(key, step)).tokens
-        features = sequence_features(inputs, np.asarray(sequences))
-      state, sums = step_fn(state, target.params, features)
-      return state, sums, sums['weight']
-
-    def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
-      weight = max(float(totals['weight']), 1.0)
-      record = {
-        'loss': float(totals['loss']) / weight,
-        'alpha': float(totals['beta']) / weight,
-        'sources': dict(used),
-      }
-      used.clear()
-      return record
-
-    def evaluate(params: PyTree) -> Dict[str, float]:
-      record = {}
-      for held_out in held_out_sets:
-        alpha, stderr = held_out_alpha(draft.config, params, held_out, topk=topk, topp=topp)
-        record[alpha_key(held_out.temperature)] = alpha
-        record[alpha_key(held_out.temperature) + '_stderr'] = stderr
-      return record
-
-    postfix = lambda record: dict(loss=f'{record["loss"]:.3f}', alpha=f'{record["alpha"]:.3f}')
-    return train.LoopSteps(
-      step,
-      summary,
-      postfix,
-      evaluate if held_out_sets else None,
-      evaluate_at_start=True,  # The starting draft's alpha: the curve's first point.
+      start_step=start_step,
     )
+    step_fns = (step_fn, greedy_step_fn if greedy_targets else None)
+    return _loop_steps(sequences, held_out_sets, target, draft.config, step_fns, **top)
 
   params, step, train_metrics, eval_metrics = train.resumable_loop(
     model_dir,

@@ -74,7 +74,7 @@ import functools
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import logging
 import flax
@@ -358,6 +358,15 @@ def _jitted_steps(
     inputs_bidirectional_attention=inputs_bidirectional_attention,
   )
   return tx, jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+
+
+def cached_unless_unhashable(cached_fn: Callable[..., Any], *args) -> Any:
+  """`cached_fn(*args)` of a `functools.lru_cache`d builder, or uncached when an
+  argument is unhashable (e.g. an array learning rate)."""
+  try:
+    return cached_fn(*args)
+  except TypeError:
+    return cached_fn.__wrapped__(*args)
 
 
 def _per_token(sums: Mapping[str, float]) -> Dict[str, float]:
@@ -686,6 +695,69 @@ class LoopSteps:
   evaluate_at_start: bool = False
 
 
+def _restore_or_start(
+  manager: ocp.CheckpointManager,
+  model_dir: str,
+  *,
+  config: network.NetworkConfig,
+  optimizer: optax.GradientTransformation,
+  initial_params: Callable[[], PyTree],
+  settings_file: str,
+  settings: Mapping[str, Any],
+  abstract_params: Optional[Callable[[], PyTree]],
+) -> Tuple[int, TrainState]:
+  """(start step, state): the latest step's, its settings checked, or step 0's with
+  `settings` written (see `resumable_loop`)."""
+  start_step = manager.latest_step() or 0
+  if start_step:
+    run_settings.check_resumed(model_dir, settings_file, settings)
+    params = network.abstract_params(config)[0] if abstract_params is None else abstract_params()
+    state = restore_state(manager, start_step, params, jax.eval_shape(optimizer.init, params))
+    logging.info('Resuming %s from step %d.', model_dir, start_step)
+    return start_step, state
+  run_settings.write(os.path.join(model_dir, settings_file), settings)
+  params = initial_params()
+  return 0, TrainState(step=jnp.int32(0), params=params, opt_state=jax.jit(optimizer.init)(params))
+
+
+class _Interval:
+  """A logging interval: its steps' metric sums and token counts, and the clock of its
+  throughput. Counts added before `start_clock` (the run's first step, which compiles)
+  are not timed."""
+
+  def __init__(self, start: float):
+    self._restart(start)
+
+  def _restart(self, start: float) -> None:
+    self._sums, self._counts, self._timed_from, self._start = [], [], 0, start
+
+  def add(self, sums: Mapping[str, jax.Array], tokens: Any) -> None:
+    self._sums.append(sums)
+    self._counts.append(tokens)
+
+  def start_clock(self) -> float:
+    """Times the counts added from now on; returns now."""
+    self._start, self._timed_from = time.perf_counter(), len(self._counts)
+    return self._start
+
+  def close(self, step: int, summary: Callable[[Mapping[str, Any], int], Dict[str, Any]]):
+    """The training record of the interval that ends at `step`; the next one starts now.
+
+    {'step', `summary` of the summed sums, 'tokens', 'tokens_per_second'}.
+    """
+    totals = jax.device_get(jax.tree_util.tree_map(lambda *x: sum(x), *self._sums))
+    counts = [int(count) for count in jax.device_get(self._counts)]
+    now = time.perf_counter()
+    record = {
+      'step': step,
+      **summary(totals, step),
+      'tokens': sum(counts),
+      'tokens_per_second': sum(counts[self._timed_from :]) / (now - self._start),
+    }
+    self._restart(now)
+    return record
+
+
 def resumable_loop(
   model_dir: str,
   *,
@@ -748,18 +820,16 @@ def resumable_loop(
   metrics_path = os.path.join(model_dir, METRICS_FILE)
   train_metrics, eval_metrics = [], []
   try:
-    start_step = manager.latest_step() or 0
-    if start_step:
-      run_settings.check_resumed(model_dir, settings_file, settings)
-      params = network.abstract_params(config)[0] if abstract_params is None else abstract_params()
-      state = restore_state(manager, start_step, params, jax.eval_shape(optimizer.init, params))
-      logging.info('Resuming %s from step %d.', model_dir, start_step)
-    else:
-      run_settings.write(os.path.join(model_dir, settings_file), settings)
-      params = initial_params()
-      state = TrainState(
-        step=jnp.int32(0), params=params, opt_state=jax.jit(optimizer.init)(params)
-      )
+    start_step, state = _restore_or_start(
+      manager,
+      model_dir,
+      config=config,
+      optimizer=optimizer,
+      initial_params=initial_params,
+      settings_file=settings_file,
+      settings=settings,
+      abstract_params=abstract_params,
+    )
     if start_step >= num_steps:
       logging.info('%s is already at step %d >= num_steps=%d.', model_dir, start_step, num_steps)
       return state.params, start_step, [], []
@@ -783,40 +853,29 @@ def resumable_loop(
       desc=os.path.basename(os.path.normpath(model_dir)),
       dynamic_ncols=True,
     )
-    # The interval's sums and token counts; counts from `timed_from` on are timed.
-    pending, counts, timed_from, interval_start = [], [], 0, time.perf_counter()
+    interval = _Interval(time.perf_counter())
     in_flight = None  # The previous step's sums, set after the first step.
     for step in range(start_step + 1, num_steps + 1):
       state, sums, tokens = steps.step(state, step)
-      counts.append(tokens)
+      interval.add(sums, tokens)
       if step == start_step + 1:
         # Throughput is measured from the end of the first step (compilation).
         jax.block_until_ready(sums)
-        interval_start, timed_from = time.perf_counter(), len(counts)
+        first_done = interval.start_clock()
         logging.info(
           'First step of %s (with compilation) done %.1f s after the start.',
           model_dir,
-          interval_start - start_time,
+          first_done - start_time,
         )
       else:
         # One step in flight, and the progress bar within a step of the truth.
         jax.block_until_ready(in_flight)
-      pending.append(sums)
       in_flight = sums
       bar.update()
       if step % log_every == 0 or step == num_steps:
-        totals = jax.device_get(jax.tree_util.tree_map(lambda *x: sum(x), *pending))
-        counts = [int(count) for count in jax.device_get(counts)]
-        now = time.perf_counter()
-        record = {
-          'step': step,
-          **steps.summary(totals, step),
-          'tokens': sum(counts),
-          'tokens_per_second': sum(counts[timed_from:]) / (now - interval_start),
-        }
+        record = interval.close(step, steps.summary)
         bar.set_postfix(**steps.postfix(record))
         log(train_metrics, 'train', record)
-        pending, counts, timed_from, interval_start = [], [], 0, now
       if step % checkpoint_every == 0 or step == num_steps:
         save_state(manager, state)
       if steps.evaluate is not None and (step % eval_every == 0 or step == num_steps):
@@ -829,6 +888,56 @@ def resumable_loop(
     # Returns only once every started save is complete (renamed into place).
     manager.wait_until_finished()
     manager.close()
+
+
+def _validation_evaluator(
+  eval_step: Callable,
+  task: seqio.Task,
+  feature_lengths: Mapping[str, int],
+  batch_size: int,
+  pack: bool,
+  converter_cls: type,
+  eval_batches: Optional[int],
+) -> Optional[Callable[[PyTree], Dict[str, float]]]:
+  """`params -> per-token metrics` on the validation split (its first `eval_batches`
+  batches, each padded to `batch_size`), or None when the split yields no batch."""
+  validation = get_dataset(
+    task, 'validation', feature_lengths, batch_size, pack=pack, converter_cls=converter_cls
+  )
+  if eval_batches is not None:
+    validation = validation.take(eval_batches)
+  eval_sets = [_padded(batch, batch_size) for batch in validation.as_numpy_iterator()]
+  return functools.partial(_evaluate, eval_step, batches=eval_sets) if eval_sets else None
+
+
+def _train_loop_steps(
+  train_step: Callable,
+  batches: Iterator[Batch],
+  key: jax.Array,
+  num_steps: int,
+  learning_rate: optax.ScalarOrSchedule,
+  evaluate: Optional[Callable[[PyTree], Dict[str, float]]],
+) -> LoopSteps:
+  """`train`'s `LoopSteps`: each step takes the next of `batches`, the one after is read
+  while the device computes."""
+  batch = next(batches)
+
+  def step(state: TrainState, step: int):
+    nonlocal batch
+    state, sums = train_step(state, batch, key)
+    tokens = _real_tokens(batch)
+    if step < num_steps:
+      batch = next(batches)  # While the device computes this step.
+    return state, sums, tokens
+
+  def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
+    rate = learning_rate(step - 1) if callable(learning_rate) else learning_rate
+    return {**_per_token(totals), 'learning_rate': float(rate)}
+
+  postfix = lambda record: dict(
+    loss=f'{record["loss"]:.3f}', tok_s=f'{record["tokens_per_second"]:.0f}'
+  )
+  return LoopSteps(step, summary, postfix, evaluate)
 
 
 def train(
@@ -930,10 +1039,7 @@ def train(
     loss_normalizing_factor,
     bool(inputs_bidirectional_attention),
   )
-  try:
-    tx, train_step, eval_step = _jitted_steps(*step_args)
-  except TypeError:  # An unhashable argument (e.g. an array learning rate): no caching.
-    tx, train_step, eval_step = _jitted_steps.__wrapped__(*step_args)
+  tx, train_step, eval_step = cached_unless_unhashable(_jitted_steps, *step_args)
   settings = _settings(
     config,
     task,
@@ -948,14 +1054,9 @@ def train(
     converter_cls = feature_converter_cls(config)
     evaluate = None
     if eval_every is not None:
-      validation = get_dataset(
-        task, 'validation', feature_lengths, batch_size, pack=pack, converter_cls=converter_cls
+      evaluate = _validation_evaluator(
+        eval_step, task, feature_lengths, batch_size, pack, converter_cls, eval_batches
       )
-      if eval_batches is not None:
-        validation = validation.take(eval_batches)
-      eval_sets = [_padded(batch, batch_size) for batch in validation.as_numpy_iterator()]
-      if eval_sets:
-        evaluate = functools.partial(_evaluate, eval_step, batches=eval_sets)
     batches = get_dataset(
       task,
       'train',
@@ -968,25 +1069,9 @@ def train(
       skip_batches=start_step,
       converter_cls=converter_cls,
     ).as_numpy_iterator()
-    key = jax.random.PRNGKey(seed)
-    batch = next(batches)
-
-    def step(state: TrainState, step: int):
-      nonlocal batch
-      state, sums = train_step(state, batch, key)
-      tokens = _real_tokens(batch)
-      if step < num_steps:
-        batch = next(batches)  # While the device computes this step.
-      return state, sums, tokens
-
-    def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
-      rate = learning_rate(step - 1) if callable(learning_rate) else learning_rate
-      return {**_per_token(totals), 'learning_rate': float(rate)}
-
-    postfix = lambda record: dict(
-      loss=f'{record["loss"]:.3f}', tok_s=f'{record["tokens_per_second"]:.0f}'
+    return _train_loop_steps(
+      train_step, batches, jax.random.PRNGKey(seed), num_steps, learning_rate, evaluate
     )
-    return LoopSteps(step, summary, postfix, evaluate)
 
   params, step, train_metrics, eval_metrics = resumable_loop(
     model_dir,
