@@ -177,9 +177,23 @@ class RecordingFeatureDraft(drafts.FeatureDraft):
 RECORDED = []
 
 
-@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only', 'prefix_lm'])
-def test_the_loop_hands_the_head_the_features_of_a_fresh_forward_pass(architecture):
-  """Every true position's feature the loop hands over == teacher forcing the final output."""
+@pytest.mark.parametrize(
+  'architecture, tree',
+  [
+    ('encoder_decoder', None),
+    ('decoder_only', None),
+    ('prefix_lm', None),
+    ('encoder_decoder', (2, 2)),
+    pytest.param('decoder_only', (2, 1), marks=pytest.mark.slow),
+    pytest.param('prefix_lm', (3, 1), marks=pytest.mark.slow),
+  ],
+)
+def test_the_loop_hands_the_head_the_features_of_a_fresh_forward_pass(architecture, tree):
+  """Every true position's feature the loop hands over == teacher forcing the final output.
+
+  With a tree, the features `observe` gets are those of the accepted path's
+  nodes (`observe_tree` gathers them from the tree call in path order).
+  """
   if architecture == 'encoder_decoder':
     target, prompts = ENCODER_DECODER, np.array([[5, 6, 0], [7, 0, 0], [0, 0, 0]], np.int32)
     input_tokens = padded_inputs(1, 3, 9, target.vocab_size)
@@ -191,8 +205,9 @@ def test_the_loop_hands_the_head_the_features_of_a_fresh_forward_pass(architectu
   head = aligned_head(target)
   draft = RecordingFeatureDraft(head.params, head.target_params, head.config, head.target_config)
   RECORDED.clear()
+  speculative = dict(gamma=3) if tree is None else dict(tree=tree)
   out = models.generate(
-    target, draft, input_tokens, decoder_prompts=prompts, gamma=3, max_decode_len=8
+    target, draft, input_tokens, decoder_prompts=prompts, max_decode_len=8, **speculative
   )
   jax.effects_barrier()
   prompt_rows = input_tokens if prompts is None else prompts
@@ -225,6 +240,8 @@ def test_the_loop_hands_the_head_the_features_of_a_fresh_forward_pass(architectu
       checked += count
   assert checked >= decoded_lengths(tokens).sum()
   assert np.asarray(out.stats.accepted).sum() > 0
+  if tree is not None:  # Some path runs through a lower-ranked sibling (path order matters).
+    assert np.asarray(out.stats.rank_accepted)[..., 1:].sum() > 0
 
 
 # ------------------------------------------------------------------------------
