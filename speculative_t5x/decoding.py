@@ -1183,8 +1183,9 @@ def speculative_sample(
     rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
     if not hasattr(draft, 'propose_tree'):
       raise ValueError(
-        f'A token tree needs a draft that ranks its candidates by probability (a model or '
-        f'n-gram draft); a {type(draft).__name__} proposes one continuation. Pass tree=None.'
+        f'A token tree needs a draft that ranks its candidates by probability (a model, '
+        f'n-gram or feature draft); a {type(draft).__name__} proposes one continuation. '
+        'Pass tree=None.'
       )
     callback_args = {}
     if logit_callback_fn is not None:
@@ -1267,7 +1268,7 @@ def speculative_sample(
     if spec.draft_threshold and num_drafted is None:
       raise ValueError(
         f'draft_threshold={spec.draft_threshold} needs a draft that stops by its own '
-        f'probabilities (a model or n-gram draft); a {type(draft).__name__} always '
+        f'probabilities (a model, n-gram or feature draft); a {type(draft).__name__} always '
         'drafts gamma tokens. Pass draft_threshold=0.'
       )
     block = jnp.concatenate([last_token, draft_tokens], axis=1)
