@@ -230,3 +230,33 @@ def test_the_head_cache_after_a_tree_equals_a_fresh_pass_over_the_true_prefix(ar
       np.testing.assert_allclose(got[name], want[name], atol=2e-5, err_msg=f'row {row} {name}')
   np.testing.assert_allclose(cache['feature'], predicted, atol=2e-5)
   np.testing.assert_allclose(cache['logits'], draft._logits(predicted, hidden), atol=2e-4)
+
+
+# ------------------------------------------------------------------------------
+# One compiled loop, one encoder pass.
+# ------------------------------------------------------------------------------
+def test_a_tree_decode_encodes_once_and_a_second_call_does_not_recompile(monkeypatch):
+  """The target's encoder is traced once per decode call (the head reads its output)."""
+  target = TARGETS['encoder_decoder']
+  encode = network.Transformer.encode
+  traced = []
+
+  def counting_encode(module, *args, **kwargs):
+    traced.append(1)
+    return encode(module, *args, **kwargs)
+
+  monkeypatch.setattr(network.Transformer, 'encode', counting_encode)
+  kwargs = dict(tree=(2, 1), temperature=1.0, max_decode_len=7)
+  inputs = padded_inputs(0, 3, 11, target.vocab_size)  # Shapes no other test compiles.
+  models.generate(target, aligned_head(target), inputs, **kwargs)
+  assert len(traced) == 1
+  compiled = models._generate._cache_size()
+  other = models.generate(
+    target,
+    aligned_head(target, seed=1),
+    padded_inputs(1, 3, 11, target.vocab_size),
+    rng=jax.random.PRNGKey(5),
+    **kwargs,
+  )
+  assert models._generate._cache_size() == compiled and len(traced) == 1
+  assert other.tokens.shape == (3, 7)
