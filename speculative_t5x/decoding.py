@@ -1083,7 +1083,7 @@ def speculative_sample(
       the root being the prefix (`node_state`).
     draft: a `drafts.Draft` (model, n-gram, prompt lookup, or a feature head
       that reads the target's features: `drafts.FeatureDraft`, which needs a
-      `score_block` taking `feature_layers`, chains only). Timing only: a
+      `score_block` taking `feature_layers`, with a tree too). Timing only: a
       draft with emulated acceptance (`emulated_acceptance`, the benchmarks'
       `bench.emulation.EmulatedDraft`) has its tokens accepted i.i.d. at its
       rate instead of by `verify` (`speculative_sampling.emulated_verify`):
@@ -1181,17 +1181,11 @@ def speculative_sample(
 
   def tree_body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
     rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
-    if feature_layers is not None:
-      raise ValueError(
-        f'A token tree is not implemented for a {type(draft).__name__} (a draft that reads '
-        "the target's features: its head would expand each depth's frontier in one "
-        'tree-masked call, and its cache would be compacted to the accepted path). Pass '
-        'tree=None (a chain; the adaptive draft length works).'
-      )
     if not hasattr(draft, 'propose_tree'):
       raise ValueError(
-        f'A token tree needs a draft that ranks its candidates by probability (a model or '
-        f'n-gram draft); a {type(draft).__name__} proposes one continuation. Pass tree=None.'
+        f'A token tree needs a draft that ranks its candidates by probability (a model, '
+        f'n-gram or feature draft); a {type(draft).__name__} proposes one continuation. '
+        'Pass tree=None.'
       )
     callback_args = {}
     if logit_callback_fn is not None:
@@ -1208,7 +1202,11 @@ def speculative_sample(
       **sample_args,
       **callback_args,
     )
-    target_logits, cache = score_block(node_tokens, state.position, state.cache, tree=spec.tree)
+    target_logits, cache = score_block(
+      node_tokens, state.position, state.cache, tree=spec.tree, **feature_args
+    )
+    if feature_layers is not None:
+      target_logits, features = target_logits
     drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
     if logit_callback_fn is not None:
       target_logits = apply_logit_callback(
@@ -1226,9 +1224,19 @@ def speculative_sample(
       rescale_log_probs=rescale_log_probs,
     )
     cache = compact_cache(cache, state.position, verdict.path)
-    draft_cache = draft.compact_tree(
-      draft_cache, state.position, verdict.path, verdict.num_accepted
-    )
+    if feature_layers is None:
+      draft_cache = draft.compact_tree(
+        draft_cache, state.position, verdict.path, verdict.num_accepted
+      )
+    else:  # The head's entries over the accepted path, from the target's true features.
+      draft_cache = draft.observe_tree(
+        draft_cache,
+        features,
+        emitted_block(verdict.path_tokens, judgement),
+        state.position,
+        verdict.path,
+        verdict.num_accepted,
+      )
     return emit_block(
       state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
       verdict.path_tokens,
@@ -1260,7 +1268,7 @@ def speculative_sample(
     if spec.draft_threshold and num_drafted is None:
       raise ValueError(
         f'draft_threshold={spec.draft_threshold} needs a draft that stops by its own '
-        f'probabilities (a model or n-gram draft); a {type(draft).__name__} always '
+        f'probabilities (a model, n-gram or feature draft); a {type(draft).__name__} always '
         'drafts gamma tokens. Pass draft_threshold=0.'
       )
     block = jnp.concatenate([last_token, draft_tokens], axis=1)

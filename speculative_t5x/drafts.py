@@ -115,12 +115,16 @@ class Draft(Protocol):
   # the target's decoder layers: the loop then asks the target's block call for
   # those features (`score_block(..., feature_layers=...)`), passes the prompt's to
   # `prefill(..., features=...)` and, after each verification, calls
-  # `observe(cache, features, next_tokens, positions, num_accepted) -> cache`.
-  # Drafts that rank candidates by probability (model, n-gram) also draft token
-  # trees: `propose_tree(cache, sequences, positions, rng, *, tree, temperature,
+  # `observe(cache, features, next_tokens, positions, num_accepted) -> cache`
+  # (after a tree, over the accepted path: its nodes' features in path order).
+  # For an encoder-decoder target, `init_cache` also takes `encoded=`, the target's
+  # encoder output, computed once per decode call.
+  # Drafts that rank candidates by probability (model, n-gram, feature) also draft
+  # token trees: `propose_tree(cache, sequences, positions, rng, *, tree, temperature,
   # topk, topp) -> (node_tokens, node_valid, node_probs, cache)` (see
-  # `tree_rollout`) and `compact_tree(cache, positions, path) -> cache`, which
-  # keeps the accepted path's state after verification.
+  # `tree_rollout`); all but feature drafts also `compact_tree(cache, positions,
+  # path, num_accepted) -> cache`, which keeps the accepted path's state after
+  # verification.
 
 
 def rollout_loop(
@@ -477,13 +481,14 @@ class FeatureDraft:
   own guesses. A rollout then samples draft token 1 from 'logits' (the
   true feature of the last accepted token and the embedding of the token
   after it), and each later token from the head fed its own predicted
-  feature (EAGLE-1).
+  feature (EAGLE-1). A token tree (`propose_tree`) expands each depth's
+  frontier in one tree-masked head call; after the target judges it,
+  `observe` rewrites the head's entries over the accepted path.
 
   Attributes:
     params: the head's parameters.
-    target_params: the target's parameters, read frozen (its embedding, its
-      final norm and logits layer with output 'target', its encoder for an
-      encoder-decoder target).
+    target_params: the target's parameters, read frozen (its embedding, and
+      its final norm and logits layer with output 'target').
     config: the head's `feature_head.FeatureHeadConfig` (static).
     target_config: the target's network config (static).
   """
@@ -510,17 +515,30 @@ class FeatureDraft:
   def feature_layers(self):
     return self.config.feature_layers
 
-  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
+  def init_cache(
+    self, encoder_input_tokens: Array, cache_length: int, encoded: Optional[Array] = None
+  ) -> PyTree:
     """The head's zero state for B rows (see the class docstring).
 
-    For an encoder-decoder target this runs the target's encoder on the
-    inputs once per decode call, for the head's cross-attention.
+    `encoded` [B, Lin, D]: for an encoder-decoder target, the target's
+    encoder output of `encoder_input_tokens` (`network.encode`), which the
+    head's cross-attention reads; the decode call computes it once for both
+    (`models.speculative_decode`). Ignored for a decoder-only target.
     """
     batch = encoder_input_tokens.shape[0]
-    encoded = encoder_mask = None
+    encoder_mask = None
     if self.config.cross_attention:
-      encoded = network.encode(self.target_config, self.target_params, encoder_input_tokens)
+      expected = encoder_input_tokens.shape + (self.config.target_emb_dim,)
+      if encoded is None or tuple(encoded.shape) != expected:
+        raise ValueError(
+          "A feature head for an encoder-decoder target reads the target's encoder output: "
+          f'pass encoded={expected} (network.encode of the target on the inputs, as '
+          'models.speculative_decode does); got '
+          f'{None if encoded is None else tuple(encoded.shape)}.'
+        )
       encoder_mask = encoder_input_tokens > 0
+    else:
+      encoded = None
     return {
       'head': feature_head.init_cache(
         self.config, self.params, batch, cache_length, encoded, encoder_mask
@@ -534,11 +552,15 @@ class FeatureDraft:
       self.config, self.params, self.target_config, self.target_params, predicted, hidden
     )
 
-  def _head_block(self, head_cache, features, next_tokens, start_positions):
-    """The head over k positions per row: ((predicted [BN, k, Df], hidden), cache)."""
+  def _head_block(self, head_cache, features, next_tokens, start_positions, **tree_args):
+    """The head over k entries per row: ((predicted [BN, k, Df], hidden), cache).
+
+    A chain block, or with `tree=` and `first_node=` a tree level (see
+    `feature_head.apply_block`).
+    """
     next_embedded = network.embed_tokens(self.target_config, self.target_params, next_tokens)
     return feature_head.apply_block(
-      self.config, self.params, head_cache, features, next_embedded, start_positions
+      self.config, self.params, head_cache, features, next_embedded, start_positions, **tree_args
     )
 
   def observe(self, cache, features, next_tokens, positions, num_accepted):
@@ -558,6 +580,20 @@ class FeatureDraft:
     )
     take = lambda x: jnp.take_along_axis(x, num_accepted[:, None, None], axis=1)[:, 0]
     return self._last_outputs(head_cache, take(predicted), take(hidden))
+
+  def observe_tree(self, cache, node_features, next_tokens, positions, path, num_accepted):
+    """`observe` over a judged tree's accepted path (see `propose_tree`).
+
+    `node_features` [BN, N, Df]: the target's features at every node of its
+    tree call, gathered here in path order; `path` int32 [BN, D + 1] and
+    `num_accepted` [BN] as `tree.verify_tree`'s; `next_tokens` [BN, D + 1]
+    the path's accepted tokens, then the target's next token. The rewrite
+    covers the row's positions p..p+D: everything the next tree (rooted at
+    slot p + num_accepted) sees as context; the guesses left in later slots
+    are overwritten by that tree before it reads them.
+    """
+    path_features = jnp.take_along_axis(node_features, path[:, :, None], axis=1)
+    return self.observe(cache, path_features, next_tokens, positions, num_accepted)
 
   def _last_outputs(self, head_cache, predicted, hidden):
     """The state with the head's outputs at each row's last true position [BN, ...]."""
@@ -625,6 +661,51 @@ class FeatureDraft:
       step, carry, last_token, rng, vocab_size=self.vocab_size, **rollout_args
     )
     return tokens, probs, num_drafted, dict(cache, head=carry[-1])
+
+  def propose_tree(self, cache, sequences, positions, rng, *, tree, **sample_args):
+    """Drafts a token tree from each row's position (see `tree_rollout`).
+
+    As a chain's rollout, node i's head entry reads its parent's predicted
+    feature and the embedding of its own token, and sits one position before
+    the node (at the parent's depth): the root's children are drawn from the
+    state's 'logits' (no head call), and each deeper level is one
+    tree-masked head call whose slots are those of the tree rooted at slot
+    p - 1, the row's last true entry (node i at p - 1 + i). Those entries are
+    guesses; `observe`, over the accepted path, rewrites them.
+    """
+    root_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
+    batch = positions.shape[0]
+    # Each fed node's predicted feature (the root's: the state's), read by its children.
+    node_features = jnp.zeros((batch, tree.num_nodes, self.config.feature_width), jnp.float32)
+    node_features = node_features.at[:, 0].set(cache['feature'])
+
+    def step_level(carry, tokens, first_node):
+      node_features, head_cache = carry
+      if first_node == 0:  # The root: its children's logits are the state's.
+        return cache['logits'][:, None], carry
+      nodes = np.arange(first_node, first_node + tokens.shape[1])
+      (predicted, hidden), head_cache = self._head_block(
+        head_cache,
+        node_features[:, np.asarray(tree.parents)[nodes]],
+        tokens,
+        positions - 1,
+        tree=tree,
+        first_node=first_node,
+      )
+      node_features = node_features.at[:, nodes].set(predicted.astype(jnp.float32))
+      logits = self._logits(predicted, hidden).astype(jnp.float32)
+      return logits, (node_features, head_cache)
+
+    node_tokens, node_valid, node_probs, (_, head_cache) = tree_rollout(
+      step_level,
+      (node_features, cache['head']),
+      root_token,
+      rng,
+      tree=tree,
+      vocab_size=self.vocab_size,
+      **sample_args,
+    )
+    return node_tokens, node_valid, node_probs, dict(cache, head=head_cache)
 
 
 # ------------------------------------------------------------------------------

@@ -310,17 +310,26 @@ class FeatureHead(nn.Module):
       self.put_variable('cache', 'encoder_mask', encoder_mask)
 
   def decode_block(
-    self, features: Array, next_embedded: Array, start_positions: Array
+    self,
+    features: Array,
+    next_embedded: Array,
+    start_positions: Array,
+    tree: Any = None,
+    first_node: int = 0,
   ) -> Tuple[Array, Array]:
-    """k positions per row at start_positions[b] + j, against the cache (overwriting there).
+    """k entries per row against the cache (overwriting their slots), laid out as a chain or tree.
 
-    As `network.Transformer.decode_block`'s chain: each entry attends causally
-    within the block and to the row's cached positions before its start.
-    features [B, k, Df], next_embedded [B, k, D], start_positions int32 [B].
+    As `network.Transformer.decode_block`'s: a chain's entry j sits at
+    start_positions[b] + j and attends causally within the block and to the
+    row's cached positions before its start; with a static `tree`, the block
+    is nodes first_node..first_node+k-1, node i's entry goes to slot start + i
+    and attends to the context and its ancestors' slots
+    (`network.tree_attention_layout`). features [B, k, Df], next_embedded
+    [B, k, D], start_positions int32 [B].
     """
     cache_length = self.layers[0].self_attention.cache_shape()[1]
     query_positions, key_positions, visible = network.tree_attention_layout(
-      start_positions, cache_length, features.shape[1]
+      start_positions, cache_length, features.shape[1], tree, first_node
     )
     self_bias = self._bias(query_positions, key_positions, visible)
     cross_bias = None
@@ -328,7 +337,7 @@ class FeatureHead(nn.Module):
       cross_bias = self._cross_bias(self.get_variable('cache', 'encoder_mask'))
     y = self.pre_projection(jnp.concatenate([features, next_embedded.astype(features.dtype)], -1))
     for layer in self.layers:
-      y = layer.decode_block(y, None, self_bias, cross_bias, start_positions)
+      y = layer.decode_block(y, None, self_bias, cross_bias, start_positions + first_node)
     return self._outputs(y)
 
   def own_logits(self, hidden: Array) -> Array:
@@ -431,8 +440,14 @@ def apply_block(
   features: Array,
   next_embedded: Array,
   start_positions: Array,
+  *,
+  tree: Any = None,
+  first_node: int = 0,
 ) -> Tuple[Tuple[Array, Array], PyTree]:
-  """`FeatureHead.decode_block` as a function: ((predicted [B, k, Df], hidden [B, k, H]), cache)."""
+  """`FeatureHead.decode_block` as a function: ((predicted [B, k, Df], hidden [B, k, H]), cache).
+
+  A chain block, or with a static `tree` (a `tree.Tree`) its nodes from `first_node`.
+  """
   if features.shape[-1] != config.feature_width:
     raise ValueError(
       f'The feature head reads features of width {config.feature_width} '
@@ -445,6 +460,8 @@ def apply_block(
     features,
     next_embedded,
     start_positions.astype(jnp.int32),
+    tree,
+    first_node,
     method=FeatureHead.decode_block,
     mutable=['cache'],
   )

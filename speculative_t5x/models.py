@@ -144,6 +144,7 @@ def prefilled_target_cache(
   prefill_width: Optional[int] = None,
   inputs_bidirectional_attention: bool = False,
   feature_layers: Optional[Tuple[int, ...]] = None,
+  encoded: Optional[Array] = None,
 ) -> Tuple[PyTree, Optional[Array]] | Tuple[PyTree, Optional[Array], Optional[Array]]:
   """The target's block cache, prefilled with the decoder prompts if there are any.
 
@@ -161,13 +162,15 @@ def prefilled_target_cache(
       prompt's positions 0..P attend to each other.
     feature_layers: optional static decoder layer indices: also return the
       prefill's features of the prompt block (for a `drafts.FeatureDraft`).
+    encoded: optional [B, Lin, D], an encoder-decoder's encoder output of
+      `input_tokens` when the caller computed it (`network.init_decoder_cache`).
 
   Returns:
     (cache, initial_index): initial_index int32 [B] is each row's prompt
     length P (where decoding starts), or None without `decoder_prompt`. With
     `feature_layers`, (cache, initial_index, features [B, W, Df] or None).
   """
-  cache = network.init_decoder_cache(config, params, input_tokens, cache_length)
+  cache = network.init_decoder_cache(config, params, input_tokens, cache_length, encoded)
   features = None
   if decoder_prompt is None:
     initial_index = None
@@ -245,8 +248,12 @@ def speculative_decode(
   """
   tree = decode_args.get('tree')
   cache_length = decoding.speculative_cache_length(max_decode_len, gamma, tree)
-  # A draft that reads the target's features (`drafts.FeatureDraft`) gets the prompt's.
+  # A draft that reads the target's features (`drafts.FeatureDraft`) gets the prompt's,
+  # and for an encoder-decoder target the encoder output, computed once for both.
   feature_layers = getattr(draft, 'feature_layers', None)
+  encoder_args = {}
+  if feature_layers is not None and not network.is_decoder_only(target_config):
+    encoder_args['encoded'] = network.encode(target_config, target_params, input_tokens)
   cache, initial_index, *prompt_features = prefilled_target_cache(
     target_config,
     target_params,
@@ -256,8 +263,9 @@ def speculative_decode(
     prefill_width=prefill_width,
     inputs_bidirectional_attention=inputs_bidirectional_attention,
     feature_layers=feature_layers,
+    **encoder_args,
   )
-  draft_cache = draft.init_cache(input_tokens, cache_length)
+  draft_cache = draft.init_cache(input_tokens, cache_length, **encoder_args)
   if decoder_prompt is None:
     decoder_prompt = jnp.zeros((input_tokens.shape[0], max_decode_len), jnp.int32)
   else:

@@ -50,20 +50,26 @@ ENCODER_MASK_AXES = ('batch', 'length')
 
 
 def init_decoder_cache(
-  config: NetworkConfig, params: Any, input_tokens: Array, cache_length: int
+  config: NetworkConfig,
+  params: Any,
+  input_tokens: Array,
+  cache_length: int,
+  encoded: Optional[Array] = None,
 ) -> Any:
   """The cache for `apply_decode_block` and `prefill_decoder_cache` (no dropout).
 
-  For a T5Config, encodes `input_tokens` and caches the cross-attention
-  keys/values. For a DecoderOnlyConfig the tokens only give the batch size:
-  the self-attention caches start at zero and the prompt is written by
-  `prefill_decoder_cache`.
+  For a T5Config, encodes `input_tokens` (unless `encoded` is given) and
+  caches the cross-attention keys/values. For a DecoderOnlyConfig the tokens
+  only give the batch size: the self-attention caches start at zero and the
+  prompt is written by `prefill_decoder_cache`.
 
   Args:
     config: the network's config.
     params: its parameter tree, or `kernels.PackedParams` (the CPU kernel).
     input_tokens: int32 [B, input_length]; 0 is padding.
     cache_length: static; the longest decode plus the largest block.
+    encoded: optional [B, input_length, emb], `encode`'s output of
+      `input_tokens`, when the caller needs it too (a feature head's).
 
   Returns:
     The cache collection (see the module docstring for its layout).
@@ -78,9 +84,10 @@ def init_decoder_cache(
       mutable=['cache'],
     )
     return variables['cache']
-  encoded = module.apply(
-    kernels.variables(params), input_tokens, enable_dropout=False, method=Transformer.encode
-  )
+  if encoded is None:
+    encoded = module.apply(
+      kernels.variables(params), input_tokens, enable_dropout=False, method=Transformer.encode
+    )
   _, variables = module.apply(
     kernels.variables(params),
     encoded,

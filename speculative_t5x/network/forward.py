@@ -9,6 +9,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 import jax
 
+from speculative_t5x import kernels
 from speculative_t5x.network.config import NetworkConfig
 from speculative_t5x.network.config import T5Config
 from speculative_t5x.network.config import is_decoder_only
@@ -97,9 +98,12 @@ def _forward(config: NetworkConfig, params: Any, features: Mapping[str, Array], 
 
 
 def encode(config: T5Config, params: Any, input_tokens: Array) -> Array:
-  """[B, input_length, emb]: an encoder-decoder's encoder output (no dropout)."""
+  """[B, input_length, emb]: an encoder-decoder's encoder output (no dropout).
+
+  `params` may be `kernels.PackedParams`, as `init_decoder_cache` takes them.
+  """
   return Transformer(config).apply(
-    {'params': params}, input_tokens, enable_dropout=False, method=Transformer.encode
+    kernels.variables(params), input_tokens, enable_dropout=False, method=Transformer.encode
   )
 
 
