@@ -532,9 +532,15 @@ def costs_record(
       first.draft_catch_up,
       bandwidth,
     )
+  elif isinstance(draft, drafts.FeatureDraft):  # One head call (over the block), its weights.
+    floors['draft'] = measure.step_floor(
+      measure.draft_weight_bytes(draft), first.draft_observe, bandwidth
+    )
+  if 'draft' in floors:
     floors['draft_bytes_over_target_bytes'] = floors['draft']['bytes'] / floors['target']['bytes']
   temperatures = sorted({t for t, _ in parts})
   return dict(
+    draft=describe_draft(draft),
     target_step_ms=1000 * first.target_step,
     bandwidth_gb_per_s=bandwidth / 1e9,
     floors=floors,
@@ -542,6 +548,23 @@ def costs_record(
     c={t: {g: p.c for (pt, g), p in parts.items() if pt == t} for t in temperatures},
     parts_ms={t: {g: p.as_ms() for (pt, g), p in parts.items() if pt == t} for t in temperatures},
   )
+
+
+def describe_draft(draft) -> Dict[str, Any]:
+  """{'kind', ...}: what drafts, for the records (a network's or a feature head's shape)."""
+  if isinstance(draft, drafts.FeatureDraft):
+    config = draft.config
+    return dict(
+      kind='feature head',
+      width=config.emb_dim,
+      layers=config.num_layers,
+      output=config.output,
+      feature_layers=list(config.feature_layers),
+      parameters=int(network.parameter_count(draft.params)),
+    )
+  if isinstance(draft, drafts.ModelDraft):
+    return dict(kind='network', parameters=int(network.parameter_count(draft.params)))
+  return dict(kind=type(draft).__name__)
 
 
 def prompts_record(prompts: Optional[np.ndarray]) -> Optional[Dict[str, Any]]:
@@ -600,8 +623,9 @@ def run_benchmark(
 
   Args:
     target: the target model, encoder-decoder or decoder-only.
-    draft: a `models.Model` of the target's architecture or a draft from
-      `drafts` (n-gram, prompt lookup).
+    draft: a `models.Model` of the target's architecture, a draft from
+      `drafts` (n-gram, prompt lookup, a feature head: `drafts.FeatureDraft`)
+      or a `models.FeatureHeadCheckpoint`.
     inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's
       prompts [N, Lp] (each row's tokens, then 0-padding; a prefix LM's keep
       their EOS); the first `num_walltime_examples` are timed, all of them
@@ -707,6 +731,7 @@ def run_benchmark(
 
 def _checked_draft(target: models.Model, draft, decoder_prompts: Optional[np.ndarray]):
   """The draft as a `drafts` draft; ValueError unless it fits the target and the prompts."""
+  draft = models.draft_for(target, draft)  # A feature head's checkpoint, read for the target.
   draft = draft.as_draft() if isinstance(draft, models.Model) else draft
   drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
   models.check_same_architecture(target, draft)
@@ -1366,6 +1391,7 @@ def iteration_breakdown(
   breakdown = dict(
     draft_catch_up=ms['draft_catch_up'] * catch_up_rate,
     draft_rollout=ms['draft_rollout'] * rollout_share,
+    draft_observe=ms['draft_observe'],
     target_block=ms['target_block'],
     judge=ms['judge'],
     emit=ms['emit'],

@@ -96,11 +96,14 @@ class Costs(PairRecord):
       prompts, or None without prompts.
     target_step_ms: one target step.
     bandwidth_gb_per_s: the memory bandwidth measured in the same run.
-    floors: {'target', 'draft' (a model draft): `measure.step_floor` dicts,
-      'draft_bytes_over_target_bytes'}.
+    floors: {'target', 'draft' (a model draft's step, a feature head's call
+      over the block): `measure.step_floor` dicts, 'draft_bytes_over_target_bytes'}.
     verify_cost: {gamma: v(gamma)} at the first temperature.
     c: {temperature: {gamma: c}}.
     parts_ms: {temperature: {gamma: `IterationParts.as_ms()`}}.
+    draft: what drafts (`benchmark.describe_draft`): {'kind': 'network',
+      'feature head' (with its width, layers, output and feature layers) or
+      the draft's class, 'parameters'}; None in records written before it.
   """
 
   KIND: ClassVar[str] = 'costs'
@@ -111,6 +114,7 @@ class Costs(PairRecord):
   verify_cost: Dict[Any, float]
   c: Dict[Any, Dict[Any, float]]
   parts_ms: Dict[Any, Dict[Any, Dict[str, float]]]
+  draft: Optional[Dict[str, Any]] = _optional()
 
 
 @dataclasses.dataclass(kw_only=True)

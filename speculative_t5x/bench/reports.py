@@ -234,9 +234,25 @@ def _pair_lines(records: Sequence[records_lib.Record]) -> List[str]:
   # Records written before decoder-only pairs existed are all encoder-decoder.
   return [
     f'Pair **{costs.pair}** ({costs.architecture or "encoder-decoder"}), task '
-    f'**{costs.task}**; prompts of the timed examples: {described}.',
+    f'**{costs.task}**; {draft_description(costs.draft)}prompts of the timed examples: '
+    f'{described}.',
     '',
   ]
+
+
+def draft_description(draft: Optional[Dict[str, Any]]) -> str:
+  """'draft: ...; ' from a costs record's `draft` (empty for records without one)."""
+  if not draft:
+    return ''
+  if draft['kind'] == 'feature head':
+    return (
+      f'draft: a feature head of width {draft["width"]}, {draft["layers"]} layer(s), output '
+      f'{draft["output"]!r}, reading target layer(s) {tuple(draft["feature_layers"])} '
+      f'({draft["parameters"] / 1e6:.2f}M parameters); '
+    )
+  if 'parameters' in draft:
+    return f'draft: a {draft["kind"]} ({draft["parameters"] / 1e6:.2f}M parameters); '
+  return f'draft: {draft["kind"]}; '
 
 
 def _drafting_lines(walltime: Sequence[records_lib.Record]) -> List[str]:
@@ -269,6 +285,7 @@ def _drafting_lines(walltime: Sequence[records_lib.Record]) -> List[str]:
 _BREAKDOWN_PARTS = (
   'draft_catch_up',
   'draft_rollout',
+  'draft_observe',
   'target_block',
   'judge',
   'emit',
@@ -306,22 +323,24 @@ def _breakdown_lines(records: Sequence[records_lib.Record]) -> List[str]:
     '',
     "## Where an iteration's time goes (batch 1, ms)",
     '',
-    "Each part timed alone in a compiled loop at the decode call's shapes; the "
+    "Each part timed alone in a compiled loop at the decode call's shapes (head "
+    "observe: a feature head's rewrite of its cache over the block, every iteration); the "
     'catch-up counted at the rate the run needed it, the encoders at their share per '
     'iteration; unexplained = measured - parts. When target and draft exceed the '
     'last-level cache together, the draft is timed with flushed caches, as it runs '
     'after the target in the loop.',
     '',
-    '| T | gamma | catch-up | draft rollout | target block | verify | bookkeeping '
-    '| encode | parts | measured | unexplained | baseline ms/token: parts / measured '
-    '| predicted from parts | measured speedup |',
-    '|' + '---|' * 14,
+    '| T | gamma | catch-up | draft rollout | head observe | target block | verify '
+    '| bookkeeping | encode | parts | measured | unexplained | baseline ms/token: parts / '
+    'measured | predicted from parts | measured speedup |',
+    '|' + '---|' * 15,
   ]
   for r in rows:
     b = r.breakdown
     lines.append(
       f'| {r.temperature} | {r.gamma} | {_fmt(b["draft_catch_up"], 3)} '
-      f'| {_fmt(b["draft_rollout"], 3)} | {_fmt(b["target_block"], 3)} | {_fmt(b["judge"], 3)} '
+      f'| {_fmt(b["draft_rollout"], 3)} | {_fmt(b.get("draft_observe"), 3)} '
+      f'| {_fmt(b["target_block"], 3)} | {_fmt(b["judge"], 3)} '
       f'| {_fmt(b["emit"], 3)} | {_fmt(b["encode"], 3)} | {_fmt(b["parts_sum"], 3)} '
       f'| {_fmt(b["measured"], 3)} '
       f'| {_fmt(b["unexplained"], 3)} ({100 * b["unexplained"] / max(b["measured"], 1e-9):.0f}%) '
@@ -602,7 +621,7 @@ def plot_breakdown(records: Sequence[records_lib.Record], path: str) -> None:
   labels = [f'T={r.temperature}\ng={r.gamma}' for r in rows]
   bottom = np.zeros(len(rows))
   for part in _BREAKDOWN_PARTS:
-    heights = np.array([max(r.breakdown[part], 0.0) for r in rows])
+    heights = np.array([max(r.breakdown.get(part, 0.0), 0.0) for r in rows])
     ax.bar(labels, heights, bottom=bottom, label=part.replace('_', ' '))
     bottom += heights
   if rows:
