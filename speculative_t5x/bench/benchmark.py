@@ -617,6 +617,7 @@ def run_benchmark(
   output_dir: Optional[str] = None,
   profile_dir: Optional[str] = None,
   result_cache: Optional[result_cache_lib.ResultCache] = None,
+  sampled_quality: bool = True,
   progress: Callable[[str], None] = print,
 ) -> List[records_lib.Record]:
   """Measures everything in the module docstring; returns typed records (`records`).
@@ -674,6 +675,9 @@ def run_benchmark(
       (`result_cache`); their records then say which run computed them
       (`cached_from`). Timings are always measured. None: computed in this
       run.
+    sampled_quality: at T > 0, BLEU and length of both decoders over 8
+      keys (`sampled_quality`); False skips them (a second draft of a pair
+      whose sampled quality another run reports).
     progress: called with a line per step.
 
   Returns:
@@ -700,6 +704,7 @@ def run_benchmark(
     max_decode_len=max_decode_len,
     emulate_alpha=emulate_alpha,
     result_cache=result_cache or result_cache_lib.ResultCache(None),
+    sampled_quality=sampled_quality,
     progress=progress,
   )
   sweep_gammas = set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())
@@ -758,6 +763,7 @@ class TimedExamples:
     max_decode_len: output length.
     emulate_alpha: the timing-only emulated acceptance (None: the pair's own).
     result_cache: where sampled quality is kept between runs.
+    sampled_quality: whether T > 0 rows measure it (`run_benchmark`'s).
     progress: called with a line per step.
   """
 
@@ -772,6 +778,7 @@ class TimedExamples:
   max_decode_len: int
   emulate_alpha: Optional[float]
   result_cache: result_cache_lib.ResultCache
+  sampled_quality: bool
   progress: Callable[[str], None]
 
   @classmethod
@@ -1160,7 +1167,7 @@ def _quality_fields(
       bleu_baseline=corpus_bleu(timed.vocabulary_path, baseline.outputs, timed.references),
       bleu_speculative=corpus_bleu(timed.vocabulary_path, speculative.outputs, timed.references),
     )
-  elif batch_size == 1:  # Samples of one distribution: mean +- stderr over keys, once.
+  elif batch_size == 1 and timed.sampled_quality:  # One distribution's: mean +- stderr over keys.
     fields['sampled_quality'] = sampled_quality(
       dict(
         baseline=timed.decoder(temperature),

@@ -9,6 +9,7 @@ Each class names its kind once (`KIND`, the JSON's 'kind' field):
   'walltime'      `Walltime`: baseline vs speculative at one (T, settings, batch size).
   'gamma_choice'  `GammaChoice`: gamma chosen from the parts vs the measured best.
   'distillation'  `Distillation`: the draft's distillation settings and curve.
+  'head_training' `HeadTraining`: a feature head's training: steps, time, curve.
   'profile'       `Profile`: a speculation profile written by the sweep.
   'auto'          `Auto`: gamma='auto' against every fixed gamma at one batch size.
   'machine'       `Machine`: the machine the run measured.
@@ -258,6 +259,24 @@ class Distillation(PairRecord):
 
 
 @dataclasses.dataclass(kw_only=True)
+class HeadTraining(PairRecord):
+  """A feature head's training (`train_feature_head`), reported with its curve.
+
+  Attributes:
+    steps: its training steps.
+    training_seconds: the run's wall time to `steps` (since its last start,
+      if it was resumed); None if not recorded.
+    curve: its held-out records ({'step', 'alpha': the first draft token's
+      alpha at T = 1 on the target's samples, 'loss'}).
+  """
+
+  KIND: ClassVar[str] = 'head_training'
+  steps: int
+  training_seconds: Optional[float]
+  curve: List[Dict[str, Any]]
+
+
+@dataclasses.dataclass(kw_only=True)
 class Profile(PairRecord):
   """A speculation profile the sweep wrote (`profiles.profile_from_records`).
 
@@ -432,6 +451,7 @@ KINDS: Dict[str, Type[Record]] = {
     Walltime,
     GammaChoice,
     Distillation,
+    HeadTraining,
     Profile,
     Auto,
     Machine,

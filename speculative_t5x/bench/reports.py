@@ -76,6 +76,7 @@ def markdown_report(records: Sequence[records_lib.Record]) -> str:
     ]
     lines += _cached_lines(r.cached_from for r in alpha)
   lines += _distillation_lines(records)
+  lines += _head_training_lines(records)
   lines += _profile_lines(records)
   batched = [r for r in walltime if r.batch_size != 1]
   if batched and not any(isinstance(r, records_lib.Profile) for r in records):
@@ -555,6 +556,23 @@ def plot_profile(
 def _alpha_keys(evaluation: Dict[str, Any]) -> List[str]:
   """The held-out alpha names of a distillation evaluation record ('alpha_T0', ...)."""
   return sorted(k for k in evaluation if k.startswith('alpha_T') and not k.endswith('_stderr'))
+
+
+def _head_training_lines(records: Sequence[records_lib.Record]) -> List[str]:
+  """Markdown: a feature head's training, its held-out alpha at the curve's ends."""
+  lines = []
+  for r in records:
+    if isinstance(r, records_lib.HeadTraining) and r.curve:
+      took = '' if r.training_seconds is None else f', {r.training_seconds:.0f} s'
+      first, last = r.curve[0], r.curve[-1]
+      lines += [
+        '',
+        f'## Feature head training ({r.steps} steps{took})',
+        '',
+        f'Held-out alpha of its first draft token at T = 1: {first["alpha"]:.3f} at step '
+        f'{first["step"]}, {last["alpha"]:.3f} at step {last["step"]}.',
+      ]
+  return lines
 
 
 def _distillation_lines(records: Sequence[records_lib.Record]) -> List[str]:
