@@ -20,7 +20,9 @@ from speculative_t5x import infer
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import settings as settings_lib
 from speculative_t5x.bench import benchmark
+from speculative_t5x.bench import measure
 from speculative_t5x.bench import reports
 from speculative_t5x.training import train_feature_head
 import testing_utils
@@ -128,6 +130,27 @@ def test_the_benchmark_measures_and_reports_a_feature_head(head_records):
   markdown = open(os.path.join(output_dir, 'benchmark.md')).read()
   assert "draft: a feature head of width 32, 1 layer(s), output 'target'" in markdown
   assert '| head observe |' in markdown
+
+
+def test_a_heads_parts_with_prompts_are_timed():
+  """A decoder-only target's prompt is prefilled into the head (from the target's features,
+  random here) in the per-call set-up, and the head's cache rewrite is a part of c."""
+  target = TARGETS['decoder-only']
+  parts = measure.iteration_parts(
+    target.config,
+    target.params,
+    random_head(target, output='own'),
+    settings_lib.SpeculativeSettings(gamma=2),
+    batch_size=1,
+    input_length=4,
+    prompt_length=4,
+    max_decode_len=6,
+    repetitions=1,
+  )
+  assert parts.draft_encode > 0 and parts.draft_observe > 0 and parts.draft_catch_up == 0
+  assert parts.c == pytest.approx(
+    (parts.draft_rollout + parts.draft_observe) / 2 / parts.target_step
+  )
 
 
 def test_costs_records_without_a_draft_description_still_report():
