@@ -1,12 +1,17 @@
 """Training a feature head (`feature_head`) on its frozen target's own outputs.
 
-Data. Each step decodes a batch of inputs (rows of `inputs`, in a seeded
+Data. Each step takes a batch of inputs (rows of `inputs`, in a seeded
 order that depends only on the step, so a resumed run sees what an
-uninterrupted one does) with the target alone (`models.make_decoder`), at a
-temperature taken in turn from `data_temperatures` (greedy and sampled
-outputs, on-policy as `distill` draws the target's), with the PRNG key
-`fold_in(PRNGKey(seed), step)`. For a decoder-only target the rows are
-prompts and a sequence is the prompt followed by its continuation.
+uninterrupted one does) and the target's own outputs for them
+(`models.make_decoder`, the target alone), at a temperature taken in turn
+from `data_temperatures` (greedy and sampled outputs, on-policy as `distill`
+draws the target's). The outputs are decoded ahead, `DATA_CHUNK_STEPS`
+steps at a time: the chunk's rows of each temperature in one call (a large
+batch costs the memory-bound decoder little more than a small one), with
+the PRNG key `fold_in(fold_in(PRNGKey(seed), first step of the chunk),
+temperature's index)`; a resumed run decodes its chunk whole, as an
+uninterrupted one. For a decoder-only target the rows are prompts and a
+sequence is the prompt followed by its continuation.
 
 Loss. One teacher-forced target pass gives, at every decoder input position
 t, the target's features f_t and its standardized next-token distribution
@@ -74,6 +79,8 @@ from speculative_t5x.training import train
 
 PyTree = Any
 SETTINGS_FILE = run_settings.FEATURE_HEAD_SETTINGS_FILE
+# Steps whose target outputs are decoded together (see the module docstring).
+DATA_CHUNK_STEPS = 8
 # `train`'s feature_layers for EAGLE-3's fusion of a low, a middle and the top layer.
 FUSED = 'fused'
 
@@ -187,6 +194,40 @@ def target_sequences(
   batch = distill.sequence_features(inputs, sequences)
   del batch['encoder_input_tokens']
   return batch
+
+
+def chunk_batches(
+  target: models.Model,
+  inputs: np.ndarray,
+  chunk: int,
+  *,
+  batch_size: int,
+  seed: int,
+  data_temperatures: Sequence[float],
+  max_decode_len: int,
+) -> Dict[int, Dict[str, np.ndarray]]:
+  """{step: batch} of the `DATA_CHUNK_STEPS` steps of chunk `chunk` (0-based).
+
+  Each temperature's steps (every len(data_temperatures)-th, in turn) have
+  their rows decoded in one call (see the module docstring).
+  """
+  first = chunk * DATA_CHUNK_STEPS + 1
+  steps = range(first, first + DATA_CHUNK_STEPS)
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), first)
+  batches = {}
+  for index, temperature in enumerate(data_temperatures):
+    mine = [s for s in steps if (s - 1) % len(data_temperatures) == index]
+    if not mine:
+      continue
+    rows = np.concatenate([step_rows(len(inputs), batch_size, seed, s) for s in mine])
+    batch = target_sequences(
+      target, inputs[rows], max_decode_len, temperature, jax.random.fold_in(key, index)
+    )
+    for i, s in enumerate(mine):
+      batches[s] = {
+        name: value[i * batch_size : (i + 1) * batch_size] for name, value in batch.items()
+      }
+  return batches
 
 
 def step_rows(num_rows: int, batch_size: int, seed: int, step: int) -> np.ndarray:
@@ -304,13 +345,23 @@ def train_feature_head(
         target, np.asarray(eval_inputs, np.int32), max_decode_len, 1.0, jax.random.fold_in(key, 0)
       )
 
+    ahead = {}  # The current chunk's batches not yet trained on: {step: batch}.
+
     def step(state: train.TrainState, step: int):
-      rows = inputs[step_rows(len(inputs), batch_size, seed, step)]
-      data_temperature = data_temperatures[(step - 1) % len(data_temperatures)]
-      batch = target_sequences(
-        target, rows, max_decode_len, data_temperature, jax.random.fold_in(key, step)
-      )
-      state, sums = step_fn(state, target.params, batch)
+      if step not in ahead:
+        ahead.clear()
+        ahead.update(
+          chunk_batches(
+            target,
+            inputs,
+            (step - 1) // DATA_CHUNK_STEPS,
+            batch_size=batch_size,
+            seed=seed,
+            data_temperatures=data_temperatures,
+            max_decode_len=max_decode_len,
+          )
+        )
+      state, sums = step_fn(state, target.params, ahead.pop(step))
       return state, sums, sums['weight']
 
     def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
