@@ -25,8 +25,8 @@ figures are of: the pool's CPUs differ about 2x. Every step is cached in
      the target layers it reads are that file's defaults); one head serves
      both temperatures (--head_steps=0: none);
   6. `benchmark.run_benchmark` on the held-out test split at batch 1, greedy
-     and temperature 1, the distilled draft and then the head at each
-     temperature: alpha (Table 3: the distilled draft, the head, the draft
+     and temperature 1, the head timed in the same interleaved passes as the
+     distilled draft and the baseline (`compared_drafts`): alpha (Table 3: the distilled draft, the head, the draft
      before distillation, unigram and bigram drafts), c and the verify cost,
      ms/token of both decoders for gamma 3 and 5 (--full_sweep: 3, 5 and 7,
      and batch 8), tokens per target call, the Theorem 3.8 prediction, where
@@ -573,14 +573,15 @@ def main(argv) -> None:
     draft, distillation = distilled.get(temperature, (data_draft, None))
     drafts_used[temperature] = draft
     name = f'draft distilled for T={temperature:g}' if distillation else 'draft'
-    # alpha of every other draft on the same target samples: before distillation, the
-    # draft distilled for the other temperature, the feature head.
+    # alpha of every other draft on the same target samples: before distillation, and
+    # the draft distilled for the other temperature (and the head, a compared draft).
     alpha_drafts = {'data-trained draft': data_draft} if distillation else {}
     for other, (other_draft, _) in distilled.items():
       if other != temperature:
         alpha_drafts[f'draft distilled for T={other:g}'] = other_draft
-    if head is not None:
-      alpha_drafts[HEAD_NAME] = head
+    compared = {}
+    if head is not None:  # Timed in the same passes, against the same baseline.
+      compared[f'{target_name} / {HEAD_NAME} ({_millions(head)})'] = head
     records += benchmark.run_benchmark(
       target,
       draft,
@@ -589,20 +590,10 @@ def main(argv) -> None:
       temperatures=(temperature,),
       ngram_corpus=ngram_corpus,
       alpha_drafts=alpha_drafts,
+      compared_drafts=compared,
       distillation=distillation,
       **common,
     )
-    if head is not None:  # The head at the same temperature, gammas and examples.
-      records += benchmark.run_benchmark(
-        target,
-        head,
-        inputs,
-        pair_name=f'{target_name} / {HEAD_NAME} ({_millions(head)})',
-        temperatures=(temperature,),
-        # Exact sampling is the tests' to prove; the distilled draft's rows report it.
-        sampled_quality=False,
-        **common,
-      )
   if head_training is not None:
     records.append(
       records_lib.make(
@@ -619,7 +610,8 @@ def main(argv) -> None:
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None
   if args.peers:
-    greedy_gamma = benchmark.best_gamma(records, temperature=0.0)
+    distilled_records = [r for r in records if HEAD_NAME not in r.get('pair', '')]
+    greedy_gamma = benchmark.best_gamma(distilled_records, temperature=0.0)
     _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
     peers_markdown = compare_with_huggingface(
       target,

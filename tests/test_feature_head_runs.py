@@ -87,49 +87,61 @@ def test_teacher_forced_logits_are_the_heads_first_draft_token(architecture):
 # ------------------------------------------------------------------------------
 # The benchmark with a head.
 # ------------------------------------------------------------------------------
+HEAD_PAIR = 'target / feature head'
+
+
 @pytest.fixture(scope='module')
 def head_records(tmp_path_factory):
+  """A model draft's benchmark with a head compared in the same passes."""
   target = TARGETS['encoder-decoder']
   output_dir = str(tmp_path_factory.mktemp('head_benchmark'))
   records = benchmark.run_benchmark(
     target,
-    random_head(target, output='target'),
+    tiny_model(seed=1, vocab_size=24, scale=3.0),
     padded_inputs(0, 8, 7, target.vocab_size),
+    pair_name='target / model draft',
     temperatures=(0.0,),
     gammas=(1, 2),
     num_walltime_examples=4,
     repetitions=1,
     max_decode_len=10,
     alpha_tokens=800,
-    alpha_drafts={'model draft': tiny_model(seed=1, vocab_size=24, scale=3.0)},
+    compared_drafts={HEAD_PAIR: random_head(target, output='target')},
     output_dir=output_dir,
     progress=lambda line: None,
   )
   return records, output_dir
 
 
-def test_the_benchmark_measures_and_reports_a_feature_head(head_records):
+def test_the_benchmark_times_a_feature_head_beside_the_pairs_draft(head_records):
   records, output_dir = head_records
-  (costs,) = [r for r in records if r['kind'] == 'costs']
-  assert costs['draft']['kind'] == 'feature head' and costs['draft']['output'] == 'target'
-  assert costs['draft']['width'] == 32 and costs['draft']['feature_layers'] == [1]
-  for gamma, parts in costs['parts_ms'][0.0].items():
+  costs = {r['pair']: r for r in records if r['kind'] == 'costs'}
+  assert costs['target / model draft']['draft']['kind'] == 'network'
+  head_costs = costs[HEAD_PAIR]
+  assert head_costs['draft']['kind'] == 'feature head' and head_costs['draft']['output'] == 'target'
+  assert head_costs['draft']['width'] == 32 and head_costs['draft']['feature_layers'] == [1]
+  for gamma, parts in head_costs['parts_ms'][0.0].items():
     assert parts['draft_observe'] > 0 and parts['draft_rollout'] > 0, gamma
   # The head's weights and, with output 'target', the target's logits layer it applies.
-  head_bytes = costs['floors']['draft']['bytes']
-  assert head_bytes > 4 * 24 * 32 and costs['floors']['draft_bytes_over_target_bytes'] > 0
+  assert head_costs['floors']['draft']['bytes'] > 4 * 24 * 32
   alpha = {r['draft']: r for r in records if r['kind'] == 'alpha'}
-  assert set(alpha) == {benchmark.PAIR_DRAFT, 'model draft'}
-  walltime = {r['gamma']: r for r in records if r['kind'] == 'walltime'}
-  for gamma, r in walltime.items():
-    assert r['identical_outputs'] == 1.0 and r['c'] > 0, gamma
-    assert r['breakdown']['draft_observe'] > 0
+  assert set(alpha) == {benchmark.PAIR_DRAFT, HEAD_PAIR}
+  walltime = {(r['pair'], r['gamma']): r for r in records if r['kind'] == 'walltime'}
+  assert set(walltime) == {(pair, g) for pair in costs for g in (1, 2)}
+  for gamma in (1, 2):
+    head, draft = walltime[HEAD_PAIR, gamma], walltime['target / model draft', gamma]
+    assert head['identical_outputs'] == 1.0 and head['c'] > 0
+    assert head['breakdown']['draft_observe'] > 0 and draft['breakdown']['draft_observe'] == 0
+    assert head['alpha'] == alpha[HEAD_PAIR]['alpha']
+    # One baseline run for both: the same baseline timings.
+    assert head['ms_per_token_baseline'] == draft['ms_per_token_baseline']
   # At gamma 1 every draft token is a first one, from the true features: alpha by teacher
   # forcing measures the same acceptance as the loop (up to the loop's few positions).
-  assert abs(walltime[1]['alpha'] - walltime[1]['alpha_loop']) < 0.15
+  assert abs(walltime[HEAD_PAIR, 1]['alpha'] - walltime[HEAD_PAIR, 1]['alpha_loop']) < 0.15
   markdown = open(os.path.join(output_dir, 'benchmark.md')).read()
-  assert "draft: a feature head of width 32, 1 layer(s), output 'target'" in markdown
-  assert '| head observe |' in markdown
+  assert 'draft: a network (' in markdown
+  assert f'Also **{HEAD_PAIR}**: draft: a feature head of width 32' in markdown
+  assert '| head observe |' in markdown and f'| {HEAD_PAIR} |' in markdown
 
 
 def test_a_heads_parts_with_prompts_are_timed():

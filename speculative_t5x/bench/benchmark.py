@@ -612,12 +612,12 @@ def run_benchmark(
   alpha_tokens: int = 10_000,
   ngram_corpus: Optional[Sequence[np.ndarray]] = None,
   alpha_drafts: Optional[Mapping[str, Any]] = None,
+  compared_drafts: Optional[Mapping[str, Any]] = None,
   distillation: Optional[Mapping[str, Any]] = None,
   emulate_alpha: Optional[float] = None,
   output_dir: Optional[str] = None,
   profile_dir: Optional[str] = None,
   result_cache: Optional[result_cache_lib.ResultCache] = None,
-  sampled_quality: bool = True,
   progress: Callable[[str], None] = print,
 ) -> List[records_lib.Record]:
   """Measures everything in the module docstring; returns typed records (`records`).
@@ -657,6 +657,12 @@ def run_benchmark(
     alpha_drafts: more drafts (name -> a draft `acceptance.draft_logits` takes) whose
       alpha is measured on the same target samples, e.g. the draft before
       distillation.
+    compared_drafts: more drafts (pair label -> a draft as `draft`), each
+      timed in the same interleaved passes as the baseline and the pair's
+      draft over the gamma sweep at batch 1, with its own costs record and
+      alpha (among the alpha records under its label); its records carry
+      the label as their `pair`. No batch or profile sweep, no sampled
+      quality (greedy rows still check identical outputs).
     distillation: if given, a record of the draft's distillation ({'divergence',
       'steps', 'temperature', 'data_mix', 'eval_examples', 'curve': the
       held-out alpha records of `distill.DistillResult.eval_metrics`}),
@@ -675,9 +681,6 @@ def run_benchmark(
       (`result_cache`); their records then say which run computed them
       (`cached_from`). Timings are always measured. None: computed in this
       run.
-    sampled_quality: at T > 0, BLEU and length of both decoders over 8
-      keys (`sampled_quality`); False skips them (a second draft of a pair
-      whose sampled quality another run reports).
     progress: called with a line per step.
 
   Returns:
@@ -704,17 +707,33 @@ def run_benchmark(
     max_decode_len=max_decode_len,
     emulate_alpha=emulate_alpha,
     result_cache=result_cache or result_cache_lib.ResultCache(None),
-    sampled_quality=sampled_quality,
     progress=progress,
   )
+  # The compared drafts as the pair's timed examples with another draft and label.
+  compared = {
+    name: dataclasses.replace(
+      timed,
+      draft=_checked_draft(target, other, decoder_prompts),
+      common=dict(timed.common, pair=name),
+      sampled_quality=False,  # The pair's draft reports it against the same baseline.
+    )
+    for name, other in (compared_drafts or {}).items()
+  }
   sweep_gammas = set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())
   costs, parts = _measure_costs(timed, settings, temperatures, sorted(sweep_gammas))
   records: List[records_lib.Record] = [costs]
+  compared_parts = {}
+  for name, other in compared.items():
+    other_costs, compared_parts[name] = _measure_costs(other, settings, temperatures, gammas)
+    records.append(other_costs)
+  alpha_candidates = dict(alpha_drafts or {})
+  alpha_candidates.update({name: _alpha_candidate(other.draft) for name, other in compared.items()})
   alpha_records, alphas = _measure_alphas(
-    timed, inputs, decoder_prompts, temperatures, alpha_tokens, ngram_corpus, alpha_drafts
+    timed, inputs, decoder_prompts, temperatures, alpha_tokens, ngram_corpus, alpha_candidates
   )
   records += alpha_records
   for temperature in temperatures:
+    alpha_of = {r.draft: r.alpha for r in alpha_records if r.temperature == temperature}
     records += _measure_walltimes(
       timed,
       records,
@@ -726,6 +745,10 @@ def run_benchmark(
       alphas.get(temperature),
       parts=parts,
       profile_dir=profile_dir,
+      compared=[
+        (other, alpha_of.get(name, alphas.get(temperature)), compared_parts[name])
+        for name, other in compared.items()
+      ],
     )
   if distillation is not None:
     records.append(records_lib.make(records_lib.Distillation, **timed.common, **distillation))
@@ -763,7 +786,7 @@ class TimedExamples:
     max_decode_len: output length.
     emulate_alpha: the timing-only emulated acceptance (None: the pair's own).
     result_cache: where sampled quality is kept between runs.
-    sampled_quality: whether T > 0 rows measure it (`run_benchmark`'s).
+    sampled_quality: whether T > 0 rows at batch 1 measure it (not for compared drafts).
     progress: called with a line per step.
   """
 
@@ -778,8 +801,8 @@ class TimedExamples:
   max_decode_len: int
   emulate_alpha: Optional[float]
   result_cache: result_cache_lib.ResultCache
-  sampled_quality: bool
   progress: Callable[[str], None]
+  sampled_quality: bool = True
 
   @classmethod
   def of(cls, target, draft, inputs, decoder_prompts, *, common, **kwargs) -> 'TimedExamples':
@@ -871,6 +894,13 @@ def _measure_parts(timed, settings, temperatures, gammas, batch_size):
   )
 
 
+def _alpha_candidate(draft):
+  """A `drafts` draft as `acceptance.draft_logits` takes it (a network draft as its `Model`)."""
+  if isinstance(draft, drafts.ModelDraft):
+    return models.Model(draft.config, draft.params, draft.inputs_bidirectional_attention)
+  return draft
+
+
 def _measure_alphas(
   timed: TimedExamples,
   inputs: np.ndarray,
@@ -887,14 +917,8 @@ def _measure_alphas(
   """
   if timed.emulated:
     return [], {temperature: timed.emulate_alpha for temperature in temperatures}
-  target, draft = timed.target, timed.draft
-  candidates = {
-    PAIR_DRAFT: (
-      models.Model(draft.config, draft.params, draft.inputs_bidirectional_attention)
-      if isinstance(draft, drafts.ModelDraft)
-      else draft
-    )
-  }
+  target = timed.target
+  candidates = {PAIR_DRAFT: _alpha_candidate(timed.draft)}
   candidates.update(alpha_drafts or {})
   if ngram_corpus is not None:
     for order in (1, 2):
@@ -956,25 +980,34 @@ def _measure_walltimes(
   *,
   parts: Mapping[Any, measure.IterationParts],
   profile_dir: Optional[str],
+  compared: Sequence[Tuple[TimedExamples, Optional[float], Mapping[Any, Any]]] = (),
 ) -> List[records_lib.Record]:
   """One temperature's walltime: the gamma sweep at batch 1, the choice, the batch sweep.
 
   `records` are the run's so far (its costs record among them). With a
   profile directory, the batch sweep is the profile's (`_profile_sweep`);
   otherwise one gamma (`batch_size_gamma`, or the best at batch 1) is timed at
-  every other batch size.
+  every other batch size. `compared`: (timed examples, alpha, parts) of the
+  compared drafts, timed in the batch-1 sweep's passes (their records follow).
   """
-  new = [
-    _measure_walltime(timed, temperature, settings.replace(gamma=gamma), 1, alpha, parts=parts)
-    for gamma in gammas
-  ]
+  new, beside = [], []
+  for gamma in gammas:
+    record, others = _measure_walltime(
+      timed, temperature, settings.replace(gamma=gamma), 1, alpha, parts=parts, compared=compared
+    )
+    new.append(record)
+    beside += others
   choice = gamma_choice(new, temperature)
   if choice:
     new.append(records_lib.GammaChoice(**timed.common, **choice))
   if profile_dir is not None:
     costs = next(r for r in records if isinstance(r, records_lib.Costs))
-    return new + _profile_sweep(
-      timed, new, costs, temperature, settings, gammas, batch_sizes, alpha, profile_dir
+    return (
+      new
+      + beside
+      + _profile_sweep(
+        timed, new, costs, temperature, settings, gammas, batch_sizes, alpha, profile_dir
+      )
     )
   if batch_size_gamma == 'auto':
     sweep_gamma = choice['chosen_gamma'] if choice else best_gamma(new, temperature)
@@ -984,9 +1017,9 @@ def _measure_walltimes(
     new.append(
       _measure_walltime(
         timed, temperature, settings.replace(gamma=sweep_gamma), batch_size, alpha, parts=parts
-      )
+      )[0]
     )
-  return new
+  return new + beside
 
 
 def _alpha_records(
@@ -1026,8 +1059,44 @@ def _measure_walltime(
   *,
   parts: Mapping[Any, measure.IterationParts],
   batch1_rows: Optional[Mapping[str, Sequence[int]]] = None,
+  compared: Sequence[Tuple[TimedExamples, Optional[float], Mapping[Any, Any]]] = (),
+) -> Tuple[records_lib.Walltime, List[records_lib.Walltime]]:
+  """Times the baseline and speculative decoding, passes interleaved: (record, compared's).
+
+  `compared` ((timed examples, alpha, parts) of other drafts) are timed in the
+  same passes, each against the same baseline run.
+  """
+  timed.progress(
+    f'baseline and speculative, temperature {temperature}, gamma {settings.gamma}, '
+    f'batch {batch_size}{f" (and {len(compared)} compared drafts)" if compared else ""} ...'
+  )
+  decoders = [timed.decoder(temperature), timed.decoder(temperature, settings)]
+  decoders += [other.decoder(temperature, settings) for other, _, _ in compared]
+  baseline, speculative, *others = timed.time(decoders, batch_size)
+  record = _walltime_record(
+    timed, temperature, settings, batch_size, alpha, parts, baseline, speculative, batch1_rows
+  )
+  beside = [
+    _walltime_record(
+      other, temperature, settings, batch_size, other_alpha, other_parts, baseline, run
+    )
+    for (other, other_alpha, other_parts), run in zip(compared, others)
+  ]
+  return record, beside
+
+
+def _walltime_record(
+  timed: TimedExamples,
+  temperature: float,
+  settings: settings_lib.SpeculativeSettings,
+  batch_size: int,
+  alpha: Optional[float],
+  parts: Mapping[Any, measure.IterationParts],
+  baseline: DecodeRun,
+  speculative: DecodeRun,
+  batch1_rows: Optional[Mapping[str, Sequence[int]]] = None,
 ) -> records_lib.Walltime:
-  """Times the baseline and speculative decoding, passes interleaved; returns the record.
+  """The `records.Walltime` of one speculative run against the baseline's.
 
   The timings and the loop's statistics (`_timed_fields`), the predictions
   from alpha and the parts (`_predicted_fields`), and the outputs' quality
@@ -1035,13 +1104,6 @@ def _measure_walltime(
   [N] each, this gamma's batch-1 record's): adds the batched prediction from
   each row's own batch-1 decode (`_predict_from_rows`).
   """
-  timed.progress(
-    f'baseline and speculative, temperature {temperature}, gamma {settings.gamma}, '
-    f'batch {batch_size} ...'
-  )
-  baseline, speculative = timed.time(
-    [timed.decoder(temperature), timed.decoder(temperature, settings)], batch_size
-  )
   part = parts[temperature, settings.gamma]
   # [batches, batch_size]: what each batch's rows emit, the length of each batch's loop.
   lengths_by_batch = layouts.output_lengths(baseline.outputs, timed.eos_id).reshape(-1, batch_size)
@@ -1254,7 +1316,7 @@ def _profile_sweep(
           alpha,
           parts=parts,
           batch1_rows=batch1_rows.get(gamma),  # Used only where alpha is measured.
-        )
+        )[0]
       )
   walltime = [
     r

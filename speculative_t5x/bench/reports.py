@@ -221,10 +221,15 @@ def _cached_lines(cached_from: Iterable[Optional[Dict[str, str]]]) -> List[str]:
 
 
 def _pair_lines(records: Sequence[records_lib.Record]) -> List[str]:
-  """Markdown: the pair, its architecture and the prompts (from the costs record)."""
-  costs = next((r for r in records if isinstance(r, records_lib.Costs)), None)
-  if costs is None:
+  """Markdown: the pair, its architecture and the prompts (from the costs records).
+
+  A run's first costs record is its pair's; the others', drafts compared in the
+  same passes (`run_benchmark(compared_drafts=...)`) or other runs' pairs.
+  """
+  all_costs = [r for r in records if isinstance(r, records_lib.Costs)]
+  if not all_costs:
     return []
+  costs, others = all_costs[0], all_costs[1:]
   prompts = costs.prompts
   described = (
     'none (decoding starts at BOS)'
@@ -238,7 +243,7 @@ def _pair_lines(records: Sequence[records_lib.Record]) -> List[str]:
     f'**{costs.task}**; {draft_description(costs.draft)}prompts of the timed examples: '
     f'{described}.',
     '',
-  ]
+  ] + [f'Also **{r.pair}**: {draft_description(r.draft)[:-2] or "a draft"}.\n' for r in others]
 
 
 def draft_description(draft: Optional[Dict[str, Any]]) -> str:
