@@ -122,6 +122,9 @@ def test_the_benchmark_times_a_feature_head_beside_the_pairs_draft(head_records)
   assert head_costs['draft']['width'] == 32 and head_costs['draft']['feature_layers'] == [1]
   for gamma, parts in head_costs['parts_ms'][0.0].items():
     assert parts['draft_observe'] > 0 and parts['draft_rollout'] > 0, gamma
+  # One measurement of the target's parts for both drafts.
+  assert head_costs['verify_cost'] == costs['target / model draft']['verify_cost']
+  assert head_costs['target_step_ms'] == costs['target / model draft']['target_step_ms']
   # The head's weights and, with output 'target', the target's logits layer it applies.
   assert head_costs['floors']['draft']['bytes'] > 4 * 24 * 32
   alpha = {r['draft']: r for r in records if r['kind'] == 'alpha'}

@@ -472,8 +472,12 @@ def measure_parts(
   emulate_alpha: Optional[float] = None,
   repetitions: int = 7,
   batch_size: int = 1,
+  target_parts: Optional[Mapping[Any, measure.IterationParts]] = None,
 ) -> Dict[Any, measure.IterationParts]:
   """`measure.iteration_parts` at `batch_size` for every (temperature, gamma).
+
+  `target_parts` (another draft's result at the same settings): its target
+  parts are reused, only this draft's are timed.
 
   `settings` gives the rest of each gamma's settings (its verification rule
   is what the judge part times). `prompt_length` is the prompts' width (a
@@ -496,6 +500,7 @@ def measure_parts(
         temperature=temperature,
         emulate_alpha=emulate_alpha,
         target_step=target_step,
+        target_parts=None if target_parts is None else target_parts[temperature, gamma],
         repetitions=repetitions,
       )
       target_step = parts[temperature, gamma].target_step
@@ -724,7 +729,10 @@ def run_benchmark(
   records: List[records_lib.Record] = [costs]
   compared_parts = {}
   for name, other in compared.items():
-    other_costs, compared_parts[name] = _measure_costs(other, settings, temperatures, gammas)
+    # The target's parts are the pair's: one measurement, one v(gamma) for every draft.
+    other_costs, compared_parts[name] = _measure_costs(
+      other, settings, temperatures, gammas, target_parts=parts
+    )
     records.append(other_costs)
   alpha_candidates = dict(alpha_drafts or {})
   alpha_candidates.update({name: _alpha_candidate(other.draft) for name, other in compared.items()})
@@ -858,10 +866,14 @@ def _measure_costs(
   temperatures: Sequence[float],
   gammas: Sequence[int],
   batch_size: int = 1,
+  target_parts: Optional[Mapping[Any, measure.IterationParts]] = None,
 ) -> Tuple[records_lib.Costs, Dict[Any, measure.IterationParts]]:
-  """The parts of an iteration at every (temperature, gamma), and the costs record (batch 1)."""
+  """The parts of an iteration at every (temperature, gamma), and the costs record (batch 1).
+
+  `target_parts`: another draft's, whose target parts are reused (`measure_parts`).
+  """
   timed.progress('Measuring the parts of an iteration, bytes and bandwidth ...')
-  parts = _measure_parts(timed, settings, temperatures, gammas, batch_size)
+  parts = _measure_parts(timed, settings, temperatures, gammas, batch_size, target_parts)
   costs = records_lib.Costs(
     **timed.common,
     prompts=prompts_record(layouts.prompts_of(timed.target, timed.inputs, timed.decoder_prompts)),
@@ -877,7 +889,7 @@ def _measure_costs(
   return costs, parts
 
 
-def _measure_parts(timed, settings, temperatures, gammas, batch_size):
+def _measure_parts(timed, settings, temperatures, gammas, batch_size, target_parts=None):
   """`measure_parts` at the timed examples' shapes."""
   return measure_parts(
     timed.target,
@@ -891,6 +903,7 @@ def _measure_parts(timed, settings, temperatures, gammas, batch_size):
     emulate_alpha=timed.emulate_alpha,
     repetitions=max(5, timed.repetitions),
     batch_size=batch_size,
+    target_parts=target_parts,
   )
 
 

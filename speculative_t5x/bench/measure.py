@@ -431,6 +431,7 @@ def iteration_parts(
   topp: float = 0.0,
   emulate_alpha: Optional[float] = None,
   target_step: Optional[float] = None,
+  target_parts: Optional[IterationParts] = None,
   repetitions: int = 7,
 ) -> IterationParts:
   """Times each part of one iteration of `speculative_sample` at these settings.
@@ -456,6 +457,10 @@ def iteration_parts(
     temperature, topk, topp, emulate_alpha: the call's sampling settings.
     target_step: seconds of a one-token target step, if already measured
       (it does not depend on gamma).
+    target_parts: another draft's parts at these settings, whose target parts
+      (target step and block, encode, the baseline's sampling) are reused:
+      only this draft's parts are timed, so drafts compared in one run share
+      one measurement of the target's.
     repetitions: timed runs per part (median).
   """
   vocab_size = target_config.vocab_size
@@ -477,9 +482,12 @@ def iteration_parts(
   time_steps = functools.partial(step_seconds, repetitions=repetitions)
   zero = jnp.zeros((), jnp.float32)
 
+  if target_parts is not None:
+    target_step, target_block = target_parts.target_step, target_parts.target_block
   if target_step is None:
     target_step = network_step_seconds(target_config, target_params, block_size=1, **shape)
-  target_block = network_step_seconds(target_config, target_params, block_size=gamma + 1, **shape)
+  if target_parts is None:
+    target_block = network_step_seconds(target_config, target_params, block_size=gamma + 1, **shape)
 
   draft_cache = _draft_encode(draft, inputs, prompt_block, cache_length=cache_length)
   sequences = jnp.full((batch_size, cache_length + 1), 2, jnp.int32)
@@ -514,17 +522,20 @@ def iteration_parts(
       functools.partial(_draft_observe_step, draft=draft),
       (draft_cache, features, next_tokens, positions),
     )
-  target_encode = median_seconds(
-    lambda: _target_encode(
-      target_params,
-      inputs,
-      prompt_block,
-      config=target_config,
-      cache_length=cache_length,
-      inputs_bidirectional_attention=inputs_bidirectional_attention,
-    ),
-    repetitions,
-  )
+  if target_parts is not None:
+    target_encode = target_parts.target_encode
+  else:
+    target_encode = median_seconds(
+      lambda: _target_encode(
+        target_params,
+        inputs,
+        prompt_block,
+        config=target_config,
+        cache_length=cache_length,
+        inputs_bidirectional_attention=inputs_bidirectional_attention,
+      ),
+      repetitions,
+    )
   draft_encode = median_seconds(
     lambda: _draft_encode(draft, inputs, prompt_block, cache_length=cache_length), repetitions
   )
@@ -568,9 +579,12 @@ def iteration_parts(
     functools.partial(_emit_step, eos_id=-1), (draft_tokens, judgement, limits), state
   )
 
-  baseline_sampling = time_steps(
-    functools.partial(_sampling_step, sample_args=sample_args), (rng, target_logits[:, 0]), zero
-  )
+  if target_parts is not None:
+    baseline_sampling = target_parts.sampling
+  else:
+    baseline_sampling = time_steps(
+      functools.partial(_sampling_step, sample_args=sample_args), (rng, target_logits[:, 0]), zero
+    )
   return IterationParts(
     gamma=gamma,
     verification=settings.verification,
