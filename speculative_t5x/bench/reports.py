@@ -229,7 +229,8 @@ def _pair_lines(records: Sequence[records_lib.Record]) -> List[str]:
   all_costs = [r for r in records if isinstance(r, records_lib.Costs)]
   if not all_costs:
     return []
-  costs, others = all_costs[0], all_costs[1:]
+  costs = all_costs[0]
+  others = list({r.pair: r for r in all_costs[1:] if r.pair != costs.pair}.values())
   prompts = costs.prompts
   described = (
     'none (decoding starts at BOS)'
