@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import drafts
+from speculative_t5x import feature_head
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
@@ -145,6 +146,41 @@ def _prompt_lookup_logits(draft, input_tokens, decoder_inputs, positions):
   return jnp.where(guess, 0.0, network.NEG_INF).reshape(num_rows, length, draft.vocab_size)
 
 
+@jax.jit
+def _feature_head_logits(draft, input_tokens, decoder_inputs, positions):
+  """float32 [N, L, V]: a feature head's first draft token's logits, from the true features.
+
+  The head's entry at position i reads the target's feature there and the
+  embedding of the token at i + 1, and gives the logits of the token at
+  i + 2 (`feature_head`): the draft's logits for the token after position i
+  are its entry at i - 1. Position 0 has none: a row without a prompt drafts
+  its first token from zero logits, as `drafts.FeatureDraft` starts.
+  """
+  config, target_config = draft.config, draft.target_config
+  batch = {
+    'encoder_input_tokens': input_tokens,
+    'decoder_input_tokens': decoder_inputs,
+    'decoder_target_tokens': jnp.ones_like(decoder_inputs),
+  }
+  _, features = network.compute_logits(
+    target_config, draft.target_params, batch, feature_layers=config.feature_layers
+  )
+  next_tokens = jnp.pad(decoder_inputs[:, 1:], ((0, 0), (0, 1)))
+  next_embedded = network.embed_tokens(target_config, draft.target_params, next_tokens)
+  encoded = encoder_mask = None
+  if config.cross_attention:
+    encoded = network.encode(target_config, draft.target_params, input_tokens)
+    encoder_mask = input_tokens > 0
+  [(predicted, hidden)] = feature_head.unrolled(
+    config, draft.params, features.astype(jnp.float32), next_embedded, encoded, encoder_mask
+  )
+  logits = feature_head.logits(
+    config, draft.params, target_config, draft.target_params, predicted, hidden
+  )
+  logits = jnp.concatenate([jnp.zeros_like(logits[:, :1]), logits[:, :-1]], axis=1)
+  return jnp.take_along_axis(logits, positions[..., None], axis=1)
+
+
 def draft_logits(
   draft,
   input_tokens: np.ndarray,
@@ -158,10 +194,15 @@ def draft_logits(
   output), a prompt-lookup draft one-hot (as logits) at the token it would
   propose first from that context: its acceptance there is p(guess). The
   tokens after the first of a drafted block continue the same match, so
-  prompt lookup's beta in the loop (`alpha_loop`) can differ from this.
+  prompt lookup's beta in the loop (`alpha_loop`) can differ from this. A
+  feature head (`drafts.FeatureDraft`) from the target's true features
+  along the outputs (`_feature_head_logits`): its first draft token's
+  distribution; later ones read its own predicted features, so its beta in
+  the loop is lower.
 
   Args:
-    draft: a `models.Model`, `drafts.NgramDraft` or `drafts.PromptLookupDraft`.
+    draft: a `models.Model`, `drafts.NgramDraft`, `drafts.PromptLookupDraft`
+      or `drafts.FeatureDraft`.
     input_tokens: int [N, Lin] encoder inputs (a decoder-only pair's: its
       prompts), as the decode call's.
     output_tokens: int [N, L] target outputs.
@@ -178,9 +219,13 @@ def draft_logits(
     return _prompt_lookup_logits(
       draft, jnp.asarray(input_tokens, jnp.int32), decoder_inputs, positions
     )
+  if isinstance(draft, drafts.FeatureDraft):
+    return _feature_head_logits(
+      draft, jnp.asarray(input_tokens, jnp.int32), decoder_inputs, positions
+    )
   raise ValueError(
-    f'alpha by teacher forcing takes a models.Model, drafts.NgramDraft or '
-    f'drafts.PromptLookupDraft draft; got a {type(draft).__name__}. Measure its '
+    f'alpha by teacher forcing takes a models.Model, drafts.NgramDraft, '
+    f'drafts.PromptLookupDraft or drafts.FeatureDraft draft; got a {type(draft).__name__}. Measure its '
     "acceptance in the decode loop (the walltime records' alpha_loop)."
   )
 
@@ -237,8 +282,8 @@ def measure_alpha(
 
   Args:
     target: the target (encoder-decoder or decoder-only).
-    candidates: name -> a `models.Model`, `drafts.NgramDraft` or
-      `drafts.PromptLookupDraft` draft.
+    candidates: name -> a `models.Model`, `drafts.NgramDraft`,
+      `drafts.PromptLookupDraft` or `drafts.FeatureDraft` draft.
     inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's
       prompts [N, Lp] (tokens, then 0-padding), cycled through in batches.
     decoder_prompts: optional int32 [N, Lp] decoder prompts of an

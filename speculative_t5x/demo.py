@@ -18,17 +18,25 @@ figures are of: the pool's CPUs differ about 2x. Every step is cached in
      ahead in large batches; their loss needs no target call), T = 1 on the
      draft's own samples (on-policy); 150 and 200 steps; the held-out alpha
      curves kept;
-  5. `benchmark.run_benchmark` on the held-out test split at batch 1, greedy
-     and temperature 1: alpha (Table 3: the distilled draft, the draft before
-     distillation, unigram and bigram drafts), c and the verify cost, ms/token
-     of both decoders for gamma 3 and 5 (--full_sweep: 3, 5 and 7, and batch
-     8), the Theorem 3.8 prediction, where each iteration's time goes, BLEU
-     (greedy: identical outputs; T = 1: mean +- standard error over 8 keys,
-     samples of one distribution), memory;
-  6. the peer comparison: the same pair exported to Hugging Face and run by
+  5. a feature head (EAGLE-style, `drafts.FeatureDraft`) trained for the
+     target on its own greedy and sampled outputs
+     (`train_feature_head.train_on_task` with
+     configs/runs/train_feature_head.gin: its width, depth, output layer and
+     the target layers it reads are that file's defaults); one head serves
+     both temperatures (--head_steps=0: none);
+  6. `benchmark.run_benchmark` on the held-out test split at batch 1, greedy
+     and temperature 1, the head timed in the same interleaved passes as the
+     distilled draft and the baseline (`compared_drafts`): alpha (Table 3: the distilled draft, the head, the draft
+     before distillation, unigram and bigram drafts), c and the verify cost,
+     ms/token of both decoders for gamma 3 and 5 (--full_sweep: 3, 5 and 7,
+     and batch 8), tokens per target call, the Theorem 3.8 prediction, where
+     each iteration's time goes, BLEU (greedy: identical outputs; T = 1:
+     mean +- standard error over 8 keys, samples of one distribution),
+     memory;
+  7. the peer comparison: the same pair exported to Hugging Face and run by
      transformers' greedy and assisted generation at batch 1, beside ours,
      outputs compared token for token (`peers.compare_with_huggingface`);
-  7. a Table-2-style report printed and written to <workdir>/report/
+  8. a Table-2-style report printed and written to <workdir>/report/
      (benchmark.json, benchmark.md, peers.json, peers.md, figures).
 
 The compiled programs are cached in <workdir>/jax_cache, and what the
@@ -97,6 +105,13 @@ DISTILL_STEPS = (150, 200)
 # temperature 1, the draft's own samples (DistillSpec's on-policy data; alpha 0.52 ->
 # 0.66 in 300 steps).
 DISTILLATION_DATA = {0.0: {'target': 1.0}, 1.0: {'draft': 1.0}}
+# The feature head's training steps (16 rows each; the head's shape and loss are
+# configs/runs/train_feature_head.gin's defaults). Tokens per target call of the
+# demo's head at gamma 3 (T = 0 / T = 1): 1.84 / 1.93 after 60 steps, 1.89 / 1.88
+# after 120, 1.82 / 1.92 after 150 (the distilled drafts: 2.75 / 2.59): no gain
+# measured beyond 60 at this budget, so the first run spends no more on it.
+HEAD_STEPS = 60
+HEAD_NAME = 'feature head'  # How the report names the head beside the drafts.
 
 
 def _define_flags() -> None:
@@ -109,6 +124,9 @@ def _define_flags() -> None:
     [str(steps) for steps in DISTILL_STEPS],
     f'Distillation steps of the draft from the target for each of the temperatures '
     f'{TEMPERATURES} (0: no distillation, the data-trained draft).',
+  )
+  flags.DEFINE_integer(
+    'head_steps', HEAD_STEPS, 'Training steps of the feature head (0: no feature head).'
   )
   flags.DEFINE_enum(
     'distill_divergence', 'forward_kl', ['forward_kl', 'reverse_kl', 'jsd', 'tvd'], 'The loss.'
@@ -138,7 +156,8 @@ def _define_flags() -> None:
   )
 
 
-def _millions(model: models.Model) -> str:
+def _millions(model) -> str:
+  """A model's or a feature head's parameters, in millions (the head's own only)."""
   return f'{network.parameter_count(model.params) / 1e6:.1f}M'
 
 
@@ -332,6 +351,55 @@ def distilled_model(
   return models.Model(config, _restore_cached(model_dir, steps, config)), record
 
 
+def feature_head_draft(
+  workdir: str, target: models.Model, steps: int, corpus_dir: str, vocabulary: str, vocab_size: int
+):
+  """Trains a feature head for the target (or resumes/finds it): (draft, training record).
+
+  The run is `python -m speculative_t5x.training.train_feature_head` with
+  configs/pairs/gettext_tiny.gin (the target read from its training directory
+  in `workdir`), configs/tasks/gettext_ende.gin and
+  configs/runs/train_feature_head.gin. The record holds the head's held-out
+  alpha curve and its training time (read from the model directory, so a
+  cached run reports them too).
+  """
+  model_dir = os.path.join(workdir, 'feature_head')
+  if not os.path.isdir(os.path.join(model_dir, str(steps))):
+    from speculative_t5x.training import train_feature_head  # TensorFlow and seqio only here.
+
+    _step(f'Training a feature head for the target ({steps} steps)')
+    bindings = {
+      'MODEL_DIR': model_dir,
+      'HEAD_STEPS': steps,
+      'CHECKPOINT_PATH': os.path.join(workdir, 'gettext_target'),
+      'CORPUS_DIR': corpus_dir,
+      'VOCABULARY': vocabulary,
+      'VOCAB_SIZE': vocab_size,
+    }
+    gin_utils.call_configured(
+      train_feature_head.train_on_task,
+      [
+        'configs/pairs/gettext_tiny.gin',
+        'configs/tasks/gettext_ende.gin',
+        'configs/runs/train_feature_head.gin',
+      ],
+      [f'{name} = {value!r}' for name, value in bindings.items()],
+    )
+  with open(os.path.join(model_dir, run_settings.METRICS_FILE)) as f:
+    metrics = [json.loads(line) for line in f]
+  last = [r['seconds'] for r in metrics if r['split'] == 'train' and r['step'] == steps]
+  record = dict(
+    steps=steps,
+    training_seconds=last[-1] if last else None,
+    curve=[
+      {name: r[name] for name in ('step', 'alpha', 'loss')}
+      for r in metrics
+      if r['split'] == 'validation' and r['step'] <= steps
+    ],
+  )
+  return models.FeatureHeadCheckpoint(model_dir, steps).for_target(target), record
+
+
 def compare_with_huggingface(target, draft, inputs, gamma, workdir, report_dir) -> str:
   """`peers.compare_with_huggingface`, written to report_dir/peers.{json,md}."""
   from speculative_t5x.bench import peers  # PyTorch and transformers only here.
@@ -353,11 +421,23 @@ def compare_with_huggingface(target, draft, inputs, gamma, workdir, report_dir) 
   return markdown
 
 
+def _draft_label(record: records_lib.PairRecord) -> str:
+  """The table's draft column: 'head' for the feature head, else 'distilled' or 'draft'."""
+  if HEAD_NAME in record.pair:
+    return 'head'
+  return 'distilled' if 'distilled' in record.pair else 'draft'
+
+
 def print_table(records) -> None:
-  """The Table-2-style summary: one row per temperature and gamma, at batch 1."""
+  """The Table-2-style summary at batch 1: one row per temperature, gamma and draft.
+
+  The feature head's rows sit beside the distilled draft's; 'same' is the share of
+  outputs identical to the baseline's (greedy: all of them, else a bug).
+  """
   header = (
     'T',
     'gamma',
+    'draft',
     'alpha',
     'c',
     'v',
@@ -368,15 +448,20 @@ def print_table(records) -> None:
     'predicted',
     'BLEU base',
     'BLEU spec',
+    'same',
   )
   print(' '.join(f'{h:>11s}' for h in header))
   sampled = []
-  for r in records_lib.typed(records):
-    if not isinstance(r, records_lib.Walltime) or r.batch_size != 1:
-      continue
+  walltime = [
+    r
+    for r in records_lib.typed(records)
+    if isinstance(r, records_lib.Walltime) and r.batch_size == 1
+  ]
+  for r in sorted(walltime, key=lambda r: (r.temperature, r.gamma)):
     row = (
       r.temperature,
       r.gamma,
+      _draft_label(r),
       r.alpha,
       r.c,
       r.verify_cost,
@@ -386,6 +471,7 @@ def print_table(records) -> None:
       r.speedup['median'],
       r.predicted_speedup,
       *_bleu_cells(r),
+      r.identical_outputs if r.temperature == 0 else '-',
     )
     print(' '.join(f'{v:>11.3f}' if isinstance(v, float) else f'{str(v):>11s}' for v in row))
     if r.sampled_quality:
@@ -452,6 +538,11 @@ def main(argv) -> None:
     for temperature, steps in zip(TEMPERATURES, distill_steps)
     if steps
   }
+  head, head_training = None, None
+  if args.head_steps:
+    head, head_training = feature_head_draft(
+      workdir, target, args.head_steps, corpus_dir, vocabulary, args.vocab_size
+    )
 
   _step('Benchmarking on the test split')
   progress = lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True)
@@ -467,43 +558,63 @@ def main(argv) -> None:
     os.path.join(workdir, 'result_cache'), remeasure=args.remeasure
   )
   records, drafts_used = [], {}
+  common = dict(
+    references=references,
+    vocabulary_path=vocabulary,
+    task_name='gettext EnDe test',
+    gammas=[int(g) for g in gammas],
+    batch_sizes=[int(b) for b in batch_sizes],
+    num_walltime_examples=args.num_examples,
+    repetitions=args.repetitions,
+    max_decode_len=MAX_DECODE_LEN,
+    alpha_tokens=args.alpha_tokens,
+    result_cache=result_cache,
+    progress=progress,
+  )
+  target_name = f'gettext target ({_millions(target)})'
   for temperature in TEMPERATURES:
     draft, distillation = distilled.get(temperature, (data_draft, None))
     drafts_used[temperature] = draft
     name = f'draft distilled for T={temperature:g}' if distillation else 'draft'
     # alpha of every other draft on the same target samples: before distillation, and
-    # the draft distilled for the other temperature.
+    # the draft distilled for the other temperature (and the head, a compared draft).
     alpha_drafts = {'data-trained draft': data_draft} if distillation else {}
     for other, (other_draft, _) in distilled.items():
       if other != temperature:
         alpha_drafts[f'draft distilled for T={other:g}'] = other_draft
+    compared = {}
+    if head is not None:  # Timed in the same passes, against the same baseline.
+      compared[f'{target_name} / {HEAD_NAME} ({_millions(head)})'] = head
     records += benchmark.run_benchmark(
       target,
       draft,
       inputs,
-      references=references,
-      vocabulary_path=vocabulary,
-      pair_name=f'gettext target ({_millions(target)}) / {name} ({_millions(draft)})',
-      task_name='gettext EnDe test',
+      pair_name=f'{target_name} / {name} ({_millions(draft)})',
       temperatures=(temperature,),
-      gammas=[int(g) for g in gammas],
-      batch_sizes=[int(b) for b in batch_sizes],
-      num_walltime_examples=args.num_examples,
-      repetitions=args.repetitions,
-      max_decode_len=MAX_DECODE_LEN,
-      alpha_tokens=args.alpha_tokens,
       ngram_corpus=ngram_corpus,
       alpha_drafts=alpha_drafts,
+      compared_drafts=compared,
       distillation=distillation,
-      result_cache=result_cache,
-      progress=progress,
+      **common,
+    )
+  if head_training is not None:
+    records.append(
+      records_lib.make(
+        records_lib.HeadTraining,
+        pair=f'{target_name} / {HEAD_NAME}',
+        task='gettext EnDe train',
+        emulated=False,
+        architecture=models.architecture(target),
+        **head_training,
+      )
     )
   records.append(records_lib.Machine(emulated=False, **machine))
   reports.write_report(records, os.path.join(workdir, 'report'))
   report_dir = os.path.join(workdir, 'report')
   peers_markdown = None
   if args.peers:
-    greedy_gamma = benchmark.best_gamma(records, temperature=0.0)
+    distilled_records = [r for r in records if HEAD_NAME not in r.get('pair', '')]
+    greedy_gamma = benchmark.best_gamma(distilled_records, temperature=0.0)
     _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
     peers_markdown = compare_with_huggingface(
       target,

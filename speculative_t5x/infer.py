@@ -98,6 +98,7 @@ import tensorflow as tf
 import tqdm
 
 from speculative_t5x import drafts
+from speculative_t5x import feature_head
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
@@ -235,7 +236,9 @@ def _describe(model_or_draft: Any) -> Optional[Dict[str, Any]]:
   }
   static = {
     name: run_settings.jsonable_config(value)
-    if isinstance(value, (network.T5Config, network.DecoderOnlyConfig))
+    if isinstance(
+      value, (network.T5Config, network.DecoderOnlyConfig, feature_head.FeatureHeadConfig)
+    )
     else value
     for name, value in static.items()
   }
@@ -398,8 +401,16 @@ def place_on_mesh(
   """A `models.Model` or draft with its arrays on `mesh`.
 
   Networks (`Model`, `drafts.ModelDraft`) are sharded by their parameters'
-  logical axes; other drafts' arrays (n-gram tables) are replicated.
+  logical axes; other drafts' arrays (n-gram tables, a feature head's own
+  parameters) are replicated, a feature head's copy of the target's
+  parameters placed as the target's.
   """
+  if isinstance(model_or_draft, drafts.FeatureDraft):
+    target = place_on_mesh(
+      models.Model(model_or_draft.target_config, model_or_draft.target_params), mesh, rules
+    )
+    head = jax.device_put(model_or_draft.params, NamedSharding(mesh, PartitionSpec()))
+    return model_or_draft.replace(params=head, target_params=target.params)
   if isinstance(model_or_draft, (models.Model, drafts.ModelDraft)):
     _, params_axes = network.abstract_params(model_or_draft.config)
     shardings = partitioning.params_shardings(model_or_draft.params, params_axes, mesh, rules)
@@ -714,6 +725,7 @@ def infer(
     decode_seconds and tokens_per_second.
   """
   mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
+  draft = models.draft_for(target, draft)  # A feature head's checkpoint, read for the target.
   speculation = _speculative_settings(
     draft,
     gamma=gamma,

@@ -619,7 +619,7 @@ def make_decoder(
   settings_lib.check_positive_int('max_decode_len', max_decode_len)
   settings = settings_lib.SpeculativeSettings.of(settings, **setting_fields)
   if draft is not None:
-    draft = as_draft(draft)
+    draft = as_draft(draft_for(target, draft))
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     check_same_architecture(target, draft)
     settings.for_batch(1, temperature, topk, topp)  # A profile of another mode fails here.
@@ -745,6 +745,43 @@ def load_trained(model_dir: str, dtype=None) -> Model:
     dtype,
     inputs_bidirectional_attention=bool(settings.get('inputs_bidirectional_attention')),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureHeadCheckpoint:
+  """A feature head's model directory (`train_feature_head`'s), read as a draft for a target.
+
+  A gin file binds the draft before the target is loaded: this names the
+  head, and `draft_for` reads it with the target's own parameters (no
+  second copy of the target), as `infer`, the benchmark and `make_decoder`
+  do. The head's config comes from the directory's
+  `run_settings.FEATURE_HEAD_SETTINGS_FILE`, its parameters from the
+  checkpoint (`step`; None: the latest).
+  """
+
+  path: str
+  step: Optional[int] = None
+
+  def for_target(self, target: Model) -> drafts.FeatureDraft:
+    """The `drafts.FeatureDraft` of this head on `target` (checked to be the head's target)."""
+    from speculative_t5x import checkpoints  # orbax/tensorstore only when loading.
+
+    settings = run_settings.read(os.path.join(self.path, run_settings.FEATURE_HEAD_SETTINGS_FILE))
+    if settings is None:
+      raise ValueError(
+        f'{self.path} holds no {run_settings.FEATURE_HEAD_SETTINGS_FILE}: it was not written by '
+        'speculative_t5x.training.train_feature_head. Train a head there first, or pass '
+        'drafts.FeatureDraft.for_target(target, params, config) directly.'
+      )
+    config = feature_head.FeatureHeadConfig(**settings['head_config'])
+    feature_head.check_target(config, target.config)
+    params = checkpoints.restore_params(self.path, step=self.step)
+    return drafts.FeatureDraft.for_target(target, params, config)
+
+
+def draft_for(target: Model, draft: Any) -> Any:
+  """`draft`, with a `FeatureHeadCheckpoint` read for `target`."""
+  return draft.for_target(target) if isinstance(draft, FeatureHeadCheckpoint) else draft
 
 
 def random_model(

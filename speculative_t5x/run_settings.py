@@ -1,6 +1,6 @@
 """The settings a run records beside its outputs, and the check that a continued run uses them.
 
-`train`, `distill` and `infer` write their settings as JSON when a run starts
+`train`, `distill`, `train_feature_head` and `infer` write their settings as JSON when a run starts
 in a directory and continue a directory's run only with the same settings:
 a resumed training run must see the batches and the loss an uninterrupted
 one sees, and continued inference must append outputs decoded the same way.
@@ -24,6 +24,9 @@ from speculative_t5x import network
 # without importing train or distill, which load TensorFlow and seqio).
 TRAIN_SETTINGS_FILE = 'train_settings.json'
 DISTILL_SETTINGS_FILE = 'distill_settings.json'
+FEATURE_HEAD_SETTINGS_FILE = (
+  'feature_head_settings.json'  # train_feature_head's (the head's config)
+)
 METRICS_FILE = 'metrics.jsonl'  # One JSON record per logged step, train's and distill's.
 
 

@@ -1,6 +1,8 @@
 """speculative_t5x.demo as a library: importing it leaves the command line to the importer
 (absl's own flags, which `absl.app` defines, aside); a stale workdir gets a clear error."""
 
+import jax
+import numpy as np
 import pytest
 
 from testing_utils import python_output
@@ -136,3 +138,78 @@ def test_the_training_step_is_timed():
 
   config = network.t5_1_1_config('tiny', vocab_size=64, emb_dim=32, num_heads=2, head_dim=16)
   assert demo.training_step_seconds(config, batch_size=2, length=8, repetitions=2) > 0
+
+
+def test_the_head_is_reported_beside_the_distilled_draft(capsys):
+  """The demo's table sorts the head's rows beside the distilled draft's, at each
+  temperature and gamma, with the share of outputs identical to the baseline's (greedy);
+  the report names the head's training, its time and its held-out alpha."""
+  from speculative_t5x import demo
+  from speculative_t5x.bench import reports
+
+  def walltime(temperature, gamma, draft, tokens_per_call):
+    return dict(
+      _walltime_record(temperature, bleu_baseline=6.9, bleu_speculative=6.9),
+      pair=f'target (47.9M) / {draft} (0.9M)',
+      gamma=gamma,
+      tokens_per_call=tokens_per_call,
+      identical_outputs=1.0,
+    )
+
+  records = [
+    walltime(0.0, 3, 'draft distilled for T=0', 2.7),
+    walltime(0.0, 5, 'draft distilled for T=0', 3.3),
+    walltime(0.0, 3, demo.HEAD_NAME, 1.8),
+    walltime(0.0, 5, demo.HEAD_NAME, 2.1),
+    dict(
+      kind='head_training',
+      pair=f'target / {demo.HEAD_NAME}',
+      task='t',
+      emulated=False,
+      architecture='encoder-decoder',
+      steps=100,
+      training_seconds=321.0,
+      curve=[dict(step=0, alpha=0.15, loss=8.8), dict(step=100, alpha=0.52, loss=4.7)],
+    ),
+  ]
+  demo.print_table(records)
+  rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+  assert [(row[1], row[2], row[6], row[-1]) for row in rows] == [
+    ('3', 'distilled', '2.700', '1.000'),
+    ('3', 'head', '1.800', '1.000'),
+    ('5', 'distilled', '3.300', '1.000'),
+    ('5', 'head', '2.100', '1.000'),
+  ]
+  markdown = reports.markdown_report(records)
+  assert '## Feature head training (100 steps, 321 s)' in markdown
+  assert 'T = 1: 0.150 at step 0, 0.520 at step 100.' in markdown
+
+
+def test_a_trained_head_in_the_workdir_is_read_back_with_its_record(tmp_path):
+  """`feature_head_draft` finds a head trained to the asked step (nothing retrained): the
+  draft for the target and the record of its training from the model directory."""
+  from speculative_t5x import demo
+  from speculative_t5x import feature_head
+  from speculative_t5x.training import train_feature_head
+  from testing_utils import padded_inputs, tiny_model
+
+  target = tiny_model(seed=0, vocab_size=24, layers=2)
+  config = feature_head.config_for(target.config, emb_dim=16, head_dim=8, mlp_dim=32)
+  inputs = padded_inputs(0, 8, 6, target.vocab_size)
+  trained = train_feature_head.train_feature_head(
+    str(tmp_path / 'feature_head'),
+    target,
+    config,
+    inputs,
+    max_decode_len=4,
+    batch_size=4,
+    num_steps=2,
+    eval_inputs=inputs,
+    eval_every=2,
+    log_every=1,
+  )
+  draft, record = demo.feature_head_draft(str(tmp_path), target, 2, 'unused', 'unused', 24)
+  jax.tree.map(np.testing.assert_array_equal, draft.params, trained.params)
+  assert draft.config == config
+  assert record['steps'] == 2 and record['training_seconds'] > 0
+  assert [r['step'] for r in record['curve']] == [0, 2]

@@ -473,8 +473,12 @@ def measure_parts(
   emulate_alpha: Optional[float] = None,
   repetitions: int = 7,
   batch_size: int = 1,
+  target_parts: Optional[Mapping[Any, measure.IterationParts]] = None,
 ) -> Dict[Any, measure.IterationParts]:
   """`measure.iteration_parts` at `batch_size` for every (temperature, gamma).
+
+  `target_parts` (another draft's result at the same settings): its target
+  parts are reused, only this draft's are timed.
 
   `settings` gives the rest of each gamma's settings (its verification rule
   is what the judge part times). `prompt_length` is the prompts' width (a
@@ -497,6 +501,7 @@ def measure_parts(
         temperature=temperature,
         emulate_alpha=emulate_alpha,
         target_step=target_step,
+        target_parts=None if target_parts is None else target_parts[temperature, gamma],
         repetitions=repetitions,
       )
       target_step = parts[temperature, gamma].target_step
@@ -533,9 +538,15 @@ def costs_record(
       first.draft_catch_up,
       bandwidth,
     )
+  elif isinstance(draft, drafts.FeatureDraft):  # One head call (over the block), its weights.
+    floors['draft'] = measure.step_floor(
+      measure.draft_weight_bytes(draft), first.draft_observe, bandwidth
+    )
+  if 'draft' in floors:
     floors['draft_bytes_over_target_bytes'] = floors['draft']['bytes'] / floors['target']['bytes']
   temperatures = sorted({t for t, _ in parts})
   return dict(
+    draft=describe_draft(draft),
     target_step_ms=1000 * first.target_step,
     bandwidth_gb_per_s=bandwidth / 1e9,
     floors=floors,
@@ -543,6 +554,23 @@ def costs_record(
     c={t: {g: p.c for (pt, g), p in parts.items() if pt == t} for t in temperatures},
     parts_ms={t: {g: p.as_ms() for (pt, g), p in parts.items() if pt == t} for t in temperatures},
   )
+
+
+def describe_draft(draft) -> Dict[str, Any]:
+  """{'kind', ...}: what drafts, for the records (a network's or a feature head's shape)."""
+  if isinstance(draft, drafts.FeatureDraft):
+    config = draft.config
+    return dict(
+      kind='feature head',
+      width=config.emb_dim,
+      layers=config.num_layers,
+      output=config.output,
+      feature_layers=list(config.feature_layers),
+      parameters=int(network.parameter_count(draft.params)),
+    )
+  if isinstance(draft, drafts.ModelDraft):
+    return dict(kind='network', parameters=int(network.parameter_count(draft.params)))
+  return dict(kind=type(draft).__name__)
 
 
 def prompts_record(prompts: Optional[np.ndarray]) -> Optional[Dict[str, Any]]:
@@ -590,6 +618,7 @@ def run_benchmark(
   alpha_tokens: int = 10_000,
   ngram_corpus: Optional[Sequence[np.ndarray]] = None,
   alpha_drafts: Optional[Mapping[str, Any]] = None,
+  compared_drafts: Optional[Mapping[str, Any]] = None,
   distillation: Optional[Mapping[str, Any]] = None,
   emulate_alpha: Optional[float] = None,
   output_dir: Optional[str] = None,
@@ -601,8 +630,9 @@ def run_benchmark(
 
   Args:
     target: the target model, encoder-decoder or decoder-only.
-    draft: a `models.Model` of the target's architecture or a draft from
-      `drafts` (n-gram, prompt lookup).
+    draft: a `models.Model` of the target's architecture, a draft from
+      `drafts` (n-gram, prompt lookup, a feature head: `drafts.FeatureDraft`)
+      or a `models.FeatureHeadCheckpoint`.
     inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's
       prompts [N, Lp] (each row's tokens, then 0-padding; a prefix LM's keep
       their EOS); the first `num_walltime_examples` are timed, all of them
@@ -633,6 +663,12 @@ def run_benchmark(
     alpha_drafts: more drafts (name -> a draft `acceptance.draft_logits` takes) whose
       alpha is measured on the same target samples, e.g. the draft before
       distillation.
+    compared_drafts: more drafts (pair label -> a draft as `draft`), each
+      timed in the same interleaved passes as the baseline and the pair's
+      draft over the gamma sweep at batch 1, with its own costs record and
+      alpha (among the alpha records under its label); its records carry
+      the label as their `pair`. No batch or profile sweep, no sampled
+      quality (greedy rows still check identical outputs).
     distillation: if given, a record of the draft's distillation ({'divergence',
       'steps', 'temperature', 'data_mix', 'eval_examples', 'curve': the
       held-out alpha records of `distill.DistillResult.eval_metrics`}),
@@ -679,14 +715,34 @@ def run_benchmark(
     result_cache=result_cache or result_cache_lib.ResultCache(None),
     progress=progress,
   )
+  # The compared drafts as the pair's timed examples with another draft and label.
+  compared = {
+    name: dataclasses.replace(
+      timed,
+      draft=_checked_draft(target, other, decoder_prompts),
+      common=dict(timed.common, pair=name),
+      sampled_quality=False,  # The pair's draft reports it against the same baseline.
+    )
+    for name, other in (compared_drafts or {}).items()
+  }
   sweep_gammas = set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())
   costs, parts = _measure_costs(timed, settings, temperatures, sorted(sweep_gammas))
   records: List[records_lib.Record] = [costs]
+  compared_parts = {}
+  for name, other in compared.items():
+    # The target's parts are the pair's: one measurement, one v(gamma) for every draft.
+    other_costs, compared_parts[name] = _measure_costs(
+      other, settings, temperatures, gammas, target_parts=parts
+    )
+    records.append(other_costs)
+  alpha_candidates = dict(alpha_drafts or {})
+  alpha_candidates.update({name: _alpha_candidate(other.draft) for name, other in compared.items()})
   alpha_records, alphas = _measure_alphas(
-    timed, inputs, decoder_prompts, temperatures, alpha_tokens, ngram_corpus, alpha_drafts
+    timed, inputs, decoder_prompts, temperatures, alpha_tokens, ngram_corpus, alpha_candidates
   )
   records += alpha_records
   for temperature in temperatures:
+    alpha_of = {r.draft: r.alpha for r in alpha_records if r.temperature == temperature}
     records += _measure_walltimes(
       timed,
       records,
@@ -698,6 +754,10 @@ def run_benchmark(
       alphas.get(temperature),
       parts=parts,
       profile_dir=profile_dir,
+      compared=[
+        (other, alpha_of.get(name, alphas.get(temperature)), compared_parts[name])
+        for name, other in compared.items()
+      ],
     )
   if distillation is not None:
     records.append(records_lib.make(records_lib.Distillation, **timed.common, **distillation))
@@ -708,7 +768,9 @@ def run_benchmark(
 
 def _checked_draft(target: models.Model, draft, decoder_prompts: Optional[np.ndarray]):
   """The draft as a `drafts` draft; ValueError unless it fits the target and the prompts."""
-  draft = models.as_draft(draft)
+  draft = models.as_draft(
+    models.draft_for(target, draft)
+  )  # A head's checkpoint, read for the target.
   drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
   models.check_same_architecture(target, draft)
   if decoder_prompts is not None and network.is_decoder_only(target.config):
@@ -734,6 +796,7 @@ class TimedExamples:
     max_decode_len: output length.
     emulate_alpha: the timing-only emulated acceptance (None: the pair's own).
     result_cache: where sampled quality is kept between runs.
+    sampled_quality: whether T > 0 rows at batch 1 measure it (not for compared drafts).
     progress: called with a line per step.
   """
 
@@ -749,6 +812,7 @@ class TimedExamples:
   emulate_alpha: Optional[float]
   result_cache: result_cache_lib.ResultCache
   progress: Callable[[str], None]
+  sampled_quality: bool = True
 
   @classmethod
   def of(cls, target, draft, inputs, decoder_prompts, *, common, **kwargs) -> 'TimedExamples':
@@ -804,10 +868,14 @@ def _measure_costs(
   temperatures: Sequence[float],
   gammas: Sequence[int],
   batch_size: int = 1,
+  target_parts: Optional[Mapping[Any, measure.IterationParts]] = None,
 ) -> Tuple[records_lib.Costs, Dict[Any, measure.IterationParts]]:
-  """The parts of an iteration at every (temperature, gamma), and the costs record (batch 1)."""
+  """The parts of an iteration at every (temperature, gamma), and the costs record (batch 1).
+
+  `target_parts`: another draft's, whose target parts are reused (`measure_parts`).
+  """
   timed.progress('Measuring the parts of an iteration, bytes and bandwidth ...')
-  parts = _measure_parts(timed, settings, temperatures, gammas, batch_size)
+  parts = _measure_parts(timed, settings, temperatures, gammas, batch_size, target_parts)
   costs = records_lib.Costs(
     **timed.common,
     prompts=prompts_record(layouts.prompts_of(timed.target, timed.inputs, timed.decoder_prompts)),
@@ -823,7 +891,7 @@ def _measure_costs(
   return costs, parts
 
 
-def _measure_parts(timed, settings, temperatures, gammas, batch_size):
+def _measure_parts(timed, settings, temperatures, gammas, batch_size, target_parts=None):
   """`measure_parts` at the timed examples' shapes."""
   return measure_parts(
     timed.target,
@@ -837,7 +905,17 @@ def _measure_parts(timed, settings, temperatures, gammas, batch_size):
     emulate_alpha=timed.emulate_alpha,
     repetitions=max(5, timed.repetitions),
     batch_size=batch_size,
+    target_parts=target_parts,
   )
+
+
+def _alpha_candidate(draft):
+  """A `drafts` draft as `acceptance.draft_logits` takes it (a network draft as its `Model`)."""
+  if isinstance(draft, drafts.ModelDraft):
+    return models.Model(
+      draft.config, kernels.plain_params(draft.params), draft.inputs_bidirectional_attention
+    )
+  return draft
 
 
 def _measure_alphas(
@@ -856,16 +934,8 @@ def _measure_alphas(
   """
   if timed.emulated:
     return [], {temperature: timed.emulate_alpha for temperature in temperatures}
-  target, draft = timed.target, timed.draft
-  candidates = {
-    PAIR_DRAFT: (
-      models.Model(
-        draft.config, kernels.plain_params(draft.params), draft.inputs_bidirectional_attention
-      )
-      if isinstance(draft, drafts.ModelDraft)
-      else draft
-    )
-  }
+  target = timed.target
+  candidates = {PAIR_DRAFT: _alpha_candidate(timed.draft)}
   candidates.update(alpha_drafts or {})
   if ngram_corpus is not None:
     for order in (1, 2):
@@ -927,25 +997,34 @@ def _measure_walltimes(
   *,
   parts: Mapping[Any, measure.IterationParts],
   profile_dir: Optional[str],
+  compared: Sequence[Tuple[TimedExamples, Optional[float], Mapping[Any, Any]]] = (),
 ) -> List[records_lib.Record]:
   """One temperature's walltime: the gamma sweep at batch 1, the choice, the batch sweep.
 
   `records` are the run's so far (its costs record among them). With a
   profile directory, the batch sweep is the profile's (`_profile_sweep`);
   otherwise one gamma (`batch_size_gamma`, or the best at batch 1) is timed at
-  every other batch size.
+  every other batch size. `compared`: (timed examples, alpha, parts) of the
+  compared drafts, timed in the batch-1 sweep's passes (their records follow).
   """
-  new = [
-    _measure_walltime(timed, temperature, settings.replace(gamma=gamma), 1, alpha, parts=parts)
-    for gamma in gammas
-  ]
+  new, beside = [], []
+  for gamma in gammas:
+    record, others = _measure_walltime(
+      timed, temperature, settings.replace(gamma=gamma), 1, alpha, parts=parts, compared=compared
+    )
+    new.append(record)
+    beside += others
   choice = gamma_choice(new, temperature)
   if choice:
     new.append(records_lib.GammaChoice(**timed.common, **choice))
   if profile_dir is not None:
     costs = next(r for r in records if isinstance(r, records_lib.Costs))
-    return new + _profile_sweep(
-      timed, new, costs, temperature, settings, gammas, batch_sizes, alpha, profile_dir
+    return (
+      new
+      + beside
+      + _profile_sweep(
+        timed, new, costs, temperature, settings, gammas, batch_sizes, alpha, profile_dir
+      )
     )
   if batch_size_gamma == 'auto':
     sweep_gamma = choice['chosen_gamma'] if choice else best_gamma(new, temperature)
@@ -955,9 +1034,9 @@ def _measure_walltimes(
     new.append(
       _measure_walltime(
         timed, temperature, settings.replace(gamma=sweep_gamma), batch_size, alpha, parts=parts
-      )
+      )[0]
     )
-  return new
+  return new + beside
 
 
 def _alpha_records(
@@ -997,8 +1076,44 @@ def _measure_walltime(
   *,
   parts: Mapping[Any, measure.IterationParts],
   batch1_rows: Optional[Mapping[str, Sequence[int]]] = None,
+  compared: Sequence[Tuple[TimedExamples, Optional[float], Mapping[Any, Any]]] = (),
+) -> Tuple[records_lib.Walltime, List[records_lib.Walltime]]:
+  """Times the baseline and speculative decoding, passes interleaved: (record, compared's).
+
+  `compared` ((timed examples, alpha, parts) of other drafts) are timed in the
+  same passes, each against the same baseline run.
+  """
+  timed.progress(
+    f'baseline and speculative, temperature {temperature}, gamma {settings.gamma}, '
+    f'batch {batch_size}{f" (and {len(compared)} compared drafts)" if compared else ""} ...'
+  )
+  decoders = [timed.decoder(temperature), timed.decoder(temperature, settings)]
+  decoders += [other.decoder(temperature, settings) for other, _, _ in compared]
+  baseline, speculative, *others = timed.time(decoders, batch_size)
+  record = _walltime_record(
+    timed, temperature, settings, batch_size, alpha, parts, baseline, speculative, batch1_rows
+  )
+  beside = [
+    _walltime_record(
+      other, temperature, settings, batch_size, other_alpha, other_parts, baseline, run
+    )
+    for (other, other_alpha, other_parts), run in zip(compared, others)
+  ]
+  return record, beside
+
+
+def _walltime_record(
+  timed: TimedExamples,
+  temperature: float,
+  settings: settings_lib.SpeculativeSettings,
+  batch_size: int,
+  alpha: Optional[float],
+  parts: Mapping[Any, measure.IterationParts],
+  baseline: DecodeRun,
+  speculative: DecodeRun,
+  batch1_rows: Optional[Mapping[str, Sequence[int]]] = None,
 ) -> records_lib.Walltime:
-  """Times the baseline and speculative decoding, passes interleaved; returns the record.
+  """The `records.Walltime` of one speculative run against the baseline's.
 
   The timings and the loop's statistics (`_timed_fields`), the predictions
   from alpha and the parts (`_predicted_fields`), and the outputs' quality
@@ -1006,13 +1121,6 @@ def _measure_walltime(
   [N] each, this gamma's batch-1 record's): adds the batched prediction from
   each row's own batch-1 decode (`_predict_from_rows`).
   """
-  timed.progress(
-    f'baseline and speculative, temperature {temperature}, gamma {settings.gamma}, '
-    f'batch {batch_size} ...'
-  )
-  baseline, speculative = timed.time(
-    [timed.decoder(temperature), timed.decoder(temperature, settings)], batch_size
-  )
   part = parts[temperature, settings.gamma]
   # [batches, batch_size]: what each batch's rows emit, the length of each batch's loop.
   lengths_by_batch = layouts.output_lengths(baseline.outputs, timed.eos_id).reshape(-1, batch_size)
@@ -1138,7 +1246,7 @@ def _quality_fields(
       bleu_baseline=corpus_bleu(timed.vocabulary_path, baseline.outputs, timed.references),
       bleu_speculative=corpus_bleu(timed.vocabulary_path, speculative.outputs, timed.references),
     )
-  elif batch_size == 1:  # Samples of one distribution: mean +- stderr over keys, once.
+  elif batch_size == 1 and timed.sampled_quality:  # One distribution's: mean +- stderr over keys.
     fields['sampled_quality'] = sampled_quality(
       dict(
         baseline=timed.decoder(temperature),
@@ -1225,7 +1333,7 @@ def _profile_sweep(
           alpha,
           parts=parts,
           batch1_rows=batch1_rows.get(gamma),  # Used only where alpha is measured.
-        )
+        )[0]
       )
   walltime = [
     r
@@ -1369,6 +1477,7 @@ def iteration_breakdown(
   breakdown = dict(
     draft_catch_up=ms['draft_catch_up'] * catch_up_rate,
     draft_rollout=ms['draft_rollout'] * rollout_share,
+    draft_observe=ms['draft_observe'],
     target_block=ms['target_block'],
     judge=ms['judge'],
     emit=ms['emit'],

@@ -10,6 +10,9 @@ is never inside a step. The parts of one speculative iteration
       only after an iteration that accepted all gamma tokens;
   draft_rollout: the gamma draft steps with their sampling (`propose` for
       drafts without a network);
+  draft_observe: a feature head's rewrite of its cache over the judged block
+      from the target's true features (`drafts.FeatureDraft.observe`), once
+      per iteration (0 for other drafts);
   (both with flushed caches when target and draft together exceed the
   last-level cache, as in the loop, where the draft runs after the target;)
   target_block: the target's one call on gamma + 1 tokens;
@@ -252,6 +255,8 @@ class IterationParts:
     draft_catch_up: one draft step that `propose` runs only in iterations
       after a fully accepted block (0 for drafts without a network).
     draft_rollout: the gamma-token proposal without the catch-up.
+    draft_observe: a feature head's rewrite of its cache over the block, every
+      iteration (`drafts.FeatureDraft.observe`; 0 for other drafts).
     target_block: one target call on gamma + 1 tokens.
     judge: standardizing the block's target logits and verifying.
     emit: writes, positions and statistics.
@@ -277,6 +282,7 @@ class IterationParts:
   sampling: float
   target_encode: float
   draft_encode: float
+  draft_observe: float = 0.0
   draft_timed_cold: bool = False
 
   def iteration_seconds(self, catch_up_rate: float) -> float:
@@ -284,6 +290,7 @@ class IterationParts:
     return (
       catch_up_rate * self.draft_catch_up
       + self.draft_rollout
+      + self.draft_observe
       + self.target_block
       + self.judge
       + self.emit
@@ -315,8 +322,12 @@ class IterationParts:
 
   @property
   def c(self) -> float:
-    """The paper's c: a draft step (with its sampling) / a target step."""
-    return self.draft_rollout / self.gamma / self.target_step
+    """The paper's c: a draft step (with its sampling) / a target step.
+
+    A feature head's per-iteration rewrite of its cache (`draft_observe`) is
+    part of its drafting cost: spread over its gamma steps here.
+    """
+    return (self.draft_rollout + self.draft_observe) / self.gamma / self.target_step
 
   @property
   def verify_cost(self) -> float:
@@ -343,6 +354,15 @@ def _draft_rollout_step(operands, i, checksum, *, draft, gamma, sample_args):
   else:
     tokens, probs, _, _ = draft.propose(draft_cache, sequences, positions, rng, **rollout_args)
   return checksum + _checksum(tokens) + (0.0 if probs is None else _checksum(probs) * 1e-9)
+
+
+def _draft_observe_step(operands, i, checksum, *, draft):
+  draft_cache, features, next_tokens, positions = operands
+  num_accepted = jnp.zeros_like(positions)
+  state = draft.observe(
+    draft_cache, _vary(features, checksum), next_tokens, positions, num_accepted
+  )
+  return checksum + _checksum(state['logits']) * 1e-9
 
 
 def _draft_catch_up_step(operands, i, checksum, *, draft):
@@ -388,7 +408,11 @@ def _draft_encode(draft, inputs, prompt_block, *, cache_length):
   cache = draft.init_cache(inputs, cache_length)
   if prompt_block is None:
     return cache
-  return draft.prefill(cache, prompt_block, decoding.prompt_lengths(prompt_block))
+  lengths = decoding.prompt_lengths(prompt_block)
+  if isinstance(draft, drafts.FeatureDraft):  # The target's features of the prompt (random).
+    features = jnp.ones(prompt_block.shape + (draft.config.feature_width,), jnp.float32)
+    return draft.prefill(cache, prompt_block, lengths, features=features)
+  return draft.prefill(cache, prompt_block, lengths)
 
 
 def iteration_parts(
@@ -407,6 +431,7 @@ def iteration_parts(
   topp: float = 0.0,
   emulate_alpha: Optional[float] = None,
   target_step: Optional[float] = None,
+  target_parts: Optional[IterationParts] = None,
   repetitions: int = 7,
 ) -> IterationParts:
   """Times each part of one iteration of `speculative_sample` at these settings.
@@ -432,6 +457,10 @@ def iteration_parts(
     temperature, topk, topp, emulate_alpha: the call's sampling settings.
     target_step: seconds of a one-token target step, if already measured
       (it does not depend on gamma).
+    target_parts: another draft's parts at these settings, whose target parts
+      (target step and block, encode, the baseline's sampling) are reused:
+      only this draft's parts are timed, so drafts compared in one run share
+      one measurement of the target's.
     repetitions: timed runs per part (median).
   """
   vocab_size = target_config.vocab_size
@@ -453,9 +482,12 @@ def iteration_parts(
   time_steps = functools.partial(step_seconds, repetitions=repetitions)
   zero = jnp.zeros((), jnp.float32)
 
+  if target_parts is not None:
+    target_step, target_block = target_parts.target_step, target_parts.target_block
   if target_step is None:
     target_step = network_step_seconds(target_config, target_params, block_size=1, **shape)
-  target_block = network_step_seconds(target_config, target_params, block_size=gamma + 1, **shape)
+  if target_parts is None:
+    target_block = network_step_seconds(target_config, target_params, block_size=gamma + 1, **shape)
 
   draft_cache = _draft_encode(draft, inputs, prompt_block, cache_length=cache_length)
   sequences = jnp.full((batch_size, cache_length + 1), 2, jnp.int32)
@@ -464,9 +496,9 @@ def iteration_parts(
     draft_cache = dict(draft_cache, written_until=positions)  # No catch-up inside.
   # The draft runs after the target in the loop: its weights are evicted when
   # the two do not fit the last-level cache together.
-  draft_cold = isinstance(draft, drafts.ModelDraft) and (
-    network.decoder_weight_bytes(target_config) + network.decoder_weight_bytes(draft.config)
-    > xla_flags.last_level_cache_bytes()
+  draft_bytes = draft_weight_bytes(draft)
+  draft_cold = draft_bytes is not None and (
+    network.decoder_weight_bytes(target_config) + draft_bytes > xla_flags.last_level_cache_bytes()
   )
   if draft_cold:
     time_draft = functools.partial(cold_step_seconds, repetitions=repetitions)
@@ -481,17 +513,29 @@ def iteration_parts(
     draft_catch_up = time_draft(
       functools.partial(_draft_catch_up_step, draft=draft), (draft_cache, sequences, positions)
     )
-  target_encode = median_seconds(
-    lambda: _target_encode(
-      target_params,
-      inputs,
-      prompt_block,
-      config=target_config,
-      cache_length=cache_length,
-      inputs_bidirectional_attention=inputs_bidirectional_attention,
-    ),
-    repetitions,
-  )
+  draft_observe = 0.0
+  if isinstance(draft, drafts.FeatureDraft):
+    block = (batch_size, gamma + 1)
+    features = jnp.ones(block + (draft.config.feature_width,), jnp.float32)
+    next_tokens = jnp.full(block, 2, jnp.int32)
+    draft_observe = time_draft(
+      functools.partial(_draft_observe_step, draft=draft),
+      (draft_cache, features, next_tokens, positions),
+    )
+  if target_parts is not None:
+    target_encode = target_parts.target_encode
+  else:
+    target_encode = median_seconds(
+      lambda: _target_encode(
+        target_params,
+        inputs,
+        prompt_block,
+        config=target_config,
+        cache_length=cache_length,
+        inputs_bidirectional_attention=inputs_bidirectional_attention,
+      ),
+      repetitions,
+    )
   draft_encode = median_seconds(
     lambda: _draft_encode(draft, inputs, prompt_block, cache_length=cache_length), repetitions
   )
@@ -535,9 +579,12 @@ def iteration_parts(
     functools.partial(_emit_step, eos_id=-1), (draft_tokens, judgement, limits), state
   )
 
-  baseline_sampling = time_steps(
-    functools.partial(_sampling_step, sample_args=sample_args), (rng, target_logits[:, 0]), zero
-  )
+  if target_parts is not None:
+    baseline_sampling = target_parts.sampling
+  else:
+    baseline_sampling = time_steps(
+      functools.partial(_sampling_step, sample_args=sample_args), (rng, target_logits[:, 0]), zero
+    )
   return IterationParts(
     gamma=gamma,
     verification=settings.verification,
@@ -550,6 +597,7 @@ def iteration_parts(
     sampling=baseline_sampling,
     target_encode=target_encode,
     draft_encode=draft_encode,
+    draft_observe=draft_observe,
     draft_timed_cold=draft_cold,
   )
 
@@ -639,6 +687,26 @@ def machine(bandwidth: Optional[float] = None) -> Dict[str, Any]:
     cores=cores,
     bandwidth_gb_per_s=(memory_bandwidth() if bandwidth is None else bandwidth) / 1e9,
   )
+
+
+def draft_weight_bytes(draft) -> Optional[int]:
+  """Bytes of weights a draft network's step reads; None for drafts without one.
+
+  A model draft's decoder (`network.decoder_weight_bytes`); a feature head's
+  own parameters and, with output 'target', the target's final norm and
+  logits layer that it applies (`drafts.FeatureDraft`).
+  """
+  nbytes = lambda tree: sum(
+    int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)
+  )
+  if isinstance(draft, drafts.ModelDraft):
+    return network.decoder_weight_bytes(draft.config)
+  if not isinstance(draft, drafts.FeatureDraft):
+    return None
+  head = nbytes(draft.params)
+  if draft.config.output == 'target':  # The logits kernel [D, V] and the final norm [D], float32.
+    head += 4 * (draft.config.vocab_size + 1) * draft.config.target_emb_dim
+  return head
 
 
 def step_floor(step_bytes: int, seconds: float, bandwidth: float) -> Mapping[str, float]:

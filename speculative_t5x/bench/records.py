@@ -9,6 +9,7 @@ Each class names its kind once (`KIND`, the JSON's 'kind' field):
   'walltime'      `Walltime`: baseline vs speculative at one (T, settings, batch size).
   'gamma_choice'  `GammaChoice`: gamma chosen from the parts vs the measured best.
   'distillation'  `Distillation`: the draft's distillation settings and curve.
+  'head_training' `HeadTraining`: a feature head's training: steps, time, curve.
   'profile'       `Profile`: a speculation profile written by the sweep.
   'auto'          `Auto`: gamma='auto' against every fixed gamma at one batch size.
   'machine'       `Machine`: the machine the run measured.
@@ -96,11 +97,14 @@ class Costs(PairRecord):
       prompts, or None without prompts.
     target_step_ms: one target step.
     bandwidth_gb_per_s: the memory bandwidth measured in the same run.
-    floors: {'target', 'draft' (a model draft): `measure.step_floor` dicts,
-      'draft_bytes_over_target_bytes'}.
+    floors: {'target', 'draft' (a model draft's step, a feature head's call
+      over the block): `measure.step_floor` dicts, 'draft_bytes_over_target_bytes'}.
     verify_cost: {gamma: v(gamma)} at the first temperature.
     c: {temperature: {gamma: c}}.
     parts_ms: {temperature: {gamma: `IterationParts.as_ms()`}}.
+    draft: what drafts (`benchmark.describe_draft`): {'kind': 'network',
+      'feature head' (with its width, layers, output and feature layers) or
+      the draft's class, 'parameters'}; None in records written before it.
   """
 
   KIND: ClassVar[str] = 'costs'
@@ -111,6 +115,7 @@ class Costs(PairRecord):
   verify_cost: Dict[Any, float]
   c: Dict[Any, Dict[Any, float]]
   parts_ms: Dict[Any, Dict[Any, Dict[str, float]]]
+  draft: Optional[Dict[str, Any]] = _optional()
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -250,6 +255,24 @@ class Distillation(PairRecord):
   temperature: float
   data_mix: Any
   eval_examples: int
+  curve: List[Dict[str, Any]]
+
+
+@dataclasses.dataclass(kw_only=True)
+class HeadTraining(PairRecord):
+  """A feature head's training (`train_feature_head`), reported with its curve.
+
+  Attributes:
+    steps: its training steps.
+    training_seconds: the run's wall time to `steps` (since its last start,
+      if it was resumed); None if not recorded.
+    curve: its held-out records ({'step', 'alpha': the first draft token's
+      alpha at T = 1 on the target's samples, 'loss'}).
+  """
+
+  KIND: ClassVar[str] = 'head_training'
+  steps: int
+  training_seconds: Optional[float]
   curve: List[Dict[str, Any]]
 
 
@@ -428,6 +451,7 @@ KINDS: Dict[str, Type[Record]] = {
     Walltime,
     GammaChoice,
     Distillation,
+    HeadTraining,
     Profile,
     Auto,
     Machine,

@@ -76,6 +76,7 @@ def markdown_report(records: Sequence[records_lib.Record]) -> str:
     ]
     lines += _cached_lines(r.cached_from for r in alpha)
   lines += _distillation_lines(records)
+  lines += _head_training_lines(records)
   lines += _profile_lines(records)
   batched = [r for r in walltime if r.batch_size != 1]
   if batched and not any(isinstance(r, records_lib.Profile) for r in records):
@@ -220,10 +221,16 @@ def _cached_lines(cached_from: Iterable[Optional[Dict[str, str]]]) -> List[str]:
 
 
 def _pair_lines(records: Sequence[records_lib.Record]) -> List[str]:
-  """Markdown: the pair, its architecture and the prompts (from the costs record)."""
-  costs = next((r for r in records if isinstance(r, records_lib.Costs)), None)
-  if costs is None:
+  """Markdown: the pair, its architecture and the prompts (from the costs records).
+
+  A run's first costs record is its pair's; the others', drafts compared in the
+  same passes (`run_benchmark(compared_drafts=...)`) or other runs' pairs.
+  """
+  all_costs = [r for r in records if isinstance(r, records_lib.Costs)]
+  if not all_costs:
     return []
+  costs = all_costs[0]
+  others = list({r.pair: r for r in all_costs[1:] if r.pair != costs.pair}.values())
   prompts = costs.prompts
   described = (
     'none (decoding starts at BOS)'
@@ -234,9 +241,25 @@ def _pair_lines(records: Sequence[records_lib.Record]) -> List[str]:
   # Records written before decoder-only pairs existed are all encoder-decoder.
   return [
     f'Pair **{costs.pair}** ({costs.architecture or "encoder-decoder"}), task '
-    f'**{costs.task}**; prompts of the timed examples: {described}.',
+    f'**{costs.task}**; {draft_description(costs.draft)}prompts of the timed examples: '
+    f'{described}.',
     '',
-  ]
+  ] + [f'Also **{r.pair}**: {draft_description(r.draft)[:-2] or "a draft"}.\n' for r in others]
+
+
+def draft_description(draft: Optional[Dict[str, Any]]) -> str:
+  """'draft: ...; ' from a costs record's `draft` (empty for records without one)."""
+  if not draft:
+    return ''
+  if draft['kind'] == 'feature head':
+    return (
+      f'draft: a feature head of width {draft["width"]}, {draft["layers"]} layer(s), output '
+      f'{draft["output"]!r}, reading target layer(s) {tuple(draft["feature_layers"])} '
+      f'({draft["parameters"] / 1e6:.2f}M parameters); '
+    )
+  if 'parameters' in draft:
+    return f'draft: a {draft["kind"]} ({draft["parameters"] / 1e6:.2f}M parameters); '
+  return f'draft: {draft["kind"]}; '
 
 
 def _drafting_lines(walltime: Sequence[records_lib.Record]) -> List[str]:
@@ -269,6 +292,7 @@ def _drafting_lines(walltime: Sequence[records_lib.Record]) -> List[str]:
 _BREAKDOWN_PARTS = (
   'draft_catch_up',
   'draft_rollout',
+  'draft_observe',
   'target_block',
   'judge',
   'emit',
@@ -306,22 +330,24 @@ def _breakdown_lines(records: Sequence[records_lib.Record]) -> List[str]:
     '',
     "## Where an iteration's time goes (batch 1, ms)",
     '',
-    "Each part timed alone in a compiled loop at the decode call's shapes; the "
+    "Each part timed alone in a compiled loop at the decode call's shapes (head "
+    "observe: a feature head's rewrite of its cache over the block, every iteration); the "
     'catch-up counted at the rate the run needed it, the encoders at their share per '
     'iteration; unexplained = measured - parts. When target and draft exceed the '
     'last-level cache together, the draft is timed with flushed caches, as it runs '
     'after the target in the loop.',
     '',
-    '| T | gamma | catch-up | draft rollout | target block | verify | bookkeeping '
-    '| encode | parts | measured | unexplained | baseline ms/token: parts / measured '
-    '| predicted from parts | measured speedup |',
-    '|' + '---|' * 14,
+    '| T | gamma | catch-up | draft rollout | head observe | target block | verify '
+    '| bookkeeping | encode | parts | measured | unexplained | baseline ms/token: parts / '
+    'measured | predicted from parts | measured speedup |',
+    '|' + '---|' * 15,
   ]
   for r in rows:
     b = r.breakdown
     lines.append(
       f'| {r.temperature} | {r.gamma} | {_fmt(b["draft_catch_up"], 3)} '
-      f'| {_fmt(b["draft_rollout"], 3)} | {_fmt(b["target_block"], 3)} | {_fmt(b["judge"], 3)} '
+      f'| {_fmt(b["draft_rollout"], 3)} | {_fmt(b.get("draft_observe"), 3)} '
+      f'| {_fmt(b["target_block"], 3)} | {_fmt(b["judge"], 3)} '
       f'| {_fmt(b["emit"], 3)} | {_fmt(b["encode"], 3)} | {_fmt(b["parts_sum"], 3)} '
       f'| {_fmt(b["measured"], 3)} '
       f'| {_fmt(b["unexplained"], 3)} ({100 * b["unexplained"] / max(b["measured"], 1e-9):.0f}%) '
@@ -538,6 +564,23 @@ def _alpha_keys(evaluation: Dict[str, Any]) -> List[str]:
   return sorted(k for k in evaluation if k.startswith('alpha_T') and not k.endswith('_stderr'))
 
 
+def _head_training_lines(records: Sequence[records_lib.Record]) -> List[str]:
+  """Markdown: a feature head's training, its held-out alpha at the curve's ends."""
+  lines = []
+  for r in records:
+    if isinstance(r, records_lib.HeadTraining) and r.curve:
+      took = '' if r.training_seconds is None else f', {r.training_seconds:.0f} s'
+      first, last = r.curve[0], r.curve[-1]
+      lines += [
+        '',
+        f'## Feature head training ({r.steps} steps{took})',
+        '',
+        f'Held-out alpha of its first draft token at T = 1: {first["alpha"]:.3f} at step '
+        f'{first["step"]}, {last["alpha"]:.3f} at step {last["step"]}.',
+      ]
+  return lines
+
+
 def _distillation_lines(records: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: held-out alpha of the draft before and after distillation (its curve's ends)."""
   lines = []
@@ -602,7 +645,7 @@ def plot_breakdown(records: Sequence[records_lib.Record], path: str) -> None:
   labels = [f'T={r.temperature}\ng={r.gamma}' for r in rows]
   bottom = np.zeros(len(rows))
   for part in _BREAKDOWN_PARTS:
-    heights = np.array([max(r.breakdown[part], 0.0) for r in rows])
+    heights = np.array([max(r.breakdown.get(part, 0.0), 0.0) for r in rows])
     ax.bar(labels, heights, bottom=bottom, label=part.replace('_', ' '))
     bottom += heights
   if rows:

@@ -59,6 +59,7 @@ CODE_MODULES = (
   'benchmark',
   'decoding',
   'drafts',
+  'feature_head',
   'layouts',
   'models',
   'network',

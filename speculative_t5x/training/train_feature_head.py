@@ -1,12 +1,17 @@
 """Training a feature head (`feature_head`) on its frozen target's own outputs.
 
-Data. Each step decodes a batch of inputs (rows of `inputs`, in a seeded
+Data. Each step takes a batch of inputs (rows of `inputs`, in a seeded
 order that depends only on the step, so a resumed run sees what an
-uninterrupted one does) with the target alone (`models.make_decoder`), at a
-temperature taken in turn from `data_temperatures` (greedy and sampled
-outputs, on-policy as `distill` draws the target's), with the PRNG key
-`fold_in(PRNGKey(seed), step)`. For a decoder-only target the rows are
-prompts and a sequence is the prompt followed by its continuation.
+uninterrupted one does) and the target's own outputs for them
+(`models.make_decoder`, the target alone), at a temperature taken in turn
+from `data_temperatures` (greedy and sampled outputs, on-policy as `distill`
+draws the target's). The outputs are decoded ahead, `DATA_CHUNK_STEPS`
+steps at a time: the chunk's rows of each temperature in one call (a large
+batch costs the memory-bound decoder little more than a small one), with
+the PRNG key `fold_in(fold_in(PRNGKey(seed), first step of the chunk),
+temperature's index)`; a resumed run decodes its chunk whole, as an
+uninterrupted one. For a decoder-only target the rows are prompts and a
+sequence is the prompt followed by its continuation.
 
 Loss. One teacher-forced target pass gives, at every decoder input position
 t, the target's features f_t and its standardized next-token distribution
@@ -36,12 +41,26 @@ temperature 1 (decoded once per run).
 Checkpoints: the head's 'params' and 'opt_state' in `train`'s layout
 (`train.resumable_loop`), metrics.jsonl and `SETTINGS_FILE`; a resumed run is
 refused if any recorded setting (the head's config, the loss, the data)
-differs, naming it.
+differs, naming it. `models.FeatureHeadCheckpoint` reads such a directory
+back as a draft for its target.
+
+Command line: `train_on_task`, configured by a pair file (TARGET), a task file (TASK;
+its train split's inputs are the rows, its validation split the held-out
+ones) and configs/runs/train_feature_head.gin:
+
+  python -m speculative_t5x.training.train_feature_head \
+    --gin_file=configs/pairs/gettext_tiny.gin \
+    --gin_file=configs/tasks/gettext_ende.gin \
+    --gin_file=configs/runs/train_feature_head.gin \
+    --gin.MODEL_DIR="'/tmp/feature_head'" \
+    --gin.CHECKPOINT_PATH="'runs/demo/gettext_target'" \
+    --gin.CORPUS_DIR="'runs/demo/corpus'" \
+    --gin.VOCABULARY="'runs/demo/vocabulary/spm_4000.model'"
 """
 
 import dataclasses
 import functools
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -50,14 +69,20 @@ import optax
 
 from speculative_t5x.training import distill
 from speculative_t5x import feature_head
+from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import run_settings
 from speculative_t5x import sampling
 from speculative_t5x import speculative_sampling
 from speculative_t5x.training import train
 
 PyTree = Any
-SETTINGS_FILE = 'feature_head_settings.json'
+SETTINGS_FILE = run_settings.FEATURE_HEAD_SETTINGS_FILE
+# Steps whose target outputs are decoded together (see the module docstring).
+DATA_CHUNK_STEPS = 8
+# `train`'s feature_layers for EAGLE-3's fusion of a low, a middle and the top layer.
+FUSED = 'fused'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +194,40 @@ def target_sequences(
   batch = distill.sequence_features(inputs, sequences)
   del batch['encoder_input_tokens']
   return batch
+
+
+def chunk_batches(
+  target: models.Model,
+  inputs: np.ndarray,
+  chunk: int,
+  *,
+  batch_size: int,
+  seed: int,
+  data_temperatures: Sequence[float],
+  max_decode_len: int,
+) -> Dict[int, Dict[str, np.ndarray]]:
+  """{step: batch} of the `DATA_CHUNK_STEPS` steps of chunk `chunk` (0-based).
+
+  Each temperature's steps (every len(data_temperatures)-th, in turn) have
+  their rows decoded in one call (see the module docstring).
+  """
+  first = chunk * DATA_CHUNK_STEPS + 1
+  steps = range(first, first + DATA_CHUNK_STEPS)
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), first)
+  batches = {}
+  for index, temperature in enumerate(data_temperatures):
+    mine = [s for s in steps if (s - 1) % len(data_temperatures) == index]
+    if not mine:
+      continue
+    rows = np.concatenate([step_rows(len(inputs), batch_size, seed, s) for s in mine])
+    batch = target_sequences(
+      target, inputs[rows], max_decode_len, temperature, jax.random.fold_in(key, index)
+    )
+    for i, s in enumerate(mine):
+      batches[s] = {
+        name: value[i * batch_size : (i + 1) * batch_size] for name, value in batch.items()
+      }
+  return batches
 
 
 def step_rows(num_rows: int, batch_size: int, seed: int, step: int) -> np.ndarray:
@@ -286,13 +345,23 @@ def train_feature_head(
         target, np.asarray(eval_inputs, np.int32), max_decode_len, 1.0, jax.random.fold_in(key, 0)
       )
 
+    ahead = {}  # The current chunk's batches not yet trained on: {step: batch}.
+
     def step(state: train.TrainState, step: int):
-      rows = inputs[step_rows(len(inputs), batch_size, seed, step)]
-      data_temperature = data_temperatures[(step - 1) % len(data_temperatures)]
-      batch = target_sequences(
-        target, rows, max_decode_len, data_temperature, jax.random.fold_in(key, step)
-      )
-      state, sums = step_fn(state, target.params, batch)
+      if step not in ahead:
+        ahead.clear()
+        ahead.update(
+          chunk_batches(
+            target,
+            inputs,
+            (step - 1) // DATA_CHUNK_STEPS,
+            batch_size=batch_size,
+            seed=seed,
+            data_temperatures=data_temperatures,
+            max_decode_len=max_decode_len,
+          )
+        )
+      state, sums = step_fn(state, target.params, ahead.pop(step))
       return state, sums, sums['weight']
 
     def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
@@ -332,3 +401,98 @@ def train_feature_head(
     abstract_params=lambda: feature_head.abstract_params(head_config),
   )
   return HeadTrainResult(params, step, train_metrics, eval_metrics)
+
+
+# ------------------------------------------------------------------------------
+# Command line.
+# ------------------------------------------------------------------------------
+def feature_layers_for(
+  target_config: network.NetworkConfig, feature_layers: Union[None, str, Sequence[int]]
+) -> Tuple[int, ...]:
+  """The target decoder layers a head reads: None, the last (EAGLE-1); `FUSED`, EAGLE-3's.
+
+  EAGLE-3 fuses a low, a middle and a top layer; here layers 0, L // 2 and
+  L - 1 of the target's L (fewer where they coincide), ending at the last
+  so that either output layer fits. A sequence is taken as given.
+  """
+  num_layers = network._num_decoder_layers(target_config)
+  if feature_layers is None:
+    return (num_layers - 1,)
+  if isinstance(feature_layers, str):
+    if feature_layers != FUSED:
+      raise ValueError(
+        f'feature_layers must be None (the last layer), {FUSED!r} (a low, a middle and the '
+        f'top layer, EAGLE-3) or layer indices; got {feature_layers!r}.'
+      )
+    return tuple(sorted({0, num_layers // 2, num_layers - 1}))
+  return tuple(int(layer) for layer in feature_layers)
+
+
+def train_on_task(
+  model_dir: str,
+  target: models.Model,
+  task: Any,
+  *,
+  max_decode_len: int,
+  num_examples: Optional[int] = None,
+  eval_examples: int = 64,
+  head_width: int = 256,
+  head_layers: int = 1,
+  head_num_heads: int = 4,
+  head_dim: int = 32,
+  head_mlp_dim: int = 512,
+  head_output: str = 'own',
+  feature_layers: Union[None, str, Sequence[int]] = None,
+  eval_every: Optional[int] = 100,
+  **training: Any,
+) -> HeadTrainResult:
+  """`train_feature_head` on a seqio task, the head given by its fields (the gin main's).
+
+  The rows are the task's train split's inputs (the first `num_examples`;
+  None: all), as the decode call takes them (`benchmark.task_inputs`: a
+  decoder-only target's are its prompts); the held-out rows are its
+  validation split's first `eval_examples` (evaluated every `eval_every`
+  steps; None: never). The head is `feature_head.config_for(target.config,
+  feature_layers_for(...), emb_dim=head_width, num_layers=head_layers, ...)`:
+  `head_output` 'own' (a narrow output layer of the head's) or 'target'
+  (post-projection and the target's frozen logits layer). `training` are
+  `train_feature_head`'s other keyword arguments (batch_size, num_steps,
+  unroll_steps, ...).
+  """
+  from speculative_t5x.bench import benchmark  # pylint: disable=g-import-not-at-top
+
+  head_config = feature_head.config_for(
+    target.config,
+    feature_layers_for(target.config, feature_layers),
+    emb_dim=head_width,
+    num_layers=head_layers,
+    num_heads=head_num_heads,
+    head_dim=head_dim,
+    mlp_dim=head_mlp_dim,
+    output=head_output,
+  )
+  inputs, _ = benchmark.task_inputs(task, 'train', num_examples=num_examples)
+  eval_inputs = None
+  if eval_every is not None:
+    eval_inputs, _ = benchmark.task_inputs(task, 'validation', num_examples=eval_examples)
+  return train_feature_head(
+    model_dir,
+    target,
+    head_config,
+    inputs,
+    max_decode_len=max_decode_len,
+    eval_inputs=eval_inputs,
+    eval_every=eval_every,
+    **training,
+  )
+
+
+def main(argv: Sequence[str]) -> None:
+  """Runs the gin-configured `train_on_task` (`gin_utils.run` has parsed the gin flags)."""
+  from speculative_t5x.training import train_feature_head as lib  # pylint: disable=g-import-not-at-top
+
+  gin_utils.run_configured(argv, lib.train_on_task)
+
+
+if __name__ == '__main__':
+  gin_utils.run(main)
