@@ -36,7 +36,8 @@ PROMPT = np.array([3, 4, EOS], np.int32)  # A decoder prompt (a decoder-only net
 MODES = {
   'temperature1': dict(temperature=1.0),
   'topk3': dict(temperature=1.0, topk=3),
-  'topp0.7': dict(temperature=0.8, topp=0.7),
+  # Loose enough that every architecture's nucleus leaves >= 10 outputs of p > 0.
+  'topp0.9': dict(temperature=1.0, topp=0.9),
 }
 # scheme: generate's speculative arguments.
 SCHEMES = {
@@ -49,7 +50,7 @@ FAST_CASES = {
   ('encoder_decoder', 'temperature1', 'chain-token'),
   ('encoder_decoder', 'temperature1', 'tree'),
   ('encoder_decoder_prompt', 'topk3', 'chain-block'),
-  ('decoder_only', 'topp0.7', 'tree'),
+  ('decoder_only', 'topp0.9', 'tree'),
   ('prefix_lm', 'topk3', 'tree'),
 }
 SIZES = {True: (2_048, 4_096), False: (12_800, 204_800)}  # fast: (batch, sequences)
@@ -127,5 +128,6 @@ def test_sampled_sequences_follow_the_target(architecture, mode, scheme, batch, 
     f'over {len(samples)} sequences, alpha {alpha:.3f}, '
     f'tokens/call {float(stats.tokens_per_target_call):.2f}'
   )
-  assert len(exact) > 20 and p_value > 1e-3
+  assert sum(probability > 0 for probability in exact.values()) >= 10  # Not nearly deterministic.
+  assert p_value > 1e-3
   assert 0.2 < alpha < 0.99  # Both the accept and the reject paths ran.
