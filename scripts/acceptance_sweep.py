@@ -35,6 +35,7 @@ from speculative_t5x.bench import benchmark
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import settings as settings_lib
+from speculative_t5x import speculative_sampling
 from speculative_t5x import theory
 
 
@@ -101,9 +102,9 @@ def sweep(
     )['draft'].alpha
     settings = dict(temperature=temperature, max_decode_len=max_decode_len)
     configs = [('baseline', None, None, 0.0)]
-    configs += [(v, v, g, 0.0) for g in gammas for v in settings_lib.VERIFICATIONS]
+    configs += [(v, v, g, 0.0) for g in gammas for v in speculative_sampling.VERIFICATIONS]
     configs += [
-      (f'{v}, adaptive', v, gammas[-1], draft_threshold) for v in settings_lib.VERIFICATIONS
+      (f'{v}, adaptive', v, gammas[-1], draft_threshold) for v in speculative_sampling.VERIFICATIONS
     ]
     decoders = [
       models.make_decoder(target, None, **settings)
