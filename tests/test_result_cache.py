@@ -146,3 +146,16 @@ def test_a_second_benchmark_reads_alpha_and_sampled_quality_back(tmp_path, monke
   assert 'Read from the result cache (computed in the run of' in (
     benchmark.reports.markdown_report(second)
   )
+
+
+def test_code_fingerprint_reads_every_listed_module_and_package():
+  # Every listed module resolves (a moved module is an error, not a silent skip), and a
+  # package counts with all its files: the network package's and the kernel's C++ source.
+  files = [
+    path for module in result_cache.CODE_MODULES for path in result_cache._source_files(module)
+  ]
+  names = {os.path.basename(path) for path in files}
+  assert {'decoding.py', 'benchmark.py', 'cache.py', 'attention.py', 'small_m_matmul.cc'} <= names
+  with pytest.raises(ValueError, match='speculative_t5x.no_such_module'):
+    result_cache.code_fingerprint(('speculative_t5x.no_such_module',))
+  assert result_cache.code_fingerprint() == result_cache.code_fingerprint()

@@ -39,6 +39,7 @@ reports say which figures came from the cache and from which run
 import dataclasses
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -53,22 +54,25 @@ import numpy as np
 CACHED_FROM = 'cached_from'
 
 # The modules whose source a cached result depends on: the networks, the decode
-# loops, sampling and verification, drafts, the alpha and quality measurements.
+# loops, sampling and verification, drafts, the CPU kernel, the alpha and
+# quality measurements. A package stands for every source file under it.
 CODE_MODULES = (
-  'acceptance',
-  'benchmark',
-  'decoding',
-  'drafts',
-  'feature_head',
-  'layouts',
-  'models',
-  'network',
-  'sampling',
-  'settings',
-  'speculative_sampling',
-  'tasks_core',
-  'tree',
+  'speculative_t5x.acceptance',
+  'speculative_t5x.bench.benchmark',
+  'speculative_t5x.data.tasks_core',
+  'speculative_t5x.decoding',
+  'speculative_t5x.drafts',
+  'speculative_t5x.feature_head',
+  'speculative_t5x.kernels',
+  'speculative_t5x.layouts',
+  'speculative_t5x.models',
+  'speculative_t5x.network',
+  'speculative_t5x.sampling',
+  'speculative_t5x.settings',
+  'speculative_t5x.speculative_sampling',
+  'speculative_t5x.tree',
 )
+SOURCE_SUFFIXES = ('.py', '.cc')
 FORMAT_VERSION = 1
 
 
@@ -102,14 +106,28 @@ def environment() -> Dict[str, Any]:
   )
 
 
+def _source_files(module: str) -> List[str]:
+  """The source files of `module` (a dotted name): its file, or every source file of a package."""
+  spec = importlib.util.find_spec(module)
+  if spec is None or spec.origin is None:
+    raise ValueError(f'result_cache.CODE_MODULES names {module!r}, which does not import.')
+  if spec.submodule_search_locations is None:
+    return [spec.origin]
+  return sorted(
+    os.path.join(directory, name)
+    for directory, _, names in os.walk(os.path.dirname(spec.origin))
+    for name in names
+    if name.endswith(SOURCE_SUFFIXES)
+  )
+
+
 def code_fingerprint(modules=CODE_MODULES) -> str:
-  """sha256 of the source of the package's `modules` (missing modules are skipped)."""
-  package = os.path.dirname(os.path.abspath(__file__))
+  """sha256 of the source of `modules`, each file named by its path within the package."""
+  package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   digest = hashlib.sha256()
-  for name in modules:
-    path = os.path.join(package, f'{name}.py')
-    if os.path.isfile(path):
-      digest.update(name.encode())
+  for module in modules:
+    for path in _source_files(module):
+      digest.update(os.path.relpath(path, package_root).encode())
       with open(path, 'rb') as f:
         digest.update(hashlib.sha256(f.read()).digest())
   return digest.hexdigest()
