@@ -403,9 +403,16 @@ def _sampling_step(operands, i, checksum, *, sample_args):
 
 
 @functools.partial(jax.jit, static_argnames=('cache_length',))
-def _draft_encode(draft, inputs, prompt_block, *, cache_length):
-  """A decode call's set-up of the draft's state: `init_cache`, then the prompt's prefill."""
-  cache = draft.init_cache(inputs, cache_length)
+def _draft_encode(draft, inputs, prompt_block, encoded=None, *, cache_length):
+  """A decode call's set-up of the draft's state: `init_cache`, then the prompt's prefill.
+
+  `encoded`: the target's encoder output that a feature head of an
+  encoder-decoder target reads (computed once per call for both).
+  """
+  if isinstance(draft, drafts.FeatureDraft):
+    cache = draft.init_cache(inputs, cache_length, encoded=encoded)
+  else:
+    cache = draft.init_cache(inputs, cache_length)
   if prompt_block is None:
     return cache
   lengths = decoding.prompt_lengths(prompt_block)
@@ -489,7 +496,11 @@ def iteration_parts(
   if target_parts is None:
     target_block = network_step_seconds(target_config, target_params, block_size=gamma + 1, **shape)
 
-  draft_cache = _draft_encode(draft, inputs, prompt_block, cache_length=cache_length)
+  encoded = None
+  if isinstance(draft, drafts.FeatureDraft) and not network.is_decoder_only(target_config):
+    # The decode call's encoder output, shared with the target: not the draft's cost.
+    encoded = network.encode(target_config, target_params, inputs)
+  draft_cache = _draft_encode(draft, inputs, prompt_block, encoded, cache_length=cache_length)
   sequences = jnp.full((batch_size, cache_length + 1), 2, jnp.int32)
   positions = jnp.full((batch_size,), prompt_length + max_decode_len // 2, jnp.int32)
   if isinstance(draft_cache, dict) and 'written_until' in draft_cache:
@@ -537,7 +548,8 @@ def iteration_parts(
       repetitions,
     )
   draft_encode = median_seconds(
-    lambda: _draft_encode(draft, inputs, prompt_block, cache_length=cache_length), repetitions
+    lambda: _draft_encode(draft, inputs, prompt_block, encoded, cache_length=cache_length),
+    repetitions,
   )
 
   keys = jax.random.split(rng, 3)
