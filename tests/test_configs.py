@@ -331,6 +331,9 @@ COVERED = (
     'pairs/gpt_like',
     # Parsed and run by tests/test_tree_benchmark.py.
     'runs/tree_benchmark',
+    # Run by tests/test_feature_head_runs.py (the head's gin main, and infer with the head).
+    'runs/train_feature_head',
+    'runs/feature_head_draft',
   }
 )
 

@@ -73,7 +73,11 @@ def test_teacher_forced_logits_are_the_heads_first_draft_token(architecture):
       if position == 0:  # No entry before the first position: zero logits.
         np.testing.assert_array_equal(logits[row, j], 0.0)
         continue
-      cache = draft.init_cache(jnp.asarray(inputs[row : row + 1]), width + 4)
+      row_inputs = jnp.asarray(inputs[row : row + 1])
+      encoded = None
+      if architecture == 'encoder-decoder':
+        encoded = network.encode(target.config, target.params, row_inputs)
+      cache = draft.init_cache(row_inputs, width + 4, encoded=encoded)
       state = draft.observe(
         cache,
         features[row : row + 1, :position],
