@@ -149,7 +149,7 @@ def config_for(
 
   `head_fields` are the head's own (`emb_dim`, `num_layers`, `output`, ...).
   """
-  num_layers = network._num_decoder_layers(target_config)
+  num_layers = network.num_decoder_layers(target_config)
   return FeatureHeadConfig(
     vocab_size=target_config.vocab_size,
     target_emb_dim=target_config.emb_dim,
@@ -172,7 +172,7 @@ def check_target(config: FeatureHeadConfig, target_config: network.NetworkConfig
   )
   target = (
     f'vocabulary {target_config.vocab_size}, width {target_config.emb_dim}, '
-    f'{network._num_decoder_layers(target_config)} decoder layers, '
+    f'{network.num_decoder_layers(target_config)} decoder layers, '
     f'{_architecture(not network.is_decoder_only(target_config))}'
   )
   if head != target:

@@ -121,6 +121,3 @@ from speculative_t5x.network.stacks import EncoderLayer as EncoderLayer
 from speculative_t5x.network.transformer import DecoderOnly as DecoderOnly
 from speculative_t5x.network.transformer import module_for as module_for
 from speculative_t5x.network.transformer import Transformer as Transformer
-
-# The private name feature_head.py still uses for `num_decoder_layers`.
-_num_decoder_layers = num_decoder_layers

@@ -415,7 +415,7 @@ def feature_layers_for(
   L - 1 of the target's L (fewer where they coincide), ending at the last
   so that either output layer fits. A sequence is taken as given.
   """
-  num_layers = network._num_decoder_layers(target_config)
+  num_layers = network.num_decoder_layers(target_config)
   if feature_layers is None:
     return (num_layers - 1,)
   if isinstance(feature_layers, str):
