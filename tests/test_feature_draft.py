@@ -428,20 +428,14 @@ def self_attention_entries(head_cache, row, count):
   }
 
 
-@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
-def test_the_head_cache_after_a_rejection_equals_a_fresh_pass_over_the_true_prefix(architecture):
-  """Positions 0..p+n of each row: nothing computed from the head's guesses is left.
-
-  (A variant that rewrites only the last accepted position, keeping the
-  rollout's entries before it, fails here at every row that accepted >= 1.)
-  """
-  draft = aligned_head(TARGETS[architecture])
-  input_tokens = cache_test_inputs(architecture)
-  num_accepted = np.array([0, 1, 3, 2], np.int32)  # Ragged, up to all of gamma = 3.
-  next_tokens, cache = one_iteration(draft, input_tokens, jnp.asarray(num_accepted))
-  starts = np.asarray(decoding.prompt_lengths(PROMPT_BLOCK))
+def assert_cache_is_a_fresh_pass(
+  draft, architecture, input_tokens, prompt_block, next_tokens, num_accepted, cache
+):
+  """The head's state after an iteration that accepted `num_accepted` [B] of `next_tokens`
+  equals a fresh head pass over each row's true prefix (prompt, then the accepted tokens)."""
+  starts = np.asarray(decoding.prompt_lengths(prompt_block))
   prefixes = [
-    np.concatenate([PROMPT_BLOCK[row, : starts[row] + 1], next_tokens[row, : n + 1]])
+    np.concatenate([prompt_block[row, : starts[row] + 1], next_tokens[row, : n + 1]])
     for row, n in enumerate(num_accepted)
   ]
   fresh_cache, predicted, hidden = fresh_head_pass(draft, architecture, prefixes, input_tokens)
@@ -453,6 +447,22 @@ def test_the_head_cache_after_a_rejection_equals_a_fresh_pass_over_the_true_pref
       np.testing.assert_allclose(got[name], want[name], atol=2e-5, err_msg=f'row {row} {name}')
   np.testing.assert_allclose(cache['feature'], predicted, atol=2e-5)
   np.testing.assert_allclose(cache['logits'], draft._logits(predicted, hidden), atol=2e-4)
+
+
+@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
+def test_the_head_cache_after_a_rejection_equals_a_fresh_pass_over_the_true_prefix(architecture):
+  """Positions 0..p+n of each row: nothing computed from the head's guesses is left.
+
+  (A variant that rewrites only the last accepted position, keeping the
+  rollout's entries before it, fails here at every row that accepted >= 1.)
+  """
+  draft = aligned_head(TARGETS[architecture])
+  input_tokens = cache_test_inputs(architecture)
+  num_accepted = np.array([0, 1, 3, 2], np.int32)  # Ragged, up to all of gamma = 3.
+  next_tokens, cache = one_iteration(draft, input_tokens, jnp.asarray(num_accepted))
+  assert_cache_is_a_fresh_pass(
+    draft, architecture, input_tokens, PROMPT_BLOCK, next_tokens, num_accepted, cache
+  )
 
 
 # ------------------------------------------------------------------------------

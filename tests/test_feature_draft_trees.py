@@ -20,13 +20,12 @@ from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import tree as tree_lib
 from test_feature_draft import (
+  assert_cache_is_a_fresh_pass,
   TARGETS,
   aligned_head,
   batch_inputs,
-  fresh_head_pass,
   head_init_cache,
   random_head,
-  self_attention_entries,
 )
 from testing_utils import padded_inputs
 
@@ -216,20 +215,9 @@ def test_the_head_cache_after_a_tree_equals_a_fresh_pass_over_the_true_prefix(ar
   next_tokens, cache = one_tree_iteration(
     draft, input_tokens, jnp.asarray(path), jnp.asarray(num_accepted)
   )
-  starts = np.asarray(decoding.prompt_lengths(PROMPT_BLOCK))
-  prefixes = [
-    np.concatenate([PROMPT_BLOCK[row, : starts[row] + 1], next_tokens[row, : n + 1]])
-    for row, n in enumerate(num_accepted)
-  ]
-  fresh_cache, predicted, hidden = fresh_head_pass(draft, architecture, prefixes, input_tokens)
-  for row, prefix in enumerate(prefixes):
-    count = len(prefix) - 1  # Positions 0..p+n are true.
-    got = self_attention_entries(cache['head'], row, count)
-    want = self_attention_entries(fresh_cache, row, count)
-    for name in want:
-      np.testing.assert_allclose(got[name], want[name], atol=2e-5, err_msg=f'row {row} {name}')
-  np.testing.assert_allclose(cache['feature'], predicted, atol=2e-5)
-  np.testing.assert_allclose(cache['logits'], draft._logits(predicted, hidden), atol=2e-4)
+  assert_cache_is_a_fresh_pass(
+    draft, architecture, input_tokens, PROMPT_BLOCK, next_tokens, num_accepted, cache
+  )
 
 
 # ------------------------------------------------------------------------------
