@@ -6,7 +6,8 @@ before the final norm: `network.Transformer.decode_block(feature_layers=...)`)
 and the target's own (frozen) embedding of the token at t + 1, and predicts
 the target's feature at t + 1, from which the token at t + 2 is drawn:
 
-  input_t   = concat(feature_t [Df], embed(token_{t+1}) [D])      Df = len(feature_layers) * D
+  input_t   = concat(norm(feature_t) [Df], norm(embed(token_{t+1})) [D])
+                                                                    Df = len(feature_layers) * D
   x_t       = pre_projection(input_t)                               [H], the head's own width
   x_t       = T5 decoder layer(s) of width H: causal self-attention with relative
               position biases, cross-attention to the target's encoder output
@@ -16,6 +17,15 @@ the target's feature at t + 1, from which the token at t + 2 is drawn:
   logits_{t+2}   = output 'target': the target's own final norm and logits layer
                    (frozen) on the last layer's slice of feature^;
                    output 'own': the head's own narrow `logits_dense` [H, V] on h_t
+
+The inputs are normalized (T5's RMS norm, a learned scale; each feature
+layer's slice on its own), as EAGLE-3's `hidden_norm` and `input_layernorm`:
+the target's residual stream before its final norm has an RMS of ~20-30 on
+a trained target, its embedding ~1, and the head's own predicted feature
+(fed back from the second draft token on) ~1. Unnormalized, the true feature
+drowned the embedding of the token just emitted, and one set of weights
+served inputs 30x apart in scale: the first draft token (true feature) was
+accepted less often than the later ones (predicted feature).
 
 During drafting (EAGLE-1), a position whose true feature is not known yet
 (it lies past the target's last call) is fed the head's predicted feature^;
@@ -212,7 +222,8 @@ class FeatureHead(nn.Module):
 
   Both return (predicted features [B, k, Df] float32, normalized hidden states
   [B, k, H]); `own_logits` is the narrow output layer (output 'own').
-  Parameters: `pre_projection`, `relpos_bias`, `layers_{i}` (T5X's decoder
+  Parameters: `feature_norms_{i}` (one per feature layer), `embedding_norm`,
+  `pre_projection`, `relpos_bias`, `layers_{i}` (T5X's decoder
   layer), `head_norm`, `post_projection`, and `logits_dense` for output 'own'.
   """
 
@@ -222,6 +233,8 @@ class FeatureHead(nn.Module):
     cfg = self.config
     layer_cfg = cfg.layer_config
     dtype = layer_cfg.dtype
+    self.feature_norms = [network.LayerNorm(dtype) for _ in cfg.feature_layers]
+    self.embedding_norm = network.LayerNorm(dtype)
     self.pre_projection = network.DenseGeneral(
       cfg.emb_dim, dtype=dtype, kernel_axes=('mlp', 'embed')
     )
@@ -287,7 +300,7 @@ class FeatureHead(nn.Module):
       visible = jnp.concatenate(visible, axis=1)[None, None]
       key_positions = jnp.tile(positions, depth + 1)[None]
       self_bias = self._bias(positions[None], key_positions, visible)
-      y = self.pre_projection(jnp.concatenate([inputs, next_embedded.astype(inputs.dtype)], -1))
+      y = self._project_inputs(inputs, next_embedded)
       for layer, context in zip(self.layers, contexts):
         y, normed = layer.with_context(y, context, self_bias, encoded, cross_bias, deterministic)
         context.append(normed)
@@ -335,7 +348,7 @@ class FeatureHead(nn.Module):
     cross_bias = None
     if self.config.cross_attention:
       cross_bias = self._cross_bias(self.get_variable('cache', 'encoder_mask'))
-    y = self.pre_projection(jnp.concatenate([features, next_embedded.astype(features.dtype)], -1))
+    y = self._project_inputs(features, next_embedded)
     for layer in self.layers:
       y = layer.decode_block(y, None, self_bias, cross_bias, start_positions + first_node)
     return self._outputs(y)
@@ -343,6 +356,14 @@ class FeatureHead(nn.Module):
   def own_logits(self, hidden: Array) -> Array:
     """float32 [..., V] of normalized hidden states [..., H] (output 'own')."""
     return self.logits_dense(hidden)
+
+  def _project_inputs(self, features, next_embedded):
+    """pre_projection of the normalized inputs: features [B, k, Df], next_embedded [B, k, D] -> [B, k, H]."""
+    width = self.config.target_emb_dim
+    slices = [
+      norm(features[..., i * width : (i + 1) * width]) for i, norm in enumerate(self.feature_norms)
+    ]
+    return self.pre_projection(jnp.concatenate(slices + [self.embedding_norm(next_embedded)], -1))
 
   def _bias(self, query_positions, key_positions, visible):
     relative = self.relpos_bias(query_positions, key_positions, bidirectional=False)
