@@ -60,7 +60,7 @@ ones) and configs/runs/train_feature_head.gin:
 
 import dataclasses
 import functools
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +70,7 @@ import optax
 from speculative_t5x.training import distill
 from speculative_t5x import feature_head
 from speculative_t5x import gin_utils
+from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import run_settings
@@ -108,6 +109,48 @@ class HeadLossConfig:
     feature_head.check_target(self.head_config, self.target_config)
 
 
+def aligned_outputs(
+  config: HeadLossConfig, params: PyTree, target_params: PyTree, batch: Mapping[str, jax.Array]
+) -> Tuple[jax.Array, jax.Array, List[Tuple[jax.Array, jax.Array]], jax.Array]:
+  """What the loss compares, paired position by position: (p, weights, depths, features).
+
+  Head position t reads the target's feature f_t and the embedding of
+  x_{t+1} ('decoder_target_tokens' [t]) and drafts x_{t+2}, which the target
+  predicts at position t + 1; so over t = 0..L-2:
+    p: float32 [B, L - 1, V], the target's standardized distribution at t + 1
+      (the loss's mode);
+    weights: float32 [B, L - 1], 1 where x_{t+2} is a real token (through EOS);
+    depths: [(predicted feature [B, L - 1, Df], logits [B, L - 1, V])] for
+      unroll depth k < unroll_steps (`feature_head.unrolled`): depth k at t is
+      what the rollout's draft token k + 1 reads from when t - k is the last
+      true position;
+    features: float32 [B, L, Df], the target's true features at every position.
+  The decode loop drafts from the same pairs (tests/test_feature_draft_training.py).
+  `batch` as `head_loss`'s.
+  """
+  head, target_config = config.head_config, config.target_config
+  mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
+  target_logits, features = network.compute_logits(
+    target_config, target_params, batch, feature_layers=head.feature_layers
+  )
+  target_logits, features = jax.lax.stop_gradient((target_logits, features))
+  features = features.astype(jnp.float32)
+  p = sampling.standardize(target_logits[:, 1:], **mode)
+  weights = batch['decoder_loss_weights'][:, 1:].astype(jnp.float32)
+  next_embedded = network.embed_tokens(target_config, target_params, batch['decoder_target_tokens'])
+  encoded = encoder_mask = None
+  if head.cross_attention:
+    encoded = network.encode(target_config, target_params, batch['encoder_input_tokens'])
+    encoder_mask = batch['encoder_input_tokens'] > 0
+  depths = []
+  for predicted, hidden in feature_head.unrolled(
+    head, params, features, next_embedded, encoded, encoder_mask, config.unroll_steps
+  ):
+    logits = feature_head.logits(head, params, target_config, target_params, predicted, hidden)
+    depths.append((predicted[:, :-1], logits[:, :-1]))
+  return p, weights, depths, features
+
+
 def head_loss(
   config: HeadLossConfig, params: PyTree, target_params: PyTree, batch: Mapping[str, jax.Array]
 ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
@@ -117,37 +160,20 @@ def head_loss(
   float32 [B, L] 'decoder_loss_weights', and for an encoder-decoder target
   int32 [B, Lin] 'encoder_input_tokens'.
   """
-  head, target_config = config.head_config, config.target_config
   mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
-  target_logits, features = network.compute_logits(
-    target_config, target_params, batch, feature_layers=head.feature_layers
-  )
-  target_logits, features = jax.lax.stop_gradient((target_logits, features))
-  features = features.astype(jnp.float32)
-  # Head position t predicts the token after x_{t+1}: the target's p at t + 1.
-  p = sampling.standardize(target_logits[:, 1:], **mode)
-  weights = batch['decoder_loss_weights'][:, 1:].astype(jnp.float32)
-  next_embedded = network.embed_tokens(target_config, target_params, batch['decoder_target_tokens'])
-  encoded = encoder_mask = None
-  if head.cross_attention:
-    encoded = network.encode(target_config, target_params, batch['encoder_input_tokens'])
-    encoder_mask = batch['encoder_input_tokens'] > 0
+  p, weights, depths, features = aligned_outputs(config, params, target_params, batch)
   scale = config.temperature if config.temperature > 0 else 1.0
   total, norm, sums = 0.0, 0.0, {}
-  depths = feature_head.unrolled(
-    head, params, features, next_embedded, encoded, encoder_mask, config.unroll_steps
-  )
-  for k, (predicted, hidden) in enumerate(depths):
-    logits = feature_head.logits(head, params, target_config, target_params, predicted, hidden)
-    log_q = jax.nn.log_softmax(logits[:, :-1] / scale, axis=-1)
+  for k, (predicted, logits) in enumerate(depths):
+    log_q = jax.nn.log_softmax(logits / scale, axis=-1)
     per_token = -jnp.sum(jnp.where(p > 0, p * log_q, 0.0), axis=-1)
     step_loss = jnp.sum(per_token * weights)
     total, norm = total + config.decay**k * step_loss, norm + config.decay**k
     if k == 0:
-      q = sampling.standardize(jax.lax.stop_gradient(logits[:, :-1]), **mode)
+      q = sampling.standardize(jax.lax.stop_gradient(logits), **mode)
       sums['beta'] = jnp.sum(speculative_sampling.lenient_acceptance_rate(p, q) * weights)
       if config.feature_weight:
-        regression = optax.huber_loss(predicted[:, :-1], features[:, 1:]).mean(-1)
+        regression = optax.huber_loss(predicted, features[:, 1:]).mean(-1)
         total += config.feature_weight * jnp.sum(regression * weights)
   sums['loss'] = total / norm
   sums['weight'] = jnp.sum(weights)
@@ -182,17 +208,33 @@ def target_sequences(
 ) -> Dict[str, np.ndarray]:
   """The training batch of the target's own outputs for `inputs` [B, Lin] (see the module docstring)."""
   decode = models.make_decoder(target, None, temperature=temperature, max_decode_len=max_decode_len)
-  outputs = np.asarray(decode(inputs, rng).tokens)
-  if not network.is_decoder_only(target.config):
+  return training_batch(target.config, inputs, np.asarray(decode(inputs, rng).tokens))
+
+
+def training_batch(
+  target_config: network.NetworkConfig, inputs: np.ndarray, outputs: np.ndarray
+) -> Dict[str, np.ndarray]:
+  """`head_loss`'s batch of the target's outputs [B, L] for `inputs` [B, Lin].
+
+  An encoder-decoder's: BOS then the outputs. A decoder-only target's
+  `inputs` are its prompts: each sequence is the prompt followed by its
+  outputs, left-aligned.
+  """
+  if not network.is_decoder_only(target_config):
     return distill.sequence_features(inputs, outputs)
-  # Decoder-only: the prompt, then its continuation, left-aligned.
-  sequences = np.zeros((len(inputs), inputs.shape[1] + max_decode_len), np.int32)
+  sequences = np.zeros((len(inputs), inputs.shape[1] + outputs.shape[1]), np.int32)
+  prompt_lengths = np.sum(np.asarray(inputs) != 0, axis=1)
   for row, (prompt, output) in enumerate(zip(inputs, outputs)):
-    prompt = prompt[prompt != 0]
-    sequences[row, : len(prompt)] = prompt
-    sequences[row, len(prompt) : len(prompt) + max_decode_len] = output
+    sequences[row, : prompt_lengths[row]] = prompt[prompt != 0]
+    sequences[row, prompt_lengths[row] : prompt_lengths[row] + outputs.shape[1]] = output
   batch = distill.sequence_features(inputs, sequences)
   del batch['encoder_input_tokens']
+  # An output cut at its length without EOS ends before the row's padding (which
+  # `sequence_features`, looking for EOS, would weigh in).
+  lengths = prompt_lengths + layouts.output_lengths(outputs)
+  batch['decoder_loss_weights'] = (np.arange(sequences.shape[1])[None] < lengths[:, None]).astype(
+    np.float32
+  )
   return batch
 
 
