@@ -587,7 +587,8 @@ def prompts_record(prompts: Optional[np.ndarray]) -> Optional[Dict[str, Any]]:
   )
 
 
-def _summary(values: Sequence[float]) -> Dict[str, float]:
+def summary(values: Sequence[float]) -> Dict[str, float]:
+  """{'median', 'min', 'max'} of `values` (e.g. per-pass ms/token or speedups)."""
   return {
     'median': float(np.median(values)),
     'min': float(np.min(values)),
@@ -1179,9 +1180,9 @@ def _timed_fields(
     alpha_loop=float(stats.mean_beta),
     c=part.c,
     verify_cost=part.verify_cost,
-    ms_per_token_baseline=_summary(baseline.ms_per_token),
-    ms_per_token_speculative=_summary(speculative.ms_per_token),
-    speedup=_summary(speedups),
+    ms_per_token_baseline=summary(baseline.ms_per_token),
+    ms_per_token_speculative=summary(speculative.ms_per_token),
+    speedup=summary(speedups),
     tokens_per_call=float(stats.tokens_per_target_call),
     mean_acceptance_length=float(stats.mean_acceptance_length),
     drafted_per_iteration=float(stats.drafted_per_iteration),
@@ -1395,7 +1396,7 @@ def _measure_auto(
     + [timed.decoder(temperature, settings.replace(gamma=g, profile=None)) for g in gammas],
     batch_size,
   )
-  speedup = lambda run: _summary([b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)])
+  speedup = lambda run: summary([b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)])
   fixed_speedups = {g: speedup(run) for g, run in zip(gammas, fixed)}
   fixed_median = lambda g: fixed_speedups[g]['median'] if g else 1.0
   best_fixed = max([0] + list(gammas), key=fixed_median)
@@ -1405,8 +1406,8 @@ def _measure_auto(
     batch_size=batch_size,
     gamma_ran=auto.gamma,
     profile=settings.profile,
-    ms_per_token_baseline=_summary(baseline.ms_per_token),
-    ms_per_token_auto=_summary(auto.ms_per_token),
+    ms_per_token_baseline=summary(baseline.ms_per_token),
+    ms_per_token_auto=summary(auto.ms_per_token),
     speedup=speedup(auto),
     fixed_speedups={str(g): s for g, s in fixed_speedups.items()},
     best_fixed_gamma=best_fixed,
