@@ -621,11 +621,7 @@ def distill(
     sampling.validate_sampling_args(t, topk, topp)
   sources, probabilities = validate_data_mix({'draft': 1.0} if data_mix is None else data_mix)
   _check_pair(target, draft)
-  task = train.check_task(task, draft.config, feature_lengths)
-  if eval_every is not None and 'validation' not in task.splits:
-    raise ValueError(
-      f'Task {task.name!r} has no validation split for the held-out alpha; pass eval_every=None.'
-    )
+  task = train.check_task(task, draft.config, feature_lengths, evaluate=eval_every is not None)
   tasks.hide_gpus_from_tensorflow()
   config = DistillConfig(
     target.config, draft.config, divergence, float(beta), float(temperature), int(topk), float(topp)

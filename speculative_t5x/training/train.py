@@ -602,11 +602,20 @@ def check_task(
   feature_lengths: Mapping[str, int],
   *,
   inputs_bidirectional_attention: bool = False,
+  evaluate: bool = False,
 ) -> seqio.Task:
-  """The task, checked against the network and the feature lengths (see `train`)."""
+  """The task, checked against the network and the feature lengths (see `train`).
+
+  `evaluate`: the run evaluates (`eval_every` set), so the task needs a
+  validation split.
+  """
   task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
   if 'train' not in task.splits:
     raise ValueError(f'Task {task.name!r} has no train split (splits: {task.splits}).')
+  if evaluate and 'validation' not in task.splits:
+    raise ValueError(
+      f'Task {task.name!r} has no validation split to evaluate on; pass eval_every=None.'
+    )
   _check_bidirectional(config, inputs_bidirectional_attention)
   if isinstance(config, network.T5Config):
     if set(feature_lengths) != {'inputs', 'targets'}:
@@ -1110,12 +1119,12 @@ def train(
   )
   loss_normalizing_factor = _check_loss_settings(label_smoothing, z_loss, loss_normalizing_factor)
   task = check_task(
-    task, config, feature_lengths, inputs_bidirectional_attention=inputs_bidirectional_attention
+    task,
+    config,
+    feature_lengths,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+    evaluate=eval_every is not None,
   )
-  if eval_every is not None and 'validation' not in task.splits:
-    raise ValueError(
-      f'Task {task.name!r} has no validation split to evaluate on; pass eval_every=None.'
-    )
   tasks.hide_gpus_from_tensorflow()
   step_args = (
     config,
