@@ -792,16 +792,10 @@ def resumable_loop(
   is a ValueError naming each setting and both values); otherwise `settings`
   are written to `settings_file` and the run starts from `initial_params()`
   with a fresh optimizer state. `start(start_step)` then prepares the run's
-  data (skipping what the run has seen) and returns its `LoopSteps`. One step
-  is in flight: the host prepares the next batch while the device computes.
-  Every `log_every` steps and at the last, a training record ({'step',
-  the summary's metrics, 'tokens', 'tokens_per_second' (from the end of the
-  first step, which compiles), 'seconds'}) goes to `METRICS_FILE` and the
-  progress bar; every `checkpoint_every` steps and at the last, the state is
-  saved; every `eval_every` steps and at the last, an evaluation record
-  ({'step', its metrics, 'seconds'}) is written. The loop returns (or
-  raises: an error, or SIGTERM, which `gin_utils.run` turns into SystemExit)
-  only once every save it started is complete.
+  data (skipping what the run has seen) and returns its `LoopSteps`, which
+  `_run_steps` runs, logging, saving and evaluating on schedule. The loop
+  returns (or raises: an error, or SIGTERM, which `gin_utils.run` turns into
+  SystemExit) only once every save it started is complete.
 
   Args:
     model_dir: the run's directory (orbax steps, `METRICS_FILE`, `settings_file`).
@@ -895,9 +889,15 @@ def _run_steps(
   progress: bool,
   after_step: Optional[Callable[[int], None]],
 ) -> TrainState:
-  """`resumable_loop`'s steps from `start_step` + 1 to `num_steps`, one in flight.
+  """`resumable_loop`'s steps from `start_step` + 1 to `num_steps`; returns the final state.
 
-  Logs, saves and evaluates on `resumable_loop`'s schedule; returns the final state.
+  One step is in flight: the host prepares the next batch while the device
+  computes. Every `log_every` steps and at the last, a training record
+  ({'step', the summary's metrics, 'tokens', 'tokens_per_second' (from the
+  end of the first step, which compiles), 'seconds'}) goes to the metrics
+  file and the progress bar; every `checkpoint_every` steps and at the last,
+  the state is saved; every `eval_every` steps and at the last, an
+  evaluation record ({'step', its metrics, 'seconds'}) is written.
   """
   bar = tqdm.tqdm(
     total=num_steps,
