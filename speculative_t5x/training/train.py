@@ -793,7 +793,7 @@ def resumable_loop(
   are written to `settings_file` and the run starts from `initial_params()`
   with a fresh optimizer state. `start(start_step)` then prepares the run's
   data (skipping what the run has seen) and returns its `LoopSteps`, which
-  `_run_steps` runs, logging, saving and evaluating on schedule. The loop
+  `_step_loop` runs, logging, saving and evaluating on schedule. The loop
   returns (or raises: an error, or SIGTERM, which `gin_utils.run` turns into
   SystemExit) only once every save it started is complete.
 
@@ -837,7 +837,7 @@ def resumable_loop(
     steps = start(start_step)
     if steps.evaluate is not None and steps.evaluate_at_start and start_step == 0:
       records.log('validation', {'step': 0, **steps.evaluate(state.params)})
-    state = _run_steps(
+    state = _step_loop(
       model_dir,
       manager,
       state,
@@ -874,7 +874,7 @@ class _RunRecords:
     append_metrics(self._metrics_path, split, record)
 
 
-def _run_steps(
+def _step_loop(
   model_dir: str,
   manager,
   state: TrainState,
