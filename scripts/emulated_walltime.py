@@ -8,17 +8,35 @@ is an emulation. Needs jax, flax and numpy only.
 
   python scripts/emulated_walltime.py --target xxl --draft small --alpha 0.75 \
     --gammas 3 5 7 --output_dir /tmp/emulated_xxl_small
+
+`--head_widths 1024` adds feature heads (`drafts.FeatureDraft`, random
+weights, one decoder layer of that width reading the target's last layer)
+to the same interleaved run, timed at the same emulated alpha against the
+same baseline: what a head costs (c, its cache rewrite included) beside the
+draft model, where random weights cannot show what it would accept.
+`--costs_only` times the parts of one iteration (c, v(gamma)) for each draft
+and skips the walltime sweep, whose many compiled programs take most of an
+XXL run's time:
+
+  python scripts/emulated_walltime.py --target xxl --draft small --gammas 3 7 \
+    --head_widths 1024 --costs_only --output_dir /tmp/costs_xxl
 """
 
 import argparse
 import json
+import os
 
 import jax
 import jax.numpy as jnp
 
-from speculative_t5x.bench import benchmark
+from speculative_t5x import drafts
+from speculative_t5x import feature_head
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import settings as settings_lib
+from speculative_t5x.bench import benchmark
+from speculative_t5x.bench import measure
+from speculative_t5x.bench import records as records_lib
 
 
 def device_random_model(size: str, seed: int) -> models.Model:
@@ -35,6 +53,80 @@ def device_random_model(size: str, seed: int) -> models.Model:
   return models.Model(config, jax.tree_util.tree_unflatten(treedef, params))
 
 
+def random_feature_head(target: models.Model, width: int, output: str) -> drafts.FeatureDraft:
+  """A one-layer head of `width` (heads of 64, a T5 1.1 MLP of 2.75 x width) on `target`'s
+  last decoder layer, computing in the target's dtype; random float32 parameters."""
+  config = feature_head.config_for(
+    target.config,
+    emb_dim=width,
+    num_layers=1,
+    num_heads=width // 64,
+    head_dim=64,
+    mlp_dim=width * 11 // 4,
+    output=output,
+    dtype=target.config.dtype,
+  )
+  return drafts.FeatureDraft.for_target(target, feature_head.init_params(config, seed=2), config)
+
+
+def print_costs(target, candidates, args) -> None:
+  """c and v(gamma) of each draft in `candidates` (label -> draft) at batch 1, greedy: the
+  target's parts timed once, each draft's beside them. A table row on stdout as each draft is
+  done, and all rows so far in output_dir/costs.json (a run stopped early keeps what it had)."""
+  settings = settings_lib.SpeculativeSettings(gamma=max(args.gammas))
+  os.makedirs(args.output_dir, exist_ok=True)
+  step_bytes = measure.decoder_step_bytes(
+    target.config,
+    target.params,
+    batch_size=1,
+    block_size=1,
+    input_length=args.input_length,
+    cache_length=args.input_length + args.max_decode_len,
+  )
+  bandwidth = measure.memory_bandwidth(num_bytes=args.bandwidth_bytes)
+  print(
+    f'target step reads {step_bytes / 1e9:.2f} GB; memory streams {bandwidth / 1e9:.0f} GB/s: '
+    f'floor {1e3 * step_bytes / bandwidth:.2f} ms',
+    flush=True,
+  )
+  print('| draft | gamma | target step ms | v(gamma) | c | draft ms/token | observe ms |')
+  print('|---|---|---|---|---|---|---|', flush=True)
+  rows, target_parts = [], None
+  for label, draft in candidates.items():
+    draft = models.as_draft(draft)
+    parts = benchmark.measure_parts(
+      target,
+      draft,
+      (0.0,),
+      args.gammas,
+      settings,
+      input_length=args.input_length,
+      max_decode_len=args.max_decode_len,
+      emulate_alpha=args.alpha,
+      target_parts=target_parts,
+    )
+    target_parts = target_parts or parts
+    for (_, gamma), part in sorted(parts.items()):
+      row = dict(
+        draft=label,
+        gamma=gamma,
+        target_step_ms=1e3 * part.target_step,
+        v=part.verify_cost,
+        c=part.c,
+        draft_ms_per_token=1e3 * part.draft_rollout / gamma,
+        observe_ms=1e3 * part.draft_observe,
+        draft_description=benchmark.describe_draft(draft),
+      )
+      rows.append(row)
+      print(
+        f'| {label} | {gamma} | {row["target_step_ms"]:.2f} | {row["v"]:.2f} | {row["c"]:.3f} '
+        f'| {row["draft_ms_per_token"]:.2f} | {row["observe_ms"]:.2f} |',
+        flush=True,
+      )
+    with open(os.path.join(args.output_dir, 'costs.json'), 'w') as f:
+      json.dump(rows, f, indent=1, default=str)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--target', default='xxl')
@@ -46,6 +138,12 @@ def main():
   parser.add_argument('--input_length', type=int, default=64)
   parser.add_argument('--max_decode_len', type=int, default=64)
   parser.add_argument('--repetitions', type=int, default=2)
+  parser.add_argument('--head_widths', type=int, nargs='*', default=[])
+  parser.add_argument('--head_output', choices=feature_head.OUTPUTS, default='own')
+  parser.add_argument('--costs_only', action='store_true')
+  parser.add_argument(
+    '--bandwidth_bytes', type=int, default=2**31, help='array read to measure the floor'
+  )
   parser.add_argument('--output_dir', required=True)
   args = parser.parse_args()
 
@@ -53,6 +151,15 @@ def main():
   target = device_random_model(args.target, seed=0)
   draft = device_random_model(args.draft, seed=1)
   inputs, _ = benchmark.random_inputs(args.num_examples, args.input_length, target.vocab_size)
+  heads = {
+    f'feature head, width {width} ({args.head_output} output)': random_feature_head(
+      target, width, args.head_output
+    )
+    for width in args.head_widths
+  }
+  if args.costs_only:
+    print_costs(target, {f'{args.draft} (draft model)': draft, **heads}, args)
+    return
   records = benchmark.run_benchmark(
     target,
     draft,
@@ -66,10 +173,12 @@ def main():
     repetitions=args.repetitions,
     max_decode_len=args.max_decode_len,
     emulate_alpha=args.alpha,
+    compared_drafts=heads,
     output_dir=args.output_dir,
     progress=lambda line: print(line, flush=True),
   )
-  print(json.dumps([r for r in records if r['kind'] == 'costs'], default=float))
+  costs = [r for r in records if isinstance(r, records_lib.Costs)]
+  print(json.dumps(records_lib.to_json(costs), default=float))
 
 
 if __name__ == '__main__':

@@ -49,7 +49,7 @@ after the prompt. There are two ways in, T5X's two:
 """
 
 import functools
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import flax
 from flax import traverse_util
@@ -151,7 +151,14 @@ def _sort_by_log_prob(values: Array, log_prob: Array, batch_size: int, num_decod
   return jax.tree_util.tree_map(sort, values), sorted_log_prob
 
 
-def _validate_common(inputs, num_decodes, max_decode_steps, topk, topp):
+def _checked_decode_args(
+  inputs, num_decodes, initial_index, max_decode_steps, max_decode_steps_hard_limit, topk, topp
+):
+  """`max_decode_steps` clipped to the hard limit; ValueError on what both decode functions refuse.
+
+  inputs int32 [B, L]; the rest as `temperature_sample`'s arguments.
+  """
+  max_decode_steps = clip_max_decode_steps(max_decode_steps, max_decode_steps_hard_limit)
   if inputs.ndim != 2:
     raise ValueError(f'inputs must be [batch, max_decode_len]; got shape {inputs.shape}.')
   if num_decodes < 1:
@@ -160,6 +167,47 @@ def _validate_common(inputs, num_decodes, max_decode_steps, topk, topp):
     if np.any(np.asarray(max_decode_steps) < 1):
       raise ValueError(f'max_decode_steps must be >= 1; got {max_decode_steps}.')
   sampling.validate_sampling_args(topk=topk, topp=topp)
+  check_initial_index(inputs, initial_index)
+  return max_decode_steps
+
+
+class _ExpandedBatch(NamedTuple):
+  """A decode's batch with each row repeated `num_decodes` times in place (BN = B * num_decodes).
+
+  Attributes:
+    inputs: int32 [BN, L], the decoder prompts.
+    caches: the decode's caches (a tuple), each expanded (`expand_cache`).
+    temperature: a scalar, or float [BN].
+    limits: int32 [BN], each row's last output index (`_row_limits`).
+    start: int32 [BN], where T5X's loop begins: `initial_index`, else 0 (BOS).
+    sequences: int32 [BN, L + spare]: BOS (0) at index 0, the prompts, zeros.
+  """
+
+  inputs: Array
+  caches: Tuple[PyTree, ...]
+  temperature: Union[float, Array]
+  limits: Array
+  start: Array
+  sequences: Array
+
+
+def _expand_batch(
+  inputs, caches, num_decodes, temperature, cache_offset, initial_index, max_decode_steps, spare
+) -> _ExpandedBatch:
+  """The `_ExpandedBatch` of both decode functions; `spare` slots follow the output in `sequences`.
+
+  Arguments as `temperature_sample`'s; `caches` a tuple of caches for batch B.
+  """
+  inputs = flat_batch_expand(inputs, num_decodes)
+  caches = tuple(expand_cache(cache, num_decodes, cache_offset) for cache in caches)
+  temperature = _expand_temperature(temperature, num_decodes)
+  limits = _row_limits(inputs, max_decode_steps)
+  if initial_index is None:
+    start = jnp.zeros((inputs.shape[0],), jnp.int32)
+  else:
+    start = flat_batch_expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
+  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, spare))).at[:, 0].set(0)
+  return _ExpandedBatch(inputs, caches, temperature, limits, start, sequences)
 
 
 def _row_limits(inputs: Array, max_decode_steps) -> Array:
@@ -315,6 +363,102 @@ def _take_column(x: Array, index: Array) -> Array:
   return jnp.take_along_axis(x, index[:, None], axis=1)[:, 0]
 
 
+class _SamplingLoop(NamedTuple):
+  """What every step of one `temperature_sample` call reads besides its state.
+
+  Attributes:
+    tokens_to_logits: the target's one-token scorer.
+    sample_args: `temperature` (scalar or float [BN]), `topk`, `topp`.
+    eos_id: end-of-sequence id.
+    initial_eos_count: int32 [BN], each row's EOS tokens before decoding. T5X's
+      end rule: a row ends when its count of EOS grows, so that an EOS in the
+      prompt does not end it but one written by the step (sampled, or forced
+      by `state_callback_fn`) does.
+    limits: int32 [BN], each row's last output index (`_row_limits`).
+    max_decode_len: L, the output length (`sequences` has one spare slot).
+    rescale_log_probs, state_callback_fn, logit_callback_fn: as
+      `temperature_sample`'s.
+  """
+
+  tokens_to_logits: TokensToLogits
+  sample_args: Mapping[str, Any]
+  eos_id: int
+  initial_eos_count: Array
+  limits: Array
+  max_decode_len: int
+  rescale_log_probs: bool
+  state_callback_fn: Optional[StateCallbackFn]
+  logit_callback_fn: Optional[LogitCallbackFn]
+
+
+def _initial_sampling_state(batch: _ExpandedBatch, rng: Array) -> SamplingLoopState:
+  """The loop state before the first step: each row at its start, ended if it has no room."""
+  (cache,) = batch.caches
+  return SamplingLoopState(
+    step=jnp.zeros((), jnp.int32),
+    cur_index=batch.start,
+    sequences=batch.sequences,
+    cache=cache,
+    cur_token=_take_column(batch.sequences, batch.start)[:, None],
+    ended=batch.start >= batch.limits,
+    rng=rng,
+    log_prob=jnp.zeros((batch.inputs.shape[0],), jnp.float32),
+  )
+
+
+def _any_row_active(state: Union[SamplingLoopState, 'SpeculativeLoopState']) -> Array:
+  """Both loops' condition: some row has not ended."""
+  return ~jnp.all(state.ended)
+
+
+def _sampling_step(loop: _SamplingLoop, state: SamplingLoopState) -> SamplingLoopState:
+  """T5X's step: feeds each row's `cur_token`, writes the next token, ends rows.
+
+  A row writes its sampled token at `cur_index + 1`, or keeps the non-zero
+  token already there (the prompt, or one `state_callback_fn` forced); an
+  ended row rewrites the token it holds and stays. Only sampled tokens of
+  active rows add to `log_prob`.
+  """
+  if loop.state_callback_fn is not None:
+    state = loop.state_callback_fn(state)
+  rng, sample_rng = jax.random.split(state.rng)
+  index = state.cur_index
+  logits, new_cache = loop.tokens_to_logits(
+    DecodingState(
+      cur_index=index,
+      sequences=state.sequences[:, : loop.max_decode_len],
+      cur_token=state.cur_token,
+      cache=state.cache,
+    )
+  )
+  if loop.logit_callback_fn is not None:
+    logits = loop.logit_callback_fn(logits, state)
+  sampled, probs = sampling.sample_logits(sample_rng, logits, **loop.sample_args)
+  forced = _take_column(state.sequences, index + 1)
+  in_prompt = forced != 0
+  generated = ~in_prompt & ~state.ended
+  # An ended row rewrites the token it holds at index + 1, and stays.
+  next_token = jnp.where(generated, sampled, forced)
+  score = token_log_probs(sampled, probs, None if loop.rescale_log_probs else logits)
+  log_prob = state.log_prob + jnp.where(generated, score, 0.0)
+  sequences = jax.vmap(lambda row, token, at: row.at[at].set(token))(
+    state.sequences, next_token, index + 1
+  )
+  eos_written = jnp.sum(sequences == loop.eos_id, axis=1) > loop.initial_eos_count
+  ended = state.ended | eos_written | (index + 1 >= loop.limits)
+  cur_index = jnp.where(ended, index, index + 1)
+  return SamplingLoopState(
+    step=state.step + 1,
+    cur_index=cur_index,
+    sequences=sequences,
+    cache=new_cache,
+    cur_token=_take_column(sequences, cur_index)[:, None],
+    ended=ended,
+    rng=rng,
+    log_prob=log_prob,
+  )
+
+
 def temperature_sample(
   inputs: Array,
   cache: PyTree,
@@ -345,9 +489,8 @@ def temperature_sample(
     decode_rng: PRNG key (default `PRNGKey(0)`).
     num_decodes: independent samples per row.
     temperature: scalar or float [B]; 0 means argmax. Every row draws with
-      its own key (T5X's per-row path draws all rows with one key, so its
-      rows with equal logits sample equal tokens; each row's distribution is
-      the same).
+      its own key (T5X's per-row path shares one, so that its rows with equal
+      logits sample equal tokens; each row's distribution is the same).
     topk: keep the k most likely tokens (0: off). T5X's default 1 is greedy.
     topp: nucleus mass (0: off). At most one of topk/topp may be non-zero.
     cache_offset: batch axis of cache leaves (1 for scanned layers).
@@ -359,9 +502,8 @@ def temperature_sample(
     max_decode_steps_hard_limit: optional Python int; when it is > 0 and
       `max_decode_steps` is set, `max_decode_steps` is clipped to it (T5X's).
     rescale_log_probs: T5X's: True scores each generated token under the
-      distribution it was sampled from (temperature, top-k, top-p applied; 0
-      for greedy decoding); False under `log_softmax` of the logits (after
-      `logit_callback_fn`) alone.
+      distribution it was sampled from, False under the logits alone (see the
+      module docstring).
     state_callback_fn: T5X's `state -> state` on the `SamplingLoopState`,
       before every step and once on the final state (e.g. to force a token
       by writing `sequences[:, cur_index + 1]`, which the step then keeps as
@@ -376,84 +518,28 @@ def temperature_sample(
     `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes])`,
     sorted by ascending log probability.
   """
-  max_decode_steps = clip_max_decode_steps(max_decode_steps, max_decode_steps_hard_limit)
-  _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
-  check_initial_index(inputs, initial_index)
+  max_decode_steps = _checked_decode_args(
+    inputs, num_decodes, initial_index, max_decode_steps, max_decode_steps_hard_limit, topk, topp
+  )
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   batch_size, max_decode_len = inputs.shape
-  inputs = flat_batch_expand(inputs, num_decodes)
-  cache = expand_cache(cache, num_decodes, cache_offset)
-  temperature = _expand_temperature(temperature, num_decodes)
-  limits = _row_limits(inputs, max_decode_steps)
-  flat_size = inputs.shape[0]
-  if initial_index is None:
-    start = jnp.zeros((flat_size,), jnp.int32)
-  else:
-    start = flat_batch_expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
   # One spare slot past the end keeps the forced-token read in bounds.
-  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, 1)))
-  sequences = sequences.at[:, 0].set(0)
-  # T5X's end rule: a row ends when its count of EOS grows, so that an EOS in
-  # the prompt does not end it but one written by the step (sampled, or
-  # forced by `state_callback_fn`) does.
-  initial_eos_count = jnp.sum(sequences == eos_id, axis=1)
-
-  def cond_fn(state: SamplingLoopState) -> Array:
-    return ~jnp.all(state.ended)
-
-  def body_fn(state: SamplingLoopState) -> SamplingLoopState:
-    if state_callback_fn is not None:
-      state = state_callback_fn(state)
-    rng, sample_rng = jax.random.split(state.rng)
-    index = state.cur_index
-    logits, new_cache = tokens_to_logits(
-      DecodingState(
-        cur_index=index,
-        sequences=state.sequences[:, :max_decode_len],
-        cur_token=state.cur_token,
-        cache=state.cache,
-      )
-    )
-    if logit_callback_fn is not None:
-      logits = logit_callback_fn(logits, state)
-    sampled, probs = sampling.sample_logits(
-      sample_rng, logits, temperature=temperature, topk=topk, topp=topp
-    )
-    forced = _take_column(state.sequences, index + 1)
-    in_prompt = forced != 0
-    generated = ~in_prompt & ~state.ended
-    # An ended row rewrites the token it holds at index + 1, and stays.
-    next_token = jnp.where(generated, sampled, forced)
-    score = token_log_probs(sampled, probs, None if rescale_log_probs else logits)
-    log_prob = state.log_prob + jnp.where(generated, score, 0.0)
-    sequences = jax.vmap(lambda row, token, at: row.at[at].set(token))(
-      state.sequences, next_token, index + 1
-    )
-    eos_written = jnp.sum(sequences == eos_id, axis=1) > initial_eos_count
-    ended = state.ended | eos_written | (index + 1 >= limits)
-    cur_index = jnp.where(ended, index, index + 1)
-    return SamplingLoopState(
-      step=state.step + 1,
-      cur_index=cur_index,
-      sequences=sequences,
-      cache=new_cache,
-      cur_token=_take_column(sequences, cur_index)[:, None],
-      ended=ended,
-      rng=rng,
-      log_prob=log_prob,
-    )
-
-  init_state = SamplingLoopState(
-    step=jnp.zeros((), jnp.int32),
-    cur_index=start,
-    sequences=sequences,
-    cache=cache,
-    cur_token=_take_column(sequences, start)[:, None],
-    ended=start >= limits,
-    rng=decode_rng,
-    log_prob=jnp.zeros((flat_size,), jnp.float32),
+  batch = _expand_batch(
+    inputs, (cache,), num_decodes, temperature, cache_offset, initial_index, max_decode_steps, 1
   )
-  final_state = lax.while_loop(cond_fn, body_fn, init_state)
+  loop = _SamplingLoop(
+    tokens_to_logits=tokens_to_logits,
+    sample_args=dict(temperature=batch.temperature, topk=topk, topp=topp),
+    eos_id=eos_id,
+    initial_eos_count=jnp.sum(batch.sequences == eos_id, axis=1),
+    limits=batch.limits,
+    max_decode_len=max_decode_len,
+    rescale_log_probs=rescale_log_probs,
+    state_callback_fn=state_callback_fn,
+    logit_callback_fn=logit_callback_fn,
+  )
+  init_state = _initial_sampling_state(batch, decode_rng)
+  final_state = lax.while_loop(_any_row_active, functools.partial(_sampling_step, loop), init_state)
   if state_callback_fn is not None:
     final_state = state_callback_fn(final_state)
   decodes = final_state.sequences[:, 1 : max_decode_len + 1]
@@ -688,6 +774,15 @@ def apply_logit_callback(
   One call per node (N of them, each with batch BN as in T5X), with
   `node_state`: node i's logits are what T5X would have passed the callback
   after feeding the path to node i. A chain's nodes are its positions.
+
+  Why the callback then defines the same distribution as in T5X: it runs
+  before temperature, top-k and top-p on the target's logits at every node,
+  and `cur_index`, `cur_token`, `sequences`, `ended` and (per row) `step` of
+  its state are T5X's at that position (`position_state`; `cache`, `rng` and
+  `log_prob` are the block's). A callback that reads only the former gives
+  p exactly T5X's, and verification keeps p. The draft's logits get the same
+  callback at each rollout step so that q follows p; only p matters for
+  exactness.
   """
   return jnp.stack(
     [
@@ -999,6 +1094,344 @@ def check_no_state_callback(state_callback_fn: Optional[StateCallbackFn]) -> Non
     )
 
 
+def _checked_settings(
+  draft, compact_cache, gamma, lenience, verification, draft_threshold, tree
+) -> Tuple[settings_lib.SpeculativeSettings, Union[None, float, Tuple[float, ...]]]:
+  """`speculative_sample`'s settings and the draft's emulated acceptance (`emulated_acceptance`).
+
+  ValueError on settings `settings.SpeculativeSettings` refuses, on rates
+  that do not fit the chain or tree, and on a tree without the target
+  cache's compaction.
+  """
+  spec = settings_lib.SpeculativeSettings(
+    gamma=gamma,
+    lenience=lenience,
+    verification=verification,
+    draft_threshold=draft_threshold,
+    tree=tree,
+  )
+  emulate_alpha = emulated_acceptance(draft)
+  check_emulate_alpha(emulate_alpha, spec.tree)
+  if spec.tree is not None and compact_cache is None:
+    raise ValueError(
+      f'A token tree ({spec.tree}) needs compact_cache, the target cache compaction '
+      "(`network.compact_tree_path` for this project's networks; `models.speculative_decode` "
+      'passes it).'
+    )
+  return spec, emulate_alpha
+
+
+def _feature_args(draft) -> Dict[str, Any]:
+  """`score_block`'s keywords for the draft: the feature layers a `drafts.FeatureDraft` reads.
+
+  A draft that reads the target's features gets them from the target's own
+  calls; {} for every other draft.
+  """
+  feature_layers = getattr(draft, 'feature_layers', None)
+  return {} if feature_layers is None else {'feature_layers': feature_layers}
+
+
+def _prefill_prompts(
+  score_block: ScoreBlock, draft: drafts.Draft, batch: _ExpandedBatch, max_decode_len: int
+) -> Tuple[Array, PyTree, PyTree]:
+  """Writes the prompts into both caches, one block call each: (position int32 [BN], caches).
+
+  `speculative_sample` without `initial_index`: the target (through
+  `score_block`, causally) and the draft (`draft.prefill`, with the target's
+  features for a `drafts.FeatureDraft`) see positions 0..L-1 of
+  `batch.sequences` (BOS, the prompts, zeros). Skipped at run time when no
+  row has a prompt. position: each row's prompt length P, the index of its
+  last prompt token, where decoding continues.
+  """
+  position = prompt_lengths(batch.inputs)
+  feature_args = _feature_args(draft)
+
+  def prefill(caches):
+    cache, draft_cache = caches
+    prompt_block = batch.sequences[:, :max_decode_len]
+    outputs, cache = score_block(prompt_block, jnp.zeros_like(position), cache, **feature_args)
+    if not feature_args:
+      return cache, draft.prefill(draft_cache, prompt_block, position)
+    return cache, draft.prefill(draft_cache, prompt_block, position, features=outputs[1])
+
+  caches = lax.cond(jnp.any(position > 0), prefill, lambda caches: caches, batch.caches)
+  return (position, *caches)
+
+
+class IterationContext(NamedTuple):
+  """What every iteration of one `speculative_sample` call reads besides its state.
+
+  Static configuration, and the per-row constants of the decode.
+
+  Attributes:
+    score_block: the target's block scorer (`ScoreBlock`).
+    draft: the `drafts.Draft`.
+    spec: the decode's `settings.SpeculativeSettings`.
+    sample_args: `temperature` (scalar or float [BN]), `topk`, `topp`.
+    limits: int32 [BN], each row's last output index (`_row_limits`).
+    start: int32 [BN], where T5X's loop would have begun (see
+      `position_state`): `initial_index`, else 0 (BOS), as it teacher-forces
+      the prompt.
+    eos_id: end-of-sequence id.
+    emulate_alpha: timing only, the draft's emulated acceptance, or None.
+    rescale_log_probs, logit_callback_fn, compact_cache: as
+      `speculative_sample`'s.
+  """
+
+  score_block: ScoreBlock
+  draft: drafts.Draft
+  spec: settings_lib.SpeculativeSettings
+  sample_args: Mapping[str, Any]
+  limits: Array
+  start: Array
+  eos_id: int
+  emulate_alpha: Union[None, float, Tuple[float, ...]]
+  rescale_log_probs: bool
+  logit_callback_fn: Optional[LogitCallbackFn]
+  compact_cache: Optional[CompactCache]
+
+  @property
+  def feature_args(self) -> Dict[str, Any]:
+    return _feature_args(self.draft)
+
+  @property
+  def reads_features(self) -> bool:
+    """Whether the draft reads the target's features (a `drafts.FeatureDraft`)."""
+    return bool(self.feature_args)
+
+
+def _score_nodes(
+  loop: IterationContext,
+  state: SpeculativeLoopState,
+  node_tokens: Array,
+  tree: Optional[tree_lib.Tree] = None,
+) -> Tuple[Array, Optional[Array], PyTree]:
+  """The target's one block call: (logits [BN, N, V], features [BN, N, Df] or None, cache).
+
+  node_tokens int32 [BN, N] at each row's position: a chain's block
+  [last, x_1..x_gamma] (tree None, N = gamma + 1), or a tree's nodes. The
+  logits are after the logit callback, if any (`apply_logit_callback`); the
+  features are the draft's, for a `drafts.FeatureDraft`.
+  """
+  tree_args = {} if tree is None else {'tree': tree}
+  target_logits, cache = loop.score_block(
+    node_tokens, state.position, state.cache, **tree_args, **loop.feature_args
+  )
+  features = None
+  if loop.reads_features:
+    target_logits, features = target_logits
+  drafts.check_shared_vocabulary(loop.draft.vocab_size, target_logits.shape[-1])
+  if loop.logit_callback_fn is not None:
+    layout = tree_lib.Tree.chain(loop.spec.gamma) if tree is None else tree  # Node i at i.
+    target_logits = apply_logit_callback(
+      loop.logit_callback_fn, target_logits, state, node_tokens, layout, loop.start
+    )
+  return target_logits, features, cache
+
+
+def _initial_loop_state(
+  loop: IterationContext, batch: _ExpandedBatch, rng: Array, max_decode_len: int, prefill: bool
+) -> SpeculativeLoopState:
+  """The loop state before the first iteration, the prompts prefilled if `prefill`.
+
+  Each row starts at its `initial_index` (`prefill` False: both caches arrive
+  prefilled below it), or at its prompt's last token after `_prefill_prompts`;
+  a row without room to decode starts ended.
+  """
+  position, (cache, draft_cache) = batch.start, batch.caches
+  if prefill:
+    position, cache, draft_cache = _prefill_prompts(
+      loop.score_block, loop.draft, batch, max_decode_len
+    )
+  flat_size = batch.inputs.shape[0]
+  spec = loop.spec
+  return SpeculativeLoopState(
+    position=position,
+    sequences=batch.sequences,
+    cache=cache,
+    draft_cache=draft_cache,
+    ended=position >= batch.limits,
+    rng=rng,
+    log_prob=jnp.zeros((flat_size,), jnp.float32),
+    stats=SpeculativeStats.zeros(
+      flat_size, spec.gamma, 1 if spec.tree is None else spec.tree.max_children
+    ),
+  )
+
+
+def _draft_chain(loop: IterationContext, state: SpeculativeLoopState, last_token: Array, rng):
+  """The draft's rollout of up to gamma tokens per row after `last_token` int32 [BN, 1].
+
+  Returns `drafts.Draft.propose`'s (draft_tokens int32 [BN, gamma],
+  draft_probs float32 [BN, gamma, V] or None, num_drafted int32 [BN] or None,
+  draft_cache). With a logit callback, the draft's logits at rollout step i
+  get `position_state` of the block so far, so that q follows p.
+  """
+  callback_args = {}
+  if loop.logit_callback_fn is not None:
+    # Passed only when set, so that a draft without the argument serves every other decode.
+    callback_args['logit_callback'] = lambda logits, i, drafted: loop.logit_callback_fn(
+      logits,
+      position_state(state, jnp.concatenate([last_token, drafted], axis=1), i, loop.start),
+    )
+  draft_tokens, draft_probs, num_drafted, draft_cache = loop.draft.propose(
+    state.draft_cache,
+    state.sequences,
+    state.position,
+    rng,
+    gamma=loop.spec.gamma,
+    **loop.sample_args,
+    draft_threshold=loop.spec.draft_threshold,
+    active=~state.ended,
+    **callback_args,
+  )
+  if loop.spec.draft_threshold and num_drafted is None:
+    raise ValueError(
+      f'draft_threshold={loop.spec.draft_threshold} needs a draft that stops by its own '
+      f'probabilities (a model, n-gram or feature draft); a {type(loop.draft).__name__} always '
+      'drafts gamma tokens. Pass draft_threshold=0.'
+    )
+  return draft_tokens, draft_probs, num_drafted, draft_cache
+
+
+def chain_iteration(loop: IterationContext, state: SpeculativeLoopState) -> SpeculativeLoopState:
+  """One iteration with a chain: draft, score the block in one call, verify, emit.
+
+  The draft proposes x_1..x_gamma per row. With a `draft_threshold` a row
+  stops after a token to which its draft gave probability below it (its own
+  softmax at temperature 1), and the rollout when every active row has
+  (`drafts.rollout_loop`): rows draft 1..gamma tokens and only those are
+  judged, still exactly; the block keeps its static size gamma + 1. The
+  target scores [last, x_1..x_gamma]; `judge_block` accepts a prefix per row
+  and draws the next token (`speculative_sampling.verify`); a feature draft
+  rewrites its entries over the accepted positions from the target's true
+  features; `emit_block` writes and moves each row.
+  """
+  rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
+  last_token = jnp.take_along_axis(state.sequences, state.position[:, None], axis=1)
+  draft_tokens, draft_probs, num_drafted, draft_cache = _draft_chain(
+    loop, state, last_token, propose_rng
+  )
+  block = jnp.concatenate([last_token, draft_tokens], axis=1)
+  target_logits, features, cache = _score_nodes(loop, state, block)
+  judgement = judge_block(
+    verify_rng,
+    draft_tokens,
+    draft_probs,
+    target_logits,
+    loop.sample_args,
+    loop.spec,
+    emulate_alpha=loop.emulate_alpha,
+    num_drafted=num_drafted,
+    rescale_log_probs=loop.rescale_log_probs,
+  )
+  if loop.reads_features:
+    draft_cache = loop.draft.observe(
+      draft_cache,
+      features,
+      emitted_block(draft_tokens, judgement),
+      state.position,
+      judgement.num_accepted,
+    )
+  return emit_block(
+    state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
+    draft_tokens,
+    judgement,
+    limits=loop.limits,
+    eos_id=loop.eos_id,
+  )
+
+
+def _draft_tree(loop: IterationContext, state: SpeculativeLoopState, rng):
+  """The draft's token tree: `drafts.Draft.propose_tree`'s (node_tokens int32 [BN, N],
+  node_valid bool [BN, N], node_probs float32 [BN, N, V] or None, draft_cache).
+
+  With a logit callback, the draft's logits at a node get `node_state`.
+  """
+  if not hasattr(loop.draft, 'propose_tree'):
+    raise ValueError(
+      f'A token tree needs a draft that ranks its candidates by probability (a model, '
+      f'n-gram or feature draft); a {type(loop.draft).__name__} proposes one continuation. '
+      'Pass tree=None.'
+    )
+  callback_args = {}
+  if loop.logit_callback_fn is not None:
+    # Passed only when set, so that a draft without the argument serves every other decode.
+    callback_args['logit_callback'] = lambda logits, node, node_tokens: loop.logit_callback_fn(
+      logits, node_state(state, loop.spec.tree, node_tokens, node, loop.start)
+    )
+  return loop.draft.propose_tree(
+    state.draft_cache,
+    state.sequences,
+    state.position,
+    rng,
+    tree=loop.spec.tree,
+    **loop.sample_args,
+    **callback_args,
+  )
+
+
+def tree_iteration(loop: IterationContext, state: SpeculativeLoopState) -> SpeculativeLoopState:
+  """One iteration with a static token tree (N nodes, depth gamma).
+
+  The draft proposes every node level by level, children drawn without
+  replacement (`drafts.Draft.propose_tree`); the target scores all N in one
+  call (`score_block(..., tree=tree)`); `tree.verify_tree` accepts a
+  root-to-node path by recursive rejection sampling without replacement
+  (exact); `compact_cache` moves the path's keys/values to consecutive
+  positions in the target's cache, and the draft compacts its own (a
+  feature draft rewrites its entries over the path from the target's true
+  features); `emit_block` writes the path and the next token.
+  """
+  rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
+  node_tokens, node_valid, node_probs, draft_cache = _draft_tree(loop, state, propose_rng)
+  target_logits, features, cache = _score_nodes(loop, state, node_tokens, loop.spec.tree)
+  judgement, verdict = judge_tree(
+    verify_rng,
+    loop.spec.tree,
+    node_tokens,
+    node_valid,
+    node_probs,
+    target_logits,
+    loop.sample_args,
+    emulated_rates=loop.emulate_alpha,
+    rescale_log_probs=loop.rescale_log_probs,
+  )
+  cache = loop.compact_cache(cache, state.position, verdict.path)
+  if loop.reads_features:
+    draft_cache = loop.draft.observe_tree(
+      draft_cache,
+      features,
+      emitted_block(verdict.path_tokens, judgement),
+      state.position,
+      verdict.path,
+      verdict.num_accepted,
+    )
+  else:
+    draft_cache = loop.draft.compact_tree(
+      draft_cache, state.position, verdict.path, verdict.num_accepted
+    )
+  return emit_block(
+    state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
+    verdict.path_tokens,
+    judgement,
+    limits=loop.limits,
+    eos_id=loop.eos_id,
+  )
+
+
+def _sorted_outputs(final_state: SpeculativeLoopState, batch_size, num_decodes, max_decode_len):
+  """`speculative_sample`'s results from its final state: decodes, log_probs and per-row
+  stats [B, num_decodes, ...], sorted by ascending log probability."""
+  stats = final_state.stats
+  decodes = final_state.sequences[:, 1 : max_decode_len + 1]
+  per_row = {name: getattr(stats, name) for name in stats.PER_ROW_FIELDS}
+  (decodes, per_row), log_prob = _sort_by_log_prob(
+    (decodes, per_row), final_state.log_prob, batch_size, num_decodes
+  )
+  return decodes, log_prob, stats.replace(**per_row)
+
+
 def speculative_sample(
   inputs: Array,
   cache: PyTree,
@@ -1028,304 +1461,64 @@ def speculative_sample(
 ) -> Tuple[Array, Array, SpeculativeStats]:
   """Speculative sampling (Algorithm 1) in one compiled while_loop.
 
-  The output is distributed as `temperature_sample` with the same arguments
-  (exactly for `lenience=1`); with greedy settings it is the same tokens.
-  It takes every argument of T5X's `temperature_sample`, with T5X's meaning,
-  except `state_callback_fn` (a ValueError: see below).
+  The output is distributed as `temperature_sample`'s with the same arguments
+  (exactly for `lenience=1`); with greedy settings it is the same tokens. An
+  iteration drafts, scores the block in one target call, verifies and emits:
+  `chain_iteration`, or `tree_iteration` with a token tree.
 
   Args:
-    inputs: int32 [B, L] decoder prompts as `temperature_sample`'s (shifted
-      right: prompt tokens at indices 1..P, then zeros; all zeros for none).
-      The output length L is its width. Rows may have different P.
-    cache: the target's decoder cache for batch B, with at least
-      `speculative_cache_length(L, gamma)` positions; prefilled below
-      `initial_index` if that is given.
-    score_block: the target's block scorer (see `ScoreBlock`).
-    eos_id: end-of-sequence id.
-    decode_rng: PRNG key (default `PRNGKey(0)`).
-    num_decodes: independent samples per row.
-    temperature: scalar or float [B]; 0 means argmax. Applied to p and q.
-    topk: keep the k most likely tokens (0: off); applied to p and q.
-    topp: nucleus mass (0: off); applied to p and q.
-    cache_offset: batch axis of cache leaves (1 for scanned layers).
-    initial_index: optional int32 [B], the prompt lengths P when both caches
-      are already prefilled below them (T5X's decoder-only convention; the
-      caller's prefill may be bidirectional over the prompt). None: this
-      function prefills the target (through `score_block`, causally) and the
-      draft (`draft.prefill`) with positions 0..L-1 of `inputs` in one block
-      call each, skipped at run time when no row has a prompt.
-    max_decode_steps: optional cap on generated tokens per row, counted
-      after the prompt.
-    max_decode_steps_hard_limit: optional Python int; when it is > 0 and
-      `max_decode_steps` is set, `max_decode_steps` is clipped to it (T5X's).
-    rescale_log_probs: as T5X's: True scores the emitted tokens under the
-      standardized target distribution p (0 for greedy decoding); False
-      under `log_softmax` of the target's logits (after `logit_callback_fn`).
-    state_callback_fn: must be None. T5X calls it before every single-token
-      step to read or rewrite the loop state; here an iteration emits up to
-      gamma + 1 tokens per row at once and a rewrite could not reach the
-      tokens drafted and judged within the block, so it cannot mean the same:
-      a ValueError says so. Use `temperature_sample` (one token per step, T5X's
-      behaviour), or express the change as a `logit_callback_fn` (e.g. to
-      force a token, leave only its logit finite).
-    logit_callback_fn: T5X's `(logits [BN, V], state) -> logits`, applied
-      before temperature, top-k and top-p: it defines the distribution to
-      sample, so the output is distributed as `temperature_sample`'s with the
-      same callback (greedy: the same tokens). It runs on the target's logits
-      at each of the block's gamma + 1 positions, one call per position with
-      batch BN, and on the draft's logits at each rollout step (so that q
-      follows p; only p matters for exactness), each time with
-      `position_state` for that position: `cur_index`, `cur_token`,
-      `sequences`, `ended` and (per row) `step` are T5X's at that position;
-      `cache`, `rng` and `log_prob` are the block's (see `position_state`).
-      A callback that reads only the former samples exactly T5X's
-      distribution. With a token tree, the same at every node, its path from
-      the root being the prefix (`node_state`).
-    draft: a `drafts.Draft` (model, n-gram, prompt lookup, or a feature head
-      that reads the target's features: `drafts.FeatureDraft`, which needs a
-      `score_block` taking `feature_layers`, with a tree too). Timing only: a
-      draft with emulated acceptance (`emulated_acceptance`, the benchmarks'
-      `bench.emulation.EmulatedDraft`) has its tokens accepted i.i.d. at its
-      rate instead of by `verify` (`speculative_sampling.emulated_verify`):
-      the output is not the target's distribution; with a tree, one rate per
-      sibling rank, rank 0 first (`tree.emulation_rates`).
-    draft_cache: the draft's state for batch B, from `draft.init_cache`
-      (and `draft.prefill` if `initial_index` is given).
-    gamma: draft tokens proposed per iteration, >= 1.
-    lenience: in (0, 1]; below 1 trades exactness for acceptance
-      (Appendix A.5, see `speculative_sampling.verify`).
-    verification: 'token' (Algorithm 1) or 'block' (Sun et al.'s block
-      verification: the same output distribution, never fewer tokens per
-      call in expectation; lenience 1 only). See `speculative_sampling.verify`.
-    draft_threshold: an adaptive draft length, in [0, 1): a row stops
-      drafting after a token to which the draft gave probability below this
-      (its own softmax at temperature 1; Hugging Face's
-      `assistant_confidence_threshold`), and the rollout stops when every
-      active row has; so rows draft 1..gamma tokens and only those are
-      judged, still exactly (see `speculative_sampling.verify`). The target
-      block keeps its static size gamma + 1. 0 (the default) is off: gamma
-      tokens every iteration. Needs a draft with probabilities (a model or
-      n-gram draft; see `drafts.rollout_loop`).
-    tree: None (a chain), or a static `tree.Tree` of N nodes and depth gamma:
-      per iteration the draft proposes every node level by level, children
-      drawn without replacement (`drafts.Draft.propose_tree`), the target
-      scores all N in one call (`score_block(..., tree=tree)`),
-      `tree.verify_tree` accepts a root-to-node path by recursive rejection
-      sampling without replacement (exact), and `compact_cache` moves the
-      path's keys/values to consecutive positions in the target's cache (the
-      draft compacts its own). Token verification at lenience 1 only.
-    compact_cache: the target cache's compaction (see `CompactCache`); needed
-      with a tree.
+    inputs, ..., logit_callback_fn: T5X's, as `temperature_sample`'s, with
+      `score_block` (`ScoreBlock`) for `tokens_to_logits`, contiguous prompts
+      (`check_prompts`), a `cache` of `speculative_cache_length(L, gamma,
+      tree)` positions, both caches prefilled here in one block call each
+      unless `initial_index` says they were (see the module docstring),
+      temperature, top-k and top-p applied to p and q, no state callback
+      (`check_no_state_callback`), and the logit callback at every scored
+      position and draft step, where it defines the distribution exactly as
+      in T5X (`apply_logit_callback`).
+    draft, draft_cache: a `drafts.Draft` (a `drafts.FeatureDraft` needs a
+      `score_block` taking `feature_layers`) and its state for batch B
+      (`draft.init_cache`, then `draft.prefill` if `initial_index` is given).
+      Timing only: a draft with `emulated_acceptance` is judged i.i.d. at its
+      rate(s), and the output is NOT the target's distribution.
+    gamma, lenience, verification, draft_threshold, tree: as
+      `settings.SpeculativeSettings`'s; the rules' exactness arguments are
+      `speculative_sampling.verify`'s and `tree.verify_tree`'s.
+    compact_cache: the target cache's compaction (`CompactCache`), for a tree.
 
   Returns:
     `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes],
-    stats)` with decodes and log_probs sorted by ascending log probability and
-    per-row stats in the same order.
+    stats)`, sorted by ascending log probability (per-row stats likewise).
   """
   check_no_state_callback(state_callback_fn)
-  max_decode_steps = clip_max_decode_steps(max_decode_steps, max_decode_steps_hard_limit)
-  _validate_common(inputs, num_decodes, max_decode_steps, topk, topp)
-  check_prompts(inputs)
-  check_initial_index(inputs, initial_index)
-  spec = settings_lib.SpeculativeSettings(
-    gamma=gamma,
-    lenience=lenience,
-    verification=verification,
-    draft_threshold=draft_threshold,
-    tree=tree,
+  max_decode_steps = _checked_decode_args(
+    inputs, num_decodes, initial_index, max_decode_steps, max_decode_steps_hard_limit, topk, topp
   )
-  emulate_alpha = emulated_acceptance(draft)
-  check_emulate_alpha(emulate_alpha, spec.tree)
-  if spec.tree is not None and compact_cache is None:
-    raise ValueError(
-      f'A token tree ({spec.tree}) needs compact_cache, the target cache compaction '
-      "(`network.compact_tree_path` for this project's networks; `models.speculative_decode` "
-      'passes it).'
-    )
+  check_prompts(inputs)
+  spec, emulate_alpha = _checked_settings(
+    draft, compact_cache, gamma, lenience, verification, draft_threshold, tree
+  )
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   batch_size, max_decode_len = inputs.shape
-  inputs = flat_batch_expand(inputs, num_decodes)
-  cache = expand_cache(cache, num_decodes, cache_offset)
-  draft_cache = expand_cache(draft_cache, num_decodes, cache_offset)
-  temperature = _expand_temperature(temperature, num_decodes)
-  limits = _row_limits(inputs, max_decode_steps)
-  flat_size = inputs.shape[0]
-  sample_args = dict(temperature=temperature, topk=topk, topp=topp)
-  # BOS, the prompts, zeros; room for one block running past the end.
-  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, spec.gamma + 2))).at[:, 0].set(0)
-  # A draft that reads the target's features gets them from the target's own calls.
-  feature_layers = getattr(draft, 'feature_layers', None)
-  feature_args = {} if feature_layers is None else {'feature_layers': feature_layers}
-  if initial_index is None:
-    position = prompt_lengths(inputs)
-
-    def prefill(caches):
-      cache, draft_cache = caches
-      prompt_block = sequences[:, :max_decode_len]
-      outputs, cache = score_block(prompt_block, jnp.zeros_like(position), cache, **feature_args)
-      if feature_layers is None:
-        return cache, draft.prefill(draft_cache, prompt_block, position)
-      return cache, draft.prefill(draft_cache, prompt_block, position, features=outputs[1])
-
-    cache, draft_cache = lax.cond(
-      jnp.any(position > 0), prefill, lambda caches: caches, (cache, draft_cache)
-    )
-  else:
-    position = flat_batch_expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
-  # Where T5X's loop would have begun, its step 0 (see `position_state`): at
-  # BOS without initial_index, as it teacher-forces the prompt.
-  start = jnp.zeros_like(position) if initial_index is None else position
-
-  def cond_fn(state: SpeculativeLoopState) -> Array:
-    return ~jnp.all(state.ended)
-
-  def tree_body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
-    rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
-    if not hasattr(draft, 'propose_tree'):
-      raise ValueError(
-        f'A token tree needs a draft that ranks its candidates by probability (a model, '
-        f'n-gram or feature draft); a {type(draft).__name__} proposes one continuation. '
-        'Pass tree=None.'
-      )
-    callback_args = {}
-    if logit_callback_fn is not None:
-      # Passed only when set, so that a draft without the argument serves every other decode.
-      callback_args['logit_callback'] = lambda logits, node, node_tokens: logit_callback_fn(
-        logits, node_state(state, spec.tree, node_tokens, node, start)
-      )
-    node_tokens, node_valid, node_probs, draft_cache = draft.propose_tree(
-      state.draft_cache,
-      state.sequences,
-      state.position,
-      propose_rng,
-      tree=spec.tree,
-      **sample_args,
-      **callback_args,
-    )
-    target_logits, cache = score_block(
-      node_tokens, state.position, state.cache, tree=spec.tree, **feature_args
-    )
-    if feature_layers is not None:
-      target_logits, features = target_logits
-    drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
-    if logit_callback_fn is not None:
-      target_logits = apply_logit_callback(
-        logit_callback_fn, target_logits, state, node_tokens, spec.tree, start
-      )
-    judgement, verdict = judge_tree(
-      verify_rng,
-      spec.tree,
-      node_tokens,
-      node_valid,
-      node_probs,
-      target_logits,
-      sample_args,
-      emulated_rates=emulate_alpha,
-      rescale_log_probs=rescale_log_probs,
-    )
-    cache = compact_cache(cache, state.position, verdict.path)
-    if feature_layers is None:
-      draft_cache = draft.compact_tree(
-        draft_cache, state.position, verdict.path, verdict.num_accepted
-      )
-    else:  # The head's entries over the accepted path, from the target's true features.
-      draft_cache = draft.observe_tree(
-        draft_cache,
-        features,
-        emitted_block(verdict.path_tokens, judgement),
-        state.position,
-        verdict.path,
-        verdict.num_accepted,
-      )
-    return emit_block(
-      state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
-      verdict.path_tokens,
-      judgement,
-      limits=limits,
-      eos_id=eos_id,
-    )
-
-  def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
-    rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
-    last_token = jnp.take_along_axis(state.sequences, state.position[:, None], axis=1)
-    callback_args = {}
-    if logit_callback_fn is not None:
-      # Passed only when set, so that a draft without the argument serves every other decode.
-      callback_args['logit_callback'] = lambda logits, i, drafted: logit_callback_fn(
-        logits, position_state(state, jnp.concatenate([last_token, drafted], axis=1), i, start)
-      )
-    draft_tokens, draft_probs, num_drafted, draft_cache = draft.propose(
-      state.draft_cache,
-      state.sequences,
-      state.position,
-      propose_rng,
-      gamma=spec.gamma,
-      **sample_args,
-      draft_threshold=spec.draft_threshold,
-      active=~state.ended,
-      **callback_args,
-    )
-    if spec.draft_threshold and num_drafted is None:
-      raise ValueError(
-        f'draft_threshold={spec.draft_threshold} needs a draft that stops by its own '
-        f'probabilities (a model, n-gram or feature draft); a {type(draft).__name__} always '
-        'drafts gamma tokens. Pass draft_threshold=0.'
-      )
-    block = jnp.concatenate([last_token, draft_tokens], axis=1)
-    target_logits, cache = score_block(block, state.position, state.cache, **feature_args)
-    if feature_layers is not None:
-      target_logits, features = target_logits
-    drafts.check_shared_vocabulary(draft.vocab_size, target_logits.shape[-1])
-    if logit_callback_fn is not None:
-      chain = tree_lib.Tree.chain(spec.gamma)  # The block's layout, node i at position i.
-      target_logits = apply_logit_callback(
-        logit_callback_fn, target_logits, state, block, chain, start
-      )
-    judgement = judge_block(
-      verify_rng,
-      draft_tokens,
-      draft_probs,
-      target_logits,
-      sample_args,
-      spec,
-      emulate_alpha=emulate_alpha,
-      num_drafted=num_drafted,
-      rescale_log_probs=rescale_log_probs,
-    )
-    if feature_layers is not None:
-      # The head's entries over the accepted positions, rewritten from the true features.
-      draft_cache = draft.observe(
-        draft_cache,
-        features,
-        emitted_block(draft_tokens, judgement),
-        state.position,
-        judgement.num_accepted,
-      )
-    return emit_block(
-      state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
-      draft_tokens,
-      judgement,
-      limits=limits,
-      eos_id=eos_id,
-    )
-
-  init_state = SpeculativeLoopState(
-    position=position,
-    sequences=sequences,
-    cache=cache,
-    draft_cache=draft_cache,
-    ended=position >= limits,
-    rng=decode_rng,
-    log_prob=jnp.zeros((flat_size,), jnp.float32),
-    stats=SpeculativeStats.zeros(
-      flat_size, spec.gamma, 1 if spec.tree is None else spec.tree.max_children
-    ),
+  spare = spec.gamma + 2  # Room for one block running past the end.
+  caches = (cache, draft_cache)
+  batch = _expand_batch(
+    inputs, caches, num_decodes, temperature, cache_offset, initial_index, max_decode_steps, spare
   )
-  final_state = lax.while_loop(cond_fn, body_fn if spec.tree is None else tree_body_fn, init_state)
-  stats = final_state.stats
-  decodes = final_state.sequences[:, 1 : max_decode_len + 1]
-  per_row = {name: getattr(stats, name) for name in stats.PER_ROW_FIELDS}
-  (decodes, per_row), log_prob = _sort_by_log_prob(
-    (decodes, per_row), final_state.log_prob, batch_size, num_decodes
+  loop = IterationContext(
+    score_block=score_block,
+    draft=draft,
+    spec=spec,
+    sample_args=dict(temperature=batch.temperature, topk=topk, topp=topp),
+    limits=batch.limits,
+    start=batch.start,
+    eos_id=eos_id,
+    emulate_alpha=emulate_alpha,
+    rescale_log_probs=rescale_log_probs,
+    logit_callback_fn=logit_callback_fn,
+    compact_cache=compact_cache,
   )
-  return decodes, log_prob, stats.replace(**per_row)
+  init_state = _initial_loop_state(loop, batch, decode_rng, max_decode_len, initial_index is None)
+  iteration = chain_iteration if spec.tree is None else tree_iteration
+  final_state = lax.while_loop(_any_row_active, functools.partial(iteration, loop), init_state)
+  return _sorted_outputs(final_state, batch_size, num_decodes, max_decode_len)

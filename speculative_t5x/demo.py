@@ -58,7 +58,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from absl import app
 from absl import flags
@@ -493,10 +493,8 @@ def _bleu_cells(record: Dict[str, Any]) -> tuple:
   )
 
 
-def main(argv) -> None:
-  del argv
-  start = time.perf_counter()
-  args = flags.FLAGS
+def _use_workdir(args) -> str:
+  """Creates `--workdir`, keeps compiled programs there, quiets library logs; returns it."""
   if not args['verbosity'].present:  # Progress bars and the report, not library INFO logs.
     logging.set_verbosity(logging.WARNING)
   workdir = args.workdir
@@ -505,72 +503,40 @@ def main(argv) -> None:
   # run skips compilation.
   jax.config.update('jax_compilation_cache_dir', os.path.join(workdir, 'jax_cache'))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  return workdir
 
-  _step('The machine')
-  machine = print_machine(args.vocab_size)
-  gammas = args.gammas or list(FULL_GAMMAS if args.full_sweep else GAMMAS)
-  batch_sizes = args.batch_sizes or list(FULL_BATCH_SIZES if args.full_sweep else BATCH_SIZES)
 
-  corpus_dir, vocabulary = prepare_data(workdir, args.vocab_size)
-  target = trained_model(
-    workdir,
-    'gettext_target',
-    args.target_steps,
-    corpus_dir,
-    vocabulary,
-    args.vocab_size,
-    batch_size=TARGET_BATCH_SIZE,
-  )
-  data_draft = trained_model(
-    workdir, 'gettext_draft', args.draft_steps, corpus_dir, vocabulary, args.vocab_size
-  )
-  # One draft per decoding mode, as DistillSpec distills: {temperature: (draft, record)}.
+def _distilled_drafts(args, workdir: str, corpus_dir: str, vocabulary: str) -> Dict[float, Any]:
+  """One draft per decoding mode, as DistillSpec distills: {temperature: (draft, record)}.
+
+  Only the temperatures whose `--distill_steps` count is > 0.
+  """
   distill_steps = [int(steps) for steps in args.distill_steps]
   if len(distill_steps) != len(TEMPERATURES) or min(distill_steps) < 0:
     raise app.UsageError(
       f'--distill_steps takes {len(TEMPERATURES)} counts >= 0, one for each of the '
       f'temperatures {TEMPERATURES}; got {args.distill_steps}.'
     )
-  distilled = {
+  return {
     temperature: distilled_model(
       workdir, steps, args.distill_divergence, temperature, corpus_dir, vocabulary, args.vocab_size
     )
     for temperature, steps in zip(TEMPERATURES, distill_steps)
     if steps
   }
-  head, head_training = None, None
-  if args.head_steps:
-    head, head_training = feature_head_draft(
-      workdir, target, args.head_steps, corpus_dir, vocabulary, args.vocab_size
-    )
 
-  _step('Benchmarking on the test split')
-  progress = lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True)
-  inputs, references = benchmark.tsv_inputs(
-    os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=tasks_core.EN_DE_PREFIX
-  )
-  ngram_corpus = benchmark.tsv_target_tokens(
-    os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
-  )
-  # alpha and the sampled quality are functions of the checkpoints, the inputs and this
-  # machine: a second run reads them back (timings are measured in every run).
-  result_cache = result_cache_lib.ResultCache(
-    os.path.join(workdir, 'result_cache'), remeasure=args.remeasure
-  )
+
+def _benchmark_every_mode(
+  target, data_draft, distilled, head, inputs, common
+) -> Tuple[List[Any], Dict[float, Any]]:
+  """`benchmark.run_benchmark` once per temperature: `(records, {temperature: draft used})`.
+
+  Each temperature's pair is the draft distilled for it (else the data-trained
+  draft); the other drafts' alpha is measured on the same target samples, and
+  the head (if any) is timed in the same passes. inputs: int32 [N, Lin] the
+  test split's; `common`: `run_benchmark`'s other keyword arguments.
+  """
   records, drafts_used = [], {}
-  common = dict(
-    references=references,
-    vocabulary_path=vocabulary,
-    task_name='gettext EnDe test',
-    gammas=[int(g) for g in gammas],
-    batch_sizes=[int(b) for b in batch_sizes],
-    num_walltime_examples=args.num_examples,
-    repetitions=args.repetitions,
-    max_decode_len=MAX_DECODE_LEN,
-    alpha_tokens=args.alpha_tokens,
-    result_cache=result_cache,
-    progress=progress,
-  )
   target_name = f'gettext target ({_millions(target)})'
   for temperature in TEMPERATURES:
     draft, distillation = distilled.get(temperature, (data_draft, None))
@@ -591,40 +557,114 @@ def main(argv) -> None:
       inputs,
       pair_name=f'{target_name} / {name} ({_millions(draft)})',
       temperatures=(temperature,),
-      ngram_corpus=ngram_corpus,
       alpha_drafts=alpha_drafts,
       compared_drafts=compared,
       distillation=distillation,
       **common,
     )
-  if head_training is not None:
-    records.append(
-      records_lib.make(
-        records_lib.HeadTraining,
-        pair=f'{target_name} / {HEAD_NAME}',
-        task='gettext EnDe train',
-        emulated=False,
-        architecture=models.architecture(target),
-        **head_training,
-      )
+  return records, drafts_used
+
+
+def _head_training_record(target, head_training: Dict[str, Any]) -> records_lib.HeadTraining:
+  """The feature head's training, as a record of the report."""
+  return records_lib.make(
+    records_lib.HeadTraining,
+    pair=f'gettext target ({_millions(target)}) / {HEAD_NAME}',
+    task='gettext EnDe train',
+    emulated=False,
+    architecture=models.architecture(target),
+    **head_training,
+  )
+
+
+def _peers_beside_ours(
+  records, target, greedy_draft, inputs, workdir: str, report_dir: str
+) -> Optional[str]:
+  """`compare_with_huggingface` at the gamma fastest in the benchmark (greedy, batch 1).
+
+  inputs: int32 [N, Lin], the benchmark's timed examples. The feature head's
+  records are left out of the choice of gamma: its draft is not compared.
+  """
+  distilled_records = [r for r in records if HEAD_NAME not in r.get('pair', '')]
+  greedy_gamma = benchmark.best_gamma(distilled_records, temperature=0.0)
+  _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
+  return compare_with_huggingface(target, greedy_draft, inputs, greedy_gamma, workdir, report_dir)
+
+
+def main(argv) -> None:
+  del argv
+  start = time.perf_counter()
+  args = flags.FLAGS
+  workdir = _use_workdir(args)
+
+  _step('The machine')
+  machine = print_machine(args.vocab_size)
+  gammas = args.gammas or list(FULL_GAMMAS if args.full_sweep else GAMMAS)
+  batch_sizes = args.batch_sizes or list(FULL_BATCH_SIZES if args.full_sweep else BATCH_SIZES)
+
+  corpus_dir, vocabulary = prepare_data(workdir, args.vocab_size)
+  target = trained_model(
+    workdir,
+    'gettext_target',
+    args.target_steps,
+    corpus_dir,
+    vocabulary,
+    args.vocab_size,
+    batch_size=TARGET_BATCH_SIZE,
+  )
+  data_draft = trained_model(
+    workdir, 'gettext_draft', args.draft_steps, corpus_dir, vocabulary, args.vocab_size
+  )
+  distilled = _distilled_drafts(args, workdir, corpus_dir, vocabulary)
+  head, head_training = None, None
+  if args.head_steps:
+    head, head_training = feature_head_draft(
+      workdir, target, args.head_steps, corpus_dir, vocabulary, args.vocab_size
     )
+
+  _step('Benchmarking on the test split')
+  inputs, references = benchmark.tsv_inputs(
+    os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=tasks_core.EN_DE_PREFIX
+  )
+  records, drafts_used = _benchmark_every_mode(
+    target,
+    data_draft,
+    distilled,
+    head,
+    inputs,
+    common=dict(
+      references=references,
+      vocabulary_path=vocabulary,
+      task_name='gettext EnDe test',
+      gammas=[int(g) for g in gammas],
+      batch_sizes=[int(b) for b in batch_sizes],
+      num_walltime_examples=args.num_examples,
+      repetitions=args.repetitions,
+      max_decode_len=MAX_DECODE_LEN,
+      alpha_tokens=args.alpha_tokens,
+      ngram_corpus=benchmark.tsv_target_tokens(
+        os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
+      ),
+      # alpha and the sampled quality are functions of the checkpoints, the inputs and
+      # this machine: a second run reads them back (timings are measured in every run).
+      result_cache=result_cache_lib.ResultCache(
+        os.path.join(workdir, 'result_cache'), remeasure=args.remeasure
+      ),
+      progress=lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True),
+    ),
+  )
+  if head_training is not None:
+    records.append(_head_training_record(target, head_training))
   records.append(records_lib.Machine(emulated=False, **machine))
-  reports.write_report(records, os.path.join(workdir, 'report'))
   report_dir = os.path.join(workdir, 'report')
+  reports.write_report(records, report_dir)
   peers_markdown = None
   if args.peers:
-    distilled_records = [r for r in records if HEAD_NAME not in r.get('pair', '')]
-    greedy_gamma = benchmark.best_gamma(distilled_records, temperature=0.0)
-    _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
-    peers_markdown = compare_with_huggingface(
-      target,
-      drafts_used[0.0],
-      # The examples the benchmark times (run_benchmark's walltime inputs), so that the
-      # two tables' speedups are of the same inputs.
-      layouts.trim_padding(inputs[: args.num_examples]),
-      greedy_gamma,
-      workdir,
-      report_dir,
+    # The examples the benchmark times (run_benchmark's walltime inputs), so that the
+    # two tables' speedups are of the same inputs.
+    timed_inputs = layouts.trim_padding(inputs[: args.num_examples])
+    peers_markdown = _peers_beside_ours(
+      records, target, drafts_used[0.0], timed_inputs, workdir, report_dir
     )
   _step(f'Report ({report_dir}/benchmark.md, .json, peers.md, figures)')
   print_table(records)

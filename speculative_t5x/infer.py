@@ -85,7 +85,19 @@ import hashlib
 import json
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+  Any,
+  Callable,
+  Dict,
+  Iterator,
+  List,
+  Mapping,
+  NamedTuple,
+  Optional,
+  Sequence,
+  Tuple,
+  Union,
+)
 
 from absl import app
 from absl import logging
@@ -249,10 +261,17 @@ def _describe(model_or_draft: Any) -> Optional[Dict[str, Any]]:
   }
 
 
-def _output_paths(output_dir: str, task_name: str, split: str) -> Tuple[str, str, str]:
-  """(records, summary, settings) paths."""
+class _OutputPaths(NamedTuple):
+  """A run's files in its output directory (see the module docstring)."""
+
+  records: str
+  summary: str
+  settings: str
+
+
+def _output_paths(output_dir: str, task_name: str, split: str) -> _OutputPaths:
   stem = os.path.join(output_dir, f'{task_name}-{split}')
-  return f'{stem}.jsonl', f'{stem}.summary.json', f'{stem}.settings.json'
+  return _OutputPaths(f'{stem}.jsonl', f'{stem}.summary.json', f'{stem}.settings.json')
 
 
 def _check_settings(path: str, settings: Dict[str, Any], records_path: str) -> None:
@@ -510,7 +529,6 @@ def summarize(records: Sequence[Record], task: seqio.Task, batch_size: int) -> D
 # ------------------------------------------------------------------------------
 def _speculative_settings(
   draft: Optional[models.Draft],
-  *,
   gamma: Optional[Union[int, str]],
   tree: Optional[Any],
   lenience: float,
@@ -688,21 +706,12 @@ def infer(
     output_dir: where the records, summary and settings go (created).
     split: the split to decode.
     batch_size: rows per decode call; a multiple of the data-parallel size.
-    gamma: draft tokens per iteration (required with a draft), or 'auto':
-      the gamma `speculation_profile` gives for `batch_size` (0: the
-      baseline program; see `profiles`).
-    temperature: 0 is greedy.
-    topk: keep the k most likely tokens (0: off).
-    topp: nucleus mass (0: off).
-    lenience: 1 is exact (see `speculative_sampling.verify`).
-    verification: 'token' or 'block' (see `speculative_sampling.verify`).
-    draft_threshold: an adaptive draft length, 0 (off) to < 1: a row stops
-      drafting after a token its draft gave probability below it (see
-      `decoding.speculative_sample`); gamma is then the most per iteration.
-    speculation_profile: with gamma='auto', the profile's JSON path.
-    tree: a static token tree per target call (`tree.Tree.parse`: branching
-      per depth such as (3, 2, 1, 1), or parents); gamma is then its depth
-      (pass gamma None or equal to it). See `settings.SpeculativeSettings`.
+    gamma, lenience, verification, draft_threshold, tree: the speculative
+      settings, as `settings.SpeculativeSettings`'s fields (lenience 1 is
+      exact); with a draft, gamma or a tree is required. gamma='auto' takes
+      the gamma that `speculation_profile` (a profile's JSON path) gives for
+      `batch_size` (0: the baseline program; see `profiles`).
+    temperature, topk, topp: sampling (0 temperature: greedy; 0 k or p: off).
     seed: batch k decodes with fold_in(PRNGKey(seed), k * batch_size).
     num_partitions: devices per model replica (model parallelism); all
       devices are used, the rest split the batch.
@@ -717,49 +726,23 @@ def infer(
       a run after its first batch with it).
 
   Returns:
-    The summary written to `<task>-<split>.summary.json`: `summarize`'s
-    fields plus task, split, architecture (`models.architecture`),
-    speculative, gamma, mesh ({'data': ..., 'model': ...}) and this
-    process's gammas_ran (the gammas its batches decoded with, 0 the
-    baseline), decoded_examples, decoded_tokens, compile_seconds,
-    decode_seconds and tokens_per_second.
+    The summary written to `<task>-<split>.summary.json` (`_write_summary`).
   """
   mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
   draft = models.draft_for(target, draft)  # A feature head's checkpoint, read for the target.
   speculation = _speculative_settings(
-    draft,
-    gamma=gamma,
-    tree=tree,
-    lenience=lenience,
-    verification=verification,
-    draft_threshold=draft_threshold,
-    speculation_profile=speculation_profile,
+    draft, gamma, tree, lenience, verification, draft_threshold, speculation_profile
   )
   check_pair(target, draft)
   task = tasks_core.get_task(task)
   check_vocabularies(task, target)
   decoding_args = _decoding_args(speculation, temperature=temperature, topk=topk, topp=topp)
-  settings = dict(
-    task=task.name,
-    split=split,
-    feature_lengths=dict(feature_lengths),
-    truncate_inputs=truncate_inputs,
-    batch_size=batch_size,
-    seed=seed,
-    decoding=decoding_args,
-    target=_describe(target),
-    draft=_describe(draft),
+  settings = _run_settings(
+    task, split, feature_lengths, truncate_inputs, batch_size, seed, decoding_args, target, draft
   )
-  os.makedirs(output_dir, exist_ok=True)
-  records_path, summary_path, settings_path = _output_paths(output_dir, task.name, split)
-  _check_settings(settings_path, settings, records_path)
-  done = len(read_records(records_path))
-
-  tasks.hide_gpus_from_tensorflow()
-  decoder_only = network.is_decoder_only(target.config)
-  raw, features = _datasets(task, split, feature_lengths, num_examples, decoder_only)
-  total = _count_and_check_inputs(
-    raw, feature_lengths['inputs'], truncate_inputs, f'{task.name}:{split}'
+  paths, done = _open_outputs(output_dir, task.name, split, settings)
+  raw, features, total = _read_split(
+    task, split, feature_lengths, num_examples, truncate_inputs, target
   )
   eos_id = task.output_features['targets'].vocabulary.eos_id
   decoder = models.make_decoder(
@@ -773,35 +756,112 @@ def infer(
     eos_id=eos_id,
   )
   decode = _BatchDecoder(decoder, mesh, seed)
-  run_settings.write(settings_path, settings)
-  bar = tqdm.tqdm(
+  run_settings.write(paths.settings, settings)
+  batches = _batches(raw, features, done - done % batch_size, batch_size, feature_lengths['inputs'])
+  with _progress_bar(total, done, progress, f'{task.name}:{split}') as bar:
+    written = _decode_and_append(
+      batches, decode, paths.records, done, task, eos_id, bar=bar, after_batch=after_batch
+    )
+  return _write_summary(paths, total, settings, task, target, mesh, written, decode)
+
+
+def _write_summary(
+  paths: _OutputPaths,
+  total: int,
+  settings: Mapping[str, Any],
+  task: seqio.Task,
+  target: models.Model,
+  mesh: Mesh,
+  written: _Written,
+  decode: _BatchDecoder,
+) -> Dict[str, Any]:
+  """Writes and returns `infer`'s summary of a run with `settings` (`_run_settings`).
+
+  `summarize`'s fields over the split's `total` records, plus task, split,
+  architecture (`models.architecture`), speculative, gamma, mesh ({'data':
+  ..., 'model': ...}) and this process's gammas_ran (the gammas its batches
+  decoded with, 0 the baseline), decoded_examples, decoded_tokens,
+  compile_seconds, decode_seconds and tokens_per_second.
+  """
+  summary = dict(
+    task=task.name,
+    split=settings['split'],
+    architecture=models.architecture(target),
+    speculative=settings['draft'] is not None,
+    gamma=settings['decoding']['gamma'],
+    gammas_ran=sorted(written.gammas),  # gamma='auto' chose these by batch size (0: baseline).
+    mesh=dict(mesh.shape),
+    **summarize(read_records(paths.records)[:total], task, settings['batch_size']),
+    **_throughput(written, decode),
+  )
+  with open(paths.summary, 'w') as f:
+    json.dump(summary, f, indent=1)
+  logging.info('Summary of %s: %s', paths.records, summary)
+  return summary
+
+
+def _run_settings(
+  task, split, feature_lengths, truncate_inputs, batch_size, seed, decoding_args, target, draft
+) -> Dict[str, Any]:
+  """What determines `infer`'s outputs, as its settings file holds them (arguments as its)."""
+  return dict(
+    task=task.name,
+    split=split,
+    feature_lengths=dict(feature_lengths),
+    truncate_inputs=truncate_inputs,
+    batch_size=batch_size,
+    seed=seed,
+    decoding=decoding_args,
+    target=_describe(target),
+    draft=_describe(draft),
+  )
+
+
+def _open_outputs(
+  output_dir: str, task_name: str, split: str, settings: Dict[str, Any]
+) -> Tuple[_OutputPaths, int]:
+  """(the run's paths, the examples already decoded there) in `output_dir` (created).
+
+  ValueError if records there were written with other settings.
+  """
+  os.makedirs(output_dir, exist_ok=True)
+  paths = _output_paths(output_dir, task_name, split)
+  _check_settings(paths.settings, settings, paths.records)
+  return paths, len(read_records(paths.records))
+
+
+def _read_split(
+  task: seqio.Task,
+  split: str,
+  feature_lengths: Mapping[str, int],
+  num_examples: Optional[int],
+  truncate_inputs: bool,
+  target: models.Model,
+) -> Tuple[tf.data.Dataset, tf.data.Dataset, int]:
+  """(untrimmed examples, the converter's features, their count) of the split to decode.
+
+  ValueError for inputs longer than feature_lengths['inputs'] unless
+  `truncate_inputs` (`_count_and_check_inputs`).
+  """
+  tasks.hide_gpus_from_tensorflow()
+  decoder_only = network.is_decoder_only(target.config)
+  raw, features = _datasets(task, split, feature_lengths, num_examples, decoder_only)
+  total = _count_and_check_inputs(
+    raw, feature_lengths['inputs'], truncate_inputs, f'{task.name}:{split}'
+  )
+  return raw, features, total
+
+
+def _progress_bar(total: int, done: int, progress: bool, description: str) -> tqdm.tqdm:
+  """The run's tqdm bar over the split's `total` examples, `done` of them already decoded."""
+  return tqdm.tqdm(
     total=total,
     initial=min(done, total),
     disable=not progress,
     unit='ex',
-    desc=f'{task.name}:{split}',
+    desc=description,
     dynamic_ncols=True,
   )
-  batches = _batches(raw, features, done - done % batch_size, batch_size, feature_lengths['inputs'])
-  with bar:
-    written = _decode_and_append(
-      batches, decode, records_path, done, task, eos_id, bar=bar, after_batch=after_batch
-    )
-  summary = dict(
-    task=task.name,
-    split=split,
-    architecture=models.architecture(target),
-    speculative=draft is not None,
-    gamma=decoding_args['gamma'],
-    gammas_ran=sorted(written.gammas),  # gamma='auto' chose these by batch size (0: baseline).
-    mesh=dict(mesh.shape),
-    **summarize(read_records(records_path)[:total], task, batch_size),
-    **_throughput(written, decode),
-  )
-  with open(summary_path, 'w') as f:
-    json.dump(summary, f, indent=1)
-  logging.info('Summary of %s: %s', records_path, summary)
-  return summary
 
 
 def _format_summary(summary: Mapping[str, Any]) -> str:

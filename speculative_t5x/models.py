@@ -227,11 +227,9 @@ def speculative_decode(
     gamma: draft tokens per iteration (it sizes the caches), a tree's depth.
     decoder_prompt: optional int32 [B, L] decoder prompts in T5X's layout
       (see `decoding`); decoding starts after each row's prompt.
-    prefill_width: static width of the prompt block (see
-      `prefilled_target_cache`).
+    prefill_width: static width of the prompt block (`prefilled_target_cache`).
     inputs_bidirectional_attention: the target is a prefix LM.
-    decode_fn: a decode function with `decoding.speculative_sample`'s
-      signature.
+    decode_fn: a decode function with `decoding.speculative_sample`'s signature.
     best_only: keep only the most likely decode of each row (the last, as
       T5X's decode functions sort ascending), with its per-row statistics.
     **decode_args: the rest of `decode_fn`'s keyword arguments (`eos_id`,
@@ -247,7 +245,55 @@ def speculative_decode(
     batch either way.
   """
   tree = decode_args.get('tree')
-  cache_length = decoding.speculative_cache_length(max_decode_len, gamma, tree)
+  cache, initial_index, draft_cache, decoder_prompt = _prefilled_caches(
+    target_config,
+    target_params,
+    draft,
+    input_tokens,
+    max_decode_len,
+    decoding.speculative_cache_length(max_decode_len, gamma, tree),
+    decoder_prompt,
+    prefill_width=prefill_width,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+  )
+  if tree is not None:
+    decode_args['compact_cache'] = functools.partial(network.compact_tree_path, target_config)
+  decodes, scores, stats = decode_fn(
+    inputs=decoder_prompt,
+    cache=cache,
+    score_block=functools.partial(_score_block, target_config, target_params),
+    draft=draft,
+    draft_cache=draft_cache,
+    gamma=gamma,
+    # Only with a prompt, so that decode functions without prompts still fit.
+    **({} if initial_index is None else {'initial_index': initial_index}),
+    **decode_args,
+  )
+  if best_only:  # The last: T5X's decode functions sort ascending.
+    decodes, scores, stats = decodes[:, -1], scores[:, -1], stats.map_rows(lambda x: x[:, -1])
+  return decodes, scores, stats
+
+
+def _prefilled_caches(
+  target_config: Any,
+  target_params: PyTree,
+  draft: Any,
+  input_tokens: Array,
+  max_decode_len: int,
+  cache_length: int,
+  decoder_prompt: Optional[Array],
+  *,
+  prefill_width: Optional[int],
+  inputs_bidirectional_attention: bool,
+) -> Tuple[PyTree, Optional[Array], PyTree, Array]:
+  """`speculative_decode`'s caches: (target cache, initial_index, draft cache, decoder prompt).
+
+  Both caches have `cache_length` positions and are prefilled with the
+  decoder prompts int32 [B, L] (if any) below each row's prompt length,
+  initial_index int32 [B] (`prefilled_target_cache`, `draft.prefill`; None
+  without prompts, whose decoder prompt is then zeros [B, max_decode_len]).
+  Arguments as `speculative_decode`'s.
+  """
   # A draft that reads the target's features (`drafts.FeatureDraft`) gets the prompt's,
   # and for an encoder-decoder target the encoder output, computed once for both.
   feature_layers = getattr(draft, 'feature_layers', None)
@@ -274,37 +320,22 @@ def speculative_decode(
     draft_cache = draft.prefill(
       draft_cache, decoder_prompt[:, :width], initial_index, **feature_args
     )
+  return cache, initial_index, draft_cache, decoder_prompt
 
-  def score_block(block_tokens, start_positions, cache, tree=None, feature_layers=None):
-    return network.apply_decode_block(
-      target_config,
-      target_params,
-      cache,
-      block_tokens,
-      start_positions,
-      tree=tree,
-      feature_layers=feature_layers,
-    )
 
-  if tree is not None:
-    decode_args['compact_cache'] = functools.partial(network.compact_tree_path, target_config)
-
-  decodes, scores, stats = decode_fn(
-    inputs=decoder_prompt,
-    cache=cache,
-    score_block=score_block,
-    draft=draft,
-    draft_cache=draft_cache,
-    gamma=gamma,
-    # Only with a prompt, so that decode functions without prompts still fit.
-    **({} if initial_index is None else {'initial_index': initial_index}),
-    **decode_args,
+def _score_block(
+  target_config, target_params, block_tokens, start_positions, cache, tree=None, feature_layers=None
+):
+  """The target's `decoding.ScoreBlock` (`network.apply_decode_block`)."""
+  return network.apply_decode_block(
+    target_config,
+    target_params,
+    cache,
+    block_tokens,
+    start_positions,
+    tree=tree,
+    feature_layers=feature_layers,
   )
-  if best_only:
-    best = lambda x: x[:, -1]
-    decodes, scores = best(decodes), best(scores)
-    stats = stats.map_rows(best)
-  return decodes, scores, stats
 
 
 def baseline_decode(

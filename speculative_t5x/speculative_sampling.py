@@ -24,6 +24,17 @@ The distribution of the next token after a rejection at position i depends on
 nothing but p_i and q_i, so by induction over positions the whole emitted
 sequence is distributed as under the target (l = 1).
 
+Block verification (Algorithm 2 of Sun et al., "Block Verification
+Accelerates Speculative Decoding", ICLR 2025; `verify(...,
+verification='block')`, lenience 1): with the running weight w_0 = 1,
+w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)), prefix i < γ is accepted with
+probability h_i = r_i / (r_i + 1 - w_i), where
+r_i = Σ_x max(0, w_i p_{i+1}(x) - q_{i+1}(x)), and prefix γ with h_γ = w_γ;
+the emitted prefix is the longest accepted one, τ (not the first rejection),
+followed by a sample of norm(max(0, w_τ p_{τ+1} - q_{τ+1})) for τ < γ or of
+p_{γ+1}. The output distribution is the same, and the expected number of
+tokens never lower.
+
 An adaptive draft length (`num_drafted`): a row may draft n ≤ γ tokens, n
 chosen by the draft from its own tokens (`drafts.rollout_loop` stops after a
 token the draft is unsure of). Only x_1..x_n are judged; an undrafted position
@@ -274,14 +285,9 @@ def verify(
     verification: static; 'token' (Algorithm 1 of Leviathan et al.: accept
       x_i with probability min(1, p_i(x_i)/q_i(x_i)), stop at the first
       rejection) or 'block' (Algorithm 2 of Sun et al., "Block Verification
-      Accelerates Speculative Decoding", ICLR 2025): with the running weight
-      w_0 = 1, w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)), prefix i < γ is
-      accepted with probability h_i = r_i / (r_i + 1 - w_i), where
-      r_i = Σ_x max(0, w_i p_{i+1}(x) - q_{i+1}(x)), and prefix γ with
-      h_γ = w_γ; the emitted prefix is the longest accepted one, τ (not the
-      first rejection), followed by a sample of norm(max(0, w_τ p_{τ+1} -
-      q_{τ+1})) for τ < γ or of p_{γ+1}. Same output distribution, never
-      fewer tokens in expectation. Needs lenience 1.
+      Accelerates Speculative Decoding", ICLR 2025; the rule is in the module
+      docstring): the same output distribution, never fewer tokens in
+      expectation. Needs lenience 1.
     num_drafted: int32 [B] in [0, γ], the tokens each row drafted (an
       adaptive draft length); None: all γ. Only x_1..x_n are judged: the
       rules above run with γ = n per row (n + 1 is a rejection point whose
@@ -306,6 +312,29 @@ def verify(
       (concrete values only), or an rng that is neither one key nor B keys.
   """
   check_lenience(lenience)
+  batch_size, gamma = _check_shapes(draft_tokens, draft_probs, target_probs)
+  check_verification(verification, lenience)
+  num_drafted = _num_drafted(num_drafted, batch_size, gamma)
+  if verification == 'token':
+    verify_row = functools.partial(_verify_row, lenience=lenience, one_hot_target=one_hot_target)
+  else:
+    verify_row = functools.partial(_block_verify_row, one_hot_target=one_hot_target)
+  num_accepted, next_token = jax.vmap(verify_row)(
+    _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs, num_drafted
+  )
+  if not return_beta:
+    return num_accepted, next_token
+  return (
+    num_accepted,
+    next_token,
+    _position_betas(draft_tokens, draft_probs, target_probs, lenience),
+  )
+
+
+def _check_shapes(
+  draft_tokens: jax.Array, draft_probs: Optional[jax.Array], target_probs: jax.Array
+) -> Tuple[int, int]:
+  """(B, γ) of `verify`'s arguments; ValueError unless their shapes agree (see `verify`)."""
   if draft_tokens.ndim != 2 or draft_tokens.shape[1] < 1:
     raise ValueError(f'draft_tokens must have shape [B, γ] with γ >= 1; got {draft_tokens.shape}.')
   batch_size, gamma = draft_tokens.shape
@@ -320,26 +349,25 @@ def verify(
       f"{target_probs.shape[-1]}] (the target's vocabulary); got "
       f'{draft_probs.shape}.'
     )
+  return batch_size, gamma
 
-  check_verification(verification, lenience)
-  num_drafted = _num_drafted(num_drafted, batch_size, gamma)
-  if verification == 'token':
-    verify_row = functools.partial(_verify_row, lenience=lenience, one_hot_target=one_hot_target)
-  else:
-    verify_row = functools.partial(_block_verify_row, one_hot_target=one_hot_target)
-  num_accepted, next_token = jax.vmap(verify_row)(
-    _row_keys(rng, batch_size), draft_tokens, draft_probs, target_probs, num_drafted
-  )
-  if not return_beta:
-    return num_accepted, next_token
 
-  target_probs = target_probs[:, :gamma].astype(jnp.float32)
+def _position_betas(
+  draft_tokens: jax.Array,
+  draft_probs: Optional[jax.Array],
+  target_probs: jax.Array,
+  lenience: Union[float, jax.Array],
+) -> jax.Array:
+  """float32 [B, γ]: `verify`'s beta, β_i = Σ_x min(q_i, p_i/l) at each draft position.
+
+  draft_tokens int32 [B, γ]; draft_probs float [B, γ, V], or None for a
+  one-hot q (β_i = min(1, p_i(x_i)/l)); target_probs float [B, γ+1, V].
+  """
+  target_probs = target_probs[:, : draft_tokens.shape[1]].astype(jnp.float32)
   if draft_probs is None:
     target_at_drafted = jnp.take_along_axis(target_probs, draft_tokens[..., None], axis=-1)[..., 0]
-    beta = jnp.minimum(target_at_drafted / lenience, 1.0)
-  else:
-    beta = lenient_acceptance_rate(target_probs, draft_probs.astype(jnp.float32), lenience)
-  return num_accepted, next_token, beta
+    return jnp.minimum(target_at_drafted / lenience, 1.0)
+  return lenient_acceptance_rate(target_probs, draft_probs.astype(jnp.float32), lenience)
 
 
 def _num_drafted(num_drafted: Optional[jax.Array], batch_size: int, gamma: int) -> jax.Array:

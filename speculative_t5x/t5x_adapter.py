@@ -51,7 +51,7 @@ raises ImportError with installation instructions if t5x is missing.
 """
 
 import inspect
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
 from absl import logging
 import flax
@@ -560,10 +560,8 @@ def speculative_predict_batch(
 ) -> Tuple[Array, Dict[str, Array]]:
   """Decodes a T5X batch speculatively: the computation of `predict_batch_with_aux`.
 
-  Splits the draft's parameters off, then runs `models.speculative_decode`
-  (both caches, prefilled with the decoder prompts if any, the target's block
-  scorer, `decode_fn`) with a `drafts.ModelDraft`, or a `drafts.FeatureDraft`
-  for a feature head (`make_draft`).
+  Runs `models.speculative_decode` with the draft that `make_draft` splits
+  off `params` (the baseline's `_baseline_predict` if gamma='auto' chose it).
 
   Args:
     module: the target network (`network.Transformer` or `network.DecoderOnly`).
@@ -571,10 +569,9 @@ def speculative_predict_batch(
       `feature_head.FeatureHeadConfig` built for the target (a feature head).
     params: the target's parameters with the draft's under 'draft' (a
       feature head's under 'draft_head').
-    batch: T5X's features: `decoder_input_tokens` int32 [B, L], whose width L
-      is the output length (its values are used only through
-      `decoder_prompt`), and for an encoder-decoder `encoder_input_tokens`
-      int32 [B, input_length] (0 is padding).
+    batch: T5X's features: `decoder_input_tokens` int32 [B, L] (its width L
+      is the output length; its values are read only as `decoder_prompt`),
+      and for an encoder-decoder `encoder_input_tokens` int32 [B, Lin].
     eos_id: end-of-sequence id.
     settings: the speculative settings (gamma, lenience, verification,
       draft_threshold); `decoder_params` may override single fields.
@@ -597,34 +594,82 @@ def speculative_predict_batch(
   Returns:
     `(decodes, aux)`. decodes: int32 [B, L] (the prompts included, in their
     slots), or [B, num_decodes, L] with `return_all_decodes` (ascending log
-    probability). aux, arrays whose
-    leading axis is the batch (as T5X's `predict_with_aux` output needs), per
-    decode [B] (or [B, num_decodes]):
-      scores: float32 log probability under the target's standardized
-        distribution (0 for greedy decoding), or with
-        `rescale_log_probs=False` under its logits alone (T5X's);
-      iterations, accepted, emitted, drafted: int32 loop iterations in which
-        the row was active, draft tokens accepted, tokens written, draft
-        tokens proposed;
-    and per batch, repeated for each input [B]:
-      batch_target_calls: int32 target block calls (loop iterations);
-      batch_mean_beta: float32 mean acceptance probability beta over the
-        batch's judged draft positions (alpha measured on the fly);
-      batch_gamma: int32 the gamma the batch ran with (gamma='auto' chooses
-        it by batch size from its profile; 0: the baseline, whose statistics
-        are one target call per token and no draft tokens).
+    probability). aux: arrays whose leading axis is the batch, as T5X's
+    `predict_with_aux` output needs (`prediction_aux` says what each is).
   """
   check_networks(
     module,
     draft_module,
     network.DecoderOnly if isinstance(module, network.DecoderOnly) else network.Transformer,
   )
+  batch_size, length = batch['decoder_input_tokens'].shape
+  settings, sampling, decoder_params = _batch_settings(
+    settings, decoder_params, decode_fn, batch_size, rng, eos_id
+  )
+  target_params, draft = make_draft(module, draft_module, params, inputs_bidirectional_attention)
+  input_tokens = _input_tokens(module, batch, decoder_prompt)
+  inputs = (module.config, target_params, input_tokens, length)
+  common = dict(
+    decoder_prompt=decoder_prompt,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+    num_decodes=num_decodes,
+    return_all_decodes=return_all_decodes,
+  )
+  if settings is None:  # gamma='auto' chose no speculation for this batch size.
+    return _baseline_predict(*inputs, sampling=sampling, **common, **decoder_params)
+  return _speculative_predict(
+    *inputs, draft=draft, settings=settings, decode_fn=decode_fn, **common, **decoder_params
+  )
+
+
+def _speculative_predict(
+  config, params, input_tokens, length, *, draft, settings, decode_fn, return_all_decodes, **args
+):
+  """`speculative_predict_batch`'s results from `models.speculative_decode`."""
+  decodes, scores, stats = models.speculative_decode(
+    config,
+    params,
+    draft,
+    input_tokens,
+    length,
+    decode_fn=decode_fn,
+    best_only=not return_all_decodes,
+    **args,
+    **settings.decode_kwargs(),
+  )
+  return decodes, prediction_aux(scores, stats, settings.gamma)
+
+
+def _input_tokens(module: Any, batch: Mapping[str, Array], decoder_prompt: Optional[Array]):
+  """int32 [B, Lin]: the encoder inputs, or a decoder-only target's prompts (its draft's
+  `init_cache` takes only their batch); ValueError if a decoder-only target has none."""
+  if not network.is_decoder_only(module.config):
+    return batch['encoder_input_tokens']
+  if decoder_prompt is None:
+    raise ValueError('A decoder-only target needs decoder_prompt (its prompts, T5X layout).')
+  return decoder_prompt
+
+
+def _batch_settings(
+  settings: settings_lib.SpeculativeSettings,
+  decoder_params: Optional[Mapping[str, Any]],
+  decode_fn: Callable[..., Any],
+  batch_size: int,
+  rng: Optional[Array],
+  eos_id: int,
+) -> Tuple[Optional[settings_lib.SpeculativeSettings], Dict[str, Any], Dict[str, Any]]:
+  """(settings, sampling, decode_fn's other keywords) of one `speculative_predict_batch`.
+
+  `decoder_params`' speculative fields override `settings`', which then
+  resolve for the batch size (None: gamma='auto' chose the baseline);
+  sampling is `decode_fn_sampling`'s; the remaining keywords get `rng` as
+  `decode_rng` and `eos_id` unless they set it.
+  """
   decoder_params = dict(decoder_params or {})
   # Before gamma='auto' may choose the baseline for this batch size, so that a
   # state callback fails alike at every batch size.
   decoding.check_no_state_callback(decoder_params.get('state_callback_fn'))
   settings = settings.overridden(decoder_params)  # Validated again, if overridden.
-  batch_size = batch['decoder_input_tokens'].shape[0]
   sampling = decode_fn_sampling(decode_fn, decoder_params)
   settings = settings.for_batch(batch_size, **sampling)
   for name in settings_lib.SpeculativeSettings.field_names():
@@ -636,53 +681,54 @@ def speculative_predict_batch(
       )
     decoder_params['decode_rng'] = rng
   decoder_params.setdefault('eos_id', eos_id)
-  target_params, draft = make_draft(module, draft_module, params, inputs_bidirectional_attention)
-  if network.is_decoder_only(module.config):
-    if decoder_prompt is None:
-      raise ValueError('A decoder-only target needs decoder_prompt (its prompts, T5X layout).')
-    input_tokens = decoder_prompt  # What the draft's init_cache takes: only its batch.
-  else:
-    input_tokens = batch['encoder_input_tokens']
-  length = batch['decoder_input_tokens'].shape[1]
-  common = dict(
-    decoder_prompt=decoder_prompt,
-    inputs_bidirectional_attention=inputs_bidirectional_attention,
-    num_decodes=num_decodes,
-  )
-  if settings is None:  # gamma='auto' chose no speculation for this batch size.
-    return _baseline_predict(
-      module.config,
-      target_params,
-      input_tokens,
-      length,
-      sampling=sampling,
-      return_all_decodes=return_all_decodes,
-      **common,
-      **decoder_params,
-    )
-  decodes, scores, stats = models.speculative_decode(
-    module.config,
-    target_params,
-    draft,
-    input_tokens,
-    length,
-    decode_fn=decode_fn,
-    best_only=not return_all_decodes,
-    **common,
-    **decoder_params,
-    **settings.decode_kwargs(),
-  )
-  aux = {
+  return settings, sampling, decoder_params
+
+
+class _BaselineStats(NamedTuple):
+  """The statistics a baseline decode has, as the `decoding.SpeculativeStats` fields
+  `prediction_aux` reads: one target call per token, no draft tokens."""
+
+  iterations: Array
+  accepted: Array
+  emitted: Array
+  drafted: Array
+  target_calls: Array
+  mean_beta: float = 0.0
+
+
+def prediction_aux(
+  scores: Array, stats: Union[decoding.SpeculativeStats, _BaselineStats], gamma: int
+) -> Dict[str, Array]:
+  """`speculative_predict_batch`'s aux: arrays whose leading axis is the batch B.
+
+  Per decode, [B] (or [B, num_decodes] with all decodes):
+    scores: float32 log probability under the target's standardized
+      distribution (0 for greedy decoding), or with `rescale_log_probs=False`
+      under its logits alone (T5X's);
+    iterations, accepted, emitted, drafted: int32 loop iterations in which
+      the row was active, draft tokens accepted, tokens written, draft tokens
+      proposed;
+  and per batch, repeated for each input [B]:
+    batch_target_calls: int32 target block calls (loop iterations);
+    batch_mean_beta: float32 mean acceptance probability beta over the
+      batch's judged draft positions (alpha measured on the fly);
+    batch_gamma: int32 the gamma the batch ran with (gamma='auto' chooses it
+      by batch size from its profile; 0: the baseline, whose statistics are
+      one target call per token and no draft tokens).
+  scores float32 [B] or [B, num_decodes] and `stats` (per-row fields shaped
+  as scores) are the decode's; gamma is the batch's.
+  """
+  batch_size = scores.shape[0]
+  return {
     'scores': scores,
     'iterations': stats.iterations,
     'accepted': stats.accepted,
     'emitted': stats.emitted,
     'drafted': stats.drafted,
     'batch_target_calls': jnp.full((batch_size,), stats.target_calls),
-    'batch_mean_beta': jnp.full((batch_size,), stats.mean_beta),
-    'batch_gamma': jnp.full((batch_size,), settings.gamma, jnp.int32),
+    'batch_mean_beta': jnp.full((batch_size,), stats.mean_beta, jnp.float32),
+    'batch_gamma': jnp.full((batch_size,), gamma, jnp.int32),
   }
-  return decodes, aux
 
 
 def make_draft(
@@ -758,7 +804,6 @@ def _baseline_predict(
   )
   if not return_all_decodes:
     decodes, scores = decodes[:, -1], scores[:, -1]
-  batch_size = decodes.shape[0]
   # One target call per token, no draft: the statistics a baseline has. A
   # decode is its prompt, its tokens and EOS, then zeros.
   emitted = jnp.sum(decodes != 0, axis=-1)
@@ -766,14 +811,11 @@ def _baseline_predict(
     prompt_lengths = decoding.prompt_lengths(decoder_prompt)
     emitted -= prompt_lengths.reshape(prompt_lengths.shape + (1,) * (emitted.ndim - 1))
   zeros = jnp.zeros_like(emitted)
-  aux = {
-    'scores': scores,
-    'iterations': emitted,
-    'accepted': zeros,
-    'emitted': emitted,
-    'drafted': zeros,
-    'batch_target_calls': jnp.full((batch_size,), jnp.max(emitted, initial=0)),
-    'batch_mean_beta': jnp.zeros((batch_size,), jnp.float32),
-    'batch_gamma': jnp.zeros((batch_size,), jnp.int32),
-  }
-  return decodes, aux
+  stats = _BaselineStats(
+    iterations=emitted,
+    accepted=zeros,
+    emitted=emitted,
+    drafted=zeros,
+    target_calls=jnp.max(emitted, initial=0),
+  )
+  return decodes, prediction_aux(scores, stats, gamma=0)

@@ -539,6 +539,22 @@ def verify_tree(
     ValueError: on shapes that do not match the tree, or an rng that is
       neither one key nor B keys.
   """
+  batch_size = _check_shapes(tree, node_tokens, node_valid, draft_probs, target_probs)
+  if emulated_rates is not None:
+    emulated_rates = jnp.asarray(emulation_rates(emulated_rates, tree))
+  verify_row = functools.partial(_verify_tree_row, tree=tree, one_hot_target=one_hot_target)
+  return jax.vmap(verify_row, in_axes=(0, 0, 0, 0, 0, None))(
+    spec._row_keys(rng, batch_size),  # pylint: disable=protected-access
+    jnp.asarray(node_tokens, jnp.int32),
+    jnp.asarray(node_valid, bool),
+    None if draft_probs is None else jnp.asarray(draft_probs, jnp.float32),
+    jnp.asarray(target_probs, jnp.float32),
+    emulated_rates,
+  )
+
+
+def _check_shapes(tree, node_tokens, node_valid, draft_probs, target_probs) -> int:
+  """B, the rows of `verify_tree`'s arguments; TypeError or ValueError unless they fit `tree`."""
   if not isinstance(tree, Tree):
     raise TypeError(f'tree must be a Tree (see Tree.parse); got {tree!r}.')
   if node_tokens.ndim != 2 or node_tokens.shape[1] != tree.num_nodes:
@@ -562,17 +578,7 @@ def verify_tree(
       f"draft_probs must have target_probs' shape {target_probs.shape} (the target's "
       f'vocabulary); got {draft_probs.shape}.'
     )
-  if emulated_rates is not None:
-    emulated_rates = jnp.asarray(emulation_rates(emulated_rates, tree))
-  verify_row = functools.partial(_verify_tree_row, tree=tree, one_hot_target=one_hot_target)
-  return jax.vmap(verify_row, in_axes=(0, 0, 0, 0, 0, None))(
-    spec._row_keys(rng, batch_size),  # pylint: disable=protected-access
-    jnp.asarray(node_tokens, jnp.int32),
-    jnp.asarray(node_valid, bool),
-    None if draft_probs is None else jnp.asarray(draft_probs, jnp.float32),
-    jnp.asarray(target_probs, jnp.float32),
-    emulated_rates,
-  )
+  return batch_size
 
 
 def emulation_rates(rates: Union[float, Sequence[float]], tree: Tree) -> np.ndarray:

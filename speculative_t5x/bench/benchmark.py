@@ -447,12 +447,16 @@ def sampled_quality(
     )
   names = list(decoders)
   if len(names) == 2 and record[names[0]]['bleu'] is not None:
-    first, second = record[names[0]]['bleu'], record[names[1]]['bleu']
-    spread = float(np.hypot(first['stderr'], second['stderr']))
-    record['bleu_difference_in_stderr'] = (
-      (second['mean'] - first['mean']) / spread if spread > 0 else 0.0
+    record['bleu_difference_in_stderr'] = _difference_in_stderr(
+      record[names[0]]['bleu'], record[names[1]]['bleu']
     )
   return record
+
+
+def _difference_in_stderr(first: Mapping[str, float], second: Mapping[str, float]) -> float:
+  """(second - first) / sqrt(stderr_first^2 + stderr_second^2) of two `_mean_and_stderr`s."""
+  spread = float(np.hypot(first['stderr'], second['stderr']))
+  return (second['mean'] - first['mean']) / spread if spread > 0 else 0.0
 
 
 # ------------------------------------------------------------------------------
@@ -583,7 +587,8 @@ def prompts_record(prompts: Optional[np.ndarray]) -> Optional[Dict[str, Any]]:
   )
 
 
-def _summary(values: Sequence[float]) -> Dict[str, float]:
+def summary(values: Sequence[float]) -> Dict[str, float]:
+  """{'median', 'min', 'max'} of `values` (e.g. per-pass ms/token or speedups)."""
   return {
     'median': float(np.median(values)),
     'min': float(np.min(values)),
@@ -631,82 +636,69 @@ def run_benchmark(
   Args:
     target: the target model, encoder-decoder or decoder-only.
     draft: a `models.Model` of the target's architecture, a draft from
-      `drafts` (n-gram, prompt lookup, a feature head: `drafts.FeatureDraft`)
-      or a `models.FeatureHeadCheckpoint`.
-    inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's
-      prompts [N, Lp] (each row's tokens, then 0-padding; a prefix LM's keep
-      their EOS); the first `num_walltime_examples` are timed, all of them
-      feed the alpha measurement.
+      `drafts` (n-gram, prompt lookup, `drafts.FeatureDraft`) or a
+      `models.FeatureHeadCheckpoint`.
+    inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's prompts
+      [N, Lp] (tokens, then 0-padding; a prefix LM's keep their EOS); the
+      first `num_walltime_examples` are timed, all feed alpha.
     decoder_prompts: optional int32 [N, Lp] decoder prompts of an
-      encoder-decoder target (T5X's `prompt_with_targets`); decoding, alpha
-      and the timed parts continue them.
-    references: optional N reference strings (of what follows the prompts),
-      for BLEU.
+      encoder-decoder target (T5X's `prompt_with_targets`), continued by
+      decoding, alpha and the timed parts.
+    references: optional N reference strings (of what follows the prompts), for BLEU.
     vocabulary_path: SentencePiece model, for BLEU and token strings.
     pair_name, task_name: labels of the records.
-    temperatures: sampling temperatures (0 is greedy).
-    gammas: the gamma sweep.
+    temperatures, gammas: sampling temperatures (0 is greedy); the gamma sweep.
     batch_sizes: batch sizes of the batch-size sweep (1 always runs).
-    batch_size_gamma: gamma for the batch-size sweep (default: best at batch 1);
-      'auto': the gamma that alpha and the measured parts predict best
-      (`gamma_choice`), which needs no walltime sweep to choose.
-    verification: 'token' or 'block' (see `speculative_sampling.verify`).
-    draft_threshold: an adaptive draft length (0: off; see
-      `decoding.speculative_sample`); each gamma is then the most drafted.
+    batch_size_gamma: gamma for the batch-size sweep (default: best at batch
+      1); 'auto': the gamma that alpha and the parts predict best (`gamma_choice`).
+    verification, draft_threshold: as `settings.SpeculativeSettings`; with a
+      threshold each gamma is the most drafted.
     num_walltime_examples: examples timed (a multiple of every batch size).
-    repetitions: timed passes per configuration.
-    max_decode_len: output length.
-    alpha_tokens: target tokens for each alpha measurement (>= 10,000 as the
-      paper).
+    repetitions, max_decode_len: timed passes per configuration; output length.
+    alpha_tokens: target tokens for each alpha measurement (>= 10,000 as the paper).
     ngram_corpus: target-side token sequences; if given, unigram and bigram
       drafts are fitted on them and their alpha measured (Table 3).
-    alpha_drafts: more drafts (name -> a draft `acceptance.draft_logits` takes) whose
-      alpha is measured on the same target samples, e.g. the draft before
-      distillation.
-    compared_drafts: more drafts (pair label -> a draft as `draft`), each
-      timed in the same interleaved passes as the baseline and the pair's
-      draft over the gamma sweep at batch 1, with its own costs record and
-      alpha (among the alpha records under its label); its records carry
-      the label as their `pair`. No batch or profile sweep, no sampled
-      quality (greedy rows still check identical outputs).
-    distillation: if given, a record of the draft's distillation ({'divergence',
-      'steps', 'temperature', 'data_mix', 'eval_examples', 'curve': the
-      held-out alpha records of `distill.DistillResult.eval_metrics`}),
-      reported with its curve.
-    emulate_alpha: if set, the timing mode for random weights (no alpha is
-      measured, no text or BLEU produced; records say `emulated`).
+    alpha_drafts: more drafts (name -> a draft `acceptance.draft_logits`
+      takes) whose alpha is measured on the same target samples, e.g. the
+      draft before distillation.
+    compared_drafts: more drafts (pair label -> a draft as `draft`), each timed
+      in the baseline's and the pair's interleaved passes over the gamma sweep
+      at batch 1, with its own costs and alpha records labelled as its `pair`;
+      no batch or profile sweep, no sampled quality (greedy rows still check
+      identical outputs).
+    distillation: if given, the draft's distillation ({'divergence', 'steps',
+      'temperature', 'data_mix', 'eval_examples', 'curve'}), reported.
+    emulate_alpha: if set, the timing mode for random weights (no alpha, text
+      or BLEU; records say `emulated`).
     output_dir: if given, writes benchmark.json, benchmark.md and figures.
-    profile_dir: if given, the speculation-profile sweep (`profiles`): at
-      every batch size every gamma is timed against the baseline, with c(B)
-      and v(gamma, B) measured at that batch size; one profile per
-      temperature is written there (`profile_t<T>.json`), and gamma='auto'
-      with it is timed at every batch size (`records.Auto`).
-      Without it the batch-size sweep times one gamma (`batch_size_gamma`).
-    result_cache: where the figures that the models, inputs and machine
-      determine (alpha, sampled quality) are kept between runs
-      (`result_cache`); their records then say which run computed them
-      (`cached_from`). Timings are always measured. None: computed in this
-      run.
+    profile_dir: if given, the speculation-profile sweep (`_profile_sweep`):
+      every gamma timed at every batch size with c(B) and v(gamma, B) measured
+      there, one `profile_t<T>.json` per temperature written there, and
+      gamma='auto' timed with it (`records.Auto`).
+      Without it the batch-size sweep times `batch_size_gamma` alone.
+    result_cache: where alpha and sampled quality are kept between runs
+      (their records say `cached_from`; None: computed in this run); timings
+      are always measured.
     progress: called with a line per step.
 
   Returns:
-    The records: `records.Costs`, `records.Alpha` (per draft and
-    temperature), `records.Walltime` (per temperature, gamma and batch size),
+    `records.Costs`, `records.Alpha` (per draft and temperature),
+    `records.Walltime` (per temperature, gamma and batch size),
     `records.GammaChoice`, with a profile directory `records.Profile` and
-    `records.Auto`, and `records.Distillation` if given. Every record names
-    the target's `architecture`.
+    `records.Auto`, and `records.Distillation` if given; each names the
+    target's `architecture`.
   """
   # Checked before anything is measured; each gamma of the sweep replaces its gamma.
   settings = settings_lib.SpeculativeSettings(
     gamma=max(gammas), verification=verification, draft_threshold=draft_threshold
   )
-  draft = _checked_draft(target, draft, decoder_prompts)
+  n = num_walltime_examples
   timed = TimedExamples.of(
     target,
-    draft,
-    inputs[:num_walltime_examples],
-    None if decoder_prompts is None else decoder_prompts[:num_walltime_examples],
-    references=None if references is None else list(references)[:num_walltime_examples],
+    _checked_draft(target, draft, decoder_prompts),
+    inputs[:n],
+    None if decoder_prompts is None else decoder_prompts[:n],
+    references=None if references is None else list(references)[:n],
     vocabulary_path=vocabulary_path,
     common=dict(pair=pair_name, task=task_name, emulated=emulate_alpha is not None),
     repetitions=repetitions,
@@ -715,26 +707,11 @@ def run_benchmark(
     result_cache=result_cache or result_cache_lib.ResultCache(None),
     progress=progress,
   )
-  # The compared drafts as the pair's timed examples with another draft and label.
-  compared = {
-    name: dataclasses.replace(
-      timed,
-      draft=_checked_draft(target, other, decoder_prompts),
-      common=dict(timed.common, pair=name),
-      sampled_quality=False,  # The pair's draft reports it against the same baseline.
-    )
-    for name, other in (compared_drafts or {}).items()
-  }
+  compared = _compared_examples(timed, compared_drafts or {}, decoder_prompts)
   sweep_gammas = set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())
-  costs, parts = _measure_costs(timed, settings, temperatures, sorted(sweep_gammas))
-  records: List[records_lib.Record] = [costs]
-  compared_parts = {}
-  for name, other in compared.items():
-    # The target's parts are the pair's: one measurement, one v(gamma) for every draft.
-    other_costs, compared_parts[name] = _measure_costs(
-      other, settings, temperatures, gammas, target_parts=parts
-    )
-    records.append(other_costs)
+  records, parts, compared_parts = _measure_all_costs(
+    timed, compared, settings, temperatures, sorted(sweep_gammas), gammas
+  )
   alpha_candidates = dict(alpha_drafts or {})
   alpha_candidates.update({name: _alpha_candidate(other.draft) for name, other in compared.items()})
   alpha_records, alphas = _measure_alphas(
@@ -860,6 +837,47 @@ class TimedExamples:
       batch_size=batch_size,
       repetitions=self.repetitions,
     )
+
+
+def _compared_examples(
+  timed: TimedExamples, compared_drafts: Mapping[str, Any], decoder_prompts: Optional[np.ndarray]
+) -> Dict[str, TimedExamples]:
+  """The compared drafts (label -> draft) as the pair's timed examples with another draft and label."""
+  return {
+    name: dataclasses.replace(
+      timed,
+      draft=_checked_draft(timed.target, other, decoder_prompts),
+      common=dict(timed.common, pair=name),
+      sampled_quality=False,  # The pair's draft reports it against the same baseline.
+    )
+    for name, other in compared_drafts.items()
+  }
+
+
+def _measure_all_costs(
+  timed: TimedExamples,
+  compared: Mapping[str, TimedExamples],
+  settings: settings_lib.SpeculativeSettings,
+  temperatures: Sequence[float],
+  pair_gammas: Sequence[int],
+  compared_gammas: Sequence[int],
+) -> Tuple[List[records_lib.Record], Dict[Any, measure.IterationParts], Dict[str, Any]]:
+  """The costs records of the pair and of each compared draft: `(records, parts, compared_parts)`.
+
+  The pair's parts at `pair_gammas` (the sweep's and the batch sweep's
+  gamma), each compared draft's at `compared_gammas` (the batch-1 sweep's);
+  the target's parts are the pair's: one measurement, one v(gamma) for every
+  draft.
+  """
+  costs, parts = _measure_costs(timed, settings, temperatures, pair_gammas)
+  records: List[records_lib.Record] = [costs]
+  compared_parts = {}
+  for name, other in compared.items():
+    other_costs, compared_parts[name] = _measure_costs(
+      other, settings, temperatures, compared_gammas, target_parts=parts
+    )
+    records.append(other_costs)
+  return records, parts, compared_parts
 
 
 def _measure_costs(
@@ -1162,9 +1180,9 @@ def _timed_fields(
     alpha_loop=float(stats.mean_beta),
     c=part.c,
     verify_cost=part.verify_cost,
-    ms_per_token_baseline=_summary(baseline.ms_per_token),
-    ms_per_token_speculative=_summary(speculative.ms_per_token),
-    speedup=_summary(speedups),
+    ms_per_token_baseline=summary(baseline.ms_per_token),
+    ms_per_token_speculative=summary(speculative.ms_per_token),
+    speedup=summary(speedups),
     tokens_per_call=float(stats.tokens_per_target_call),
     mean_acceptance_length=float(stats.mean_acceptance_length),
     drafted_per_iteration=float(stats.drafted_per_iteration),
@@ -1378,7 +1396,7 @@ def _measure_auto(
     + [timed.decoder(temperature, settings.replace(gamma=g, profile=None)) for g in gammas],
     batch_size,
   )
-  speedup = lambda run: _summary([b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)])
+  speedup = lambda run: summary([b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)])
   fixed_speedups = {g: speedup(run) for g, run in zip(gammas, fixed)}
   fixed_median = lambda g: fixed_speedups[g]['median'] if g else 1.0
   best_fixed = max([0] + list(gammas), key=fixed_median)
@@ -1388,8 +1406,8 @@ def _measure_auto(
     batch_size=batch_size,
     gamma_ran=auto.gamma,
     profile=settings.profile,
-    ms_per_token_baseline=_summary(baseline.ms_per_token),
-    ms_per_token_auto=_summary(auto.ms_per_token),
+    ms_per_token_baseline=summary(baseline.ms_per_token),
+    ms_per_token_auto=summary(auto.ms_per_token),
     speedup=speedup(auto),
     fixed_speedups={str(g): s for g, s in fixed_speedups.items()},
     best_fixed_gamma=best_fixed,
@@ -1562,13 +1580,62 @@ def benchmark_pair(
       f'decoder_prompt_length={decoder_prompt_length} is for encoder-decoder pairs; a '
       "decoder-only pair's prompts are the task's inputs. Set DECODER_PROMPT_LENGTH = 0."
     )
-  vocabulary = None  # What tokenizes the references into decoder prompts.
+  inputs, references, vocabulary = _pair_inputs(
+    target,
+    task=task,
+    split=split,
+    tsv_path=tsv_path,
+    vocabulary_path=vocabulary_path,
+    prefix=prefix,
+    num_examples=num_examples,
+    random_input_length=random_input_length,
+    settings=settings,
+  )
+  decoder_prompts, references = _decoder_prompts(
+    target, len(inputs), references, vocabulary, decoder_prompt_length
+  )
+  ngram_corpus = None
+  if ngram_tsv_path is not None:
+    ngram_corpus = tsv_target_tokens(ngram_tsv_path, vocabulary_path, ngram_examples)
+  return run_benchmark(
+    target,
+    draft,
+    inputs,
+    decoder_prompts=decoder_prompts,
+    references=references,
+    vocabulary_path=vocabulary_path,
+    ngram_corpus=ngram_corpus,
+    output_dir=output_dir,
+    result_cache=result_cache_lib.ResultCache(result_cache_dir, remeasure=remeasure),
+    **settings,
+  )
+
+
+def _pair_inputs(
+  target: models.Model,
+  *,
+  task,
+  split: str,
+  tsv_path: Optional[str],
+  vocabulary_path: Optional[str],
+  prefix: Optional[str],
+  num_examples: Optional[int],
+  random_input_length: int,
+  settings: Mapping[str, Any],
+) -> Tuple[np.ndarray, Optional[List[str]], Any]:
+  """`benchmark_pair`'s examples: `(inputs, references, vocabulary)`.
+
+  inputs int32 [N, Lin] from the task's split, else from the TSV file, else
+  (with `emulate_alpha` in `settings`) random [N, random_input_length]
+  without references; vocabulary: what tokenizes the references into
+  decoder prompts (None for random inputs).
+  """
   if task is not None:
     from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
 
     inputs, references = task_inputs(task, split, num_examples=num_examples)
-    vocabulary = tasks_core.get_task(task).output_features['targets'].vocabulary
-  elif tsv_path is not None:
+    return inputs, references, tasks_core.get_task(task).output_features['targets'].vocabulary
+  if tsv_path is not None:
     if vocabulary_path is None:
       raise ValueError(
         "tsv_path needs vocabulary_path, the pair's SentencePiece model, to "
@@ -1584,43 +1651,41 @@ def benchmark_pair(
     )
     import sentencepiece  # pylint: disable=g-import-not-at-top
 
-    vocabulary = sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
-  elif settings.get('emulate_alpha') is not None:
+    return inputs, references, sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
+  if settings.get('emulate_alpha') is not None:
     inputs, references = random_inputs(
       num_examples or settings.get('num_walltime_examples', 64),
       random_input_length,
       target.vocab_size,
     )
-  else:
-    raise ValueError(
-      'Nothing to decode: include a task file (TASK), set TSV_PATH to '
-      'source<TAB>target lines, or set EMULATE_ALPHA to time random inputs '
-      'with emulated acceptance.'
-    )
-  decoder_prompts = None
-  if decoder_prompt_length and vocabulary is None:
-    decoder_prompts = np.asarray(
-      measure.random_encoder_inputs(len(inputs), decoder_prompt_length, target.vocab_size, seed=1)
-    )
-  elif decoder_prompt_length:
-    decoder_prompts, references = reference_prompts(references, vocabulary, decoder_prompt_length)
-  ngram_corpus = (
-    None
-    if ngram_tsv_path is None
-    else tsv_target_tokens(ngram_tsv_path, vocabulary_path, ngram_examples)
+    return inputs, references, None
+  raise ValueError(
+    'Nothing to decode: include a task file (TASK), set TSV_PATH to '
+    'source<TAB>target lines, or set EMULATE_ALPHA to time random inputs '
+    'with emulated acceptance.'
   )
-  return run_benchmark(
-    target,
-    draft,
-    inputs,
-    decoder_prompts=decoder_prompts,
-    references=references,
-    vocabulary_path=vocabulary_path,
-    ngram_corpus=ngram_corpus,
-    output_dir=output_dir,
-    result_cache=result_cache_lib.ResultCache(result_cache_dir, remeasure=remeasure),
-    **settings,
-  )
+
+
+def _decoder_prompts(
+  target: models.Model,
+  num_examples: int,
+  references: Optional[List[str]],
+  vocabulary,
+  decoder_prompt_length: int,
+) -> Tuple[Optional[np.ndarray], Optional[List[str]]]:
+  """`benchmark_pair`'s decoder prompts int32 [N, decoder_prompt_length], and the references.
+
+  The first tokens of each reference (the rest its reference), or random
+  prompts without a vocabulary (emulation); (None, references) for 0.
+  """
+  if not decoder_prompt_length:
+    return None, references
+  if vocabulary is None:
+    prompts = measure.random_encoder_inputs(
+      num_examples, decoder_prompt_length, target.vocab_size, seed=1
+    )
+    return np.asarray(prompts), references
+  return reference_prompts(references, vocabulary, decoder_prompt_length)
 
 
 def main(argv: Sequence[str]) -> None:

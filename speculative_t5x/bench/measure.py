@@ -422,6 +422,223 @@ def _draft_encode(draft, inputs, prompt_block, encoded=None, *, cache_length):
   return draft.prefill(cache, prompt_block, lengths)
 
 
+@dataclasses.dataclass(frozen=True)
+class _TimedCall:
+  """The decode call whose iteration `iteration_parts` times, with random inputs of its shapes.
+
+  inputs: int32 [batch_size, input_length]; prompt_block: int32 [batch_size,
+  prompt_length + 1] (BOS, then the prompt), or None without prompts.
+  """
+
+  target_config: network.NetworkConfig
+  target_params: PyTree
+  batch_size: int
+  input_length: int
+  prompt_length: int
+  max_decode_len: int
+  gamma: int
+  inputs_bidirectional_attention: bool
+  sample_args: Dict[str, Any]
+  repetitions: int
+  inputs: Array
+  prompt_block: Optional[Array]
+
+  @property
+  def length(self) -> int:
+    """Positions the decode writes: the prompt's and the decoded tokens'."""
+    return self.prompt_length + self.max_decode_len
+
+  @property
+  def cache_length(self) -> int:
+    return decoding.speculative_cache_length(self.length, self.gamma)
+
+  def network_step_seconds(self, block_size: int) -> float:
+    """`network_step_seconds` of the target on `block_size` tokens per row, at this call's shapes."""
+    return network_step_seconds(
+      self.target_config,
+      self.target_params,
+      batch_size=self.batch_size,
+      input_length=self.input_length,
+      block_size=block_size,
+      cache_length=self.cache_length,
+      prompt_length=self.prompt_length,
+      inputs_bidirectional_attention=self.inputs_bidirectional_attention,
+      repetitions=self.repetitions,
+    )
+
+
+# The parts of `IterationParts` that are the target's alone: another draft's
+# measurement at the same settings can supply them.
+_TARGET_PARTS = ('target_step', 'target_block', 'target_encode', 'sampling')
+
+
+def _target_parts_seconds(
+  call: _TimedCall, sampling_logits: Array, target_step: Optional[float]
+) -> Dict[str, float]:
+  """Seconds of the target's parts (`_TARGET_PARTS`).
+
+  Its one-token step (unless `target_step` is given) and (gamma + 1)-token
+  block, its set-up (encoder, prefill), and the baseline's sampling of
+  float32 [batch_size, vocab_size] `sampling_logits`.
+  """
+  if target_step is None:
+    target_step = call.network_step_seconds(block_size=1)
+  target_block = call.network_step_seconds(block_size=call.gamma + 1)
+  target_encode = median_seconds(
+    lambda: _target_encode(
+      call.target_params,
+      call.inputs,
+      call.prompt_block,
+      config=call.target_config,
+      cache_length=call.cache_length,
+      inputs_bidirectional_attention=call.inputs_bidirectional_attention,
+    ),
+    call.repetitions,
+  )
+  baseline_sampling = step_seconds(
+    functools.partial(_sampling_step, sample_args=call.sample_args),
+    (jax.random.PRNGKey(0), sampling_logits),
+    jnp.zeros((), jnp.float32),
+    repetitions=call.repetitions,
+  )
+  return dict(
+    target_step=target_step,
+    target_block=target_block,
+    target_encode=target_encode,
+    sampling=baseline_sampling,
+  )
+
+
+def _draft_timer(call: _TimedCall, draft) -> Tuple[Callable[[Callable, PyTree], float], bool]:
+  """How to time a draft's steps: `(time_draft(step, operands) -> seconds, timed_cold)`.
+
+  The draft runs after the target in the loop: its weights are evicted when
+  the two do not fit the last-level cache together, so its steps are then
+  timed with the caches flushed (`cold_step_seconds`).
+  """
+  draft_bytes = draft_weight_bytes(draft)
+  target_bytes = network.decoder_weight_bytes(call.target_config)
+  if draft_bytes is not None and target_bytes + draft_bytes > xla_flags.last_level_cache_bytes():
+    return functools.partial(cold_step_seconds, repetitions=call.repetitions), True
+  zero = jnp.zeros((), jnp.float32)
+  return lambda step, operands: step_seconds(
+    step, operands, zero, repetitions=call.repetitions
+  ), False
+
+
+def _draft_parts_seconds(call: _TimedCall, draft) -> Dict[str, Any]:
+  """Seconds of the draft's parts, and whether its steps were timed cold.
+
+  Its set-up (`_draft_encode`) and its steps from a cache halfway through the
+  decode: the rollout of all gamma tokens, a `ModelDraft`'s one-token
+  catch-up, a `FeatureDraft`'s observe of the target's features of a
+  [batch_size, gamma + 1] block (0.0 for drafts without the part).
+  """
+  cache_length, batch_size, gamma = call.cache_length, call.batch_size, call.gamma
+  encoded = None
+  if isinstance(draft, drafts.FeatureDraft) and not network.is_decoder_only(call.target_config):
+    # The decode call's encoder output, shared with the target: not the draft's cost.
+    encoded = network.encode(call.target_config, call.target_params, call.inputs)
+  encode = lambda: _draft_encode(
+    draft, call.inputs, call.prompt_block, encoded, cache_length=cache_length
+  )
+  draft_cache = encode()
+  sequences = jnp.full((batch_size, cache_length + 1), 2, jnp.int32)
+  positions = jnp.full((batch_size,), call.prompt_length + call.max_decode_len // 2, jnp.int32)
+  if isinstance(draft_cache, dict) and 'written_until' in draft_cache:
+    draft_cache = dict(draft_cache, written_until=positions)  # No catch-up inside.
+  time_draft, timed_cold = _draft_timer(call, draft)
+  rollout = time_draft(
+    functools.partial(_draft_rollout_step, draft=draft, gamma=gamma, sample_args=call.sample_args),
+    (draft_cache, sequences, positions, jax.random.PRNGKey(0)),
+  )
+  catch_up = observe = 0.0
+  if isinstance(draft, drafts.ModelDraft):
+    catch_up = time_draft(
+      functools.partial(_draft_catch_up_step, draft=draft), (draft_cache, sequences, positions)
+    )
+  if isinstance(draft, drafts.FeatureDraft):
+    block = (batch_size, gamma + 1)
+    features = jnp.ones(block + (draft.config.feature_width,), jnp.float32)
+    next_tokens = jnp.full(block, 2, jnp.int32)
+    observe = time_draft(
+      functools.partial(_draft_observe_step, draft=draft),
+      (draft_cache, features, next_tokens, positions),
+    )
+  return dict(
+    draft_rollout=rollout,
+    draft_catch_up=catch_up,
+    draft_observe=observe,
+    draft_encode=median_seconds(encode, call.repetitions),
+    draft_timed_cold=timed_cold,
+  )
+
+
+def _random_block(call: _TimedCall, draft, rng: Array) -> Tuple[Array, Array, Optional[Array]]:
+  """Random stand-ins for one iteration's block: `(target_logits, draft_tokens, draft_probs)`.
+
+  target_logits float32 [batch_size, gamma + 1, vocab_size]; draft_tokens
+  int32 [batch_size, gamma]; draft_probs float32 [batch_size, gamma,
+  vocab_size], or None for a `PromptLookupDraft` (it proposes without
+  probabilities).
+  """
+  batch_size, gamma, vocab_size = call.batch_size, call.gamma, call.target_config.vocab_size
+  keys = jax.random.split(rng, 3)
+  target_logits = jax.random.normal(keys[0], (batch_size, gamma + 1, vocab_size))
+  draft_tokens = jax.random.randint(keys[1], (batch_size, gamma), 2, vocab_size)
+  draft_probs = None
+  if not isinstance(draft, drafts.PromptLookupDraft):
+    draft_probs = sampling.standardize(
+      jax.random.normal(keys[2], (batch_size, gamma, vocab_size)), **call.sample_args
+    )
+  return target_logits, draft_tokens, draft_probs
+
+
+def _judge_and_emit_seconds(
+  call: _TimedCall, settings, block, rng: Array, emulate_alpha: Optional[float]
+) -> Dict[str, float]:
+  """Seconds of the judge step and of the emit step on a `_random_block`.
+
+  The emit step writes into a loop state whose sequences are int32
+  [batch_size, length + gamma + 2], as the decode loop's.
+  """
+  target_logits, draft_tokens, draft_probs = block
+  batch_size, gamma = call.batch_size, call.gamma
+  time_steps = functools.partial(step_seconds, repetitions=call.repetitions)
+  judge_settings = dict(
+    sample_args=call.sample_args, settings=settings, emulate_alpha=emulate_alpha
+  )
+  judge = time_steps(
+    functools.partial(_judge_step, **judge_settings),
+    (rng, draft_tokens, draft_probs, target_logits),
+    jnp.zeros((), jnp.float32),
+  )
+  judgement = decoding.judge_block(
+    rng,
+    draft_tokens,
+    draft_probs,
+    target_logits,
+    call.sample_args,
+    settings,
+    emulate_alpha=emulate_alpha,
+  )
+  state = decoding.SpeculativeLoopState(
+    position=jnp.zeros((batch_size,), jnp.int32),
+    sequences=jnp.zeros((batch_size, call.length + gamma + 2), jnp.int32),
+    cache={},
+    draft_cache={},
+    ended=jnp.zeros((batch_size,), bool),
+    rng=rng,
+    log_prob=jnp.zeros((batch_size,), jnp.float32),
+    stats=decoding.SpeculativeStats.zeros(batch_size, gamma),
+  )
+  limits = jnp.full((batch_size,), call.length, jnp.int32)
+  emit = time_steps(
+    functools.partial(_emit_step, eos_id=-1), (draft_tokens, judgement, limits), state
+  )
+  return dict(judge=judge, emit=emit)
+
+
 def iteration_parts(
   target_config: network.NetworkConfig,
   target_params: PyTree,
@@ -470,147 +687,34 @@ def iteration_parts(
       one measurement of the target's.
     repetitions: timed runs per part (median).
   """
-  vocab_size = target_config.vocab_size
-  gamma = settings.gamma
-  length = prompt_length + max_decode_len
-  cache_length = decoding.speculative_cache_length(length, gamma)
-  sample_args = dict(temperature=temperature, topk=topk, topp=topp)
-  shape = dict(
+  call = _TimedCall(
+    target_config,
+    target_params,
     batch_size=batch_size,
     input_length=input_length,
-    cache_length=cache_length,
     prompt_length=prompt_length,
+    max_decode_len=max_decode_len,
+    gamma=settings.gamma,
     inputs_bidirectional_attention=inputs_bidirectional_attention,
+    sample_args=dict(temperature=temperature, topk=topk, topp=topp),
     repetitions=repetitions,
+    inputs=random_encoder_inputs(batch_size, input_length, target_config.vocab_size),
+    prompt_block=random_prompt_block(batch_size, prompt_length, target_config.vocab_size),
   )
   rng = jax.random.PRNGKey(0)
-  inputs = random_encoder_inputs(batch_size, input_length, vocab_size)
-  prompt_block = random_prompt_block(batch_size, prompt_length, vocab_size)
-  time_steps = functools.partial(step_seconds, repetitions=repetitions)
-  zero = jnp.zeros((), jnp.float32)
-
-  if target_parts is not None:
-    target_step, target_block = target_parts.target_step, target_parts.target_block
-  if target_step is None:
-    target_step = network_step_seconds(target_config, target_params, block_size=1, **shape)
+  block = _random_block(call, draft, rng)
   if target_parts is None:
-    target_block = network_step_seconds(target_config, target_params, block_size=gamma + 1, **shape)
-
-  encoded = None
-  if isinstance(draft, drafts.FeatureDraft) and not network.is_decoder_only(target_config):
-    # The decode call's encoder output, shared with the target: not the draft's cost.
-    encoded = network.encode(target_config, target_params, inputs)
-  draft_cache = _draft_encode(draft, inputs, prompt_block, encoded, cache_length=cache_length)
-  sequences = jnp.full((batch_size, cache_length + 1), 2, jnp.int32)
-  positions = jnp.full((batch_size,), prompt_length + max_decode_len // 2, jnp.int32)
-  if isinstance(draft_cache, dict) and 'written_until' in draft_cache:
-    draft_cache = dict(draft_cache, written_until=positions)  # No catch-up inside.
-  # The draft runs after the target in the loop: its weights are evicted when
-  # the two do not fit the last-level cache together.
-  draft_bytes = draft_weight_bytes(draft)
-  draft_cold = draft_bytes is not None and (
-    network.decoder_weight_bytes(target_config) + draft_bytes > xla_flags.last_level_cache_bytes()
-  )
-  if draft_cold:
-    time_draft = functools.partial(cold_step_seconds, repetitions=repetitions)
+    target = _target_parts_seconds(call, block[0][:, 0], target_step)
   else:
-    time_draft = lambda step, operands: time_steps(step, operands, zero)
-  draft_rollout = time_draft(
-    functools.partial(_draft_rollout_step, draft=draft, gamma=gamma, sample_args=sample_args),
-    (draft_cache, sequences, positions, rng),
-  )
-  draft_catch_up = 0.0
-  if isinstance(draft, drafts.ModelDraft):
-    draft_catch_up = time_draft(
-      functools.partial(_draft_catch_up_step, draft=draft), (draft_cache, sequences, positions)
-    )
-  draft_observe = 0.0
-  if isinstance(draft, drafts.FeatureDraft):
-    block = (batch_size, gamma + 1)
-    features = jnp.ones(block + (draft.config.feature_width,), jnp.float32)
-    next_tokens = jnp.full(block, 2, jnp.int32)
-    draft_observe = time_draft(
-      functools.partial(_draft_observe_step, draft=draft),
-      (draft_cache, features, next_tokens, positions),
-    )
-  if target_parts is not None:
-    target_encode = target_parts.target_encode
-  else:
-    target_encode = median_seconds(
-      lambda: _target_encode(
-        target_params,
-        inputs,
-        prompt_block,
-        config=target_config,
-        cache_length=cache_length,
-        inputs_bidirectional_attention=inputs_bidirectional_attention,
-      ),
-      repetitions,
-    )
-  draft_encode = median_seconds(
-    lambda: _draft_encode(draft, inputs, prompt_block, encoded, cache_length=cache_length),
-    repetitions,
-  )
-
-  keys = jax.random.split(rng, 3)
-  target_logits = jax.random.normal(keys[0], (batch_size, gamma + 1, vocab_size))
-  draft_tokens = jax.random.randint(keys[1], (batch_size, gamma), 2, vocab_size)
-  draft_probs = None
-  if not isinstance(draft, drafts.PromptLookupDraft):
-    draft_probs = sampling.standardize(
-      jax.random.normal(keys[2], (batch_size, gamma, vocab_size)), **sample_args
-    )
-  judge_settings = dict(sample_args=sample_args, settings=settings, emulate_alpha=emulate_alpha)
-  judge = time_steps(
-    functools.partial(_judge_step, **judge_settings),
-    (rng, draft_tokens, draft_probs, target_logits),
-    zero,
-  )
-
-  judgement = decoding.judge_block(
-    rng,
-    draft_tokens,
-    draft_probs,
-    target_logits,
-    sample_args,
-    settings,
-    emulate_alpha=emulate_alpha,
-  )
-  state = decoding.SpeculativeLoopState(
-    position=jnp.zeros((batch_size,), jnp.int32),
-    sequences=jnp.zeros((batch_size, length + gamma + 2), jnp.int32),
-    cache={},
-    draft_cache={},
-    ended=jnp.zeros((batch_size,), bool),
-    rng=rng,
-    log_prob=jnp.zeros((batch_size,), jnp.float32),
-    stats=decoding.SpeculativeStats.zeros(batch_size, gamma),
-  )
-  limits = jnp.full((batch_size,), length, jnp.int32)
-  emit = time_steps(
-    functools.partial(_emit_step, eos_id=-1), (draft_tokens, judgement, limits), state
-  )
-
-  if target_parts is not None:
-    baseline_sampling = target_parts.sampling
-  else:
-    baseline_sampling = time_steps(
-      functools.partial(_sampling_step, sample_args=sample_args), (rng, target_logits[:, 0]), zero
-    )
+    target = {name: getattr(target_parts, name) for name in _TARGET_PARTS}
+  draft_parts = _draft_parts_seconds(call, draft)
+  verify_parts = _judge_and_emit_seconds(call, settings, block, rng, emulate_alpha)
   return IterationParts(
-    gamma=gamma,
+    gamma=settings.gamma,
     verification=settings.verification,
-    draft_catch_up=draft_catch_up,
-    draft_rollout=draft_rollout,
-    target_block=target_block,
-    judge=judge,
-    emit=emit,
-    target_step=target_step,
-    sampling=baseline_sampling,
-    target_encode=target_encode,
-    draft_encode=draft_encode,
-    draft_observe=draft_observe,
-    draft_timed_cold=draft_cold,
+    **target,
+    **draft_parts,
+    **verify_parts,
   )
 
 

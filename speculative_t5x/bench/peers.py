@@ -491,44 +491,27 @@ def compare_with_huggingface(
       output changed between passes.
   """
   torch, transformers = _import_torch_and_transformers()
-  _check_model(target, 'target')
-  _check_model(draft, 'draft')
-  drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
-  input_tokens = _check_input_tokens(input_tokens, target.vocab_size)
-  for name, value in (
-    ('max_decode_len', max_decode_len),
-    ('gamma', gamma),
-    ('repetitions', repetitions),
-  ):
-    settings.check_positive_int(name, value)
+  input_tokens = _checked_arguments(
+    target, draft, input_tokens, max_decode_len=max_decode_len, gamma=gamma, repetitions=repetitions
+  )
   cpu_cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
   torch_threads = cpu_cores if num_threads is None else num_threads
   if not isinstance(torch_threads, (int, np.integer)) or torch_threads < 1:
     raise ValueError(f'num_threads must be an integer >= 1 or None; got {num_threads!r}.')
 
-  with _quiet(transformers):
-    hf_target = _export(target, os.path.join(workdir, 'target_hf'), transformers)
-    hf_draft = _export(draft, os.path.join(workdir, 'draft_hf'), transformers)
-    runners, target_calls = _runners(
-      torch, transformers, target, draft, hf_target, hf_draft, gamma, max_decode_len, eos_id
-    )
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(int(torch_threads))
-    hook = hf_target.register_forward_hook(functools.partial(_count_call, target_calls))
-    try:
-      # Untimed pass: compiles, warms up, and records outputs and target
-      # calls; the parity check then uses our first output as decoder inputs.
-      outputs = {system: [run(row) for row in input_tokens] for system, run in runners.items()}
-      decoder_inputs = _shift_right(outputs[OURS_BASELINE][0][0], max_decode_len)
-      target_error = _logits_error(
-        torch, target, hf_target, input_tokens[:1], decoder_inputs, 'target'
-      )
-      draft_error = _logits_error(torch, draft, hf_draft, input_tokens[:1], decoder_inputs, 'draft')
-      seconds = _time_passes(runners, input_tokens, outputs, repetitions)
-      divergences = _divergences(torch, target, hf_target, input_tokens, outputs, max_decode_len)
-    finally:
-      hook.remove()
-      torch.set_num_threads(previous_threads)
+  outputs, seconds, divergences, target_error, draft_error = _decode_check_and_time(
+    torch,
+    transformers,
+    target,
+    draft,
+    input_tokens,
+    workdir=workdir,
+    gamma=gamma,
+    max_decode_len=max_decode_len,
+    eos_id=eos_id,
+    repetitions=repetitions,
+    torch_threads=int(torch_threads),
+  )
 
   return Comparison(
     systems=tuple(
@@ -551,6 +534,66 @@ def compare_with_huggingface(
       'transformers': transformers.__version__,
     },
   )
+
+
+def _decode_check_and_time(
+  torch,
+  transformers,
+  target,
+  draft,
+  input_tokens,
+  *,
+  workdir,
+  gamma,
+  max_decode_len,
+  eos_id,
+  repetitions,
+  torch_threads,
+):
+  """Exports the pair, decodes with every system, checks the exports' logits, times the passes.
+
+  input_tokens: int [N, Lin]. Returns (outputs: system -> per example
+  (tokens, target calls), seconds: system -> float [repetitions, N], the
+  divergences, the target's and the draft's logits errors).
+  """
+  with _quiet(transformers):
+    hf_target = _export(target, os.path.join(workdir, 'target_hf'), transformers)
+    hf_draft = _export(draft, os.path.join(workdir, 'draft_hf'), transformers)
+    runners, target_calls = _runners(
+      torch, transformers, target, draft, hf_target, hf_draft, gamma, max_decode_len, eos_id
+    )
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
+    hook = hf_target.register_forward_hook(functools.partial(_count_call, target_calls))
+    try:
+      # Untimed pass: compiles, warms up, and records outputs and target
+      # calls; the parity check then uses our first output as decoder inputs.
+      outputs = {system: [run(row) for row in input_tokens] for system, run in runners.items()}
+      decoder_inputs = _shift_right(outputs[OURS_BASELINE][0][0], max_decode_len)
+      target_error = _logits_error(
+        torch, target, hf_target, input_tokens[:1], decoder_inputs, 'target'
+      )
+      draft_error = _logits_error(torch, draft, hf_draft, input_tokens[:1], decoder_inputs, 'draft')
+      seconds = _time_passes(runners, input_tokens, outputs, repetitions)
+      divergences = _divergences(torch, target, hf_target, input_tokens, outputs, max_decode_len)
+    finally:
+      hook.remove()
+      torch.set_num_threads(previous_threads)
+  return outputs, seconds, divergences, target_error, draft_error
+
+
+def _checked_arguments(target, draft, input_tokens, **positive_ints) -> np.ndarray:
+  """`compare_with_huggingface`'s checks of the pair, the inputs and the counts.
+
+  Returns the input tokens as int [N, Lin]; ValueError naming any bad argument.
+  """
+  _check_model(target, 'target')
+  _check_model(draft, 'draft')
+  drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
+  input_tokens = _check_input_tokens(input_tokens, target.vocab_size)
+  for name, value in positive_ints.items():
+    settings.check_positive_int(name, value)
+  return input_tokens
 
 
 def _count_call(counter, *unused):

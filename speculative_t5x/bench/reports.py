@@ -33,7 +33,24 @@ def markdown_report(records: Sequence[records_lib.Record]) -> str:
       'timings only, no text.',
       '',
     ]
-  lines += [
+  lines += _walltime_lines(walltime)
+  lines += _sampled_quality_lines(walltime)
+  lines += _breakdown_lines(records)
+  lines += _gamma_choice_lines(records)
+  lines += _alpha_lines(records)
+  lines += _distillation_lines(records)
+  lines += _head_training_lines(records)
+  lines += _profile_lines(records)
+  if not any(isinstance(r, records_lib.Profile) for r in records):
+    lines += _batch_size_lines(walltime)
+  lines += _memory_lines(walltime)
+  lines += _drafting_lines(walltime)
+  return '\n'.join(lines) + '\n'
+
+
+def _walltime_lines(walltime: Sequence[records_lib.Walltime]) -> List[str]:
+  """Markdown: Tables 2 and 4, the batch-1 walltime records with their predictions."""
+  lines = [
     '## Walltime at batch 1 (Tables 2 and 4)',
     '',
     '| pair | task | T | gamma | alpha | alpha (loop) | c | v(gamma) | tokens/call '
@@ -54,48 +71,58 @@ def markdown_report(records: Sequence[records_lib.Record]) -> str:
       f'{_fmt(r.speedup["max"])}) | {_fmt(r.predicted_speedup)}x '
       f'| {_fmt(r.predicted_speedup_free_verify)}x | {bleu} |'
     )
-  lines += _sampled_quality_lines(walltime)
-  lines += _breakdown_lines(records)
-  lines += _gamma_choice_lines(records)
+  return lines
+
+
+def _alpha_lines(records: Sequence[records_lib.Record]) -> List[str]:
+  """Markdown: Table 3, the `records.Alpha` records (none: no lines)."""
   alpha = [r for r in records if isinstance(r, records_lib.Alpha)]
-  if alpha:
-    lines += [
-      '',
-      '## alpha (Table 3)',
-      '',
-      'On target samples (after the prompts); a prompt-lookup draft is judged by its '
-      'first guess at each position.',
-      '',
-      '| draft | T | alpha | stderr | tokens |',
-      '|---|---|---|---|---|',
-    ]
-    lines += [
-      f'| {r.draft} | {r.temperature} | {_fmt(r.alpha, 3)} '
-      f'| {_fmt(r.alpha_stderr, 3)} | {r.num_tokens} |'
-      for r in alpha
-    ]
-    lines += _cached_lines(r.cached_from for r in alpha)
-  lines += _distillation_lines(records)
-  lines += _head_training_lines(records)
-  lines += _profile_lines(records)
-  batched = [r for r in walltime if r.batch_size != 1]
-  if batched and not any(isinstance(r, records_lib.Profile) for r in records):
-    lines += [
-      '',
-      '## Speedup vs batch size',
-      '',
-      '| T | gamma | batch | ms/token base | ms/token spec | speedup |',
-      '|---|---|---|---|---|---|',
-    ]
-    for r in sorted(walltime, key=lambda r: (r.temperature, r.batch_size)):
-      if r.gamma == batched[0].gamma:
-        lines.append(
-          f'| {r.temperature} | {r.gamma} | {r.batch_size} '
-          f'| {_fmt(r.ms_per_token_baseline["median"])} '
-          f'| {_fmt(r.ms_per_token_speculative["median"])} '
-          f'| {_fmt(r.speedup["median"])}x |'
-        )
+  if not alpha:
+    return []
+  lines = [
+    '',
+    '## alpha (Table 3)',
+    '',
+    'On target samples (after the prompts); a prompt-lookup draft is judged by its '
+    'first guess at each position.',
+    '',
+    '| draft | T | alpha | stderr | tokens |',
+    '|---|---|---|---|---|',
+  ]
   lines += [
+    f'| {r.draft} | {r.temperature} | {_fmt(r.alpha, 3)} '
+    f'| {_fmt(r.alpha_stderr, 3)} | {r.num_tokens} |'
+    for r in alpha
+  ]
+  return lines + _cached_lines(r.cached_from for r in alpha)
+
+
+def _batch_size_lines(walltime: Sequence[records_lib.Walltime]) -> List[str]:
+  """Markdown: speedup vs batch size at the batch sweep's gamma (no batch sweep: no lines)."""
+  batched = [r for r in walltime if r.batch_size != 1]
+  if not batched:
+    return []
+  lines = [
+    '',
+    '## Speedup vs batch size',
+    '',
+    '| T | gamma | batch | ms/token base | ms/token spec | speedup |',
+    '|---|---|---|---|---|---|',
+  ]
+  for r in sorted(walltime, key=lambda r: (r.temperature, r.batch_size)):
+    if r.gamma == batched[0].gamma:
+      lines.append(
+        f'| {r.temperature} | {r.gamma} | {r.batch_size} '
+        f'| {_fmt(r.ms_per_token_baseline["median"])} '
+        f'| {_fmt(r.ms_per_token_speculative["median"])} '
+        f'| {_fmt(r.speedup["median"])}x |'
+      )
+  return lines
+
+
+def _memory_lines(walltime: Sequence[records_lib.Walltime]) -> List[str]:
+  """Markdown: XLA's memory and acceptance by draft position of the batch-1 records."""
+  lines = [
     '',
     '## Memory and acceptance by position (batch 1)',
     '',
@@ -111,8 +138,7 @@ def markdown_report(records: Sequence[records_lib.Record]) -> str:
         f'| {_fmt(mem.get("argument_bytes", 0) / 2**20, 1)} '
         f'| {" ".join(f"{a:.2f}" for a in r.acceptance_by_position)} |'
       )
-  lines += _drafting_lines(walltime)
-  return '\n'.join(lines) + '\n'
+  return lines
 
 
 def _machine_lines(records: Sequence[records_lib.Record]) -> List[str]:
@@ -438,80 +464,95 @@ def _profile_lines(records: Sequence[records_lib.Record]) -> List[str]:
   every fixed gamma, timed side by side."""
   lines = []
   for profile in (r for r in records if isinstance(r, records_lib.Profile)):
-    temperature = profile.temperature
     auto = {
       r.batch_size: r
       for r in records
-      if isinstance(r, records_lib.Auto) and r.temperature == temperature
+      if isinstance(r, records_lib.Auto) and r.temperature == profile.temperature
     }
-    sizes = sorted(profile.batch_sizes, key=int)
-    # Integer keys in memory, strings when read back from benchmark.json.
-    chosen = {int(b): g for b, g in profile.gamma_by_batch_size.items()}
-    by_prediction = {int(b): g for b, g in (profile.predicted_gamma_by_batch_size or {}).items()}
-    lines += [
-      '',
-      f'## Speculation profile, T = {temperature} ({profile.path})',
-      '',
-      'Measured: the median speedup over the baseline. Theorem 3.8: with alpha and c, v '
-      'measured at that batch size. Batched: the same for loops that run until their '
-      "batch's slowest row ends (`theory.batch_walltime_improvement`, the baseline's output "
-      'lengths), with one alpha for every row, and per row from its batch-1 decode (greedy: its '
-      'iterations replayed, exact but for the cost of one; sampled: its alpha fitted, '
-      '`theory.fit_row_alphas`). The speedup splits into baseline steps per target call '
-      'and one step / one iteration (`profiles.speedup_terms`): measured against predicted, '
-      "they name the term a prediction misses. Finished: the share of the target calls' "
-      "rows whose row had ended, measured (one alpha; per row); the baseline's beside it.",
-      '',
-      '| batch | gamma | measured | Theorem 3.8 | batched, one alpha | batched, per row '
-      '| per row / measured | steps per call: measured, one alpha, per row '
-      '| step / iteration: measured, predicted | finished: measured (one alpha; per row) '
-      "| baseline's finished |",
-      '|---|---|---|---|---|---|---|---|---|---|---|',
-    ]
-    for size in sizes:
-      by_gamma = sorted(profile.batch_sizes[size]['gammas'].items(), key=lambda x: int(x[0]))
-      for gamma, cell in by_gamma:
-        rows = cell.get('predicted_speedup_rows')
-        lines.append(
-          f'| {size} | {gamma} | {_fmt(cell["measured_speedup"])}x '
-          f'| {_fmt(cell["predicted_speedup"])}x | {_fmt(cell.get("predicted_speedup_batched"))}x '
-          f'| {_fmt(rows)}x | {_fmt(rows and rows / cell["measured_speedup"])} '
-          f'| {_fmt(cell.get("steps_per_call_measured"))}, '
-          f'{_fmt(cell.get("steps_per_call_predicted"))}, '
-          f'{_fmt(cell.get("steps_per_call_predicted_rows"))} '
-          f'| {_fmt(cell.get("step_over_iteration_measured"))}, '
-          f'{_fmt(cell.get("step_over_iteration_predicted"))} '
-          f'| {_fmt(cell["finished_row_share"])} '
-          f'({_fmt(cell.get("predicted_finished_row_share"))}; '
-          f'{_fmt(cell.get("predicted_finished_row_share_rows"))}) '
-          f'| {_fmt(cell.get("baseline_finished_row_share"))} |'
-        )
-    lines += [
-      '',
-      "Chosen: the profile's gamma (0: the baseline), on the sweep's measurements. Then, "
-      "timed again side by side in one interleaved run: gamma='auto' with this profile, "
-      'every fixed gamma, and the baseline. auto / best fixed compares two timings (auto '
-      "runs a fixed gamma's program); the last column compares the chosen gamma's fixed "
-      'decoder with the best one, timed in the same passes.',
-      '',
-      '| batch | chosen (on the prediction alone) | auto (ran) | best fixed gamma (speedup) '
-      '| auto / best fixed | chosen gamma, fixed / best fixed |',
-      '|---|---|---|---|---|---|',
-    ]
-    for size in sizes:
-      record = auto.get(int(size))
-      choice = f'{chosen[int(size)]} ({by_prediction.get(int(size), "-")})'
-      if record is None:
-        lines.append(f'| {size} | {choice} | - | - | - | - |')
-        continue
-      best = record.best_fixed_gamma
-      best_speedup = record.fixed_speedups[str(best)]['median'] if best else 1.0
+    lines += _profile_speedup_lines(profile) + _profile_auto_lines(profile, auto)
+  return lines
+
+
+def _profile_speedup_lines(profile: records_lib.Profile) -> List[str]:
+  """Markdown: one profile's measured and predicted speedups per batch size and gamma."""
+  temperature = profile.temperature
+  sizes = sorted(profile.batch_sizes, key=int)
+  lines = [
+    '',
+    f'## Speculation profile, T = {temperature} ({profile.path})',
+    '',
+    'Measured: the median speedup over the baseline. Theorem 3.8: with alpha and c, v '
+    'measured at that batch size. Batched: the same for loops that run until their '
+    "batch's slowest row ends (`theory.batch_walltime_improvement`, the baseline's output "
+    'lengths), with one alpha for every row, and per row from its batch-1 decode (greedy: its '
+    'iterations replayed, exact but for the cost of one; sampled: its alpha fitted, '
+    '`theory.fit_row_alphas`). The speedup splits into baseline steps per target call '
+    'and one step / one iteration (`profiles.speedup_terms`): measured against predicted, '
+    "they name the term a prediction misses. Finished: the share of the target calls' "
+    "rows whose row had ended, measured (one alpha; per row); the baseline's beside it.",
+    '',
+    '| batch | gamma | measured | Theorem 3.8 | batched, one alpha | batched, per row '
+    '| per row / measured | steps per call: measured, one alpha, per row '
+    '| step / iteration: measured, predicted | finished: measured (one alpha; per row) '
+    "| baseline's finished |",
+    '|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for size in sizes:
+    by_gamma = sorted(profile.batch_sizes[size]['gammas'].items(), key=lambda x: int(x[0]))
+    for gamma, cell in by_gamma:
+      rows = cell.get('predicted_speedup_rows')
       lines.append(
-        f'| {size} | {choice} | {_fmt(record.speedup["median"])}x '
-        f'({record.gamma_ran}) | {best} ({_fmt(best_speedup)}x) '
-        f'| {_fmt(record.auto_over_best_fixed)} '
-        f'| {_fmt(record.chosen_over_best_fixed)} |'
+        f'| {size} | {gamma} | {_fmt(cell["measured_speedup"])}x '
+        f'| {_fmt(cell["predicted_speedup"])}x | {_fmt(cell.get("predicted_speedup_batched"))}x '
+        f'| {_fmt(rows)}x | {_fmt(rows and rows / cell["measured_speedup"])} '
+        f'| {_fmt(cell.get("steps_per_call_measured"))}, '
+        f'{_fmt(cell.get("steps_per_call_predicted"))}, '
+        f'{_fmt(cell.get("steps_per_call_predicted_rows"))} '
+        f'| {_fmt(cell.get("step_over_iteration_measured"))}, '
+        f'{_fmt(cell.get("step_over_iteration_predicted"))} '
+        f'| {_fmt(cell["finished_row_share"])} '
+        f'({_fmt(cell.get("predicted_finished_row_share"))}; '
+        f'{_fmt(cell.get("predicted_finished_row_share_rows"))}) '
+        f'| {_fmt(cell.get("baseline_finished_row_share"))} |'
       )
+  return lines
+
+
+def _profile_auto_lines(
+  profile: records_lib.Profile, auto: Dict[int, records_lib.Auto]
+) -> List[str]:
+  """Markdown: per batch size the profile's chosen gamma, and gamma='auto' (`auto`: its
+  `records.Auto` per batch size) against the best fixed gamma."""
+  sizes = sorted(profile.batch_sizes, key=int)
+  # Integer keys in memory, strings when read back from benchmark.json.
+  chosen = {int(b): g for b, g in profile.gamma_by_batch_size.items()}
+  by_prediction = {int(b): g for b, g in (profile.predicted_gamma_by_batch_size or {}).items()}
+  lines = [
+    '',
+    "Chosen: the profile's gamma (0: the baseline), on the sweep's measurements. Then, "
+    "timed again side by side in one interleaved run: gamma='auto' with this profile, "
+    'every fixed gamma, and the baseline. auto / best fixed compares two timings (auto '
+    "runs a fixed gamma's program); the last column compares the chosen gamma's fixed "
+    'decoder with the best one, timed in the same passes.',
+    '',
+    '| batch | chosen (on the prediction alone) | auto (ran) | best fixed gamma (speedup) '
+    '| auto / best fixed | chosen gamma, fixed / best fixed |',
+    '|---|---|---|---|---|---|',
+  ]
+  for size in sizes:
+    record = auto.get(int(size))
+    choice = f'{chosen[int(size)]} ({by_prediction.get(int(size), "-")})'
+    if record is None:
+      lines.append(f'| {size} | {choice} | - | - | - | - |')
+      continue
+    best = record.best_fixed_gamma
+    best_speedup = record.fixed_speedups[str(best)]['median'] if best else 1.0
+    lines.append(
+      f'| {size} | {choice} | {_fmt(record.speedup["median"])}x '
+      f'({record.gamma_ran}) | {best} ({_fmt(best_speedup)}x) '
+      f'| {_fmt(record.auto_over_best_fixed)} '
+      f'| {_fmt(record.chosen_over_best_fixed)} |'
+    )
   return lines
 
 

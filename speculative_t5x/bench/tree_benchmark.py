@@ -28,7 +28,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -253,16 +253,54 @@ def compare_trees_and_chains(
   """
   inputs = layouts.trim_padding(np.asarray(inputs))
   rate_inputs = inputs if rate_inputs is None else layouts.trim_padding(np.asarray(rate_inputs))
-  emulated = emulate_rates is not None
-  if emulated:
+  if emulate_rates is not None:
     rates = records_lib.TreeRates(temperature=temperature, emulated=True, rates=list(emulate_rates))
   else:
     progress(f'T={temperature:g}: acceptance by depth and rank ({probe_tree().describe()}) ...')
     rates = measure_rates(
       target, draft, rate_inputs, temperature=temperature, max_decode_len=max_decode_len
     )
+  trees = _trees_to_time(rates, node_budgets, shapes)
   records = [rates]
-  # (name, tree, node budget or None for a given shape) of every tree timed.
+  for name, tree, budget in trees:
+    progress(f'T={temperature:g}: costs of {name}, {tree} ...')
+    costs = tree_costs(
+      target,
+      draft,
+      tree,
+      input_length=inputs.shape[1],
+      max_decode_len=max_decode_len,
+      repetitions=max(5, repetitions),
+    )
+    predicted = predicted_tokens_per_call(tree, rates.rates)
+    records.append(
+      dataclasses.replace(
+        costs, temperature=temperature, budget=budget, predicted_tokens_per_call=predicted
+      )
+    )
+  records += _time_trees_and_chains(
+    target,
+    draft,
+    inputs,
+    gammas,
+    trees,
+    temperature=temperature,
+    emulate_rates=emulate_rates,
+    max_decode_len=max_decode_len,
+    repetitions=repetitions,
+    progress=progress,
+  )
+  return records
+
+
+def _trees_to_time(
+  rates: records_lib.TreeRates, node_budgets: Sequence[int], shapes: Sequence[Any]
+) -> List[Tuple[str, tree_lib.Tree, Optional[int]]]:
+  """(name, tree, node budget or None for a given shape) of every tree timed.
+
+  The tree `tree.choose_tree` picks for each budget from the rates, then the
+  given shapes.
+  """
   trees = [
     (f'tree <= {budget} nodes', tree_lib.choose_tree(np.asarray(rates.rates), budget), budget)
     for budget in node_budgets
@@ -270,6 +308,29 @@ def compare_trees_and_chains(
   for shape in shapes:
     tree = tree_lib.Tree.parse(shape)
     trees.append((f'tree {tree.branching or tree.parents} (given)', tree, None))
+  return trees
+
+
+def _time_trees_and_chains(
+  target: models.Model,
+  draft: models.Model,
+  inputs: np.ndarray,
+  gammas: Sequence[int],
+  trees: Sequence[Tuple[str, tree_lib.Tree, Optional[int]]],
+  *,
+  temperature: float,
+  emulate_rates: Optional[Sequence[float]],
+  max_decode_len: int,
+  repetitions: int,
+  progress,
+) -> List[records_lib.TreeWalltime]:
+  """Times the baseline, a chain per gamma and each tree, passes interleaved.
+
+  inputs: int32 [N, Lin], one decode call each. trees: `_trees_to_time`'s.
+  With `emulate_rates` the trees' draft is emulated at those rates, the
+  chains' at the rank-0 rate, and rows run to the full length.
+  """
+  emulated = emulate_rates is not None
   # (decoder settings, the draft as decoded: emulated, chains at the rank-0 rate).
   configs = {
     f'chain gamma={g}': (
@@ -281,24 +342,6 @@ def compare_trees_and_chains(
   configs.update(
     {name: (dict(tree=t), emulation.emulated(draft, emulate_rates)) for name, t, _ in trees}
   )
-  for name, tree, budget in trees:
-    progress(f'T={temperature:g}: costs of {name}, {tree} ...')
-    costs = tree_costs(
-      target,
-      draft,
-      tree,
-      input_length=inputs.shape[1],
-      max_decode_len=max_decode_len,
-      repetitions=max(5, repetitions),
-    )
-    records.append(
-      dataclasses.replace(
-        costs,
-        temperature=temperature,
-        budget=budget,
-        predicted_tokens_per_call=predicted_tokens_per_call(tree, rates.rates),
-      )
-    )
   progress(f'T={temperature:g}: baseline, {len(configs)} speculative decoders, interleaved ...')
   # Emulated rows run to the full length: random weights' EOS would end them at random.
   sampling_args = dict(
@@ -312,9 +355,9 @@ def compare_trees_and_chains(
   ]
   runs = benchmark.time_decodings(decoders, inputs, repetitions=repetitions)
   baseline = runs[0]
+  records = []
   for (name, (config, _)), run in zip(configs.items(), runs[1:]):
     tree = tree_lib.Tree.parse(config['tree']) if 'tree' in config else None
-    speedups = [b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)]
     records.append(
       records_lib.TreeWalltime(
         temperature=temperature,
@@ -328,9 +371,7 @@ def compare_trees_and_chains(
         tokens_per_call=tokens_per_call(run.stats),
         ms_per_token_baseline=float(np.median(baseline.ms_per_token)),
         ms_per_token=float(np.median(run.ms_per_token)),
-        speedup=dict(
-          median=float(np.median(speedups)), min=float(min(speedups)), max=float(max(speedups))
-        ),
+        speedup=benchmark.summary([b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)]),
         identical_to_baseline=float(np.mean(np.all(baseline.outputs == run.outputs, axis=1))),
         acceptance_by_rank=np.asarray(run.stats.acceptance_by_rank).tolist(),
       )

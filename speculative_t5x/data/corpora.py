@@ -27,7 +27,7 @@ import struct
 import sysconfig
 import tokenize
 import unicodedata
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 from absl import logging
 from etils import epath
@@ -221,6 +221,53 @@ def _split_of(source: str) -> str:
   return tasks_core.SPLITS[0 if bucket < 18 else 1 if bucket == 18 else 2]
 
 
+def _splits_in_hash_order(keys: Iterable[str]) -> dict[str, list[str]]:
+  """{split: its keys}, each key in `_split_of`'s split, ordered by the SHA-256 of the key.
+
+  The order of a split's file then depends on its content alone, not on the
+  order the sources were read in.
+  """
+  by_split = {split: [] for split in tasks_core.SPLITS}
+  for key in keys:
+    by_split[_split_of(key)].append(key)
+  for split_keys in by_split.values():
+    split_keys.sort(key=lambda key: (hashlib.sha256(key.encode()).digest(), key))
+  return by_split
+
+
+def _write_lines(path: str, lines: Iterable[str]) -> None:
+  """Writes `lines` to `path` in UTF-8, one a line, with Unix newlines on every platform."""
+  with open(path, 'w', encoding='utf-8', newline='\n') as f:
+    f.writelines(line + '\n' for line in lines)
+
+
+def _catalog_votes(
+  catalog_paths: Sequence[str], max_chars: int
+) -> tuple[dict[str, collections.Counter], collections.Counter]:
+  """The cleaned pairs of the catalogs: ({English: {translation: catalogs}}, pairs per rule).
+
+  A pair counts once per catalog, however many contexts repeat it; an
+  unreadable catalog is skipped with a warning.
+  """
+  votes = collections.defaultdict(collections.Counter)
+  rule_counts = collections.Counter()
+  for path in catalog_paths:
+    try:
+      catalog = _read_catalog(path)
+    except ValueError as e:
+      logging.warning('Skipping a catalog that cannot be read: %s', e)
+      continue
+    catalog_pairs = set()
+    for source, target in _catalog_pairs(catalog):
+      pair, rule = _clean_pair(source, target, max_chars)
+      rule_counts[rule] += 1
+      if pair:
+        catalog_pairs.add(pair)
+    for source, target in catalog_pairs:
+      votes[source][target] += 1
+  return votes, rule_counts
+
+
 def build_gettext_corpus(
   output_dir: str,
   catalog_dir: str = '/usr/share/locale',
@@ -282,34 +329,16 @@ def build_gettext_corpus(
       f'use the TFDS task {tasks_core.WMT_ENDE_TASK!r} instead.'
     )
 
-  votes = collections.defaultdict(collections.Counter)
-  rule_counts = collections.Counter()
-  for path in catalog_paths:
-    # A pair counts once per catalog, however many contexts repeat it.
-    try:
-      catalog = _read_catalog(path)
-    except ValueError as e:
-      logging.warning('Skipping a catalog that cannot be read: %s', e)
-      continue
-    catalog_pairs = set()
-    for source, target in _catalog_pairs(catalog):
-      pair, rule = _clean_pair(source, target, max_chars)
-      rule_counts[rule] += 1
-      if pair:
-        catalog_pairs.add(pair)
-    for source, target in catalog_pairs:
-      votes[source][target] += 1
-
-  by_split = {split: [] for split in tasks_core.SPLITS}
-  for source, targets in votes.items():
-    target = min(targets, key=lambda t: (-targets[t], t))
-    by_split[_split_of(source)].append((source, target))
+  votes, rule_counts = _catalog_votes(catalog_paths, max_chars)
+  # One translation per English string: the one most catalogs agree on (ties: the smallest).
+  best = lambda source: min(votes[source], key=lambda t: (-votes[source][t], t))
+  by_split = _splits_in_hash_order(votes)
   os.makedirs(output_dir, exist_ok=True)
-  for split, pairs in by_split.items():
-    pairs.sort(key=lambda pair: (hashlib.sha256(pair[0].encode()).digest(), pair[0]))
-    with open(os.path.join(output_dir, f'{split}.tsv'), 'w', encoding='utf-8', newline='\n') as f:
-      f.writelines(f'{source}\t{target}\n' for source, target in pairs)
-  counts = {split: len(pairs) for split, pairs in by_split.items()}
+  for split, sources in by_split.items():
+    _write_lines(
+      os.path.join(output_dir, f'{split}.tsv'), (f'{source}\t{best(source)}' for source in sources)
+    )
+  counts = {split: len(sources) for split, sources in by_split.items()}
   logging.info(
     'Gettext corpus from %d catalogs: %s; per cleaning rule: %s.',
     len(catalog_paths),
@@ -482,6 +511,50 @@ def _catalog_texts(path: str) -> Iterator[tuple[str, str]]:
         yield 'gettext', entry.msgid_plural
 
 
+def _english_source_files(
+  python_dirs: Sequence[str], catalog_dir: Optional[str]
+) -> tuple[list[str], list[str]]:
+  """(.py files under `python_dirs`, .mo catalogs of every language under `catalog_dir`).
+
+  FileNotFoundError naming both places when neither has a file.
+  """
+  python_paths = [path for directory in python_dirs for path in _python_files(directory)]
+  catalog_paths = []
+  if catalog_dir is not None:
+    catalog_glob = os.path.join(glob.escape(catalog_dir), '*', 'LC_MESSAGES', '*.mo')
+    catalog_paths = sorted(glob.glob(catalog_glob))
+  if not python_paths and not catalog_paths:
+    raise FileNotFoundError(
+      f'No .py file under {list(python_dirs)} and no .mo catalog under {catalog_dir}/*/'
+      'LC_MESSAGES: pass python_dirs (e.g. a Python installation) or catalog_dir.'
+    )
+  return python_paths, catalog_paths
+
+
+def _english_sentences_of(
+  python_paths: Sequence[str], catalog_paths: Sequence[str], min_words: int, max_words: int
+) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+  """The files' English sentences: ({lower-cased: its spellings}, {lower-cased: its sources}).
+
+  ValueError when no sentence passes `english_sentences`' filters.
+  """
+  spellings = collections.defaultdict(set)
+  sources = collections.defaultdict(set)
+  texts = [(_python_texts, path) for path in python_paths]
+  texts += [(_catalog_texts, path) for path in catalog_paths]
+  for read, path in texts:
+    for source, text in read(path):
+      for sentence in english_sentences(text, min_words, max_words):
+        spellings[sentence.lower()].add(sentence)
+        sources[sentence.lower()].add(source)
+  if not spellings:
+    raise ValueError(
+      f'No English sentence of {min_words} to {max_words} words in {len(python_paths)} Python '
+      f'files and {len(catalog_paths)} catalogs; lower min_words or add sources.'
+    )
+  return spellings, sources
+
+
 def build_english_corpus(
   output_dir: str,
   python_dirs: Optional[Sequence[str]] = None,
@@ -540,35 +613,10 @@ def build_english_corpus(
     )
   if python_dirs is None:
     python_dirs = [sysconfig.get_paths()['stdlib']]
-  python_paths = [path for directory in python_dirs for path in _python_files(directory)]
-  catalog_paths = []
-  if catalog_dir is not None:
-    catalog_glob = os.path.join(glob.escape(catalog_dir), '*', 'LC_MESSAGES', '*.mo')
-    catalog_paths = sorted(glob.glob(catalog_glob))
-  if not python_paths and not catalog_paths:
-    raise FileNotFoundError(
-      f'No .py file under {list(python_dirs)} and no .mo catalog under {catalog_dir}/*/'
-      'LC_MESSAGES: pass python_dirs (e.g. a Python installation) or catalog_dir.'
-    )
+  python_paths, catalog_paths = _english_source_files(python_dirs, catalog_dir)
 
-  spellings = collections.defaultdict(set)  # Lower-cased sentence -> its spellings.
-  sources = collections.defaultdict(set)  # Lower-cased sentence -> its sources.
-  texts = [(_python_texts, path) for path in python_paths]
-  texts += [(_catalog_texts, path) for path in catalog_paths]
-  for read, path in texts:
-    for source, text in read(path):
-      for sentence in english_sentences(text, min_words, max_words):
-        spellings[sentence.lower()].add(sentence)
-        sources[sentence.lower()].add(source)
-  if not spellings:
-    raise ValueError(
-      f'No English sentence of {min_words} to {max_words} words in {len(python_paths)} Python '
-      f'files and {len(catalog_paths)} catalogs; lower min_words or add sources.'
-    )
-
-  by_split = {split: [] for split in tasks_core.SPLITS}
-  for key in spellings:
-    by_split[_split_of(key)].append(key)
+  spellings, sources = _english_sentences_of(python_paths, catalog_paths, min_words, max_words)
+  by_split = _splits_in_hash_order(spellings)
   os.makedirs(output_dir, exist_ok=True)
   info = {
     'sources': {'python_dirs': list(python_dirs), 'catalog_dir': catalog_dir},
@@ -580,10 +628,8 @@ def build_english_corpus(
   }
   first_source = lambda key: next(s for s in ENGLISH_SOURCES if s in sources[key])
   for split, keys in by_split.items():
-    keys.sort(key=lambda key: (hashlib.sha256(key.encode()).digest(), key))
     sentences = [min(spellings[key]) for key in keys]
-    with open(os.path.join(output_dir, f'{split}.txt'), 'w', encoding='utf-8', newline='\n') as f:
-      f.writelines(sentence + '\n' for sentence in sentences)
+    _write_lines(os.path.join(output_dir, f'{split}.txt'), sentences)
     info['splits'][split] = {
       'sentences': len(sentences),
       'words': sum(len(sentence.split()) for sentence in sentences),

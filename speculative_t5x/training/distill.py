@@ -498,6 +498,57 @@ def alpha_key(temperature: float) -> str:
   return f'alpha_T{temperature:g}'
 
 
+def _start_distillation_data(
+  target: models.Model,
+  draft_config: network.NetworkConfig,
+  task: seqio.Task,
+  feature_lengths: Mapping[str, int],
+  start_step: int,
+  *,
+  step_fns: Tuple[Callable, Optional[Callable]],
+  batch_size: int,
+  num_steps: int,
+  sources: Sequence[str],
+  probabilities: np.ndarray,
+  sample_mode: Mapping[str, Any],
+  greedy_targets: bool,
+  seed: int,
+  held_out: Optional[Tuple[int, Sequence[float]]],
+) -> train.LoopSteps:
+  """`distill`'s `train.resumable_loop` start: the step sequences from `start_step`.
+
+  `held_out`: (validation examples, temperatures) of the held-out alpha
+  sets, sampled from the target in `sample_mode`'s top-k / top-p; None: no
+  evaluation. `step_fns`: the step and the greedy-targets step (or None).
+  The rest are `_StepSequences`'s.
+  """
+  top = dict(topk=sample_mode['topk'], topp=sample_mode['topp'])
+  held_out_sets = []
+  if held_out is not None:
+    eval_examples, eval_temperatures = held_out
+    inputs = _validation_inputs(task, feature_lengths, eval_examples)
+    max_decode_len = feature_lengths['targets']
+    held_out_sets = [
+      held_out_set(target, inputs, temperature=t, max_decode_len=max_decode_len, seed=seed, **top)
+      for t in eval_temperatures
+    ]
+  sequences = _StepSequences(
+    target,
+    draft_config,
+    task,
+    feature_lengths,
+    batch_size=batch_size,
+    num_steps=num_steps,
+    sources=sources,
+    probabilities=probabilities,
+    sample_mode=sample_mode,
+    greedy_targets=greedy_targets,
+    seed=seed,
+    start_step=start_step,
+  )
+  return _loop_steps(sequences, held_out_sets, target, draft_config, step_fns, **top)
+
+
 def distill(
   model_dir: str,
   target: models.Model,
@@ -566,24 +617,17 @@ def distill(
     log_every=log_every,
   )
   losses.validate_divergence(divergence, beta)
-  sampling.validate_sampling_args(temperature, topk, topp)
-  for t in eval_temperatures:
+  for t in (temperature, *eval_temperatures):
     sampling.validate_sampling_args(t, topk, topp)
   sources, probabilities = validate_data_mix({'draft': 1.0} if data_mix is None else data_mix)
   _check_pair(target, draft)
-  task = train.check_task(task, draft.config, feature_lengths)
-  if eval_every is not None and 'validation' not in task.splits:
-    raise ValueError(
-      f'Task {task.name!r} has no validation split for the held-out alpha; pass eval_every=None.'
-    )
+  task = train.check_task(task, draft.config, feature_lengths, evaluate=eval_every is not None)
   tasks.hide_gpus_from_tensorflow()
   config = DistillConfig(
     target.config, draft.config, divergence, float(beta), float(temperature), int(topk), float(topp)
   )
   tx, step_fn, greedy_step_fn = _jitted_steps(config, optimizer, learning_rate)
   greedy_targets = sampling.is_greedy(temperature) and 'target' in sources
-  top = dict(topk=topk, topp=topp)
-  max_decode_len = feature_lengths['targets']
   settings = dict(
     divergence=divergence,
     beta=beta,
@@ -597,31 +641,22 @@ def distill(
     eval_temperatures=list(eval_temperatures),
   )
 
-  def start(start_step: int) -> train.LoopSteps:
-    held_out_sets = []
-    if eval_every is not None:
-      inputs = _validation_inputs(task, feature_lengths, eval_examples)
-      held_out_sets = [
-        held_out_set(target, inputs, temperature=t, max_decode_len=max_decode_len, seed=seed, **top)
-        for t in eval_temperatures
-      ]
-    sequences = _StepSequences(
-      target,
-      draft.config,
-      task,
-      feature_lengths,
-      batch_size=batch_size,
-      num_steps=num_steps,
-      sources=sources,
-      probabilities=probabilities,
-      sample_mode=dict(temperature=temperature, **top),
-      greedy_targets=greedy_targets,
-      seed=seed,
-      start_step=start_step,
-    )
-    step_fns = (step_fn, greedy_step_fn if greedy_targets else None)
-    return _loop_steps(sequences, held_out_sets, target, draft.config, step_fns, **top)
-
+  start = functools.partial(
+    _start_distillation_data,
+    target,
+    draft.config,
+    task,
+    feature_lengths,
+    step_fns=(step_fn, greedy_step_fn if greedy_targets else None),
+    batch_size=batch_size,
+    num_steps=num_steps,
+    sources=sources,
+    probabilities=probabilities,
+    sample_mode=dict(temperature=temperature, topk=topk, topp=topp),
+    greedy_targets=greedy_targets,
+    seed=seed,
+    held_out=None if eval_every is None else (eval_examples, eval_temperatures),
+  )
   params, step, train_metrics, eval_metrics = train.resumable_loop(
     model_dir,
     config=draft.config,

@@ -602,11 +602,20 @@ def check_task(
   feature_lengths: Mapping[str, int],
   *,
   inputs_bidirectional_attention: bool = False,
+  evaluate: bool = False,
 ) -> seqio.Task:
-  """The task, checked against the network and the feature lengths (see `train`)."""
+  """The task, checked against the network and the feature lengths (see `train`).
+
+  `evaluate`: the run evaluates (`eval_every` set), so the task needs a
+  validation split.
+  """
   task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
   if 'train' not in task.splits:
     raise ValueError(f'Task {task.name!r} has no train split (splits: {task.splits}).')
+  if evaluate and 'validation' not in task.splits:
+    raise ValueError(
+      f'Task {task.name!r} has no validation split to evaluate on; pass eval_every=None.'
+    )
   _check_bidirectional(config, inputs_bidirectional_attention)
   if isinstance(config, network.T5Config):
     if set(feature_lengths) != {'inputs', 'targets'}:
@@ -783,16 +792,10 @@ def resumable_loop(
   is a ValueError naming each setting and both values); otherwise `settings`
   are written to `settings_file` and the run starts from `initial_params()`
   with a fresh optimizer state. `start(start_step)` then prepares the run's
-  data (skipping what the run has seen) and returns its `LoopSteps`. One step
-  is in flight: the host prepares the next batch while the device computes.
-  Every `log_every` steps and at the last, a training record ({'step',
-  the summary's metrics, 'tokens', 'tokens_per_second' (from the end of the
-  first step, which compiles), 'seconds'}) goes to `METRICS_FILE` and the
-  progress bar; every `checkpoint_every` steps and at the last, the state is
-  saved; every `eval_every` steps and at the last, an evaluation record
-  ({'step', its metrics, 'seconds'}) is written. The loop returns (or
-  raises: an error, or SIGTERM, which `gin_utils.run` turns into SystemExit)
-  only once every save it started is complete.
+  data (skipping what the run has seen) and returns its `LoopSteps`, which
+  `_step_loop` runs, logging, saving and evaluating on schedule. The loop
+  returns (or raises: an error, or SIGTERM, which `gin_utils.run` turns into
+  SystemExit) only once every save it started is complete.
 
   Args:
     model_dir: the run's directory (orbax steps, `METRICS_FILE`, `settings_file`).
@@ -815,10 +818,8 @@ def resumable_loop(
   Returns:
     (the final parameters, the final step, training records, evaluation records).
   """
-  start_time = time.perf_counter()
+  records = _RunRecords(os.path.join(model_dir, METRICS_FILE), start_time=time.perf_counter())
   manager = checkpoint_manager(model_dir, keep_checkpoints)
-  metrics_path = os.path.join(model_dir, METRICS_FILE)
-  train_metrics, eval_metrics = [], []
   try:
     start_step, state = _restore_or_start(
       manager,
@@ -834,60 +835,108 @@ def resumable_loop(
       logging.info('%s is already at step %d >= num_steps=%d.', model_dir, start_step, num_steps)
       return state.params, start_step, [], []
     steps = start(start_step)
-
-    def log(records: List[Dict[str, Any]], split: str, record: Dict[str, Any]) -> None:
-      record['seconds'] = time.perf_counter() - start_time
-      records.append(record)
-      logging.info('%s step %d: %s', split, record['step'], record)
-      append_metrics(metrics_path, split, record)
-
-    def evaluate(step: int) -> None:
-      log(eval_metrics, 'validation', {'step': step, **steps.evaluate(state.params)})
-
     if steps.evaluate is not None and steps.evaluate_at_start and start_step == 0:
-      evaluate(0)
-    bar = tqdm.tqdm(
-      total=num_steps,
-      initial=start_step,
-      disable=not progress,
-      desc=os.path.basename(os.path.normpath(model_dir)),
-      dynamic_ncols=True,
+      records.log('validation', {'step': 0, **steps.evaluate(state.params)})
+    state = _step_loop(
+      model_dir,
+      manager,
+      state,
+      steps,
+      records,
+      start_step=start_step,
+      num_steps=num_steps,
+      checkpoint_every=checkpoint_every,
+      eval_every=eval_every,
+      log_every=log_every,
+      progress=progress,
+      after_step=after_step,
     )
-    interval = _Interval(time.perf_counter())
-    in_flight = None  # The previous step's sums, set after the first step.
-    for step in range(start_step + 1, num_steps + 1):
-      state, sums, tokens = steps.step(state, step)
-      interval.add(sums, tokens)
-      if step == start_step + 1:
-        # Throughput is measured from the end of the first step (compilation).
-        jax.block_until_ready(sums)
-        first_done = interval.start_clock()
-        logging.info(
-          'First step of %s (with compilation) done %.1f s after the start.',
-          model_dir,
-          first_done - start_time,
-        )
-      else:
-        # One step in flight, and the progress bar within a step of the truth.
-        jax.block_until_ready(in_flight)
-      in_flight = sums
-      bar.update()
-      if step % log_every == 0 or step == num_steps:
-        record = interval.close(step, steps.summary)
-        bar.set_postfix(**steps.postfix(record))
-        log(train_metrics, 'train', record)
-      if step % checkpoint_every == 0 or step == num_steps:
-        save_state(manager, state)
-      if steps.evaluate is not None and (step % eval_every == 0 or step == num_steps):
-        evaluate(step)
-      if after_step is not None:
-        after_step(step)
-    bar.close()
-    return state.params, num_steps, train_metrics, eval_metrics
+    return state.params, num_steps, records.train, records.eval
   finally:
     # Returns only once every started save is complete (renamed into place).
     manager.wait_until_finished()
     manager.close()
+
+
+class _RunRecords:
+  """A run's training and evaluation records: kept, logged and appended to its metrics file."""
+
+  def __init__(self, metrics_path: str, start_time: float):
+    self._metrics_path, self.start_time = metrics_path, start_time
+    self.train: List[Dict[str, Any]] = []
+    self.eval: List[Dict[str, Any]] = []
+
+  def log(self, split: str, record: Dict[str, Any]) -> None:
+    """Adds `record` of `split` ('train' or 'validation'), with the run's 'seconds' so far."""
+    record['seconds'] = time.perf_counter() - self.start_time
+    (self.train if split == 'train' else self.eval).append(record)
+    logging.info('%s step %d: %s', split, record['step'], record)
+    append_metrics(self._metrics_path, split, record)
+
+
+def _step_loop(
+  model_dir: str,
+  manager,
+  state: TrainState,
+  steps: LoopSteps,
+  records: _RunRecords,
+  *,
+  start_step: int,
+  num_steps: int,
+  checkpoint_every: int,
+  eval_every: Optional[int],
+  log_every: int,
+  progress: bool,
+  after_step: Optional[Callable[[int], None]],
+) -> TrainState:
+  """`resumable_loop`'s steps from `start_step` + 1 to `num_steps`; returns the final state.
+
+  One step is in flight: the host prepares the next batch while the device
+  computes. Every `log_every` steps and at the last, a training record
+  ({'step', the summary's metrics, 'tokens', 'tokens_per_second' (from the
+  end of the first step, which compiles), 'seconds'}) goes to the metrics
+  file and the progress bar; every `checkpoint_every` steps and at the last,
+  the state is saved; every `eval_every` steps and at the last, an
+  evaluation record ({'step', its metrics, 'seconds'}) is written.
+  """
+  bar = tqdm.tqdm(
+    total=num_steps,
+    initial=start_step,
+    disable=not progress,
+    desc=os.path.basename(os.path.normpath(model_dir)),
+    dynamic_ncols=True,
+  )
+  interval = _Interval(time.perf_counter())
+  in_flight = None  # The previous step's sums, set after the first step.
+  for step in range(start_step + 1, num_steps + 1):
+    state, sums, tokens = steps.step(state, step)
+    interval.add(sums, tokens)
+    if step == start_step + 1:
+      # Throughput is measured from the end of the first step (compilation).
+      jax.block_until_ready(sums)
+      first_done = interval.start_clock()
+      logging.info(
+        'First step of %s (with compilation) done %.1f s after the start.',
+        model_dir,
+        first_done - records.start_time,
+      )
+    else:
+      # One step in flight, and the progress bar within a step of the truth.
+      jax.block_until_ready(in_flight)
+    in_flight = sums
+    bar.update()
+    if step % log_every == 0 or step == num_steps:
+      record = interval.close(step, steps.summary)
+      bar.set_postfix(**steps.postfix(record))
+      records.log('train', record)
+    if step % checkpoint_every == 0 or step == num_steps:
+      save_state(manager, state)
+    if steps.evaluate is not None and (step % eval_every == 0 or step == num_steps):
+      records.log('validation', {'step': step, **steps.evaluate(state.params)})
+    if after_step is not None:
+      after_step(step)
+  bar.close()
+  return state
 
 
 def _validation_evaluator(
@@ -938,6 +987,57 @@ def _train_loop_steps(
     loss=f'{record["loss"]:.3f}', tok_s=f'{record["tokens_per_second"]:.0f}'
   )
   return LoopSteps(step, summary, postfix, evaluate)
+
+
+def _check_loss_settings(
+  label_smoothing: float, z_loss: float, loss_normalizing_factor: LossNormalizingFactor
+) -> LossNormalizingFactor:
+  """ValueError unless T5X's loss settings are valid; the normalizing factor as checked."""
+  if not 0.0 <= label_smoothing < 1.0:
+    raise ValueError(f'label_smoothing must be in [0, 1), got {label_smoothing}.')
+  if z_loss < 0:
+    raise ValueError(f'z_loss must be >= 0, got {z_loss}.')
+  return _check_loss_normalizing_factor(loss_normalizing_factor)
+
+
+def _start_training_data(
+  train_step: Callable,
+  eval_step: Optional[Callable],
+  start_step: int,
+  *,
+  config: network.NetworkConfig,
+  task: seqio.Task,
+  feature_lengths: Mapping[str, int],
+  batch_size: int,
+  pack: bool,
+  seed: int,
+  num_steps: int,
+  learning_rate: optax.ScalarOrSchedule,
+  eval_batches: Optional[int],
+) -> LoopSteps:
+  """`train`'s `resumable_loop` start: the train split from `start_step`'s batch, shuffled
+  with `seed`, and (with `eval_step`; None: no evaluation) the validation evaluator."""
+  converter_cls = feature_converter_cls(config)
+  evaluate = None
+  if eval_step is not None:
+    evaluate = _validation_evaluator(
+      eval_step, task, feature_lengths, batch_size, pack, converter_cls, eval_batches
+    )
+  batches = get_dataset(
+    task,
+    'train',
+    feature_lengths,
+    batch_size,
+    pack=pack,
+    shuffle=True,
+    seed=seed,
+    repeat=True,
+    skip_batches=start_step,
+    converter_cls=converter_cls,
+  ).as_numpy_iterator()
+  return _train_loop_steps(
+    train_step, batches, jax.random.PRNGKey(seed), num_steps, learning_rate, evaluate
+  )
 
 
 def train(
@@ -1017,18 +1117,14 @@ def train(
     eval_batches=eval_batches,
     log_every=log_every,
   )
-  if not 0.0 <= label_smoothing < 1.0:
-    raise ValueError(f'label_smoothing must be in [0, 1), got {label_smoothing}.')
-  if z_loss < 0:
-    raise ValueError(f'z_loss must be >= 0, got {z_loss}.')
-  loss_normalizing_factor = _check_loss_normalizing_factor(loss_normalizing_factor)
+  loss_normalizing_factor = _check_loss_settings(label_smoothing, z_loss, loss_normalizing_factor)
   task = check_task(
-    task, config, feature_lengths, inputs_bidirectional_attention=inputs_bidirectional_attention
+    task,
+    config,
+    feature_lengths,
+    inputs_bidirectional_attention=inputs_bidirectional_attention,
+    evaluate=eval_every is not None,
   )
-  if eval_every is not None and 'validation' not in task.splits:
-    raise ValueError(
-      f'Task {task.name!r} has no validation split to evaluate on; pass eval_every=None.'
-    )
   tasks.hide_gpus_from_tensorflow()
   step_args = (
     config,
@@ -1049,30 +1145,20 @@ def train(
     seed=seed,
     inputs_bidirectional_attention=bool(inputs_bidirectional_attention),
   )
-
-  def start(start_step: int) -> LoopSteps:
-    converter_cls = feature_converter_cls(config)
-    evaluate = None
-    if eval_every is not None:
-      evaluate = _validation_evaluator(
-        eval_step, task, feature_lengths, batch_size, pack, converter_cls, eval_batches
-      )
-    batches = get_dataset(
-      task,
-      'train',
-      feature_lengths,
-      batch_size,
-      pack=pack,
-      shuffle=True,
-      seed=seed,
-      repeat=True,
-      skip_batches=start_step,
-      converter_cls=converter_cls,
-    ).as_numpy_iterator()
-    return _train_loop_steps(
-      train_step, batches, jax.random.PRNGKey(seed), num_steps, learning_rate, evaluate
-    )
-
+  start = functools.partial(
+    _start_training_data,
+    train_step,
+    eval_step if eval_every is not None else None,
+    config=config,
+    task=task,
+    feature_lengths=feature_lengths,
+    batch_size=batch_size,
+    pack=pack,
+    seed=seed,
+    num_steps=num_steps,
+    learning_rate=learning_rate,
+    eval_batches=eval_batches,
+  )
   params, step, train_metrics, eval_metrics = resumable_loop(
     model_dir,
     config=config,

@@ -60,7 +60,7 @@ ones) and configs/runs/train_feature_head.gin:
 
 import dataclasses
 import functools
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -292,6 +292,96 @@ class HeadTrainResult:
   eval_metrics: Sequence[Dict[str, Any]]
 
 
+def _check_head_training(target, data_temperatures, eval_every, eval_inputs) -> None:
+  """ValueError naming the problem unless `train_feature_head` can train for `target` so."""
+  if target.inputs_bidirectional_attention:
+    raise ValueError(
+      "Training a feature head for a prefix LM is not implemented (its prompt's features are "
+      'bidirectional); train it for a causal decoder-only or an encoder-decoder target.'
+    )
+  if not data_temperatures:
+    raise ValueError(
+      'data_temperatures is empty: give the target decoding temperatures, e.g. (0.0, 1.0).'
+    )
+  if eval_every is not None and eval_inputs is None:
+    raise ValueError('eval_every needs eval_inputs, the held-out inputs.')
+
+
+def _jsonable_head_config(head_config: feature_head.FeatureHeadConfig) -> Dict[str, Any]:
+  """The head's config as the run's settings record it (tuples as lists, no dtype)."""
+  return {
+    name: list(value) if isinstance(value, tuple) else value
+    for name, value in dataclasses.asdict(head_config).items()
+    if name != 'dtype'
+  }
+
+
+def _head_loop_steps(
+  target: models.Model,
+  inputs: np.ndarray,
+  step_fn: Callable,
+  evaluate_fn: Callable,
+  eval_inputs: Optional[np.ndarray],
+  *,
+  batch_size: int,
+  seed: int,
+  data_temperatures: Sequence[float],
+  max_decode_len: int,
+) -> train.LoopSteps:
+  """`train_feature_head`'s `train.LoopSteps`.
+
+  Each step trains on its batch of `chunk_batches` (the target's decodes of
+  int32 [N, Lin] `inputs`, a chunk of steps at a time); with int32 [M, Lin]
+  `eval_inputs` (None: no evaluation), the held-out loss and alpha on the
+  target's T = 1 decodes of them, also before the first step.
+  """
+  key = jax.random.PRNGKey(seed)
+  held_out = None
+  if eval_inputs is not None:  # Key 0: training steps are 1-based.
+    held_out = target_sequences(
+      target, eval_inputs, max_decode_len, 1.0, jax.random.fold_in(key, 0)
+    )
+  ahead = {}  # The current chunk's batches not yet trained on: {step: batch}.
+
+  def step(state: train.TrainState, step: int):
+    if step not in ahead:
+      ahead.clear()
+      ahead.update(
+        chunk_batches(
+          target,
+          inputs,
+          (step - 1) // DATA_CHUNK_STEPS,
+          batch_size=batch_size,
+          seed=seed,
+          data_temperatures=data_temperatures,
+          max_decode_len=max_decode_len,
+        )
+      )
+    state, sums = step_fn(state, target.params, ahead.pop(step))
+    return state, sums, sums['weight']
+
+  def per_weight(sums: Mapping[str, Any]) -> Dict[str, float]:
+    weight = max(float(sums['weight']), 1.0)
+    return {'loss': float(sums['loss']) / weight, 'alpha': float(sums['beta']) / weight}
+
+  summary = lambda totals, step: per_weight(totals)
+  evaluate = lambda params: per_weight(jax.device_get(evaluate_fn(params, target.params, held_out)))
+  postfix = lambda record: dict(loss=f'{record["loss"]:.3f}', alpha=f'{record["alpha"]:.3f}')
+  return train.LoopSteps(
+    step, summary, postfix, evaluate if held_out is not None else None, evaluate_at_start=True
+  )
+
+
+def _first_head_params(
+  head_config: feature_head.FeatureHeadConfig, initial_params: Optional[PyTree], seed: int
+) -> PyTree:
+  """A fresh run's first head parameters: `initial_params` (checked, copied) or seeded ones."""
+  if initial_params is None:
+    return feature_head.init_params(head_config, seed)
+  feature_head.check_params(head_config, initial_params)
+  return jax.tree.map(jnp.array, initial_params)  # A copy: the step donates its state.
+
+
 def train_feature_head(
   model_dir: str,
   target: models.Model,
@@ -343,28 +433,14 @@ def train_feature_head(
   train.check_positive(
     batch_size=batch_size, num_steps=num_steps, max_decode_len=max_decode_len, log_every=log_every
   )
-  if target.inputs_bidirectional_attention:
-    raise ValueError(
-      "Training a feature head for a prefix LM is not implemented (its prompt's features are "
-      'bidirectional); train it for a causal decoder-only or an encoder-decoder target.'
-    )
-  if not data_temperatures:
-    raise ValueError(
-      'data_temperatures is empty: give the target decoding temperatures, e.g. (0.0, 1.0).'
-    )
-  if eval_every is not None and eval_inputs is None:
-    raise ValueError('eval_every needs eval_inputs, the held-out inputs.')
+  _check_head_training(target, data_temperatures, eval_every, eval_inputs)
   config = HeadLossConfig(
     head_config, target.config, unroll_steps, decay, feature_weight, temperature, topk, topp
   )
   tx, step_fn, evaluate_fn = _jitted(config, float(learning_rate))
   inputs = np.asarray(inputs, np.int32)
   settings = dict(
-    head_config={
-      name: list(value) if isinstance(value, tuple) else value
-      for name, value in dataclasses.asdict(head_config).items()
-      if name != 'dtype'
-    },
+    head_config=_jsonable_head_config(head_config),
     unroll_steps=unroll_steps,
     decay=decay,
     feature_weight=feature_weight,
@@ -377,60 +453,23 @@ def train_feature_head(
     seed=seed,
     num_inputs=len(inputs),
   )
-  key = jax.random.PRNGKey(seed)
-
-  def start(start_step: int) -> train.LoopSteps:
-    del start_step  # Each step's data depends on the step alone.
-    held_out = None
-    if eval_every is not None:  # Key 0: training steps are 1-based.
-      held_out = target_sequences(
-        target, np.asarray(eval_inputs, np.int32), max_decode_len, 1.0, jax.random.fold_in(key, 0)
-      )
-
-    ahead = {}  # The current chunk's batches not yet trained on: {step: batch}.
-
-    def step(state: train.TrainState, step: int):
-      if step not in ahead:
-        ahead.clear()
-        ahead.update(
-          chunk_batches(
-            target,
-            inputs,
-            (step - 1) // DATA_CHUNK_STEPS,
-            batch_size=batch_size,
-            seed=seed,
-            data_temperatures=data_temperatures,
-            max_decode_len=max_decode_len,
-          )
-        )
-      state, sums = step_fn(state, target.params, ahead.pop(step))
-      return state, sums, sums['weight']
-
-    def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
-      weight = max(float(totals['weight']), 1.0)
-      return {'loss': float(totals['loss']) / weight, 'alpha': float(totals['beta']) / weight}
-
-    def evaluate(params: PyTree) -> Dict[str, float]:
-      sums = jax.device_get(evaluate_fn(params, target.params, held_out))
-      weight = max(float(sums['weight']), 1.0)
-      return {'loss': float(sums['loss']) / weight, 'alpha': float(sums['beta']) / weight}
-
-    postfix = lambda record: dict(loss=f'{record["loss"]:.3f}', alpha=f'{record["alpha"]:.3f}')
-    return train.LoopSteps(
-      step, summary, postfix, evaluate if held_out is not None else None, evaluate_at_start=True
-    )
-
-  def first_params():
-    if initial_params is None:
-      return feature_head.init_params(head_config, seed)
-    feature_head.check_params(head_config, initial_params)
-    return jax.tree.map(jnp.array, initial_params)  # A copy: the step donates its state.
-
+  # Each step's data depends on the step alone, not on where the run starts.
+  start = lambda start_step: _head_loop_steps(
+    target,
+    inputs,
+    step_fn,
+    evaluate_fn,
+    None if eval_every is None else np.asarray(eval_inputs, np.int32),
+    batch_size=batch_size,
+    seed=seed,
+    data_temperatures=data_temperatures,
+    max_decode_len=max_decode_len,
+  )
   params, step, train_metrics, eval_metrics = train.resumable_loop(
     model_dir,
     config=target.config,
     optimizer=tx,
-    initial_params=first_params,
+    initial_params=lambda: _first_head_params(head_config, initial_params, seed),
     settings_file=SETTINGS_FILE,
     settings=settings,
     num_steps=num_steps,
