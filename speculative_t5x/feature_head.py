@@ -200,6 +200,12 @@ def check_params(config: FeatureHeadConfig, params: PyTree) -> None:
   for path, leaf in expected:
     name = jax.tree_util.keystr(path)
     shape = getattr(actual.get(path), 'shape', None)
+    if shape is None:
+      raise ValueError(
+        f'Feature head parameter {name} {leaf.shape} is missing: the parameters are of '
+        'another head config, or of a head saved before its input norms existed; retrain '
+        'the head (in a new model directory) with this version.'
+      )
     if shape != leaf.shape:
       raise ValueError(
         f'Feature head parameter {name} has shape {shape} but the head config '

@@ -493,6 +493,10 @@ def test_head_parameters_of_another_config_are_refused_naming_both_shapes():
   own = feature_head.init_params(head_config(target, output='own'))
   with pytest.raises(ValueError, match='logits_dense'):
     drafts.FeatureDraft.for_target(target, own, head_config(target))
+  before_norms = dict(feature_head.init_params(head_config(target)))
+  del before_norms['embedding_norm']  # A head saved before its input norms existed.
+  with pytest.raises(ValueError, match=r'embedding_norm.*is missing.*retrain'):
+    drafts.FeatureDraft.for_target(target, before_norms, head_config(target))
 
 
 def test_bad_head_configs_and_feature_widths_are_refused():
