@@ -428,10 +428,11 @@ def train_feature_head(
     seed: the data order, the samples and the default initial parameters.
     eval_inputs: int [M, Lin] held-out inputs; with `eval_every`, held-out metrics.
     eval_every: evaluate every this many steps (and at the end); None: never.
-    checkpoint_every, keep_checkpoints, log_every, progress: as `train.train`'s.
+    checkpoint_every, keep_checkpoints, log_every, progress: as `train.Schedule`'s.
   """
-  train.check_positive(
-    batch_size=batch_size, num_steps=num_steps, max_decode_len=max_decode_len, log_every=log_every
+  train.check_positive(batch_size=batch_size, max_decode_len=max_decode_len)
+  schedule = train.Schedule(
+    num_steps, checkpoint_every, keep_checkpoints, eval_every, log_every, progress
   )
   _check_head_training(target, data_temperatures, eval_every, eval_inputs)
   config = HeadLossConfig(
@@ -467,17 +468,12 @@ def train_feature_head(
   )
   params, step, train_metrics, eval_metrics = train.resumable_loop(
     model_dir,
+    schedule,
     config=target.config,
     optimizer=tx,
     initial_params=lambda: _first_head_params(head_config, initial_params, seed),
     settings_file=SETTINGS_FILE,
     settings=settings,
-    num_steps=num_steps,
-    checkpoint_every=checkpoint_every,
-    keep_checkpoints=keep_checkpoints,
-    eval_every=eval_every,
-    log_every=log_every,
-    progress=progress,
     start=start,
     abstract_params=lambda: feature_head.abstract_params(head_config),
   )
