@@ -307,6 +307,21 @@ def _check_head_training(target, data_temperatures, eval_every, eval_inputs) -> 
     raise ValueError('eval_every needs eval_inputs, the held-out inputs.')
 
 
+def _recorded_settings(config: HeadLossConfig, **run: Any) -> Dict[str, Any]:
+  """What a head's run records and a resumed run must repeat: the loss's config (the
+  head's, the unroll, the sampling mode; not the target's), then `run`'s values."""
+  return {
+    'head_config': _jsonable_head_config(config.head_config),
+    'unroll_steps': config.unroll_steps,
+    'decay': config.decay,
+    'feature_weight': config.feature_weight,
+    'temperature': config.temperature,
+    'topk': config.topk,
+    'topp': config.topp,
+    **run,
+  }
+
+
 def _jsonable_head_config(head_config: feature_head.FeatureHeadConfig) -> Dict[str, Any]:
   """The head's config as the run's settings record it (tuples as lists, no dtype)."""
   return {
@@ -440,14 +455,8 @@ def train_feature_head(
   )
   tx, step_fn, evaluate_fn = _jitted(config, float(learning_rate))
   inputs = np.asarray(inputs, np.int32)
-  settings = dict(
-    head_config=_jsonable_head_config(head_config),
-    unroll_steps=unroll_steps,
-    decay=decay,
-    feature_weight=feature_weight,
-    temperature=temperature,
-    topk=topk,
-    topp=topp,
+  settings = _recorded_settings(
+    config,
     data_temperatures=list(data_temperatures),
     learning_rate=learning_rate,
     batch_size=batch_size,
