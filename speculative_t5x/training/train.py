@@ -683,9 +683,9 @@ def read_settings(model_dir: str) -> Optional[Dict[str, Any]]:
 class Schedule:
   """How far a run trains, and when it logs, saves and evaluates (`resumable_loop`).
 
-  The trainers (`train`, `distill.distill`, `train_feature_head`) take these
-  as arguments of the same names. ValueError unless each number is a
-  positive integer (None, where allowed, is not checked).
+  The trainers (`train`, `distill.distill`, `train_feature_head`, which has
+  no step hook) take these as arguments of the same names. ValueError unless
+  each number is a positive integer (None, where allowed, is not checked).
 
   Attributes:
     num_steps: the step to train to (a resumed run continues up to it).
