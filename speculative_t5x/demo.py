@@ -527,6 +527,39 @@ def _distilled_drafts(args, workdir: str, corpus_dir: str, vocabulary: str) -> D
   }
 
 
+def _benchmark_arguments(
+  args, workdir: str, corpus_dir: str, vocabulary: str, references: List[str], start: float
+) -> Dict[str, Any]:
+  """`run_benchmark`'s keyword arguments that every decoding mode's run shares.
+
+  The flags' sweep (gammas and batch sizes), the test split's `references`,
+  the train split's target tokens for the n-gram drafts, the workdir's result
+  cache, and progress lines stamped with the seconds since `start`.
+  """
+  gammas = args.gammas or list(FULL_GAMMAS if args.full_sweep else GAMMAS)
+  batch_sizes = args.batch_sizes or list(FULL_BATCH_SIZES if args.full_sweep else BATCH_SIZES)
+  return dict(
+    references=references,
+    vocabulary_path=vocabulary,
+    task_name='gettext EnDe test',
+    gammas=[int(g) for g in gammas],
+    batch_sizes=[int(b) for b in batch_sizes],
+    num_walltime_examples=args.num_examples,
+    repetitions=args.repetitions,
+    max_decode_len=MAX_DECODE_LEN,
+    alpha_tokens=args.alpha_tokens,
+    ngram_corpus=benchmark.tsv_target_tokens(
+      os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
+    ),
+    # alpha and the sampled quality are functions of the checkpoints, the inputs and
+    # this machine: a second run reads them back (timings are measured in every run).
+    result_cache=result_cache_lib.ResultCache(
+      os.path.join(workdir, 'result_cache'), remeasure=args.remeasure
+    ),
+    progress=lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True),
+  )
+
+
 def _benchmark_every_mode(
   target, data_draft, distilled, head, inputs, common
 ) -> Tuple[List[Any], Dict[float, Any]]:
@@ -600,8 +633,6 @@ def main(argv) -> None:
 
   _step('The machine')
   machine = print_machine(args.vocab_size)
-  gammas = args.gammas or list(FULL_GAMMAS if args.full_sweep else GAMMAS)
-  batch_sizes = args.batch_sizes or list(FULL_BATCH_SIZES if args.full_sweep else BATCH_SIZES)
 
   corpus_dir, vocabulary = prepare_data(workdir, args.vocab_size)
   target = trained_model(
@@ -627,33 +658,8 @@ def main(argv) -> None:
   inputs, references = benchmark.tsv_inputs(
     os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=tasks_core.EN_DE_PREFIX
   )
-  records, drafts_used = _benchmark_every_mode(
-    target,
-    data_draft,
-    distilled,
-    head,
-    inputs,
-    common=dict(
-      references=references,
-      vocabulary_path=vocabulary,
-      task_name='gettext EnDe test',
-      gammas=[int(g) for g in gammas],
-      batch_sizes=[int(b) for b in batch_sizes],
-      num_walltime_examples=args.num_examples,
-      repetitions=args.repetitions,
-      max_decode_len=MAX_DECODE_LEN,
-      alpha_tokens=args.alpha_tokens,
-      ngram_corpus=benchmark.tsv_target_tokens(
-        os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
-      ),
-      # alpha and the sampled quality are functions of the checkpoints, the inputs and
-      # this machine: a second run reads them back (timings are measured in every run).
-      result_cache=result_cache_lib.ResultCache(
-        os.path.join(workdir, 'result_cache'), remeasure=args.remeasure
-      ),
-      progress=lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True),
-    ),
-  )
+  common = _benchmark_arguments(args, workdir, corpus_dir, vocabulary, references, start)
+  records, drafts_used = _benchmark_every_mode(target, data_draft, distilled, head, inputs, common)
   if head_training is not None:
     records.append(_head_training_record(target, head_training))
   records.append(records_lib.Machine(emulated=False, **machine))

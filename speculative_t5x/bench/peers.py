@@ -494,11 +494,7 @@ def compare_with_huggingface(
   input_tokens = _checked_arguments(
     target, draft, input_tokens, max_decode_len=max_decode_len, gamma=gamma, repetitions=repetitions
   )
-  cpu_cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  torch_threads = cpu_cores if num_threads is None else num_threads
-  if not isinstance(torch_threads, (int, np.integer)) or torch_threads < 1:
-    raise ValueError(f'num_threads must be an integer >= 1 or None; got {num_threads!r}.')
-
+  cpu_cores, torch_threads = _thread_counts(num_threads)
   outputs, seconds, divergences, target_error, draft_error = _decode_check_and_time(
     torch,
     transformers,
@@ -510,7 +506,7 @@ def compare_with_huggingface(
     max_decode_len=max_decode_len,
     eos_id=eos_id,
     repetitions=repetitions,
-    torch_threads=int(torch_threads),
+    torch_threads=torch_threads,
   )
 
   return Comparison(
@@ -523,7 +519,7 @@ def compare_with_huggingface(
     max_decode_len=int(max_decode_len),
     gamma=int(gamma),
     repetitions=int(repetitions),
-    torch_threads=int(torch_threads),
+    torch_threads=torch_threads,
     cpu_cores=cpu_cores,
     xla_flags=os.environ.get('XLA_FLAGS', ''),
     target_logits_error=target_error,
@@ -534,6 +530,16 @@ def compare_with_huggingface(
       'transformers': transformers.__version__,
     },
   )
+
+
+def _thread_counts(num_threads: Optional[int]) -> Tuple[int, int]:
+  """(the cores this process may run on, PyTorch's intra-op threads: `num_threads`, or
+  those cores when None); ValueError unless `num_threads` is None or an integer >= 1."""
+  cpu_cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  torch_threads = cpu_cores if num_threads is None else num_threads
+  if not isinstance(torch_threads, (int, np.integer)) or torch_threads < 1:
+    raise ValueError(f'num_threads must be an integer >= 1 or None; got {num_threads!r}.')
+  return cpu_cores, int(torch_threads)
 
 
 def _decode_check_and_time(

@@ -624,18 +624,8 @@ def build_english_corpus(
     'catalogs': len(catalog_paths),
     'min_words': min_words,
     'max_words': max_words,
-    'splits': {},
+    'splits': _write_english_splits(output_dir, spellings, sources, by_split),
   }
-  first_source = lambda key: next(s for s in ENGLISH_SOURCES if s in sources[key])
-  for split, keys in by_split.items():
-    sentences = [min(spellings[key]) for key in keys]
-    _write_lines(os.path.join(output_dir, f'{split}.txt'), sentences)
-    info['splits'][split] = {
-      'sentences': len(sentences),
-      'words': sum(len(sentence.split()) for sentence in sentences),
-      'characters': sum(len(sentence) for sentence in sentences),
-      'by_source': dict(collections.Counter(first_source(key) for key in keys)),
-    }
   with open(os.path.join(output_dir, ENGLISH_CORPUS_INFO_FILE), 'w') as f:
     json.dump(info, f, indent=1)
   counts = {split: len(keys) for split, keys in by_split.items()}
@@ -646,6 +636,29 @@ def build_english_corpus(
     counts,
   )
   return counts
+
+
+def _write_english_splits(
+  output_dir: str,
+  spellings: dict[str, set[str]],
+  sources: dict[str, set[str]],
+  by_split: dict[str, list[str]],
+) -> dict[str, dict]:
+  """Writes `<split>.txt` per split (each key's smallest spelling, in `by_split`'s order);
+  returns per split its sentences, words, characters and sentences per source (a
+  sentence found in several sources counts for the first of `ENGLISH_SOURCES`)."""
+  first_source = lambda key: next(s for s in ENGLISH_SOURCES if s in sources[key])
+  splits = {}
+  for split, keys in by_split.items():
+    sentences = [min(spellings[key]) for key in keys]
+    _write_lines(os.path.join(output_dir, f'{split}.txt'), sentences)
+    splits[split] = {
+      'sentences': len(sentences),
+      'words': sum(len(sentence.split()) for sentence in sentences),
+      'characters': sum(len(sentence) for sentence in sentences),
+      'by_source': dict(collections.Counter(first_source(key) for key in keys)),
+    }
+  return splits
 
 
 def read_lines(path: str) -> list[str]:

@@ -602,19 +602,14 @@ def distill(
     eval_temperatures: temperatures of the held-out alpha (the run's top-k / top-p).
     log_every: steps per logged (and progress bar) metrics line.
     progress: show a tqdm progress bar.
-    after_step: called with each step's number (`train.resumable_loop`).
+    after_step: called with each step's number (`train.Schedule`).
 
   Returns:
     A `DistillResult`.
   """
-  train.check_positive(
-    batch_size=batch_size,
-    num_steps=num_steps,
-    checkpoint_every=checkpoint_every,
-    keep_checkpoints=keep_checkpoints,
-    eval_every=eval_every,
-    eval_examples=eval_examples,
-    log_every=log_every,
+  train.check_positive(batch_size=batch_size, eval_examples=eval_examples)
+  schedule = train.Schedule(
+    num_steps, checkpoint_every, keep_checkpoints, eval_every, log_every, progress, after_step
   )
   losses.validate_divergence(divergence, beta)
   for t in (temperature, *eval_temperatures):
@@ -659,20 +654,14 @@ def distill(
   )
   params, step, train_metrics, eval_metrics = train.resumable_loop(
     model_dir,
+    schedule,
     config=draft.config,
     optimizer=tx,
     # A copy: the step donates its state.
     initial_params=lambda: jax.tree.map(jnp.array, draft.params),
     settings_file=SETTINGS_FILE,
     settings=settings,
-    num_steps=num_steps,
-    checkpoint_every=checkpoint_every,
-    keep_checkpoints=keep_checkpoints,
-    eval_every=eval_every,
-    log_every=log_every,
-    progress=progress,
     start=start,
-    after_step=after_step,
   )
   return DistillResult(params, step, train_metrics, eval_metrics)
 

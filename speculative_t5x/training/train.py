@@ -679,6 +679,44 @@ def read_settings(model_dir: str) -> Optional[Dict[str, Any]]:
 # ------------------------------------------------------------------------------
 # The resumable loop, of `train` and `distill.distill`.
 # ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """How far a run trains, and when it logs, saves and evaluates (`resumable_loop`).
+
+  The trainers (`train`, `distill.distill`, `train_feature_head`, which has
+  no step hook) take these as arguments of the same names. ValueError unless
+  each number is a positive integer (None, where allowed, is not checked).
+
+  Attributes:
+    num_steps: the step to train to (a resumed run continues up to it).
+    checkpoint_every: save every this many steps (and at `num_steps`).
+    keep_checkpoints: orbax's `max_to_keep` (None keeps all).
+    eval_every: evaluate every this many steps and at the end; None: never.
+    log_every: steps per logged (and progress bar) metrics line.
+    progress: show a tqdm progress bar.
+    after_step: called with each step's number once the step, its records and
+      any save it starts are issued (a step hook: the kill-and-resume tests
+      stop a run at a chosen step with it); None: no hook.
+  """
+
+  num_steps: int
+  checkpoint_every: int
+  keep_checkpoints: Optional[int]
+  eval_every: Optional[int]
+  log_every: int
+  progress: bool
+  after_step: Optional[Callable[[int], None]] = None
+
+  def __post_init__(self):
+    check_positive(
+      num_steps=self.num_steps,
+      checkpoint_every=self.checkpoint_every,
+      keep_checkpoints=self.keep_checkpoints,
+      eval_every=self.eval_every,
+      log_every=self.log_every,
+    )
+
+
 @dataclasses.dataclass
 class LoopSteps:
   """A run's own part of `resumable_loop`: its step, its records, its evaluation.
@@ -769,23 +807,17 @@ class _Interval:
 
 def resumable_loop(
   model_dir: str,
+  schedule: Schedule,
   *,
   config: network.NetworkConfig,
   optimizer: optax.GradientTransformation,
   initial_params: Callable[[], PyTree],
   settings_file: str,
   settings: Mapping[str, Any],
-  num_steps: int,
-  checkpoint_every: int,
-  keep_checkpoints: Optional[int],
-  eval_every: Optional[int],
-  log_every: int,
-  progress: bool,
   start: Callable[[int], LoopSteps],
   abstract_params: Optional[Callable[[], PyTree]] = None,
-  after_step: Optional[Callable[[int], None]] = None,
 ) -> Tuple[PyTree, int, List[Dict[str, Any]], List[Dict[str, Any]]]:
-  """Trains `model_dir`'s run up to `num_steps`, from its latest checkpoint or from the start.
+  """Trains `model_dir`'s run up to `schedule.num_steps`, from its latest checkpoint or the start.
 
   Resume or start: a directory with a complete step resumes from the latest
   one, after its `settings_file` is checked against `settings` (a difference
@@ -793,33 +825,28 @@ def resumable_loop(
   are written to `settings_file` and the run starts from `initial_params()`
   with a fresh optimizer state. `start(start_step)` then prepares the run's
   data (skipping what the run has seen) and returns its `LoopSteps`, which
-  `_step_loop` runs, logging, saving and evaluating on schedule. The loop
+  `_step_loop` runs, logging, saving and evaluating on `schedule`. The loop
   returns (or raises: an error, or SIGTERM, which `gin_utils.run` turns into
   SystemExit) only once every save it started is complete.
 
   Args:
     model_dir: the run's directory (orbax steps, `METRICS_FILE`, `settings_file`).
+    schedule: the step to train to, and when to log, save and evaluate.
     config: the trained network's configuration (the restored tree's shapes).
     optimizer: the optax transformation (the restored optimizer state's structure).
     initial_params: the parameters of a fresh run's first step.
     settings_file: the settings' file name in `model_dir`.
     settings: what the run records and a resumed run must repeat (JSON values).
-    num_steps: the step to train to.
-    checkpoint_every, keep_checkpoints, eval_every, log_every, progress: as
-      `train`'s.
     start: see above.
     abstract_params: the trained parameters' shapes (`jax.ShapeDtypeStruct`s)
       for a restore, when they are not a network's (e.g. a draft head's);
       None: `network.abstract_params(config)`.
-    after_step: called with each step's number once the step, its records and
-      any save it starts are issued (a step hook: the kill-and-resume tests stop
-      a run at a chosen step with it).
 
   Returns:
     (the final parameters, the final step, training records, evaluation records).
   """
   records = _RunRecords(os.path.join(model_dir, METRICS_FILE), start_time=time.perf_counter())
-  manager = checkpoint_manager(model_dir, keep_checkpoints)
+  manager = checkpoint_manager(model_dir, schedule.keep_checkpoints)
   try:
     start_step, state = _restore_or_start(
       manager,
@@ -831,27 +858,16 @@ def resumable_loop(
       settings=settings,
       abstract_params=abstract_params,
     )
-    if start_step >= num_steps:
-      logging.info('%s is already at step %d >= num_steps=%d.', model_dir, start_step, num_steps)
+    if start_step >= schedule.num_steps:
+      logging.info(
+        '%s is already at step %d >= num_steps=%d.', model_dir, start_step, schedule.num_steps
+      )
       return state.params, start_step, [], []
     steps = start(start_step)
     if steps.evaluate is not None and steps.evaluate_at_start and start_step == 0:
       records.log('validation', {'step': 0, **steps.evaluate(state.params)})
-    state = _step_loop(
-      model_dir,
-      manager,
-      state,
-      steps,
-      records,
-      start_step=start_step,
-      num_steps=num_steps,
-      checkpoint_every=checkpoint_every,
-      eval_every=eval_every,
-      log_every=log_every,
-      progress=progress,
-      after_step=after_step,
-    )
-    return state.params, num_steps, records.train, records.eval
+    state = _step_loop(model_dir, manager, state, steps, records, schedule, start_step)
+    return state.params, schedule.num_steps, records.train, records.eval
   finally:
     # Returns only once every started save is complete (renamed into place).
     manager.wait_until_finished()
@@ -880,14 +896,8 @@ def _step_loop(
   state: TrainState,
   steps: LoopSteps,
   records: _RunRecords,
-  *,
+  schedule: Schedule,
   start_step: int,
-  num_steps: int,
-  checkpoint_every: int,
-  eval_every: Optional[int],
-  log_every: int,
-  progress: bool,
-  after_step: Optional[Callable[[int], None]],
 ) -> TrainState:
   """`resumable_loop`'s steps from `start_step` + 1 to `num_steps`; returns the final state.
 
@@ -897,12 +907,14 @@ def _step_loop(
   end of the first step, which compiles), 'seconds'}) goes to the metrics
   file and the progress bar; every `checkpoint_every` steps and at the last,
   the state is saved; every `eval_every` steps and at the last, an
-  evaluation record ({'step', its metrics, 'seconds'}) is written.
+  evaluation record ({'step', its metrics, 'seconds'}) is written (all of
+  `schedule`).
   """
+  num_steps, eval_every = schedule.num_steps, schedule.eval_every
   bar = tqdm.tqdm(
     total=num_steps,
     initial=start_step,
-    disable=not progress,
+    disable=not schedule.progress,
     desc=os.path.basename(os.path.normpath(model_dir)),
     dynamic_ncols=True,
   )
@@ -925,16 +937,16 @@ def _step_loop(
       jax.block_until_ready(in_flight)
     in_flight = sums
     bar.update()
-    if step % log_every == 0 or step == num_steps:
+    if step % schedule.log_every == 0 or step == num_steps:
       record = interval.close(step, steps.summary)
       bar.set_postfix(**steps.postfix(record))
       records.log('train', record)
-    if step % checkpoint_every == 0 or step == num_steps:
+    if step % schedule.checkpoint_every == 0 or step == num_steps:
       save_state(manager, state)
     if steps.evaluate is not None and (step % eval_every == 0 or step == num_steps):
       records.log('validation', {'step': step, **steps.evaluate(state.params)})
-    if after_step is not None:
-      after_step(step)
+    if schedule.after_step is not None:
+      schedule.after_step(step)
   bar.close()
   return state
 
@@ -1103,19 +1115,14 @@ def train(
     eval_batches: evaluate on at most this many batches; None the whole split.
     log_every: steps per logged (and progress bar) metrics line.
     progress: show a tqdm progress bar.
-    after_step: called with each step's number (`train.resumable_loop`).
+    after_step: called with each step's number (`Schedule`).
 
   Returns:
     A `TrainResult`.
   """
-  check_positive(
-    batch_size=batch_size,
-    num_steps=num_steps,
-    checkpoint_every=checkpoint_every,
-    keep_checkpoints=keep_checkpoints,
-    eval_every=eval_every,
-    eval_batches=eval_batches,
-    log_every=log_every,
+  check_positive(batch_size=batch_size, eval_batches=eval_batches)
+  schedule = Schedule(
+    num_steps, checkpoint_every, keep_checkpoints, eval_every, log_every, progress, after_step
   )
   loss_normalizing_factor = _check_loss_settings(label_smoothing, z_loss, loss_normalizing_factor)
   task = check_task(
@@ -1161,19 +1168,13 @@ def train(
   )
   params, step, train_metrics, eval_metrics = resumable_loop(
     model_dir,
+    schedule,
     config=config,
     optimizer=tx,
     initial_params=lambda: jax.device_put(network.random_params(config, seed)[0]),
     settings_file=SETTINGS_FILE,
     settings=settings,
-    num_steps=num_steps,
-    checkpoint_every=checkpoint_every,
-    keep_checkpoints=keep_checkpoints,
-    eval_every=eval_every,
-    log_every=log_every,
-    progress=progress,
     start=start,
-    after_step=after_step,
   )
   return TrainResult(params, step, train_metrics, eval_metrics)
 

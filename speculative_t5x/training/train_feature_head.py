@@ -307,6 +307,21 @@ def _check_head_training(target, data_temperatures, eval_every, eval_inputs) -> 
     raise ValueError('eval_every needs eval_inputs, the held-out inputs.')
 
 
+def _recorded_settings(config: HeadLossConfig, **run: Any) -> Dict[str, Any]:
+  """What a head's run records and a resumed run must repeat: the loss's config (the
+  head's, the unroll, the sampling mode; not the target's), then `run`'s values."""
+  return {
+    'head_config': _jsonable_head_config(config.head_config),
+    'unroll_steps': config.unroll_steps,
+    'decay': config.decay,
+    'feature_weight': config.feature_weight,
+    'temperature': config.temperature,
+    'topk': config.topk,
+    'topp': config.topp,
+    **run,
+  }
+
+
 def _jsonable_head_config(head_config: feature_head.FeatureHeadConfig) -> Dict[str, Any]:
   """The head's config as the run's settings record it (tuples as lists, no dtype)."""
   return {
@@ -428,10 +443,11 @@ def train_feature_head(
     seed: the data order, the samples and the default initial parameters.
     eval_inputs: int [M, Lin] held-out inputs; with `eval_every`, held-out metrics.
     eval_every: evaluate every this many steps (and at the end); None: never.
-    checkpoint_every, keep_checkpoints, log_every, progress: as `train.train`'s.
+    checkpoint_every, keep_checkpoints, log_every, progress: as `train.Schedule`'s.
   """
-  train.check_positive(
-    batch_size=batch_size, num_steps=num_steps, max_decode_len=max_decode_len, log_every=log_every
+  train.check_positive(batch_size=batch_size, max_decode_len=max_decode_len)
+  schedule = train.Schedule(
+    num_steps, checkpoint_every, keep_checkpoints, eval_every, log_every, progress
   )
   _check_head_training(target, data_temperatures, eval_every, eval_inputs)
   config = HeadLossConfig(
@@ -439,14 +455,8 @@ def train_feature_head(
   )
   tx, step_fn, evaluate_fn = _jitted(config, float(learning_rate))
   inputs = np.asarray(inputs, np.int32)
-  settings = dict(
-    head_config=_jsonable_head_config(head_config),
-    unroll_steps=unroll_steps,
-    decay=decay,
-    feature_weight=feature_weight,
-    temperature=temperature,
-    topk=topk,
-    topp=topp,
+  settings = _recorded_settings(
+    config,
     data_temperatures=list(data_temperatures),
     learning_rate=learning_rate,
     batch_size=batch_size,
@@ -467,17 +477,12 @@ def train_feature_head(
   )
   params, step, train_metrics, eval_metrics = train.resumable_loop(
     model_dir,
+    schedule,
     config=target.config,
     optimizer=tx,
     initial_params=lambda: _first_head_params(head_config, initial_params, seed),
     settings_file=SETTINGS_FILE,
     settings=settings,
-    num_steps=num_steps,
-    checkpoint_every=checkpoint_every,
-    keep_checkpoints=keep_checkpoints,
-    eval_every=eval_every,
-    log_every=log_every,
-    progress=progress,
     start=start,
     abstract_params=lambda: feature_head.abstract_params(head_config),
   )
