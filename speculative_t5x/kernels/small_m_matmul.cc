@@ -10,6 +10,8 @@
 // several blocks in turns of a few k-steps (more DRAM streams in flight than
 // one block gives); more rows are done in tiles of MR over each turn's
 // weights, by then in L1, so DRAM traffic stays one pass over W whatever M is.
+// The later row tiles, which read only L1, prefetch the next turn's weights,
+// so DRAM keeps streaming while they compute.
 //
 // Every output element is one fused multiply-add chain over k = 0..K-1 in
 // order, starting from zero, whatever M, the row tile or the thread split: a
@@ -73,13 +75,19 @@ constexpr int kRegisters = 16;
 constexpr int kVectorsPerBlock = 2;
 constexpr int kBlock = kLanes * kVectorsPerBlock;  // NB, columns per block.
 constexpr int kMaxTileBlocks = 4;
+constexpr int kLineFloats = 64 / sizeof(float);  // a 64-byte cache line
 // Column blocks streamed side by side. One core reads a single sequential
 // stream at ~13-15 GB/s (its miss buffers bound the lines in flight) but
 // several streams at the memory floor (the L2 prefetcher runs ahead on each),
 // so a call walks kStreams blocks at once, KC k-steps of each in turn.
 // 4 blocks in turns of 16 k-steps measured best on a Zen 2 core (4 rows:
 // 13 -> 19 GB/s; 32 k-steps lose the gain); a call whose one row tile
-// covers the whole group needs no turns.
+// covers the whole group needs no turns. The hardware prefetchers
+// apparently run ahead of missing loads only (the first row tile's), so the
+// later tiles (from L1) prefetch the next turn themselves: on a loaded
+// 2-core Zen 2 the `make demo` target's 4- and 8-token calls then took
+// 0.86-0.87 and 0.81-0.85 of the time, a 16-node tree's 0.78-0.80 (one
+// token: unchanged).
 constexpr int kStreams = 4;
 constexpr int64_t kChunk = 16;
 // Below this many multiply-adds a call runs on the calling thread: waking a
@@ -103,10 +111,12 @@ constexpr int BlocksAtOnce(int mr) {
 // k-steps [k0, k1) of rows [0, MR) of x (row stride K) times NBLK consecutive
 // column blocks, added to the accumulators `acc` [NBLK][MR][2 vectors] kept in
 // memory between calls (a store and a load per vector, exact: each output is
-// still one FMA chain over k in order).
+// still one FMA chain over k in order). With `next` (the weights the next
+// turn reads in these blocks' place, its k-step k0 first; else null), each
+// k-step also prefetches the line the next turn reads at the same offset.
 template <int MR, int NBLK>
 void Tile(const float* x, int64_t K, int64_t k0, int64_t k1, const float* blocks,
-          float* acc) {
+          float* acc, const float* next) {
   const int64_t stride = K * kBlock;  // floats from one block to the next
   Vec a[MR][NBLK][kVectorsPerBlock];
   for (int j = 0; j < NBLK; ++j)
@@ -115,6 +125,13 @@ void Tile(const float* x, int64_t K, int64_t k0, int64_t k1, const float* blocks
         a[r][j][v] = Load(acc + ((j * MR + r) * kVectorsPerBlock + v) * kLanes);
   for (int64_t k = k0; k < k1; ++k) {
     const float* w = blocks + k * kBlock;
+    if (next != nullptr)
+      // The non-temporal hint measured ahead of T0.
+      for (int j = 0; j < NBLK; ++j)
+        for (int f = 0; f < kBlock; f += kLineFloats)
+          _mm_prefetch(
+              reinterpret_cast<const char*>(next + j * stride + (k - k0) * kBlock + f),
+              _MM_HINT_NTA);
     if (MR == 1) {
       Vec xr = Broadcast(x[k]);
       for (int j = 0; j < NBLK; ++j)
@@ -143,7 +160,8 @@ void Tile(const float* x, int64_t K, int64_t k0, int64_t k1, const float* blocks
         Store(acc + ((j * MR + r) * kVectorsPerBlock + v) * kLanes, a[r][j][v]);
 }
 
-using TileFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, float*);
+using TileFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, float*,
+                       const float*);
 
 // For each row count MR: its tile over BlocksAtOnce(MR) blocks and over one.
 struct TileSet {
@@ -167,13 +185,22 @@ struct Problem {
   int64_t M, K, N, num_blocks;
 };
 
+// Row tiles of M > 2 rows: 2 rows first, which wait on DRAM, then tiles of
+// kMaxRows (the rest last; fuller tiles are faster per FMA) that read L1 and
+// prefetch meanwhile, so the first is the smallest (8 rows on AVX2: 2 + 6
+// measured ahead of 6 + 2 and 4 + 4; 4 rows: 2 + 2 ahead of one tile).
+int64_t RowTiles(int64_t M) { return M <= 2 ? 1 : 1 + (M - 2 + kMaxRows - 1) / kMaxRows; }
+int64_t TileRows(int64_t M, int64_t t) {
+  if (M <= 2) return M;
+  return t == 0 ? 2 : std::min<int64_t>(kMaxRows, M - 2 - (t - 1) * kMaxRows);
+}
+
 // Column blocks [first, last) for all M rows, kStreams blocks at a time: for
-// each chunk of kChunk k-steps, every row tile (MR rows each, the rest last: 8 rows on
-// AVX2 -> 6 + 2, fuller tiles being faster per FMA than equal halves) over
-// every block of the group, so the chunk's weights are read from DRAM once and
-// by later row tiles from L1.
+// each chunk of kChunk k-steps, every row tile over every block of the group,
+// so the chunk's weights are read from DRAM once and by later row tiles from
+// L1; those tiles prefetch the next chunk.
 void RunBlocks(const Problem& p, int64_t first, int64_t last) {
-  const int64_t tiles = (p.M + kMaxRows - 1) / kMaxRows;
+  const int64_t tiles = RowTiles(p.M);
   // The group's accumulators [M][kStreams][NB], kept per thread (grown once).
   thread_local std::vector<float> accumulators;
   if (accumulators.size() < static_cast<size_t>(p.M * kStreams * kBlock))
@@ -188,15 +215,20 @@ void RunBlocks(const Problem& p, int64_t first, int64_t last) {
       const int64_t k1 = std::min(p.K, k0 + chunk);
       int64_t row = 0;
       for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t rows = std::min<int64_t>(kMaxRows, p.M - row);
+        const int64_t rows = TileRows(p.M, t);
         const TileSet& tile = kTiles[rows - 1];
         // This tile's accumulators: [g][rows][NB] after the earlier tiles'.
         float* tile_acc = acc + row * g * kBlock;
         for (int64_t j = 0; j < g;) {
           const bool wide = j + tile.blocks <= g;
+          // The same blocks' next chunk when it is a whole one (prefetching
+          // the next group's first chunk after the last measured no faster).
+          const float* next = t > 0 && k1 + kChunk <= p.K
+                                  ? p.w + ((b + j) * p.K + k1) * kBlock
+                                  : nullptr;
           (wide ? tile.wide : tile.narrow)(p.x + row * p.K, p.K, k0, k1,
                                            p.w + (b + j) * p.K * kBlock,
-                                           tile_acc + j * rows * kBlock);
+                                           tile_acc + j * rows * kBlock, next);
           j += wide ? tile.blocks : 1;
         }
         row += rows;
@@ -204,7 +236,7 @@ void RunBlocks(const Problem& p, int64_t first, int64_t last) {
     }
     int64_t row = 0;
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t rows = std::min<int64_t>(kMaxRows, p.M - row);
+      const int64_t rows = TileRows(p.M, t);
       const float* tile_acc = acc + row * g * kBlock;
       for (int64_t j = 0; j < g; ++j) {
         const int64_t col = (b + j) * kBlock;
