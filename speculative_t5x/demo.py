@@ -108,9 +108,10 @@ DISTILLATION_DATA = {0.0: {'target': 1.0}, 1.0: {'draft': 1.0}}
 # The feature head's training steps (16 rows each; the head's shape and loss are
 # configs/runs/train_feature_head.gin's defaults). Tokens per target call of the
 # demo's head at gamma 3, batch 8, 64 test sentences (T = 0 / T = 1): 1.94 / 1.91 after
-# 60 steps, 1.87 / 2.06 after 100, 2.19 / 2.18 after 200 (the distilled drafts: 2.70 /
-# 2.50). Still rising at 200 but below the drafts there, and each 100 steps cost ~4 min
-# of the first run on the slower machine kind: the demo keeps 60 (--head_steps for more).
+# 60 steps, 2.19 / 2.18 after 200, 2.22 / 2.35 after 600, 2.27 / 2.35 after 1,000 (the
+# distilled drafts: 2.70 / 2.50; docs/results.md). Each 100 steps cost ~4 min of the
+# first run on the slower machine kind, and even 1,000 steps do not pass the drafts:
+# the demo keeps 60 (--head_steps for more).
 HEAD_STEPS = 60
 HEAD_NAME = 'feature head'  # How the report names the head beside the drafts.
 
