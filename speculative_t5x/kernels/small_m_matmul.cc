@@ -84,10 +84,10 @@ constexpr int kLineFloats = 64 / sizeof(float);  // a 64-byte cache line
 // 13 -> 19 GB/s; 32 k-steps lose the gain); a call whose one row tile
 // covers the whole group needs no turns. The hardware prefetchers
 // apparently run ahead of missing loads only (the first row tile's), so the
-// later tiles (from L1) prefetch the next turn themselves: on a loaded
-// 2-core Zen 2 the `make demo` target's 4- and 8-token calls then took
-// 0.86-0.87 and 0.81-0.85 of the time, a 16-node tree's 0.78-0.80 (one
-// token: unchanged).
+// later tiles (from L1) prefetch the next turn themselves: on a quiet
+// 2-core Zen 2 the `make demo` target's 4- and 8-token calls then took 0.91
+// and 0.79 of the time, a 16-node tree's 0.80 (one token: unchanged;
+// docs/results.md).
 constexpr int kStreams = 4;
 constexpr int64_t kChunk = 16;
 // Below this many multiply-adds a call runs on the calling thread: waking a
