@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import feature_head
+from speculative_t5x import kernels
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import tree as tree_lib
@@ -486,7 +487,8 @@ class FeatureDraft:
   `observe` rewrites the head's entries over the accepted path.
 
   Attributes:
-    params: the head's parameters.
+    params: the head's parameters: a plain tree, or with `packed()` their
+      `kernels.PackedParams` for the CPU kernel.
     target_params: the target's parameters, read frozen (its embedding, and
       its final norm and logits layer with output 'target').
     config: the head's `feature_head.FeatureHeadConfig` (static).
@@ -506,6 +508,18 @@ class FeatureDraft:
     """The head `params` of `config` for a `models.Model` target, shapes checked."""
     feature_head.check_params(config, params)
     return cls(params, target.params, config, target.config)
+
+  def packed(self) -> 'FeatureDraft':
+    """This head with every dense layer on the CPU kernel (`kernels.pack_params`), as decode calls run it.
+
+    The head's layers all run per draft step or per judged block, a few rows
+    at a time: XLA's dot streams a small-M matmul at a fraction of the
+    kernel's rate on the CPU (see `kernels`). Itself where the kernel is off
+    (another backend, no compiler, switched off) or the params are packed.
+    """
+    if isinstance(self.params, kernels.PackedParams):
+      return self
+    return self.replace(params=kernels.pack_params(self.config, self.params, scope=None))
 
   @property
   def vocab_size(self) -> int:

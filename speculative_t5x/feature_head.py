@@ -39,7 +39,10 @@ logits layer it uses: output 'own' with a small H avoids reading the target's
 `FeatureHeadConfig` (static, hashable), `FeatureHead` (the flax module),
 `config_for(target_config, ...)`, `check_target`, `check_params`,
 `init_params`, and `apply_block` / `init_cache` / `unrolled` (training's
-pass) / `logits` as pure functions.
+pass) / `logits` as pure functions. The decode-time ones (`apply_block`,
+`init_cache`, `logits`) take the head's parameters as a plain tree or as
+`kernels.pack_params(config, params, scope=None)`, on which every dense layer
+runs the CPU kernel (`drafts.FeatureDraft.packed`).
 """
 
 import dataclasses
@@ -49,6 +52,7 @@ from flax import linen as nn
 import jax
 import jax.numpy as jnp
 
+from speculative_t5x import kernels
 from speculative_t5x import network
 
 Array = jax.Array
@@ -196,7 +200,7 @@ def check_target(config: FeatureHeadConfig, target_config: network.NetworkConfig
 def check_params(config: FeatureHeadConfig, params: PyTree) -> None:
   """ValueError unless `params` have the shapes of `FeatureHead(config)`'s, naming the first misfit."""
   expected = jax.tree_util.tree_leaves_with_path(abstract_params(config))
-  actual = dict(jax.tree_util.tree_leaves_with_path(params))
+  actual = dict(jax.tree_util.tree_leaves_with_path(kernels.plain_params(params)))
   for path, leaf in expected:
     name = jax.tree_util.keystr(path)
     shape = getattr(actual.get(path), 'shape', None)
@@ -449,7 +453,7 @@ def init_cache(
       'encoder_mask (network.encode of the target).'
     )
   _, variables = FeatureHead(config).apply(
-    {'params': params},
+    kernels.variables(params),
     batch,
     cache_length,
     encoded if config.cross_attention else None,
@@ -483,7 +487,7 @@ def apply_block(
       "the head's."
     )
   outputs, variables = FeatureHead(config).apply(
-    {'params': params, 'cache': cache},
+    kernels.variables(params, cache=cache),
     features,
     next_embedded,
     start_positions.astype(jnp.int32),
@@ -533,6 +537,8 @@ def logits(
 ) -> Array:
   """float32 [..., V]: the head's next-token logits from its outputs (see the module docstring)."""
   if config.output == 'own':
-    return FeatureHead(config).apply({'params': params}, hidden, method=FeatureHead.own_logits)
+    return FeatureHead(config).apply(
+      kernels.variables(params), hidden, method=FeatureHead.own_logits
+    )
   top = predicted[..., -config.target_emb_dim :]
   return network.logits_from_features(target_config, target_params, top)

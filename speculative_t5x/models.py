@@ -130,7 +130,9 @@ class GenerateOutput:
 
 
 def as_draft(draft: Draft):
-  """A `drafts` draft for a decode call: a `Model` on its packed parameters (as the target's)."""
+  """A `drafts` draft for a decode call: a `Model` or a feature head on packed parameters (as the target's)."""
+  if isinstance(draft, drafts.FeatureDraft):
+    return draft.packed()
   return draft.as_draft(packed=True) if isinstance(draft, Model) else draft
 
 

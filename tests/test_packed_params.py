@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculative_t5x import drafts
+from speculative_t5x import feature_head
 from speculative_t5x import kernels
 from speculative_t5x import models
 from speculative_t5x import network
@@ -82,3 +84,48 @@ def test_unchanged_where_the_kernel_is_off(monkeypatch):
   bfloat16 = dataclasses.replace(model.config, dtype='bfloat16')
   monkeypatch.delenv(cpu_matmul.ENV_SWITCH)
   assert kernels.pack_params(bfloat16, model.params) is model.params
+
+
+def _head(target, **fields):
+  config = feature_head.config_for(
+    target.config, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32, **fields
+  )
+  return drafts.FeatureDraft.for_target(target, feature_head.init_params(config, 3), config)
+
+
+def _head_block(head, tokens):
+  """(predicted, hidden, logits of the last entry) of a 4-entry block at per-row starts."""
+  inputs = jnp.asarray(padded_inputs(3, 2, 6, head.vocab_size))
+  encoded = None
+  if head.config.cross_attention:
+    encoded = jax.random.normal(jax.random.PRNGKey(1), inputs.shape + (head.config.target_emb_dim,))
+  cache = head.init_cache(inputs, 16, encoded=encoded)
+  features = jax.random.normal(jax.random.PRNGKey(2), tokens.shape + (head.config.feature_width,))
+  state = head.observe(cache, features, tokens, jnp.asarray([0, 5]), jnp.asarray([3, 1]))
+  return (np.asarray(state['feature']), np.asarray(state['logits']))
+
+
+@pytest.mark.parametrize('name,output', [('untied', 'own'), ('decoder_only', 'target')])
+def test_a_feature_head_on_the_kernel_matches_plain_within_float32(name, output):
+  _needs_kernel()
+  head = _head(_models()[name], output=output)
+  packed = head.packed()
+  assert isinstance(packed.params, kernels.PackedParams) and packed.packed() is packed
+  names = {
+    jax.tree_util.keystr(path)
+    for path, _ in jax.tree_util.tree_leaves_with_path(packed.params.packed)
+  }
+  # Every dense layer of the head runs per draft step: all are packed.
+  for layer in ('pre_projection', 'post_projection', 'mlp', 'self_attention', 'query'):
+    assert any(layer in n for n in names), (layer, names)
+  assert any('logits_dense' in n for n in names) == (output == 'own')
+  tokens = jnp.asarray([[5, 6, 7, 8], [9, 3, 2, 4]], jnp.int32)
+  for plain, kernel in zip(_head_block(head, tokens), _head_block(packed, tokens)):
+    np.testing.assert_allclose(kernel, plain, rtol=1e-5, atol=1e-5 * np.abs(plain).max())
+
+
+def test_a_feature_head_stays_plain_where_the_kernel_is_off(monkeypatch):
+  head = _head(_models()['untied'])
+  monkeypatch.setenv(cpu_matmul.ENV_SWITCH, '0')
+  assert head.packed().params is head.params
+  assert models.as_draft(head).params is head.params

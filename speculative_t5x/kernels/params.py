@@ -3,8 +3,9 @@
 Checkpoints and the T5X parameter tree stay as they are; `pack_params` makes,
 once per model placement, a second Flax collection 'packed' that mirrors the
 tree's paths for the decoder's dense kernels (attention projections, MLP,
-untied logits; `cpu_matmul.pack`'s blocked layout) and, with logits from the
-tied embedding, the embedding's transpose. `network`'s decode entry points
+untied logits; `cpu_matmul.pack`'s blocked layout; for a feature head, all of
+its dense kernels) and, with logits from the tied embedding, the embedding's
+transpose. `network`'s decode entry points
 (`init_decoder_cache`, `apply_decode_block`, `prefill_decoder_cache`) take
 either a plain tree or these `PackedParams`, and its `DenseGeneral` and
 `Embed.attend` use a packed weight where the collection has one, else the
@@ -21,7 +22,7 @@ holds one copy; such `PackedParams` cannot be trained or scored by
 `network.compute_logits`.
 """
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import flax
 from flax import traverse_util
@@ -50,18 +51,22 @@ class PackedParams:
   packed: PyTree
 
 
-def _packed_paths(config: Any, flat: Dict[Tuple[str, ...], Any]) -> Dict[Tuple[str, ...], Any]:
-  """The decoder's 2-D dense kernels, and the embedding where it gives the logits, by path."""
+def _packed_paths(
+  config: Any, flat: Dict[Tuple[str, ...], Any], scope: Optional[str]
+) -> Dict[Tuple[str, ...], Any]:
+  """The 2-D dense kernels under `scope`, and the embedding where it gives the logits, by path."""
   chosen = {}
   for path, leaf in flat.items():
-    if path[0] == 'decoder' and path[-1] == 'kernel' and leaf.ndim == 2:
+    if scope in (None, path[0]) and path[-1] == 'kernel' and leaf.ndim == 2:
       chosen[path] = leaf
-    elif path[-1] == 'embedding' and config.logits_via_embedding:
+    elif path[-1] == 'embedding' and getattr(config, 'logits_via_embedding', False):
       chosen[path] = leaf.T
   return chosen
 
 
-def pack_params(config: Any, params: PyTree, *, keep_unpacked: bool = True) -> PyTree:
+def pack_params(
+  config: Any, params: PyTree, *, keep_unpacked: bool = True, scope: Optional[str] = 'decoder'
+) -> PyTree:
   """`PackedParams` for decoding with the CPU kernel, or `params` itself where it is not used.
 
   The kernel is used for float32 networks when `cpu_matmul.available()`
@@ -69,10 +74,15 @@ def pack_params(config: Any, params: PyTree, *, keep_unpacked: bool = True) -> P
   and decoding runs XLA's dot as before.
 
   Args:
-    config: the network's `network.T5Config` or `network.DecoderOnlyConfig`.
+    config: the network's `network.T5Config` or `network.DecoderOnlyConfig`,
+      or a draft head's `feature_head.FeatureHeadConfig` (anything with a
+      `dtype`; `logits_via_embedding` if its logits are the tied embedding's).
     params: its T5X parameter tree (dicts).
     keep_unpacked: False drops the packed kernels from the plain tree (see the
       module docstring).
+    scope: the top-level module whose 2-D kernels decode ('decoder': a
+      network's encoder runs once per call, on XLA's dot); None: every 2-D
+      kernel (a feature head, all of whose layers run per draft step).
   """
   if jnp.dtype(config.dtype) != jnp.float32 or not cpu_matmul.available():
     return params
@@ -83,7 +93,7 @@ def pack_params(config: Any, params: PyTree, *, keep_unpacked: bool = True) -> P
   ):
     # The FFI call has no partitioning rule: sharded weights keep XLA's dot.
     return params
-  chosen = _packed_paths(config, flat)
+  chosen = _packed_paths(config, flat, scope)
   packed = {path: cpu_matmul.pack(w) for path, w in chosen.items()}
   if not keep_unpacked:
     flat = {path: leaf for path, leaf in flat.items() if path not in chosen or path[-1] != 'kernel'}
