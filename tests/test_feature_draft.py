@@ -117,8 +117,9 @@ def fresh_features(target, input_tokens, decoder_inputs, feature_layers, prompt_
 # ------------------------------------------------------------------------------
 # Features from the target's own calls.
 # ------------------------------------------------------------------------------
+# `slow`: the top layer alone; (0, 1) checks it too, beside a lower layer, and the logits from it.
 @pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
-@pytest.mark.parametrize('feature_layers', [(1,), (0, 1)])
+@pytest.mark.parametrize('feature_layers', [pytest.param((1,), marks=pytest.mark.slow), (0, 1)])
 def test_block_calls_return_the_features_of_a_fresh_forward_pass(architecture, feature_layers):
   """A prefill and two blocks at ragged positions vs teacher forcing; logits unchanged."""
   target = TARGETS[architecture]
