@@ -2,7 +2,7 @@
 
 Random bfloat16 parameters drawn on the accelerator (fast, unlike the host
 draws of `models.random_model`, which take minutes for XXL), then
-`benchmark.run_benchmark(..., emulate_alpha=...)`: acceptances are i.i.d.
+`benchmark.run_benchmark` with `Measurement(emulate_alpha=...)`: acceptances are i.i.d.
 with probability alpha, every row decodes to full length, the report says it
 is an emulation. Needs jax, flax and numpy only.
 
@@ -164,18 +164,20 @@ def main():
     target,
     draft,
     inputs,
-    pair_name=f'T5 1.1 {args.target} / {args.draft} (random weights)',
-    task_name=f'random inputs, emulated alpha {args.alpha}',
-    temperatures=(0.0,),
-    gammas=args.gammas,
-    batch_sizes=args.batch_sizes,
-    num_walltime_examples=args.num_examples,
-    repetitions=args.repetitions,
-    max_decode_len=args.max_decode_len,
-    emulate_alpha=args.alpha,
-    compared_drafts=heads,
-    output_dir=args.output_dir,
-    progress=lambda line: print(line, flush=True),
+    sweep=benchmark.Sweep(temperatures=(0.0,), gammas=args.gammas, batch_sizes=args.batch_sizes),
+    measurement=benchmark.Measurement(
+      num_walltime_examples=args.num_examples,
+      repetitions=args.repetitions,
+      max_decode_len=args.max_decode_len,
+      emulate_alpha=args.alpha,
+    ),
+    other_drafts=benchmark.OtherDrafts(compared_drafts=heads),
+    report=benchmark.Report(
+      pair_name=f'T5 1.1 {args.target} / {args.draft} (random weights)',
+      task_name=f'random inputs, emulated alpha {args.alpha}',
+      output_dir=args.output_dir,
+      progress=lambda line: print(line, flush=True),
+    ),
   )
   costs = [r for r in records if isinstance(r, records_lib.Costs)]
   print(json.dumps(records_lib.to_json(costs), default=float))

@@ -171,19 +171,24 @@ def gpt_like_row(
       draft,
       prompts,
       references=references,
-      vocabulary_path=vocabulary_path,
-      pair_name=f'GPT-like {millions(target)} / {millions(draft)}',
-      task_name='English LM, test split prompts',
-      temperatures=temperatures,
-      gammas=gammas,
-      num_walltime_examples=num_walltime_examples,
-      repetitions=repetitions,
-      max_decode_len=max_decode_len,
-      alpha_tokens=alpha_tokens,
-      ngram_corpus=ngram_corpus,
-      alpha_drafts={'prompt lookup': drafts.PromptLookupDraft(vocab_size=target.vocab_size)},
-      output_dir=benchmark_dir,
-      progress=logged,
+      sweep=benchmark.Sweep(temperatures=temperatures, gammas=gammas),
+      measurement=benchmark.Measurement(
+        num_walltime_examples=num_walltime_examples,
+        repetitions=repetitions,
+        max_decode_len=max_decode_len,
+        alpha_tokens=alpha_tokens,
+      ),
+      other_drafts=benchmark.OtherDrafts(
+        ngram_corpus=ngram_corpus,
+        alpha_drafts={'prompt lookup': drafts.PromptLookupDraft(vocab_size=target.vocab_size)},
+      ),
+      report=benchmark.Report(
+        pair_name=f'GPT-like {millions(target)} / {millions(draft)}',
+        task_name='English LM, test split prompts',
+        vocabulary_path=vocabulary_path,
+        output_dir=benchmark_dir,
+        progress=logged,
+      ),
     )
   alpha = [
     dict(

@@ -56,16 +56,19 @@ def main():
     target,
     draft,
     inputs,
-    pair_name=f'T5 1.1 {args.target} / {args.draft} (random, float32)',
-    task_name=f'random inputs, emulated alpha {args.alpha}',
-    temperatures=tuple(args.temperatures),
-    gammas=args.gammas,
-    num_walltime_examples=args.num_examples,
-    repetitions=args.repetitions,
-    max_decode_len=args.max_decode_len,
-    emulate_alpha=args.alpha,
-    output_dir=args.output_dir,
-    progress=lambda line: print(line, flush=True),
+    sweep=benchmark.Sweep(temperatures=tuple(args.temperatures), gammas=args.gammas),
+    measurement=benchmark.Measurement(
+      num_walltime_examples=args.num_examples,
+      repetitions=args.repetitions,
+      max_decode_len=args.max_decode_len,
+      emulate_alpha=args.alpha,
+    ),
+    report=benchmark.Report(
+      pair_name=f'T5 1.1 {args.target} / {args.draft} (random, float32)',
+      task_name=f'random inputs, emulated alpha {args.alpha}',
+      output_dir=args.output_dir,
+      progress=lambda line: print(line, flush=True),
+    ),
   )
   print(reports.markdown_report(records))
 

@@ -51,14 +51,16 @@ def main():
       target,
       candidate,
       inputs,
-      temperatures=(0.0,),
-      gammas=args.gammas,
-      num_walltime_examples=args.num_examples,
-      repetitions=args.repetitions,
-      max_decode_len=args.max_decode_len,
-      alpha_tokens=2000,
-      output_dir=os.path.join(output_dir, name.replace('= ', '')),
-      progress=lambda _: None,
+      sweep=benchmark.Sweep(temperatures=(0.0,), gammas=args.gammas),
+      measurement=benchmark.Measurement(
+        num_walltime_examples=args.num_examples,
+        repetitions=args.repetitions,
+        max_decode_len=args.max_decode_len,
+        alpha_tokens=2000,
+      ),
+      report=benchmark.Report(
+        output_dir=os.path.join(output_dir, name.replace('= ', '')), progress=lambda _: None
+      ),
     )
     for r in records:
       if r['kind'] == 'walltime':

@@ -314,7 +314,7 @@ def distilled_model(
   directories in `workdir`), configs/tasks/gettext_ende.gin and
   configs/runs/distill.gin. The record holds the run's settings and its
   held-out alpha curve (read from the model directory, so a cached run
-  reports them too) for `benchmark.run_benchmark(distillation=...)`.
+  reports them too) for `benchmark.Report.distillation`.
   """
   config = gin_utils.model_config('gettext_draft', vocab_size)
   model_dir = os.path.join(workdir, f'gettext_draft_{divergence}_T{temperature:g}')
@@ -528,48 +528,55 @@ def _distilled_drafts(args, workdir: str, corpus_dir: str, vocabulary: str) -> D
   }
 
 
-def _benchmark_arguments(
-  args, workdir: str, corpus_dir: str, vocabulary: str, references: List[str], start: float
+def _benchmark_options(
+  args, workdir: str, corpus_dir: str, vocabulary: str, start: float
 ) -> Dict[str, Any]:
-  """`run_benchmark`'s keyword arguments that every decoding mode's run shares.
+  """`run_benchmark`'s options that every decoding mode's run shares.
 
-  The flags' sweep (gammas and batch sizes), the test split's `references`,
-  the train split's target tokens for the n-gram drafts, the workdir's result
-  cache, and progress lines stamped with the seconds since `start`.
+  The flags' sweep (gammas and batch sizes), the train split's target tokens
+  for the n-gram drafts, the workdir's result cache, and progress lines
+  stamped with the seconds since `start`; each mode replaces its temperature,
+  other drafts, pair name and distillation.
   """
   gammas = args.gammas or list(FULL_GAMMAS if args.full_sweep else GAMMAS)
   batch_sizes = args.batch_sizes or list(FULL_BATCH_SIZES if args.full_sweep else BATCH_SIZES)
   return dict(
-    references=references,
-    vocabulary_path=vocabulary,
-    task_name='gettext EnDe test',
-    gammas=[int(g) for g in gammas],
-    batch_sizes=[int(b) for b in batch_sizes],
-    num_walltime_examples=args.num_examples,
-    repetitions=args.repetitions,
-    max_decode_len=MAX_DECODE_LEN,
-    alpha_tokens=args.alpha_tokens,
-    ngram_corpus=benchmark.tsv_target_tokens(
-      os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
+    sweep=benchmark.Sweep(
+      gammas=[int(g) for g in gammas], batch_sizes=[int(b) for b in batch_sizes]
     ),
-    # alpha and the sampled quality are functions of the checkpoints, the inputs and
-    # this machine: a second run reads them back (timings are measured in every run).
-    result_cache=result_cache_lib.ResultCache(
-      os.path.join(workdir, 'result_cache'), remeasure=args.remeasure
+    measurement=benchmark.Measurement(
+      num_walltime_examples=args.num_examples,
+      repetitions=args.repetitions,
+      max_decode_len=MAX_DECODE_LEN,
+      alpha_tokens=args.alpha_tokens,
     ),
-    progress=lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True),
+    other_drafts=benchmark.OtherDrafts(
+      ngram_corpus=benchmark.tsv_target_tokens(
+        os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
+      )
+    ),
+    report=benchmark.Report(
+      task_name='gettext EnDe test',
+      vocabulary_path=vocabulary,
+      # alpha and the sampled quality are functions of the checkpoints, the inputs and
+      # this machine: a second run reads them back (timings are measured in every run).
+      result_cache=result_cache_lib.ResultCache(
+        os.path.join(workdir, 'result_cache'), remeasure=args.remeasure
+      ),
+      progress=lambda line: print(f'[{time.perf_counter() - start:4.0f} s] {line}', flush=True),
+    ),
   )
 
 
 def _benchmark_every_mode(
-  target, data_draft, distilled, head, inputs, common
+  target, data_draft, distilled, head, inputs, references, options
 ) -> Tuple[List[Any], Dict[float, Any]]:
   """`benchmark.run_benchmark` once per temperature: `(records, {temperature: draft used})`.
 
   Each temperature's pair is the draft distilled for it (else the data-trained
   draft); the other drafts' alpha is measured on the same target samples, and
   the head (if any) is timed in the same passes. inputs: int32 [N, Lin] the
-  test split's; `common`: `run_benchmark`'s other keyword arguments.
+  test split's, `references` their N targets; `options`: `_benchmark_options`.
   """
   records, drafts_used = [], {}
   target_name = f'gettext target ({_millions(target)})'
@@ -590,12 +597,17 @@ def _benchmark_every_mode(
       target,
       draft,
       inputs,
-      pair_name=f'{target_name} / {name} ({_millions(draft)})',
-      temperatures=(temperature,),
-      alpha_drafts=alpha_drafts,
-      compared_drafts=compared,
-      distillation=distillation,
-      **common,
+      references=references,
+      sweep=dataclasses.replace(options['sweep'], temperatures=(temperature,)),
+      measurement=options['measurement'],
+      other_drafts=dataclasses.replace(
+        options['other_drafts'], alpha_drafts=alpha_drafts, compared_drafts=compared
+      ),
+      report=dataclasses.replace(
+        options['report'],
+        pair_name=f'{target_name} / {name} ({_millions(draft)})',
+        distillation=distillation,
+      ),
     )
   return records, drafts_used
 
@@ -659,8 +671,10 @@ def main(argv) -> None:
   inputs, references = benchmark.tsv_inputs(
     os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=tasks_core.EN_DE_PREFIX
   )
-  common = _benchmark_arguments(args, workdir, corpus_dir, vocabulary, references, start)
-  records, drafts_used = _benchmark_every_mode(target, data_draft, distilled, head, inputs, common)
+  options = _benchmark_options(args, workdir, corpus_dir, vocabulary, start)
+  records, drafts_used = _benchmark_every_mode(
+    target, data_draft, distilled, head, inputs, references, options
+  )
   if head_training is not None:
     records.append(_head_training_record(target, head_training))
   records.append(records_lib.Machine(emulated=False, **machine))
@@ -668,7 +682,7 @@ def main(argv) -> None:
   reports.write_report(records, report_dir)
   peers_markdown = None
   if args.peers:
-    # The examples the benchmark times (run_benchmark's walltime inputs), so that the
+    # The examples the benchmark times (`Measurement.num_walltime_examples`), so that the
     # two tables' speedups are of the same inputs.
     timed_inputs = layouts.trim_padding(inputs[: args.num_examples])
     peers_markdown = _peers_beside_ours(

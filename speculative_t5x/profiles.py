@@ -45,8 +45,8 @@ PROFILE_VERSION = 1
 HOW_TO_MAKE_ONE = (
   'Make one with the profile sweep of the benchmark: its gin file configs/runs/profile.gin '
   '(after the pair and task files; its header has the command), or '
-  '`benchmark.run_benchmark(..., profile_dir=...)` in Python, which writes one profile per '
-  'temperature.'
+  '`benchmark.run_benchmark(..., sweep=benchmark.Sweep(profile_dir=...))` in Python, which '
+  'writes one profile per temperature.'
 )
 
 

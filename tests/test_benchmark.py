@@ -53,19 +53,18 @@ def records(tmp_path_factory):
     TARGET,
     DRAFT,
     inputs,
-    temperatures=(1.0,),
-    gammas=(1, 3),
-    batch_sizes=(1, 2),
-    batch_size_gamma='auto',
-    num_walltime_examples=4,
-    repetitions=2,
-    max_decode_len=10,
-    alpha_tokens=3000,
-    ngram_corpus=corpus,
-    alpha_drafts={'another draft': OTHER_DRAFT},
-    distillation=DISTILLATION,
-    output_dir=output_dir,
-    progress=lambda line: None,
+    sweep=benchmark.Sweep(
+      temperatures=(1.0,), gammas=(1, 3), batch_sizes=(1, 2), batch_size_gamma='auto'
+    ),
+    measurement=benchmark.Measurement(
+      num_walltime_examples=4, repetitions=2, max_decode_len=10, alpha_tokens=3000
+    ),
+    other_drafts=benchmark.OtherDrafts(
+      ngram_corpus=corpus, alpha_drafts={'another draft': OTHER_DRAFT}
+    ),
+    report=benchmark.Report(
+      distillation=DISTILLATION, output_dir=output_dir, progress=lambda line: None
+    ),
   )
   return result, output_dir
 
@@ -241,6 +240,13 @@ def test_gin_main_needs_examples_or_the_emulation():
     benchmark.benchmark_pair(target=TARGET, draft=DRAFT, output_dir='/unused')
 
 
+def test_a_misspelt_or_invalid_setting_is_an_error_before_anything_runs():
+  with pytest.raises(TypeError, match=r"Unknown benchmark settings \['gamma'\].*'gammas'"):
+    benchmark.benchmark_pair(target=TARGET, draft=DRAFT, output_dir='/unused', gamma=3)
+  with pytest.raises(ValueError, match='verification'):
+    benchmark.Sweep(verification='tree')
+
+
 # ------------------------------------------------------------------------------
 # Prompts: decoder-only pairs, and encoder-decoder pairs with decoder prompts.
 # ------------------------------------------------------------------------------
@@ -261,7 +267,8 @@ def ragged_prompts(seed, batch, width, vocab_size=24):
   return prompts.astype(np.int32)
 
 
-def _run(target, draft, inputs, output_dir, **overrides):
+def _run(target, draft, inputs, output_dir, decoder_prompts=None, **overrides):
+  """`run_benchmark` at a small sweep; `overrides`: option fields by name."""
   settings = dict(
     temperatures=(0.0,),
     gammas=(2,),
@@ -274,7 +281,13 @@ def _run(target, draft, inputs, output_dir, **overrides):
     progress=lambda line: None,
   )
   settings.update(overrides)
-  return benchmark.run_benchmark(target, draft, inputs, **settings)
+  return benchmark.run_benchmark(
+    target,
+    draft,
+    inputs,
+    decoder_prompts=decoder_prompts,
+    **benchmark.options_from_fields(**settings),
+  )
 
 
 @pytest.fixture(scope='module')

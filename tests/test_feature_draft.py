@@ -117,8 +117,9 @@ def fresh_features(target, input_tokens, decoder_inputs, feature_layers, prompt_
 # ------------------------------------------------------------------------------
 # Features from the target's own calls.
 # ------------------------------------------------------------------------------
+# `slow`: the top layer alone; (0, 1) checks it too, beside a lower layer, and the logits from it.
 @pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
-@pytest.mark.parametrize('feature_layers', [(1,), (0, 1)])
+@pytest.mark.parametrize('feature_layers', [pytest.param((1,), marks=pytest.mark.slow), (0, 1)])
 def test_block_calls_return_the_features_of_a_fresh_forward_pass(architecture, feature_layers):
   """A prefill and two blocks at ragged positions vs teacher forcing; logits unchanged."""
   target = TARGETS[architecture]
@@ -177,10 +178,11 @@ class RecordingFeatureDraft(drafts.FeatureDraft):
 RECORDED = []
 
 
+# `slow`: the encoder-decoder's chain (its tree runs fast, and both decoder-only chains).
 @pytest.mark.parametrize(
   'architecture, tree',
   [
-    ('encoder_decoder', None),
+    pytest.param('encoder_decoder', None, marks=pytest.mark.slow),
     ('decoder_only', None),
     ('prefix_lm', None),
     ('encoder_decoder', (2, 2)),
@@ -247,13 +249,16 @@ def test_the_loop_hands_the_head_the_features_of_a_fresh_forward_pass(architectu
 # ------------------------------------------------------------------------------
 # Exactness.
 # ------------------------------------------------------------------------------
+# `make test` keeps each architecture, verification rule and output kind once (ragged
+# batches of the target-output head in both architectures, block on the encoder-decoder);
+# the other combinations are `slow`.
 @pytest.mark.parametrize(
   'architecture, batch, gamma, verification, output',
   [
-    ('encoder_decoder', 1, 3, 'token', 'target'),
+    pytest.param('encoder_decoder', 1, 3, 'token', 'target', marks=pytest.mark.slow),
     ('encoder_decoder', 5, 4, 'block', 'target'),
-    ('encoder_decoder', 8, 2, 'token', 'own'),
-    ('decoder_only', 1, 4, 'block', 'target'),
+    pytest.param('encoder_decoder', 8, 2, 'token', 'own', marks=pytest.mark.slow),
+    pytest.param('decoder_only', 1, 4, 'block', 'target', marks=pytest.mark.slow),
     ('decoder_only', 6, 3, 'token', 'target'),
     ('decoder_only', 8, 5, 'token', 'own'),
     ('encoder_decoder', 4, 3, 'token', 'fused'),
@@ -532,7 +537,11 @@ def test_an_encoder_decoder_head_needs_the_targets_encoder_output():
 # ------------------------------------------------------------------------------
 # Training.
 # ------------------------------------------------------------------------------
-@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
+# `slow`: the encoder-decoder (test_feature_draft_training checks the same pairing through the
+# decode loop in both architectures).
+@pytest.mark.parametrize(
+  'architecture', [pytest.param('encoder_decoder', marks=pytest.mark.slow), 'decoder_only']
+)
 def test_the_training_time_test_computes_what_a_rollout_drafts_from(architecture):
   """Rollout step m + 1's q == the unrolled pass's depth-m distribution at position P - 1 + m.
 

@@ -103,16 +103,16 @@ def head_records(tmp_path_factory):
     target,
     tiny_model(seed=1, vocab_size=24, scale=3.0),
     padded_inputs(0, 8, 7, target.vocab_size),
-    pair_name='target / model draft',
-    temperatures=(0.0,),
-    gammas=(1, 2),
-    num_walltime_examples=4,
-    repetitions=1,
-    max_decode_len=10,
-    alpha_tokens=800,
-    compared_drafts={HEAD_PAIR: random_head(target, output='target')},
-    output_dir=output_dir,
-    progress=lambda line: None,
+    sweep=benchmark.Sweep(temperatures=(0.0,), gammas=(1, 2)),
+    measurement=benchmark.Measurement(
+      num_walltime_examples=4, repetitions=1, max_decode_len=10, alpha_tokens=800
+    ),
+    other_drafts=benchmark.OtherDrafts(
+      compared_drafts={HEAD_PAIR: random_head(target, output='target')}
+    ),
+    report=benchmark.Report(
+      pair_name='target / model draft', output_dir=output_dir, progress=lambda line: None
+    ),
   )
   return records, output_dir
 

@@ -110,16 +110,16 @@ def test_the_benchmark_sweep_writes_a_profile_that_auto_follows(tmp_path):
     TARGET,
     DRAFT,
     benchmark.random_inputs(4, 6, TARGET.vocab_size)[0],
-    temperatures=(0.0,),
-    gammas=(1, 2),
-    batch_sizes=(1, 2),
-    num_walltime_examples=2,
-    repetitions=1,
-    max_decode_len=8,
-    emulate_alpha=0.7,
-    output_dir=str(tmp_path / 'report'),
-    profile_dir=str(tmp_path / 'profiles'),
-    progress=lambda line: None,
+    sweep=benchmark.Sweep(
+      temperatures=(0.0,),
+      gammas=(1, 2),
+      batch_sizes=(1, 2),
+      profile_dir=str(tmp_path / 'profiles'),
+    ),
+    measurement=benchmark.Measurement(
+      num_walltime_examples=2, repetitions=1, max_decode_len=8, emulate_alpha=0.7
+    ),
+    report=benchmark.Report(output_dir=str(tmp_path / 'report'), progress=lambda line: None),
   )
   (profile,) = [r for r in records if r['kind'] == 'profile']
   written = json.loads((tmp_path / 'profiles' / 'profile_t0.json').read_text())

@@ -111,14 +111,13 @@ def test_a_second_benchmark_reads_alpha_and_sampled_quality_back(tmp_path, monke
     TARGET,
     DRAFT,
     padded_inputs(0, 6, 5, TARGET.vocab_size),
-    temperatures=(1.0,),
-    gammas=(2,),
-    num_walltime_examples=2,
-    repetitions=1,
-    max_decode_len=6,
-    alpha_tokens=200,
-    result_cache=result_cache.ResultCache(str(tmp_path)),
-    progress=lambda line: None,
+    sweep=benchmark.Sweep(temperatures=(1.0,), gammas=(2,)),
+    measurement=benchmark.Measurement(
+      num_walltime_examples=2, repetitions=1, max_decode_len=6, alpha_tokens=200
+    ),
+    report=benchmark.Report(
+      result_cache=result_cache.ResultCache(str(tmp_path)), progress=lambda line: None
+    ),
   )
   first = run()
   assert len(sampled_calls) == benchmark.QUALITY_KEYS * 2  # Baseline and speculative.

@@ -331,11 +331,16 @@ def exact_scores(target, row_shift, inputs, decodes, rescale, **sample_args):
   return np.asarray(scores)
 
 
-@pytest.mark.parametrize('rescale_log_probs', [True, False])
+# `slow`: greedy without rescaling (the same scoring under the logits as top-k without it).
 @pytest.mark.parametrize(
-  'sample_args',
-  [dict(temperature=0.7, topk=3), dict(temperature=0.0, topk=0)],
-  ids=['topk3', 'greedy'],
+  'sample_args, rescale_log_probs',
+  [
+    (dict(temperature=0.7, topk=3), True),
+    (dict(temperature=0.0, topk=0), True),
+    (dict(temperature=0.7, topk=3), False),
+    pytest.param(dict(temperature=0.0, topk=0), False, marks=pytest.mark.slow),
+  ],
+  ids=['topk3-True', 'greedy-True', 'topk3-False', 'greedy-False'],
 )
 def test_scores_follow_rescale_log_probs(rescale_log_probs, sample_args):
   """T5X's rescale_log_probs: True scores under p (0 when greedy), False under the logits.
@@ -504,7 +509,18 @@ def example_setup(name):
   return target, row_shift, jnp.asarray(inputs, jnp.int32), args, np.asarray(expected)
 
 
-@pytest.mark.parametrize('name', DOCSTRING_EXAMPLES)
+# `slow`: example 4 (initial_index runs fast in example 3; max_decode_steps and its hard limit
+# in test_max_decode_steps_hard_limit_clips_max_decode_steps, baseline and speculative).
+FAST_DOCSTRING_EXAMPLES = ('example_1', 'example_2_early_stopping', 'example_3_prefilled_cache')
+
+
+@pytest.mark.parametrize(
+  'name',
+  [
+    pytest.param(name, marks=() if name in FAST_DOCSTRING_EXAMPLES else pytest.mark.slow)
+    for name in DOCSTRING_EXAMPLES
+  ],
+)
 def test_t5x_docstring_examples(name):
   """Ours give T5X's documented outputs: baseline, and speculative with every kind of draft."""
   target, row_shift, inputs, args, expected = example_setup(name)

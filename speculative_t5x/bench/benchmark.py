@@ -34,10 +34,13 @@ decoder-only pair's prompts), measured in one run:
 
 Everything here imports jax/flax/numpy only (sentencepiece or seqio only for
 the input readers that need them), so the walltime benchmark runs on GPU/TPU
-machines without TensorFlow. `python -m speculative_t5x.bench.benchmark
---gin_file=configs/runs/benchmark.gin ...` runs `run_benchmark` from gin;
-`scripts/` wraps it. The records become benchmark.json, benchmark.md and
-figures in `reports`.
+machines without TensorFlow. `run_benchmark` takes what it sweeps, how much
+it measures, the drafts measured beside the pair's and the report's labels as
+four small option classes (`Sweep`, `Measurement`, `OtherDrafts`, `Report`);
+`python -m speculative_t5x.bench.benchmark --gin_file=configs/runs/benchmark.gin
+...` runs it from gin (`benchmark_pair`, whose bindings name the options'
+fields); `scripts/` wraps it. The records become benchmark.json, benchmark.md
+and figures in `reports`.
 """
 
 import dataclasses
@@ -168,7 +171,7 @@ def tsv_target_tokens(
 ) -> List[np.ndarray]:
   """The target column of a `source<TAB>target` file as EOS-terminated id rows.
 
-  The corpus for the n-gram drafts (`run_benchmark(ngram_corpus=...)`).
+  The corpus for the n-gram drafts (`OtherDrafts.ngram_corpus`).
   """
   import sentencepiece  # pylint: disable=g-import-not-at-top
   from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
@@ -601,6 +604,157 @@ def summary(values: Sequence[float]) -> Dict[str, float]:
 PAIR_DRAFT = 'pair draft'
 
 
+# ------------------------------------------------------------------------------
+# What one benchmark run measures: `run_benchmark`'s options.
+# ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """What is swept: temperatures, gammas, batch sizes and the verification.
+
+  Attributes:
+    temperatures: sampling temperatures (0 is greedy); each its own rows.
+    gammas: the gamma sweep at batch 1.
+    batch_sizes: batch sizes of the batch-size sweep (1 always runs).
+    batch_size_gamma: gamma for the batch-size sweep (None: the best at batch
+      1); 'auto': the gamma that alpha and the parts predict best (`gamma_choice`).
+    verification, draft_threshold: as `settings.SpeculativeSettings`; with a
+      threshold each gamma is the most drafted.
+    profile_dir: if given, the speculation-profile sweep (`_profile_sweep`):
+      every gamma timed at every batch size with c(B) and v(gamma, B) measured
+      there, one `profile_t<T>.json` per temperature written there, and
+      gamma='auto' timed with it (`records.Auto`). Without it the batch-size
+      sweep times `batch_size_gamma` alone.
+  """
+
+  temperatures: Sequence[float] = (0.0, 1.0)
+  gammas: Sequence[int] = (1, 3, 5, 7)
+  batch_sizes: Sequence[int] = (1,)
+  batch_size_gamma: Optional[Union[int, str]] = None
+  verification: str = settings_lib.DEFAULTS.verification
+  draft_threshold: float = settings_lib.DEFAULTS.draft_threshold
+  profile_dir: Optional[str] = None
+
+  def __post_init__(self):
+    self.settings  # pylint: disable=pointless-statement  # ValueError before anything is measured.
+
+  @property
+  def settings(self) -> settings_lib.SpeculativeSettings:
+    """The settings at the largest gamma; each gamma of the sweep replaces its gamma."""
+    return settings_lib.SpeculativeSettings(
+      gamma=max(self.gammas),
+      verification=self.verification,
+      draft_threshold=self.draft_threshold,
+    )
+
+  @property
+  def gammas_with_parts(self) -> List[int]:
+    """The gammas whose iteration parts the pair measures: the sweep's and the batch sweep's."""
+    batch_gamma = {self.batch_size_gamma} if isinstance(self.batch_size_gamma, int) else set()
+    return sorted(set(self.gammas) | batch_gamma)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+  """How much is measured, and how each configuration is timed.
+
+  Attributes:
+    num_walltime_examples: the first this many inputs are timed (a multiple
+      of every batch size); all of them feed alpha.
+    repetitions: timed passes per configuration.
+    max_decode_len: output length.
+    alpha_tokens: target tokens for each alpha measurement (>= 10,000 as the paper).
+    emulate_alpha: if set, the timing mode for random weights: acceptances
+      drawn i.i.d. with this probability (no alpha, text or BLEU; records say
+      `emulated`).
+  """
+
+  num_walltime_examples: int = 64
+  repetitions: int = 3
+  max_decode_len: int = 64
+  alpha_tokens: int = 10_000
+  emulate_alpha: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OtherDrafts:
+  """The drafts measured beside the pair's, on the same target samples and passes.
+
+  Attributes:
+    ngram_corpus: target-side token sequences; if given, unigram and bigram
+      drafts are fitted on them and their alpha measured (Table 3).
+    alpha_drafts: more drafts (name -> a draft `acceptance.draft_logits`
+      takes) whose alpha is measured, e.g. the draft before distillation.
+    compared_drafts: more drafts (pair label -> a draft as `run_benchmark`'s
+      `draft`), each timed in the baseline's and the pair's interleaved passes
+      over the gamma sweep at batch 1, with its own costs and alpha records
+      labelled as its `pair`; no batch or profile sweep, no sampled quality
+      (greedy rows still check identical outputs).
+  """
+
+  ngram_corpus: Optional[Sequence[np.ndarray]] = None
+  alpha_drafts: Optional[Mapping[str, Any]] = None
+  compared_drafts: Optional[Mapping[str, Any]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """How the records are labelled, what they report besides, and where they go.
+
+  Attributes:
+    pair_name, task_name: labels of the records.
+    vocabulary_path: SentencePiece model, for BLEU and token strings.
+    distillation: if given, the draft's distillation ({'divergence', 'steps',
+      'temperature', 'data_mix', 'eval_examples', 'curve'}), reported.
+    output_dir: if given, writes benchmark.json, benchmark.md and figures.
+    result_cache: where alpha and sampled quality are kept between runs
+      (their records say `cached_from`; None: computed in this run); timings
+      are always measured.
+    progress: called with a line per step.
+  """
+
+  pair_name: str = 'pair'
+  task_name: str = 'task'
+  vocabulary_path: Optional[str] = None
+  distillation: Optional[Mapping[str, Any]] = None
+  output_dir: Optional[str] = None
+  result_cache: Optional[result_cache_lib.ResultCache] = None
+  progress: Callable[[str], None] = print
+
+
+# `run_benchmark`'s option parameters and their classes.
+OPTIONS = {
+  'sweep': Sweep,
+  'measurement': Measurement,
+  'other_drafts': OtherDrafts,
+  'report': Report,
+}
+
+
+def options_from_fields(**fields) -> Dict[str, Any]:
+  """`run_benchmark`'s options from their fields by name, as gin binds `benchmark_pair`.
+
+  E.g. `options_from_fields(gammas=[2], repetitions=1)` is {'sweep':
+  Sweep(gammas=[2]), 'measurement': Measurement(repetitions=1),
+  'other_drafts': OtherDrafts(), 'report': Report()}. TypeError for a name
+  that no option has.
+  """
+  names = {param: {f.name for f in dataclasses.fields(cls)} for param, cls in OPTIONS.items()}
+  known = set().union(*names.values())
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise TypeError(
+      f'Unknown benchmark settings {unknown}: the settings are the fields of '
+      f'{", ".join(cls.__name__ for cls in OPTIONS.values())}: {sorted(known)}. '
+      'Check the spelling of the binding.'
+    )
+  return {
+    param: cls(**{name: value for name, value in fields.items() if name in names[param]})
+    for param, cls in OPTIONS.items()
+  }
+
+
 def run_benchmark(
   target: models.Model,
   draft,
@@ -608,28 +762,10 @@ def run_benchmark(
   *,
   decoder_prompts: Optional[np.ndarray] = None,
   references: Optional[Sequence[str]] = None,
-  vocabulary_path: Optional[str] = None,
-  pair_name: str = 'pair',
-  task_name: str = 'task',
-  temperatures: Sequence[float] = (0.0, 1.0),
-  gammas: Sequence[int] = (1, 3, 5, 7),
-  batch_sizes: Sequence[int] = (1,),
-  batch_size_gamma: Optional[Union[int, str]] = None,
-  verification: str = settings_lib.DEFAULTS.verification,
-  draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
-  num_walltime_examples: int = 64,
-  repetitions: int = 3,
-  max_decode_len: int = 64,
-  alpha_tokens: int = 10_000,
-  ngram_corpus: Optional[Sequence[np.ndarray]] = None,
-  alpha_drafts: Optional[Mapping[str, Any]] = None,
-  compared_drafts: Optional[Mapping[str, Any]] = None,
-  distillation: Optional[Mapping[str, Any]] = None,
-  emulate_alpha: Optional[float] = None,
-  output_dir: Optional[str] = None,
-  profile_dir: Optional[str] = None,
-  result_cache: Optional[result_cache_lib.ResultCache] = None,
-  progress: Callable[[str], None] = print,
+  sweep: Sweep = Sweep(),
+  measurement: Measurement = Measurement(),
+  other_drafts: OtherDrafts = OtherDrafts(),
+  report: Report = Report(),
 ) -> List[records_lib.Record]:
   """Measures everything in the module docstring; returns typed records (`records`).
 
@@ -640,46 +776,14 @@ def run_benchmark(
       `models.FeatureHeadCheckpoint`.
     inputs: int32 [N, Lin] encoder inputs, or a decoder-only target's prompts
       [N, Lp] (tokens, then 0-padding; a prefix LM's keep their EOS); the
-      first `num_walltime_examples` are timed, all feed alpha.
+      first `measurement.num_walltime_examples` are timed, all feed alpha.
     decoder_prompts: optional int32 [N, Lp] decoder prompts of an
       encoder-decoder target (T5X's `prompt_with_targets`), continued by
       decoding, alpha and the timed parts.
     references: optional N reference strings (of what follows the prompts), for BLEU.
-    vocabulary_path: SentencePiece model, for BLEU and token strings.
-    pair_name, task_name: labels of the records.
-    temperatures, gammas: sampling temperatures (0 is greedy); the gamma sweep.
-    batch_sizes: batch sizes of the batch-size sweep (1 always runs).
-    batch_size_gamma: gamma for the batch-size sweep (default: best at batch
-      1); 'auto': the gamma that alpha and the parts predict best (`gamma_choice`).
-    verification, draft_threshold: as `settings.SpeculativeSettings`; with a
-      threshold each gamma is the most drafted.
-    num_walltime_examples: examples timed (a multiple of every batch size).
-    repetitions, max_decode_len: timed passes per configuration; output length.
-    alpha_tokens: target tokens for each alpha measurement (>= 10,000 as the paper).
-    ngram_corpus: target-side token sequences; if given, unigram and bigram
-      drafts are fitted on them and their alpha measured (Table 3).
-    alpha_drafts: more drafts (name -> a draft `acceptance.draft_logits`
-      takes) whose alpha is measured on the same target samples, e.g. the
-      draft before distillation.
-    compared_drafts: more drafts (pair label -> a draft as `draft`), each timed
-      in the baseline's and the pair's interleaved passes over the gamma sweep
-      at batch 1, with its own costs and alpha records labelled as its `pair`;
-      no batch or profile sweep, no sampled quality (greedy rows still check
-      identical outputs).
-    distillation: if given, the draft's distillation ({'divergence', 'steps',
-      'temperature', 'data_mix', 'eval_examples', 'curve'}), reported.
-    emulate_alpha: if set, the timing mode for random weights (no alpha, text
-      or BLEU; records say `emulated`).
-    output_dir: if given, writes benchmark.json, benchmark.md and figures.
-    profile_dir: if given, the speculation-profile sweep (`_profile_sweep`):
-      every gamma timed at every batch size with c(B) and v(gamma, B) measured
-      there, one `profile_t<T>.json` per temperature written there, and
-      gamma='auto' timed with it (`records.Auto`).
-      Without it the batch-size sweep times `batch_size_gamma` alone.
-    result_cache: where alpha and sampled quality are kept between runs
-      (their records say `cached_from`; None: computed in this run); timings
-      are always measured.
-    progress: called with a line per step.
+    sweep, measurement, other_drafts, report: what is swept, how much is
+      measured, the drafts measured beside the pair's, the records' labels
+      and where they go (`options_from_fields` builds them from field names).
 
   Returns:
     `records.Costs`, `records.Alpha` (per draft and temperature),
@@ -688,58 +792,37 @@ def run_benchmark(
     `records.Auto`, and `records.Distillation` if given; each names the
     target's `architecture`.
   """
-  # Checked before anything is measured; each gamma of the sweep replaces its gamma.
-  settings = settings_lib.SpeculativeSettings(
-    gamma=max(gammas), verification=verification, draft_threshold=draft_threshold
-  )
-  n = num_walltime_examples
-  timed = TimedExamples.of(
-    target,
-    _checked_draft(target, draft, decoder_prompts),
-    inputs[:n],
-    None if decoder_prompts is None else decoder_prompts[:n],
-    references=None if references is None else list(references)[:n],
-    vocabulary_path=vocabulary_path,
-    common=dict(pair=pair_name, task=task_name, emulated=emulate_alpha is not None),
-    repetitions=repetitions,
-    max_decode_len=max_decode_len,
-    emulate_alpha=emulate_alpha,
-    result_cache=result_cache or result_cache_lib.ResultCache(None),
-    progress=progress,
-  )
-  compared = _compared_examples(timed, compared_drafts or {}, decoder_prompts)
-  sweep_gammas = set(gammas) | ({batch_size_gamma} if isinstance(batch_size_gamma, int) else set())
-  records, parts, compared_parts = _measure_all_costs(
-    timed, compared, settings, temperatures, sorted(sweep_gammas), gammas
-  )
-  alpha_candidates = dict(alpha_drafts or {})
+  draft = _checked_draft(target, draft, decoder_prompts)
+  timed = TimedExamples.of(target, draft, inputs, decoder_prompts, references, measurement, report)
+  compared = _compared_examples(timed, other_drafts.compared_drafts or {}, decoder_prompts)
+  records, parts, compared_parts = _measure_all_costs(timed, compared, sweep)
+  alpha_candidates = dict(other_drafts.alpha_drafts or {})
   alpha_candidates.update({name: _alpha_candidate(other.draft) for name, other in compared.items()})
   alpha_records, alphas = _measure_alphas(
-    timed, inputs, decoder_prompts, temperatures, alpha_tokens, ngram_corpus, alpha_candidates
+    timed,
+    inputs,
+    decoder_prompts,
+    sweep.temperatures,
+    measurement.alpha_tokens,
+    other_drafts.ngram_corpus,
+    alpha_candidates,
   )
   records += alpha_records
-  for temperature in temperatures:
+  for temperature in sweep.temperatures:
     alpha_of = {r.draft: r.alpha for r in alpha_records if r.temperature == temperature}
+    alpha = alphas.get(temperature)
+    compared_now = [
+      (other, alpha_of.get(name, alpha), compared_parts[name]) for name, other in compared.items()
+    ]
     records += _measure_walltimes(
-      timed,
-      records,
-      temperature,
-      settings,
-      gammas,
-      batch_sizes,
-      batch_size_gamma,
-      alphas.get(temperature),
-      parts=parts,
-      profile_dir=profile_dir,
-      compared=[
-        (other, alpha_of.get(name, alphas.get(temperature)), compared_parts[name])
-        for name, other in compared.items()
-      ],
+      timed, records, temperature, sweep, alpha, parts=parts, compared=compared_now
     )
-  if distillation is not None:
-    records.append(records_lib.make(records_lib.Distillation, **timed.common, **distillation))
-  if output_dir is not None:
-    reports.write_report(records, output_dir)
+  if report.distillation is not None:
+    records.append(
+      records_lib.make(records_lib.Distillation, **timed.common, **report.distillation)
+    )
+  if report.output_dir is not None:
+    reports.write_report(records, report.output_dir)
   return records
 
 
@@ -792,15 +875,42 @@ class TimedExamples:
   sampled_quality: bool = True
 
   @classmethod
-  def of(cls, target, draft, inputs, decoder_prompts, *, common, **kwargs) -> 'TimedExamples':
-    """Trims the padding columns of the timed rows; adds the target's architecture."""
+  def of(
+    cls,
+    target: models.Model,
+    draft,
+    inputs: np.ndarray,
+    decoder_prompts: Optional[np.ndarray],
+    references: Optional[Sequence[str]],
+    measurement: Measurement,
+    report: Report,
+  ) -> 'TimedExamples':
+    """The first `measurement.num_walltime_examples` rows, padding columns trimmed.
+
+    The records' common fields are `report`'s labels, whether emulated, and
+    the target's architecture.
+    """
+    n = measurement.num_walltime_examples
     return cls(
       target=target,
       draft=draft,
-      inputs=layouts.trim_padding(inputs),
-      decoder_prompts=None if decoder_prompts is None else layouts.trim_padding(decoder_prompts),
-      common=dict(common, architecture=models.architecture(target)),
-      **kwargs,
+      inputs=layouts.trim_padding(inputs[:n]),
+      decoder_prompts=None
+      if decoder_prompts is None
+      else layouts.trim_padding(decoder_prompts[:n]),
+      references=None if references is None else list(references)[:n],
+      vocabulary_path=report.vocabulary_path,
+      common=dict(
+        pair=report.pair_name,
+        task=report.task_name,
+        emulated=measurement.emulate_alpha is not None,
+        architecture=models.architecture(target),
+      ),
+      repetitions=measurement.repetitions,
+      max_decode_len=measurement.max_decode_len,
+      emulate_alpha=measurement.emulate_alpha,
+      result_cache=report.result_cache or result_cache_lib.ResultCache(None),
+      progress=report.progress,
     )
 
   @property
@@ -855,26 +965,22 @@ def _compared_examples(
 
 
 def _measure_all_costs(
-  timed: TimedExamples,
-  compared: Mapping[str, TimedExamples],
-  settings: settings_lib.SpeculativeSettings,
-  temperatures: Sequence[float],
-  pair_gammas: Sequence[int],
-  compared_gammas: Sequence[int],
+  timed: TimedExamples, compared: Mapping[str, TimedExamples], sweep: Sweep
 ) -> Tuple[List[records_lib.Record], Dict[Any, measure.IterationParts], Dict[str, Any]]:
   """The costs records of the pair and of each compared draft: `(records, parts, compared_parts)`.
 
-  The pair's parts at `pair_gammas` (the sweep's and the batch sweep's
-  gamma), each compared draft's at `compared_gammas` (the batch-1 sweep's);
-  the target's parts are the pair's: one measurement, one v(gamma) for every
-  draft.
+  The pair's parts at `sweep.gammas_with_parts` (the sweep's and the batch
+  sweep's gamma), each compared draft's at `sweep.gammas` (the batch-1
+  sweep's); the target's parts are the pair's: one measurement, one v(gamma)
+  for every draft.
   """
-  costs, parts = _measure_costs(timed, settings, temperatures, pair_gammas)
+  settings, temperatures = sweep.settings, sweep.temperatures
+  costs, parts = _measure_costs(timed, settings, temperatures, sweep.gammas_with_parts)
   records: List[records_lib.Record] = [costs]
   compared_parts = {}
   for name, other in compared.items():
     other_costs, compared_parts[name] = _measure_costs(
-      other, settings, temperatures, compared_gammas, target_parts=parts
+      other, settings, temperatures, sweep.gammas, target_parts=parts
     )
     records.append(other_costs)
   return records, parts, compared_parts
@@ -1007,24 +1113,23 @@ def _measure_walltimes(
   timed: TimedExamples,
   records: Sequence[records_lib.Record],
   temperature: float,
-  settings: settings_lib.SpeculativeSettings,
-  gammas: Sequence[int],
-  batch_sizes: Sequence[int],
-  batch_size_gamma: Optional[Union[int, str]],
+  sweep: Sweep,
   alpha: Optional[float],
   *,
   parts: Mapping[Any, measure.IterationParts],
-  profile_dir: Optional[str],
   compared: Sequence[Tuple[TimedExamples, Optional[float], Mapping[Any, Any]]] = (),
 ) -> List[records_lib.Record]:
   """One temperature's walltime: the gamma sweep at batch 1, the choice, the batch sweep.
 
   `records` are the run's so far (its costs record among them). With a
   profile directory, the batch sweep is the profile's (`_profile_sweep`);
-  otherwise one gamma (`batch_size_gamma`, or the best at batch 1) is timed at
-  every other batch size. `compared`: (timed examples, alpha, parts) of the
-  compared drafts, timed in the batch-1 sweep's passes (their records follow).
+  otherwise one gamma (`sweep.batch_size_gamma`, or the best at batch 1) is
+  timed at every other batch size. `compared`: (timed examples, alpha, parts)
+  of the compared drafts, timed in the batch-1 sweep's passes (their records
+  follow).
   """
+  settings, gammas, batch_sizes = sweep.settings, sweep.gammas, sweep.batch_sizes
+  batch_size_gamma, profile_dir = sweep.batch_size_gamma, sweep.profile_dir
   new, beside = [], []
   for gamma in gammas:
     record, others = _measure_walltime(
@@ -1326,7 +1431,7 @@ def _profile_sweep(
   alpha: Optional[float],
   profile_dir: str,
 ) -> List[records_lib.Record]:
-  """The speculation-profile sweep of one temperature (see `run_benchmark`'s `profile_dir`).
+  """The speculation-profile sweep of one temperature (see `Sweep.profile_dir`).
 
   `batch1` are this temperature's batch-1 records; every other batch size
   gets each gamma's walltime record with its c and v measured at that size.
@@ -1541,7 +1646,7 @@ def benchmark_pair(
   result_cache_dir: Optional[str] = None,
   remeasure: bool = False,
   **settings,
-) -> List[Dict[str, Any]]:
+) -> List[records_lib.Record]:
   """`run_benchmark` on a task split, a TSV file, or random inputs (emulation).
 
   Either architecture: an encoder-decoder pair encodes the inputs, a
@@ -1551,19 +1656,17 @@ def benchmark_pair(
   Args:
     target, draft: the pair (configs/pairs/*.gin bind them).
     output_dir: where the report goes.
-    task: a seqio task (configs/tasks/*.gin bind TASK) whose `split` is
-      decoded; its inputs are tokenized (and prefixed) by the task.
-    split: the task's split.
-    tsv_path: instead of a task, `source<TAB>target` examples to decode (a task split); None
+    task, split: a seqio task (configs/tasks/*.gin bind TASK) and its split
+      to decode; the task tokenizes (and prefixes) the inputs.
+    tsv_path: instead of a task, `source<TAB>target` examples to decode; None
       only with `emulate_alpha`, which then decodes random inputs.
     vocabulary_path: the pair's SentencePiece model, a local file (tokenizes
       the TSV; BLEU).
     prefix: prepended to every source, as the task does (None: T5's EnDe
       prefix, `tasks_core.EN_DE_PREFIX`).
     num_examples: read at most this many examples.
-    ngram_tsv_path: a TSV whose targets fit the unigram/bigram drafts of
-      Table 3 (the task's train split); None skips them.
-    ngram_examples: lines of `ngram_tsv_path` read.
+    ngram_tsv_path, ngram_examples: a TSV whose first `ngram_examples` targets
+      fit the unigram/bigram drafts of Table 3 (the train split); None: none.
     random_input_length: input length in the emulation mode.
     decoder_prompt_length: for an encoder-decoder pair, the first this many
       tokens of each reference (at most all but one) become its decoder
@@ -1572,14 +1675,20 @@ def benchmark_pair(
     result_cache_dir: a folder that keeps alpha and the sampled quality
       between runs (`result_cache`; None: recomputed every run).
     remeasure: recompute (and overwrite) what `result_cache_dir` holds.
-    **settings: `run_benchmark`'s keyword arguments (gammas, temperatures,
-      batch_sizes, emulate_alpha, ...).
+    **settings: `run_benchmark`'s options' fields by name (`options_from_fields`:
+      gammas, temperatures, batch_sizes, emulate_alpha, pair_name, ...).
   """
   if decoder_prompt_length and network.is_decoder_only(target.config):
     raise ValueError(
       f'decoder_prompt_length={decoder_prompt_length} is for encoder-decoder pairs; a '
       "decoder-only pair's prompts are the task's inputs. Set DECODER_PROMPT_LENGTH = 0."
     )
+  options = options_from_fields(
+    vocabulary_path=vocabulary_path,
+    output_dir=output_dir,
+    result_cache=result_cache_lib.ResultCache(result_cache_dir, remeasure=remeasure),
+    **settings,
+  )
   inputs, references, vocabulary = _pair_inputs(
     target,
     task=task,
@@ -1589,25 +1698,16 @@ def benchmark_pair(
     prefix=prefix,
     num_examples=num_examples,
     random_input_length=random_input_length,
-    settings=settings,
+    measurement=options['measurement'],
   )
   decoder_prompts, references = _decoder_prompts(
     target, len(inputs), references, vocabulary, decoder_prompt_length
   )
-  ngram_corpus = None
   if ngram_tsv_path is not None:
-    ngram_corpus = tsv_target_tokens(ngram_tsv_path, vocabulary_path, ngram_examples)
+    corpus = tsv_target_tokens(ngram_tsv_path, vocabulary_path, ngram_examples)
+    options['other_drafts'] = dataclasses.replace(options['other_drafts'], ngram_corpus=corpus)
   return run_benchmark(
-    target,
-    draft,
-    inputs,
-    decoder_prompts=decoder_prompts,
-    references=references,
-    vocabulary_path=vocabulary_path,
-    ngram_corpus=ngram_corpus,
-    output_dir=output_dir,
-    result_cache=result_cache_lib.ResultCache(result_cache_dir, remeasure=remeasure),
-    **settings,
+    target, draft, inputs, decoder_prompts=decoder_prompts, references=references, **options
   )
 
 
@@ -1621,14 +1721,14 @@ def _pair_inputs(
   prefix: Optional[str],
   num_examples: Optional[int],
   random_input_length: int,
-  settings: Mapping[str, Any],
+  measurement: Measurement,
 ) -> Tuple[np.ndarray, Optional[List[str]], Any]:
   """`benchmark_pair`'s examples: `(inputs, references, vocabulary)`.
 
   inputs int32 [N, Lin] from the task's split, else from the TSV file, else
-  (with `emulate_alpha` in `settings`) random [N, random_input_length]
-  without references; vocabulary: what tokenizes the references into
-  decoder prompts (None for random inputs).
+  (with `measurement.emulate_alpha`) random [N, random_input_length] without
+  references; vocabulary: what tokenizes the references into decoder prompts
+  (None for random inputs).
   """
   if task is not None:
     from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
@@ -1652,9 +1752,9 @@ def _pair_inputs(
     import sentencepiece  # pylint: disable=g-import-not-at-top
 
     return inputs, references, sentencepiece.SentencePieceProcessor(model_file=vocabulary_path)
-  if settings.get('emulate_alpha') is not None:
+  if measurement.emulate_alpha is not None:
     inputs, references = random_inputs(
-      num_examples or settings.get('num_walltime_examples', 64),
+      num_examples or measurement.num_walltime_examples,
       random_input_length,
       target.vocab_size,
     )

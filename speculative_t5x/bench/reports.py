@@ -250,7 +250,7 @@ def _pair_lines(records: Sequence[records_lib.Record]) -> List[str]:
   """Markdown: the pair, its architecture and the prompts (from the costs records).
 
   A run's first costs record is its pair's; the others', drafts compared in the
-  same passes (`run_benchmark(compared_drafts=...)`) or other runs' pairs.
+  same passes (`benchmark.OtherDrafts.compared_drafts`) or other runs' pairs.
   """
   all_costs = [r for r in records if isinstance(r, records_lib.Costs)]
   if not all_costs:
