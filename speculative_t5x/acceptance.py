@@ -29,6 +29,7 @@ import numpy as np
 
 from speculative_t5x import drafts
 from speculative_t5x import feature_head
+from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
@@ -171,11 +172,14 @@ def _feature_head_logits(draft, input_tokens, decoder_inputs, positions):
   if config.cross_attention:
     encoded = network.encode(target_config, draft.target_params, input_tokens)
     encoder_mask = input_tokens > 0
+  # Teacher-forced over whole rows: XLA's dot on the plain tree (a decode call's
+  # head may carry a packed copy for the few-row CPU kernel).
+  params = kernels.plain_params(draft.params)
   [(predicted, hidden)] = feature_head.unrolled(
-    config, draft.params, features.astype(jnp.float32), next_embedded, encoded, encoder_mask
+    config, params, features.astype(jnp.float32), next_embedded, encoded, encoder_mask
   )
   logits = feature_head.logits(
-    config, draft.params, target_config, draft.target_params, predicted, hidden
+    config, params, target_config, draft.target_params, predicted, hidden
   )
   logits = jnp.concatenate([jnp.zeros_like(logits[:, :1]), logits[:, :-1]], axis=1)
   return jnp.take_along_axis(logits, positions[..., None], axis=1)

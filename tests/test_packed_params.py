@@ -7,11 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculative_t5x import acceptance
 from speculative_t5x import drafts
 from speculative_t5x import feature_head
 from speculative_t5x import kernels
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x.bench import benchmark
+from speculative_t5x.bench import measure
 from speculative_t5x.kernels import cpu_matmul
 from testing_utils import padded_inputs
 from testing_utils import tiny_decoder_only_model
@@ -119,6 +122,8 @@ def test_a_feature_head_on_the_kernel_matches_plain_within_float32(name, output)
   for layer in ('pre_projection', 'post_projection', 'mlp', 'self_attention', 'query'):
     assert any(layer in n for n in names), (layer, names)
   assert any('logits_dense' in n for n in names) == (output == 'own')
+  # A step reads the packed copy instead of the kernel: the same bytes as the plain head.
+  assert measure.draft_weight_bytes(packed) == measure.draft_weight_bytes(head)
   tokens = jnp.asarray([[5, 6, 7, 8], [9, 3, 2, 4]], jnp.int32)
   for plain, kernel in zip(_head_block(head, tokens), _head_block(packed, tokens)):
     np.testing.assert_allclose(kernel, plain, rtol=1e-5, atol=1e-5 * np.abs(plain).max())
@@ -129,3 +134,23 @@ def test_a_feature_head_stays_plain_where_the_kernel_is_off(monkeypatch):
   monkeypatch.setenv(cpu_matmul.ENV_SWITCH, '0')
   assert head.packed().params is head.params
   assert models.as_draft(head).params is head.params
+
+
+def test_alpha_and_the_records_read_packed_drafts_as_the_plain_ones():
+  _needs_kernel()
+  target = _models()['untied']
+  head = _head(target)
+  inputs = padded_inputs(3, 2, 6, target.vocab_size)
+  outputs = np.asarray(models.generate(target, None, inputs, max_decode_len=8).tokens)
+  # The benchmark measures alpha on the draft a decode call runs (packed).
+  np.testing.assert_array_equal(
+    acceptance.draft_logits(models.as_draft(head), inputs, outputs),
+    acceptance.draft_logits(head, inputs, outputs),
+  )
+  model_draft = tiny_model(7, vocab_size=40, emb_dim=32)
+  for draft, plain in (
+    (models.as_draft(model_draft), model_draft.params),
+    (head.packed(), head.params),
+  ):
+    described = benchmark.describe_draft(draft)
+    assert described['parameters'] == network.parameter_count(plain), described

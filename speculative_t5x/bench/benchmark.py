@@ -573,10 +573,11 @@ def describe_draft(draft) -> Dict[str, Any]:
       layers=config.num_layers,
       output=config.output,
       feature_layers=list(config.feature_layers),
-      parameters=int(network.parameter_count(draft.params)),
+      parameters=int(network.parameter_count(kernels.plain_params(draft.params))),
     )
-  if isinstance(draft, drafts.ModelDraft):
-    return dict(kind='network', parameters=int(network.parameter_count(draft.params)))
+  if isinstance(draft, drafts.ModelDraft):  # Its packed copy, if any, is not counted twice.
+    parameters = network.parameter_count(kernels.plain_params(draft.params))
+    return dict(kind='network', parameters=int(parameters))
   return dict(kind=type(draft).__name__)
 
 

@@ -55,6 +55,7 @@ import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
@@ -819,7 +820,8 @@ def draft_weight_bytes(draft) -> Optional[int]:
     return network.decoder_weight_bytes(draft.config)
   if not isinstance(draft, drafts.FeatureDraft):
     return None
-  head = nbytes(draft.params)
+  # On packed params a step reads each kernel's packed copy instead of it: count one.
+  head = nbytes(kernels.plain_params(draft.params))
   if draft.config.output == 'target':  # The logits kernel [D, V] and the final norm [D], float32.
     head += 4 * (draft.config.vocab_size + 1) * draft.config.target_emb_dim
   return head
