@@ -146,6 +146,12 @@ def main():
   )
   parser.add_argument('--output_dir', required=True)
   args = parser.parse_args()
+  bad_widths = [width for width in args.head_widths if width <= 0 or width % 64]
+  if bad_widths:
+    parser.error(
+      f'--head_widths are positive multiples of 64 (the heads are 64 wide); got {bad_widths}. '
+      'Use e.g. --head_widths 256 1024.'
+    )
 
   print('devices:', jax.devices(), flush=True)
   target = device_random_model(args.target, seed=0)
