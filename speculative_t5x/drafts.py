@@ -28,6 +28,7 @@ it saves are real time at batch 1. Model, n-gram and feature drafts support
 it; a deterministic draft (prompt lookup) drafts a fixed gamma.
 """
 
+import functools
 from typing import Any, Callable, Iterable, Optional, Protocol, Tuple
 
 import flax
@@ -519,7 +520,13 @@ class FeatureDraft:
     """
     if isinstance(self.params, kernels.PackedParams):
       return self
-    return self.replace(params=kernels.pack_params(self.config, self.params, scope=None))
+    return self.replace(params=self._packed_params)
+
+  @functools.cached_property
+  def _packed_params(self) -> PyTree:
+    # Packed once per head, as `models.Model.decode_params` is per model: every
+    # `generate` call asks for it.
+    return kernels.pack_params(self.config, self.params, scope=None)
 
   @property
   def vocab_size(self) -> int:
