@@ -52,8 +52,14 @@ def standard_error(values: Sequence[float]) -> float:
   return float(values.std(ddof=1) / np.sqrt(values.size))
 
 
-def _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths):
-  """`teacher_forced_logits`, unjitted: the features of either architecture, one forward pass."""
+def _teacher_forced(
+  config, params, input_tokens, decoder_input_tokens, prefix_lengths, feature_layers=None
+):
+  """`teacher_forced_logits`, unjitted: the features of either architecture, one forward pass.
+
+  With `feature_layers`, (logits, the target's features of those layers)
+  (`network.compute_logits`).
+  """
   features = {
     'encoder_input_tokens': input_tokens,  # Unused by a decoder-only network.
     'decoder_input_tokens': decoder_input_tokens,
@@ -69,7 +75,7 @@ def _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_l
     features['decoder_causal_attention'] = (
       jnp.arange(width)[None] <= prefix_lengths[:, None]
     ).astype(jnp.int32)
-  return network.compute_logits(config, params, features)
+  return network.compute_logits(config, params, features, feature_layers=feature_layers)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -100,6 +106,17 @@ def teacher_forced_logits(
 def _logits_at(config, params, input_tokens, decoder_input_tokens, positions, prefix_lengths):
   logits = _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths)
   return jnp.take_along_axis(logits, positions[..., None], axis=1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _logits_and_features_at(
+  config, params, input_tokens, decoder_input_tokens, feature_layers, positions
+):
+  """`_logits_at` of a causal network, and its `feature_layers` features [N, L, Df] at every position."""
+  logits, features = _teacher_forced(
+    config, params, input_tokens, decoder_input_tokens, None, feature_layers
+  )
+  return jnp.take_along_axis(logits, positions[..., None], axis=1), features
 
 
 def continuation_logits(
@@ -148,7 +165,7 @@ def _prompt_lookup_logits(draft, input_tokens, decoder_inputs, positions):
 
 
 @jax.jit
-def _feature_head_logits(draft, input_tokens, decoder_inputs, positions):
+def _feature_head_logits(draft, input_tokens, decoder_inputs, positions, features=None):
   """float32 [N, L, V]: a feature head's first draft token's logits, from the true features.
 
   The head's entry at position i reads the target's feature there and the
@@ -156,16 +173,14 @@ def _feature_head_logits(draft, input_tokens, decoder_inputs, positions):
   i + 2 (`feature_head`): the draft's logits for the token after position i
   are its entry at i - 1. Position 0 has none: a row without a prompt drafts
   its first token from zero logits, as `drafts.FeatureDraft` starts.
+  `features` [N, L, Df]: the target's, if the caller's pass computed them
+  (`measure_alpha`); else one more target pass here.
   """
   config, target_config = draft.config, draft.target_config
-  batch = {
-    'encoder_input_tokens': input_tokens,
-    'decoder_input_tokens': decoder_inputs,
-    'decoder_target_tokens': jnp.ones_like(decoder_inputs),
-  }
-  _, features = network.compute_logits(
-    target_config, draft.target_params, batch, feature_layers=config.feature_layers
-  )
+  if features is None:
+    _, features = _teacher_forced(
+      target_config, draft.target_params, input_tokens, decoder_inputs, None, config.feature_layers
+    )
   next_tokens = jnp.pad(decoder_inputs[:, 1:], ((0, 0), (0, 1)))
   next_embedded = network.embed_tokens(target_config, draft.target_params, next_tokens)
   encoded = encoder_mask = None
@@ -190,6 +205,7 @@ def draft_logits(
   input_tokens: np.ndarray,
   output_tokens: np.ndarray,
   prompts: Optional[np.ndarray] = None,
+  target_features: Optional[jax.Array] = None,
 ) -> jax.Array:
   """float32 [N, L, V]: a draft's next-token logits along target outputs after the prompts.
 
@@ -211,6 +227,9 @@ def draft_logits(
       prompts), as the decode call's.
     output_tokens: int [N, L] target outputs.
     prompts: int [N, Lp] prompts, or None.
+    target_features: a feature head's target features [N, L', Df] along
+      the same rows (`continuation_layout`), if already computed; None: the
+      head runs its target.
   """
   if isinstance(draft, models.Model):
     return continuation_logits(draft, input_tokens, output_tokens, prompts)
@@ -225,7 +244,7 @@ def draft_logits(
     )
   if isinstance(draft, drafts.FeatureDraft):
     return _feature_head_logits(
-      draft, jnp.asarray(input_tokens, jnp.int32), decoder_inputs, positions
+      draft, jnp.asarray(input_tokens, jnp.int32), decoder_inputs, positions, target_features
     )
   raise ValueError(
     f'alpha by teacher forcing takes a models.Model, drafts.NgramDraft, '
@@ -241,6 +260,20 @@ def _beta(target_logits, draft_logits, *, temperature, topk, topp):
   )
   return speculative_sampling.lenient_acceptance_rate(
     standardize(target_logits), standardize(draft_logits)
+  )
+
+
+def _reads_target_features(draft, target: models.Model, feature_layers=None) -> bool:
+  """Whether `draft` is a feature head on `target`'s own parameters whose features its pass can give.
+
+  Only a causal target's (a prefix LM's bidirectional prompt would change
+  them) and, given `feature_layers`, of those layers.
+  """
+  return (
+    isinstance(draft, drafts.FeatureDraft)
+    and draft.target_params is target.params
+    and not target.inputs_bidirectional_attention
+    and (feature_layers is None or draft.feature_layers == feature_layers)
   )
 
 
@@ -282,7 +315,9 @@ def measure_alpha(
   The target samples continuations of the inputs (after the prompts, if
   any); target and drafts are teacher-forced along them (`continuation_logits`,
   `draft_logits`), and beta = sum_x min(p, q) of their standardized
-  distributions is averaged over the continuations' tokens.
+  distributions is averaged over the continuations' tokens. A feature head
+  on the target's own parameters reads its features from the target's pass
+  (one pass gives p and them).
 
   Args:
     target: the target (encoder-decoder or decoder-only).
@@ -306,6 +341,8 @@ def measure_alpha(
     target, None, temperature=temperature, topk=topk, topp=topp, max_decode_len=max_decode_len
   )
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
+  heads = [draft for draft in candidates.values() if _reads_target_features(draft, target)]
+  shared_layers = heads[0].feature_layers if heads else None
   betas = {name: [] for name in candidates}
   sequence_means = {name: [] for name in candidates}
   tokens = []
@@ -319,10 +356,17 @@ def measure_alpha(
     key, step_key = jax.random.split(key)
     outputs = np.asarray(decode(batch, step_key, batch_prompts).tokens)
     prompts = layouts.prompts_of(target, batch, batch_prompts)
-    target_logits = continuation_logits(target, batch, outputs, prompts)
+    if shared_layers is None:
+      target_logits, shared = continuation_logits(target, batch, outputs, prompts), None
+    else:  # One target pass gives p and the heads' features.
+      decoder_inputs, positions = layouts.continuation_layout(prompts, outputs)
+      target_logits, shared = _logits_and_features_at(
+        target.config, target.params, batch, decoder_inputs, shared_layers, positions
+      )
     valid = np.arange(outputs.shape[1])[None] < layouts.output_lengths(outputs)[:, None]
     for name, draft in candidates.items():
-      q_logits = draft_logits(draft, batch, outputs, prompts)
+      reads_shared = _reads_target_features(draft, target, shared_layers)
+      q_logits = draft_logits(draft, batch, outputs, prompts, shared if reads_shared else None)
       beta = np.asarray(_beta(target_logits, q_logits, **sample_args))
       betas[name].append(beta[valid])
       sequence_means[name].extend((beta * valid).sum(1) / valid.sum(1))

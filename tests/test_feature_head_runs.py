@@ -88,6 +88,36 @@ def test_teacher_forced_logits_are_the_heads_first_draft_token(architecture):
       np.testing.assert_allclose(logits[row, j], state['logits'][0], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize('architecture', list(TARGETS))
+def test_alpha_reads_a_heads_features_from_the_targets_own_pass(architecture, monkeypatch):
+  """`measure_alpha`'s one target pass gives p and the features of a head on that target: the
+  same alpha as the head running the target itself (here on an equal copy of its parameters)."""
+  target = TARGETS[architecture]
+  head = random_head(target, output='own')
+  own_pass = head.replace(target_params=jax.tree.map(jnp.array, target.params))
+  handed_features = []
+  feature_head_logits = acceptance._feature_head_logits
+
+  def recorded(draft, *args):
+    handed_features.append((draft is head, args[-1] is not None))
+    return feature_head_logits(draft, *args)
+
+  monkeypatch.setattr(acceptance, '_feature_head_logits', recorded)
+  result = acceptance.measure_alpha(
+    target,
+    {'shared': head, 'own pass': own_pass},
+    padded_inputs(5, 8, 6, target.vocab_size),
+    temperature=1.0,
+    max_decode_len=6,
+    min_tokens=60,
+    batch_size=8,
+  )
+  assert handed_features and all(shared == handed for shared, handed in handed_features)
+  assert {shared for shared, _ in handed_features} == {True, False}
+  np.testing.assert_allclose(result['shared'].alpha, result['own pass'].alpha, rtol=1e-5)
+  assert result['shared'].num_tokens == result['own pass'].num_tokens >= 60
+
+
 # ------------------------------------------------------------------------------
 # The benchmark with a head.
 # ------------------------------------------------------------------------------
