@@ -102,21 +102,17 @@ def teacher_forced_logits(
   return _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _logits_at(config, params, input_tokens, decoder_input_tokens, positions, prefix_lengths):
-  logits = _teacher_forced(config, params, input_tokens, decoder_input_tokens, prefix_lengths)
-  return jnp.take_along_axis(logits, positions[..., None], axis=1)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def _logits_and_features_at(
-  config, params, input_tokens, decoder_input_tokens, feature_layers, positions
+@functools.partial(jax.jit, static_argnums=(0, 6))
+def _logits_at(
+  config, params, input_tokens, decoder_input_tokens, positions, prefix_lengths, feature_layers=None
 ):
-  """`_logits_at` of a causal network, and its `feature_layers` features [N, L, Df] at every position."""
-  logits, features = _teacher_forced(
-    config, params, input_tokens, decoder_input_tokens, None, feature_layers
+  """Next-token logits at `positions` [N, L'] (and, with `feature_layers`, the features [N, L, Df] at every position)."""
+  outputs = _teacher_forced(
+    config, params, input_tokens, decoder_input_tokens, prefix_lengths, feature_layers
   )
-  return jnp.take_along_axis(logits, positions[..., None], axis=1), features
+  logits, features = outputs if feature_layers is not None else (outputs, None)
+  at_positions = jnp.take_along_axis(logits, positions[..., None], axis=1)
+  return at_positions if feature_layers is None else (at_positions, features)
 
 
 def continuation_logits(
@@ -263,17 +259,15 @@ def _beta(target_logits, draft_logits, *, temperature, topk, topp):
   )
 
 
-def _reads_target_features(draft, target: models.Model, feature_layers=None) -> bool:
-  """Whether `draft` is a feature head on `target`'s own parameters whose features its pass can give.
+def _reads_target_features(draft, target: models.Model) -> bool:
+  """Whether `draft` is a feature head on `target`'s own parameters, whose features its pass can give.
 
-  Only a causal target's (a prefix LM's bidirectional prompt would change
-  them) and, given `feature_layers`, of those layers.
+  Only a causal target's: a prefix LM's bidirectional prompt would change them.
   """
   return (
     isinstance(draft, drafts.FeatureDraft)
     and draft.target_params is target.params
     and not target.inputs_bidirectional_attention
-    and (feature_layers is None or draft.feature_layers == feature_layers)
   )
 
 
@@ -341,8 +335,10 @@ def measure_alpha(
     target, None, temperature=temperature, topk=topk, topp=topp, max_decode_len=max_decode_len
   )
   sample_args = dict(temperature=temperature, topk=topk, topp=topp)
-  heads = [draft for draft in candidates.values() if _reads_target_features(draft, target)]
-  shared_layers = heads[0].feature_layers if heads else None
+  heads = {name: d for name, d in candidates.items() if _reads_target_features(d, target)}
+  # The first head's layers come from the target's pass; a head reading others runs its own.
+  shared_layers = next(iter(heads.values())).feature_layers if heads else None
+  reads_shared = {name for name, d in heads.items() if d.feature_layers == shared_layers}
   betas = {name: [] for name in candidates}
   sequence_means = {name: [] for name in candidates}
   tokens = []
@@ -360,13 +356,14 @@ def measure_alpha(
       target_logits, shared = continuation_logits(target, batch, outputs, prompts), None
     else:  # One target pass gives p and the heads' features.
       decoder_inputs, positions = layouts.continuation_layout(prompts, outputs)
-      target_logits, shared = _logits_and_features_at(
-        target.config, target.params, batch, decoder_inputs, shared_layers, positions
+      target_logits, shared = _logits_at(
+        target.config, target.params, batch, decoder_inputs, positions, None, shared_layers
       )
     valid = np.arange(outputs.shape[1])[None] < layouts.output_lengths(outputs)[:, None]
     for name, draft in candidates.items():
-      reads_shared = _reads_target_features(draft, target, shared_layers)
-      q_logits = draft_logits(draft, batch, outputs, prompts, shared if reads_shared else None)
+      q_logits = draft_logits(
+        draft, batch, outputs, prompts, shared if name in reads_shared else None
+      )
       beta = np.asarray(_beta(target_logits, q_logits, **sample_args))
       betas[name].append(beta[valid])
       sequence_means[name].extend((beta * valid).sum(1) / valid.sum(1))
