@@ -167,8 +167,8 @@ def _feature_head_logits(draft, input_tokens, decoder_inputs, positions, feature
   The head's entry at position i reads the target's feature there and the
   embedding of the token at i + 1, and gives the logits of the token at
   i + 2 (`feature_head`): the draft's logits for the token after position i
-  are its entry at i - 1. Position 0 has none: a row without a prompt drafts
-  its first token from zero logits, as `drafts.FeatureDraft` starts.
+  are its entry at i - 1. Position 0 has none: there, as a row without a
+  prompt in `drafts.FeatureDraft`, the head drafts from its start state.
   `features` [N, L, Df]: the target's, if the caller's pass computed them
   (`measure_alpha`); else one more target pass here.
   """
@@ -186,13 +186,14 @@ def _feature_head_logits(draft, input_tokens, decoder_inputs, positions, feature
   # Teacher-forced over whole rows: XLA's dot on the plain tree (a decode call's
   # head may carry a packed copy for the few-row CPU kernel).
   params = kernels.plain_params(draft.params)
-  [(predicted, hidden)] = feature_head.unrolled(
+  start, [(predicted, hidden)] = feature_head.unrolled(
     config, params, features.astype(jnp.float32), next_embedded, encoded, encoder_mask
   )
-  logits = feature_head.logits(
-    config, params, target_config, draft.target_params, predicted, hidden
+  head_logits = lambda outputs: feature_head.logits(
+    config, params, target_config, draft.target_params, *outputs
   )
-  logits = jnp.concatenate([jnp.zeros_like(logits[:, :1]), logits[:, :-1]], axis=1)
+  logits = head_logits((predicted, hidden))
+  logits = jnp.concatenate([head_logits(start)[:, None], logits[:, :-1]], axis=1)
   return jnp.take_along_axis(logits, positions[..., None], axis=1)
 
 

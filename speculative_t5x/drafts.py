@@ -476,7 +476,8 @@ class FeatureDraft:
   The head's state per row (`init_cache`): its block cache ('head', keys and
   values by position, as a model draft's), and the head's output at the
   row's last true position ('feature' float32 [B, Df], its predicted
-  feature; 'logits' float32 [B, V], the first draft token's logits). The
+  feature; 'logits' float32 [B, V], the first draft token's logits), or
+  before any, its start state (`feature_head.FeatureHead.start`). The
   loop keeps them true (see `observe`): after each verification, the head is
   rerun over the block with the target's true features at the row's
   accepted positions, overwriting whatever the rollout wrote there from its
@@ -539,9 +540,10 @@ class FeatureDraft:
   def init_cache(
     self, encoder_input_tokens: Array, cache_length: int, encoded: Optional[Array] = None
   ) -> PyTree:
-    """The head's zero state for B rows (see the class docstring).
+    """The head's state for B rows before any true feature (see the class docstring).
 
-    `encoded` [B, Lin, D]: for an encoder-decoder target, the target's
+    An empty block cache, and the head's start state (`feature_head.start_state`):
+    a row without a prompt drafts its first tokens from it. `encoded` [B, Lin, D]: for an encoder-decoder target, the target's
     encoder output of `encoder_input_tokens` (`network.encode`), which the
     head's cross-attention reads; the decode call computes it once for both
     (`models.speculative_decode`). Ignored for a decoder-only target.
@@ -560,13 +562,13 @@ class FeatureDraft:
       encoder_mask = encoder_input_tokens > 0
     else:
       encoded = None
-    return {
-      'head': feature_head.init_cache(
-        self.config, self.params, batch, cache_length, encoded, encoder_mask
-      ),
-      'feature': jnp.zeros((batch, self.config.feature_width), jnp.float32),
-      'logits': jnp.zeros((batch, self.vocab_size), jnp.float32),
-    }
+    head_cache = feature_head.init_cache(
+      self.config, self.params, batch, cache_length, encoded, encoder_mask
+    )
+    predicted, hidden = feature_head.start_state(
+      self.config, self.params, batch, encoded, encoder_mask
+    )
+    return self._last_outputs(head_cache, predicted, hidden)
 
   def _logits(self, predicted, hidden):
     return feature_head.logits(
@@ -630,7 +632,7 @@ class FeatureDraft:
     `features` [BN, W, Df]: the target's features of `prompt_block` [BN, W]
     (from its prefill call: `network.prefill_decoder_cache(...,
     feature_layers=...)` or the target's block call). A row without a prompt
-    (P = 0) keeps the zero state: its first rollout drafts from zero logits.
+    (P = 0) keeps the start state.
     """
     if features is None:
       raise ValueError(

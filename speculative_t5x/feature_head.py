@@ -32,15 +32,24 @@ During drafting (EAGLE-1), a position whose true feature is not known yet
 after each verification the loop rewrites the head's cache over the accepted
 positions with the true features (`drafts.FeatureDraft.observe`).
 
+Before the first output there is no true feature to read: a row without a
+prompt starts from the head's start state, its layer(s) run on a learned
+input vector `start_input` [H] (attending to nothing before it; for an
+encoder-decoder target, cross-attending to the encoder output) for the
+predicted feature^_0 and the first token's logits (`FeatureHead.start`).
+Training fits it to the target's first output distribution like every
+other position, so the first rollout drafts as well as the later ones
+(with zero logits, its draft tokens were almost all rejected).
+
 The head's cost is its own layer(s) at width H, the two projections and the
 logits layer it uses: output 'own' with a small H avoids reading the target's
 [D, V] logits kernel at every draft step.
 
 `FeatureHeadConfig` (static, hashable), `FeatureHead` (the flax module),
 `config_for(target_config, ...)`, `check_target`, `check_params`,
-`init_params`, and `apply_block` / `init_cache` / `unrolled` (training's
-pass) / `logits` as pure functions. The decode-time ones (`apply_block`,
-`init_cache`, `logits`) take the head's parameters as a plain tree or as
+`init_params`, and `apply_block` / `init_cache` / `start_state` /
+`unrolled` (training's pass) / `logits` as pure functions. The decode-time
+ones (`apply_block`, `init_cache`, `start_state`, `logits`) take the head's parameters as a plain tree or as
 `kernels.pack_params(config, params, scope=None)`, on which every dense layer
 runs the CPU kernel (`drafts.FeatureDraft.packed`).
 """
@@ -207,8 +216,8 @@ def check_params(config: FeatureHeadConfig, params: PyTree) -> None:
     if shape is None:
       raise ValueError(
         f'Feature head parameter {name} {leaf.shape} is missing: the parameters are of '
-        'another head config, or of a head saved before its input norms existed; retrain '
-        'the head (in a new model directory) with this version.'
+        'another head config, or of a head saved before its input norms or its start state '
+        'existed; retrain the head (in a new model directory) with this version.'
       )
     if shape != leaf.shape:
       raise ValueError(
@@ -233,8 +242,9 @@ class FeatureHead(nn.Module):
   Both return (predicted features [B, k, Df] float32, normalized hidden states
   [B, k, H]); `own_logits` is the narrow output layer (output 'own').
   Parameters: `feature_norms_{i}` (one per feature layer), `embedding_norm`,
-  `pre_projection`, `relpos_bias`, `layers_{i}` (T5X's decoder
-  layer), `head_norm`, `post_projection`, and `logits_dense` for output 'own'.
+  `pre_projection`, `start_input` (the start state's input [H]),
+  `relpos_bias`, `layers_{i}` (T5X's decoder layer), `head_norm`,
+  `post_projection`, and `logits_dense` for output 'own'.
   """
 
   config: FeatureHeadConfig
@@ -247,6 +257,13 @@ class FeatureHead(nn.Module):
     self.embedding_norm = network.LayerNorm(dtype)
     self.pre_projection = network.DenseGeneral(
       cfg.emb_dim, dtype=dtype, kernel_axes=('mlp', 'embed')
+    )
+    self.start_input = network.param_with_axes(
+      'start_input',
+      nn.initializers.normal(stddev=1.0),
+      (cfg.emb_dim,),
+      jnp.float32,
+      axes=('embed',),
     )
     self.relpos_bias = network.RelativePositionBiases(cfg.num_heads, dtype)
     self.layers = [
@@ -279,7 +296,30 @@ class FeatureHead(nn.Module):
       encoder_mask: bool [B, Lin], its non-padding positions.
       deterministic: disables dropout.
     """
-    return self.unrolled(features, next_embedded, encoded, encoder_mask, 1, deterministic)[0]
+    return self.unrolled(features, next_embedded, encoded, encoder_mask, 1, deterministic)[1][0]
+
+  def start(
+    self,
+    batch: int,
+    encoded: Optional[Array] = None,
+    encoder_mask: Optional[Array] = None,
+    deterministic: bool = True,
+  ) -> Tuple[Array, Array]:
+    """The start state (see the module docstring): (predicted feature^_0 [B, 1, Df], hidden [B, 1, H]).
+
+    Uncached: the entry attends only to itself, as the first rollout's
+    entries see nothing before them. `encoded` [B, Lin, D] and
+    `encoder_mask` bool [B, Lin] for an encoder-decoder target.
+    """
+    y = jnp.broadcast_to(
+      jnp.asarray(self.start_input, self.config.layer_config.dtype), (batch, 1, self.config.emb_dim)
+    )
+    origin = jnp.zeros((1, 1), jnp.int32)
+    self_bias = self._bias(origin, origin, jnp.ones((1, 1, 1, 1), bool))
+    cross_bias = self._cross_bias(encoder_mask)
+    for layer in self.layers:
+      y, _ = layer.with_context(y, [], self_bias, encoded, cross_bias, deterministic)
+    return self._outputs(y)
 
   def unrolled(
     self,
@@ -289,20 +329,24 @@ class FeatureHead(nn.Module):
     encoder_mask: Optional[Array],
     steps: int,
     deterministic: bool = True,
-  ) -> Sequence[Tuple[Array, Array]]:
-    """The training-time test: [(predicted, hidden) of depth k] for k < steps, [B, L, ...] each.
+  ) -> Tuple[Tuple[Array, Array], Sequence[Tuple[Array, Array]]]:
+    """The training-time test: (the start state, [(predicted, hidden) of depth k] for k < steps).
 
-    Depth 0 is `__call__` on the true features. The depth-k entry at
+    The start state is `start`'s, [B, 1, ...]; each depth's outputs are
+    [B, L, ...]. Depth 0 reads the true features. The depth-k entry at
     position t is what the rollout computes k steps past the last true
     position t - k: it reads the depth k - 1 prediction made at t - 1 and the
     embedding of the token at t + 1, and sees the true entries at positions
     <= t - k and its own chain, the depth-j entries at t - k + j (j = 1..k),
     exactly the cache a rollout's step k + 1 sees (EAGLE-3's masks). At
-    t < k the chain starts from the true feature at position 0.
+    t = k - 1 that is a rollout from the start state (no true entry; position
+    0 reads the start's predicted feature); chains longer than that (t < k - 1)
+    are cut at position 0 the same way.
     """
     positions = jnp.arange(features.shape[1])
     query, key = positions[:, None], positions[None, :]
     cross_bias = self._cross_bias(encoder_mask)
+    start = self.start(features.shape[0], encoded, encoder_mask, deterministic)
     contexts = [[] for _ in self.layers]
     outputs, inputs = [], features
     for depth in range(steps):
@@ -315,9 +359,10 @@ class FeatureHead(nn.Module):
         y, normed = layer.with_context(y, context, self_bias, encoded, cross_bias, deterministic)
         context.append(normed)
       outputs.append(self._outputs(y))
-      # Depth k + 1 reads at position t the depth-k prediction made at t - 1.
-      inputs = jnp.concatenate([features[:, :1], outputs[-1][0][:, :-1]], axis=1)
-    return outputs
+      # Depth k + 1 reads at position t the depth-k prediction made at t - 1
+      # (at position 0, the start state's).
+      inputs = jnp.concatenate([start[0], outputs[-1][0][:, :-1]], axis=1)
+    return start, outputs
 
   def init_cache(
     self,
@@ -499,6 +544,28 @@ def apply_block(
   return outputs, variables['cache']
 
 
+def start_state(
+  config: FeatureHeadConfig,
+  params: PyTree,
+  batch: int,
+  encoded: Optional[Array] = None,
+  encoder_mask: Optional[Array] = None,
+) -> Tuple[Array, Array]:
+  """`FeatureHead.start` as a function: (predicted [batch, Df], hidden [batch, H]).
+
+  Plain or packed `params`; `encoded` [batch, Lin, D] and `encoder_mask` bool
+  [batch, Lin] for an encoder-decoder target.
+  """
+  predicted, hidden = FeatureHead(config).apply(
+    kernels.variables(params),
+    batch,
+    encoded if config.cross_attention else None,
+    encoder_mask if config.cross_attention else None,
+    method=FeatureHead.start,
+  )
+  return predicted[:, 0], hidden[:, 0]
+
+
 def unrolled(
   config: FeatureHeadConfig,
   params: PyTree,
@@ -509,12 +576,14 @@ def unrolled(
   steps: int = 1,
   dropout_key: Optional[Array] = None,
 ) -> Sequence[Tuple[Array, Array]]:
-  """`FeatureHead.unrolled` as a function: [(predicted [B, L, Df], hidden [B, L, H])] by depth.
+  """`FeatureHead.unrolled` as a function: (start, depths).
 
-  features [B, L, Df] are the target's true features at positions 0..L-1,
-  next_embedded [B, L, D] the target's embedding of the token after each.
+  start: the start state (predicted [B, Df], hidden [B, H]); depths:
+  [(predicted [B, L, Df], hidden [B, L, H])] by depth. features [B, L, Df]
+  are the target's true features at positions 0..L-1, next_embedded
+  [B, L, D] the target's embedding of the token after each.
   """
-  return FeatureHead(config).apply(
+  (start_predicted, start_hidden), depths = FeatureHead(config).apply(
     {'params': params},
     features,
     next_embedded,
@@ -525,6 +594,7 @@ def unrolled(
     rngs=None if dropout_key is None else {'dropout': dropout_key},
     method=FeatureHead.unrolled,
   )
+  return (start_predicted[:, 0], start_hidden[:, 0]), depths
 
 
 def logits(

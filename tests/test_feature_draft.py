@@ -587,7 +587,7 @@ def test_the_training_time_test_computes_what_a_rollout_drafts_from(architecture
   if architecture == 'encoder_decoder':
     encoded = network.encode(target.config, target.params, input_tokens)
     encoder_mask = input_tokens > 0
-  depths = feature_head.unrolled(
+  _, depths = feature_head.unrolled(
     draft.config,
     draft.params,
     jnp.asarray(true_features),
@@ -600,6 +600,52 @@ def test_the_training_time_test_computes_what_a_rollout_drafts_from(architecture
     at = np.asarray(lengths) - 1 + m
     q = sampling.standardize(draft._logits(predicted[rows, at], hidden[rows, at]), **sample_args)
     np.testing.assert_allclose(probs[:, m], q, atol=2e-5, err_msg=f'rollout step {m + 1}')
+
+
+@pytest.mark.parametrize('architecture', list(TARGETS))
+def test_a_row_without_a_prompt_drafts_from_the_start_state_as_training_does(architecture):
+  """From BOS, rollout step 1's q is the unrolled pass's start state and step m + 1's its
+  depth-m entry at position m - 1: the chain from the start, with no true entry before it."""
+  target = TARGETS[architecture]
+  draft = random_head(target, seed=4)
+  gamma, sample_args = 4, dict(temperature=1.0, topk=0, topp=0.0)
+  input_tokens = cache_test_inputs(architecture)
+  batch = input_tokens.shape[0]
+  tokens, probs, _, _ = draft.propose(
+    head_init_cache(draft, input_tokens, HEAD_CACHE_LENGTH),
+    jnp.zeros((batch, HEAD_CACHE_LENGTH), jnp.int32),
+    jnp.zeros((batch,), jnp.int32),
+    jax.random.PRNGKey(5),
+    gamma=gamma,
+    draft_threshold=0.0,
+    **sample_args,
+  )
+  decoder_inputs = np.pad(np.asarray(tokens), ((0, 0), (1, 0)))  # BOS, the drafted tokens.
+  # The chain from the start reads no true feature: any stand-in shows a masking error.
+  stand_in = np.random.default_rng(6).standard_normal(
+    decoder_inputs.shape + (draft.config.feature_width,)
+  )
+  next_tokens = np.pad(decoder_inputs[:, 1:], ((0, 0), (0, 1)))
+  encoded = encoder_mask = None
+  if architecture == 'encoder_decoder':
+    encoded = network.encode(target.config, target.params, input_tokens)
+    encoder_mask = input_tokens > 0
+  start, depths = feature_head.unrolled(
+    draft.config,
+    draft.params,
+    jnp.asarray(stand_in, jnp.float32),
+    network.embed_tokens(target.config, target.params, next_tokens),
+    encoded,
+    encoder_mask,
+    steps=gamma,
+  )
+  q = lambda outputs: sampling.standardize(draft._logits(*outputs), **sample_args)
+  np.testing.assert_allclose(probs[:, 0], q(start), atol=2e-5, err_msg='rollout step 1')
+  for m in range(1, gamma):
+    predicted, hidden = depths[m]
+    np.testing.assert_allclose(
+      probs[:, m], q((predicted[:, m - 1], hidden[:, m - 1])), atol=2e-5, err_msg=f'step {m + 1}'
+    )
 
 
 TRAIN_TARGET = tiny_model(seed=0, layers=2, scale=3.0)  # Random: a random head drafts poorly.

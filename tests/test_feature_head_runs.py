@@ -70,21 +70,19 @@ def test_teacher_forced_logits_are_the_heads_first_draft_token(architecture):
   width = decoder_inputs.shape[1]
   for row in range(2):
     for j, position in enumerate(positions[row]):
-      if position == 0:  # No entry before the first position: zero logits.
-        np.testing.assert_array_equal(logits[row, j], 0.0)
-        continue
       row_inputs = jnp.asarray(inputs[row : row + 1])
       encoded = None
       if architecture == 'encoder-decoder':
         encoded = network.encode(target.config, target.params, row_inputs)
-      cache = draft.init_cache(row_inputs, width + 4, encoded=encoded)
-      state = draft.observe(
-        cache,
-        features[row : row + 1, :position],
-        next_tokens[row : row + 1, :position],
-        jnp.zeros((1,), jnp.int32),
-        jnp.array([position - 1], jnp.int32),
-      )
+      state = draft.init_cache(row_inputs, width + 4, encoded=encoded)
+      if position > 0:  # At position 0 the head drafts from its start state.
+        state = draft.observe(
+          state,
+          features[row : row + 1, :position],
+          next_tokens[row : row + 1, :position],
+          jnp.zeros((1,), jnp.int32),
+          jnp.array([position - 1], jnp.int32),
+        )
       np.testing.assert_allclose(logits[row, j], state['logits'][0], atol=1e-4, rtol=1e-4)
 
 

@@ -103,6 +103,7 @@ from speculative_t5x.network.layers import LayerNorm as LayerNorm
 from speculative_t5x.network.layers import MAX_DISTANCE as MAX_DISTANCE
 from speculative_t5x.network.layers import MlpBlock as MlpBlock
 from speculative_t5x.network.layers import NUM_BUCKETS as NUM_BUCKETS
+from speculative_t5x.network.layers import param_with_axes as param_with_axes
 from speculative_t5x.network.layers import relative_position_bucket as relative_position_bucket
 from speculative_t5x.network.layers import RelativePositionBiases as RelativePositionBiases
 from speculative_t5x.network.masks import make_attention_mask as make_attention_mask

@@ -83,7 +83,7 @@ def random_params(config: NetworkConfig, seed: int = 0) -> Tuple[dict, dict]:
 def t5x_like_random_params(shapes: Any, head_dim: int, seed: int) -> Any:
   """float32 numpy arrays of `shapes` (a tree of shaped leaves) at T5X's initializer scales.
 
-  Embeddings std 1; kernels std 1/sqrt(fan_in), queries further / sqrt(head_dim);
+  Embeddings and learned input vectors std 1; kernels std 1/sqrt(fan_in), queries further / sqrt(head_dim);
   relative position tables uniform with variance 2/(heads + buckets); layer
   norm scales 1. Shared by `random_params` and the feature head's.
   """
@@ -99,6 +99,8 @@ def t5x_like_random_params(shapes: Any, head_dim: int, seed: int) -> Any:
       value = rng.uniform(-limit, limit, shape)
     elif name == 'scale':
       value = np.ones(shape)
+    elif len(shape) == 1:  # A learned input vector (a feature head's start), as an embedding row.
+      value = rng.standard_normal(shape)
     else:
       value = rng.standard_normal(shape) / np.sqrt(shape[0])
       if path[-2].key == 'query':

@@ -24,7 +24,9 @@ EAGLE-3; `feature_head.FeatureHead.unrolled`):
     attends to the true entries at positions <= t - k and to its own chain
     of predicted entries after them,
 exactly what a rollout's step k + 1 computes, so that it learns from the
-inputs and the cache it drafts from after its first token. The
+inputs and the cache it drafts from after its first token. Step 0 also
+holds the head's start state (`feature_head.FeatureHead.start`), which
+drafts x_1 against the target's p_0. The
 loss of step k is the soft cross entropy -sum_x p_{t+2}(x) log q^k_t(x) of
 the head's distribution (its log-softmax at the mode's temperature) against
 the target's, averaged over real positions and weighted by decay^k
@@ -60,7 +62,7 @@ ones) and configs/runs/train_feature_head.gin:
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -109,10 +111,8 @@ class HeadLossConfig:
     feature_head.check_target(self.head_config, self.target_config)
 
 
-def aligned_outputs(
-  config: HeadLossConfig, params: PyTree, target_params: PyTree, batch: Mapping[str, jax.Array]
-) -> Tuple[jax.Array, jax.Array, List[Tuple[jax.Array, jax.Array]], jax.Array]:
-  """What the loss compares, paired position by position: (p, weights, depths, features).
+class AlignedOutputs(NamedTuple):
+  """What the loss compares, paired position by position (see `aligned_outputs`).
 
   Head position t reads the target's feature f_t and the embedding of
   x_{t+1} ('decoder_target_tokens' [t]) and drafts x_{t+2}, which the target
@@ -123,8 +123,28 @@ def aligned_outputs(
     depths: [(predicted feature [B, L - 1, Df], logits [B, L - 1, V])] for
       unroll depth k < unroll_steps (`feature_head.unrolled`): depth k at t is
       what the rollout's draft token k + 1 reads from when t - k is the last
-      true position;
-    features: float32 [B, L, Df], the target's true features at every position.
+      true position (t - k = -1: the rollout from the start state).
+  The start state drafts x_1, which the target predicts at position 0:
+    start_p: float32 [B, V], the target's standardized distribution at 0;
+    start_weights: float32 [B], 1 where x_1 is a real token;
+    start: (predicted feature [B, Df], logits [B, V]), the start state's.
+  And features: float32 [B, L, Df], the target's true features at every position.
+  """
+
+  p: jax.Array
+  weights: jax.Array
+  depths: List[Tuple[jax.Array, jax.Array]]
+  start_p: jax.Array
+  start_weights: jax.Array
+  start: Tuple[jax.Array, jax.Array]
+  features: jax.Array
+
+
+def aligned_outputs(
+  config: HeadLossConfig, params: PyTree, target_params: PyTree, batch: Mapping[str, jax.Array]
+) -> AlignedOutputs:
+  """The target's and the head's outputs the loss compares (`AlignedOutputs`).
+
   The decode loop drafts from the same pairs (tests/test_feature_draft_training.py).
   `batch` as `head_loss`'s.
   """
@@ -135,20 +155,31 @@ def aligned_outputs(
   )
   target_logits, features = jax.lax.stop_gradient((target_logits, features))
   features = features.astype(jnp.float32)
-  p = sampling.standardize(target_logits[:, 1:], **mode)
-  weights = batch['decoder_loss_weights'][:, 1:].astype(jnp.float32)
+  p = sampling.standardize(target_logits, **mode)
+  weights = batch['decoder_loss_weights'].astype(jnp.float32)
   next_embedded = network.embed_tokens(target_config, target_params, batch['decoder_target_tokens'])
   encoded = encoder_mask = None
   if head.cross_attention:
     encoded = network.encode(target_config, target_params, batch['encoder_input_tokens'])
     encoder_mask = batch['encoder_input_tokens'] > 0
-  depths = []
-  for predicted, hidden in feature_head.unrolled(
+  start, unrolled = feature_head.unrolled(
     head, params, features, next_embedded, encoded, encoder_mask, config.unroll_steps
-  ):
-    logits = feature_head.logits(head, params, target_config, target_params, predicted, hidden)
-    depths.append((predicted[:, :-1], logits[:, :-1]))
-  return p, weights, depths, features
+  )
+  head_logits = lambda predicted, hidden: feature_head.logits(
+    head, params, target_config, target_params, predicted, hidden
+  )
+  depths = [
+    (predicted[:, :-1], head_logits(predicted, hidden)[:, :-1]) for predicted, hidden in unrolled
+  ]
+  return AlignedOutputs(
+    p=p[:, 1:],
+    weights=weights[:, 1:],
+    depths=depths,
+    start_p=p[:, 0],
+    start_weights=weights[:, 0],
+    start=(start[0], head_logits(*start)),
+    features=features,
+  )
 
 
 def head_loss(
@@ -161,22 +192,33 @@ def head_loss(
   int32 [B, Lin] 'encoder_input_tokens'.
   """
   mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
-  p, weights, depths, features = aligned_outputs(config, params, target_params, batch)
+  aligned = aligned_outputs(config, params, target_params, batch)
   scale = config.temperature if config.temperature > 0 else 1.0
-  total, norm, sums = 0.0, 0.0, {}
-  for k, (predicted, logits) in enumerate(depths):
+
+  def cross_entropy(p, logits):
     log_q = jax.nn.log_softmax(logits / scale, axis=-1)
-    per_token = -jnp.sum(jnp.where(p > 0, p * log_q, 0.0), axis=-1)
-    step_loss = jnp.sum(per_token * weights)
+    return -jnp.sum(jnp.where(p > 0, p * log_q, 0.0), axis=-1)
+
+  # Depth 0's positions: the start state's (drafting x_1), then t = 0..L-2.
+  first_p = jnp.concatenate([aligned.start_p[:, None], aligned.p], axis=1)
+  first_weights = jnp.concatenate([aligned.start_weights[:, None], aligned.weights], axis=1)
+  total, norm, sums = 0.0, 0.0, {}
+  for k, (predicted, logits) in enumerate(aligned.depths):
+    p, weights = aligned.p, aligned.weights
+    if k == 0:
+      p, weights = first_p, first_weights
+      predicted = jnp.concatenate([aligned.start[0][:, None], predicted], axis=1)
+      logits = jnp.concatenate([aligned.start[1][:, None], logits], axis=1)
+    step_loss = jnp.sum(cross_entropy(p, logits) * weights)
     total, norm = total + config.decay**k * step_loss, norm + config.decay**k
     if k == 0:
       q = sampling.standardize(jax.lax.stop_gradient(logits), **mode)
       sums['beta'] = jnp.sum(speculative_sampling.lenient_acceptance_rate(p, q) * weights)
-      if config.feature_weight:
-        regression = optax.huber_loss(predicted, features[:, 1:]).mean(-1)
+      if config.feature_weight:  # The prediction of f_t, from position t - 1 (or the start).
+        regression = optax.huber_loss(predicted, aligned.features).mean(-1)
         total += config.feature_weight * jnp.sum(regression * weights)
   sums['loss'] = total / norm
-  sums['weight'] = jnp.sum(weights)
+  sums['weight'] = jnp.sum(first_weights)
   return sums['loss'] / jnp.maximum(sums['weight'], 1.0), sums
 
 
