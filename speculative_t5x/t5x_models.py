@@ -513,9 +513,9 @@ class _DistillationMixin:
     loss_normalizing_factor, _ = t5x_losses.get_loss_normalizing_factor_and_weights(
       self._loss_normalizing_factor, batch
     )
-    _, sums = train_feature_head.head_loss(
-      self._head_loss, head_params, jax.lax.stop_gradient(target_params), batch
-    )
+    target_params = jax.lax.stop_gradient(target_params)
+    batch = train_feature_head.with_target_outputs(self._head_loss, target_params, batch)
+    _, sums = train_feature_head.head_loss(self._head_loss, head_params, target_params, batch)
     loss = (
       sums['loss'] if loss_normalizing_factor is None else sums['loss'] / loss_normalizing_factor
     )

@@ -69,8 +69,12 @@ def decode_and_pair(architecture, temperature, seed):
   config = train_feature_head.HeadLossConfig(
     head.config, target.config, unroll_steps=GAMMA, temperature=1.0
   )
+  batch = {name: jnp.asarray(v) for name, v in batch.items()}
   aligned = train_feature_head.aligned_outputs(
-    config, head.params, target.params, {name: jnp.asarray(v) for name, v in batch.items()}
+    config,
+    head.params,
+    target.params,
+    train_feature_head.with_target_outputs(config, target.params, batch),
   )
   prompt_lengths = np.zeros(len(outputs), int)
   if architecture == 'decoder_only':
@@ -129,3 +133,14 @@ def test_trainings_p_at_t_is_the_targets_distribution_of_the_token_the_head_draf
     assert aligned.start_weights[row] == 1.0
     if prompt_lengths[row] == 0:
       assert np.argmax(aligned.start_p[row]) == emitted[row, 0]
+
+
+@pytest.mark.parametrize('passes', [1, 2, 3])
+def test_each_chunk_of_decoded_batches_serves_data_passes_training_steps_in_turn(passes):
+  """Training step s reads data step `data_step(s, P)`: each chunk's batches P times, in order."""
+  chunk = train_feature_head.DATA_CHUNK_STEPS
+  steps = np.arange(1, 2 * chunk * passes + 2)
+  read = [train_feature_head.data_step(int(s), passes) for s in steps]
+  first_chunk = list(range(1, chunk + 1)) * passes
+  second_chunk = list(range(chunk + 1, 2 * chunk + 1)) * passes
+  assert read == first_chunk + second_chunk + [2 * chunk + 1]

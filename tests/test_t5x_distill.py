@@ -409,8 +409,12 @@ def test_t5x_train_step_trains_a_feature_head_alone():
   config = train_feature_head.HeadLossConfig(
     HEAD_CONFIG, TARGET_CONFIG, unroll_steps=3, decay=0.8, temperature=1.0
   )
+  target_params = t5x_adapter.strip_draft_params(state.params)
   _, sums = train_feature_head.head_loss(
-    config, state.params[key], t5x_adapter.strip_draft_params(state.params), batch
+    config,
+    state.params[key],
+    target_params,
+    train_feature_head.with_target_outputs(config, target_params, batch),
   )
   np.testing.assert_allclose(loss, sums['loss'], rtol=1e-5)
   np.testing.assert_allclose(metrics['beta'].compute(), sums['beta'] / sums['weight'], rtol=1e-5)

@@ -10,10 +10,14 @@ steps at a time: the chunk's rows of each temperature in one call (a large
 batch costs the memory-bound decoder little more than a small one), with
 the PRNG key `fold_in(fold_in(PRNGKey(seed), first step of the chunk),
 temperature's index)`; a resumed run decodes its chunk whole, as an
-uninterrupted one. For a decoder-only target the rows are prompts and a
+uninterrupted one. With `data_passes` P > 1 the steps train on each
+chunk's batches P times over, in turn (training step s reads the batch of
+data step `data_step(s, P)`), so a step costs 1/P of a decode: on the CPU
+the decode costs more than the step itself. For a decoder-only target the rows are prompts and a
 sequence is the prompt followed by its continuation.
 
-Loss. One teacher-forced target pass gives, at every decoder input position
+Loss. One teacher-forced target pass per batch (`with_target_outputs`,
+however many steps train on it) gives, at every decoder input position
 t, the target's features f_t and its standardized next-token distribution
 p_{t+1} at the run's sampling mode (temperature 1 by default: the full
 distribution, as EAGLE's heads are trained, so one head can serve every
@@ -140,6 +144,32 @@ class AlignedOutputs(NamedTuple):
   features: jax.Array
 
 
+def with_target_outputs(
+  config: HeadLossConfig, target_params: PyTree, batch: Mapping[str, jax.Array]
+) -> Dict[str, jax.Array]:
+  """`batch` and the frozen target's side of the loss, one teacher-forced pass over it.
+
+  Computed once per batch, however many steps train on it (`data_passes`):
+  on the CPU this pass costs about as much as the rest of a step. Adds
+  'target_p' float32 [B, L, V], the target's standardized distribution at
+  each position (the loss's mode), 'target_features' float32 [B, L, Df], its
+  features there, and for an encoder-decoder target 'encoded' [B, Lin, D],
+  its encoder output (which the head cross-attends to).
+  """
+  head, target_config = config.head_config, config.target_config
+  mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
+  target_logits, features = network.compute_logits(
+    target_config, target_params, batch, feature_layers=head.feature_layers
+  )
+  outputs = {
+    'target_p': sampling.standardize(target_logits, **mode),
+    'target_features': features.astype(jnp.float32),
+  }
+  if head.cross_attention:
+    outputs['encoded'] = network.encode(target_config, target_params, batch['encoder_input_tokens'])
+  return {**batch, **outputs}
+
+
 def aligned_outputs(
   config: HeadLossConfig, params: PyTree, target_params: PyTree, batch: Mapping[str, jax.Array]
 ) -> AlignedOutputs:
@@ -149,19 +179,12 @@ def aligned_outputs(
   `batch` as `head_loss`'s.
   """
   head, target_config = config.head_config, config.target_config
-  mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
-  target_logits, features = network.compute_logits(
-    target_config, target_params, batch, feature_layers=head.feature_layers
-  )
-  target_logits, features = jax.lax.stop_gradient((target_logits, features))
-  features = features.astype(jnp.float32)
-  p = sampling.standardize(target_logits, **mode)
+  p, features = batch['target_p'], batch['target_features']
   weights = batch['decoder_loss_weights'].astype(jnp.float32)
   next_embedded = network.embed_tokens(target_config, target_params, batch['decoder_target_tokens'])
   encoded = encoder_mask = None
   if head.cross_attention:
-    encoded = network.encode(target_config, target_params, batch['encoder_input_tokens'])
-    encoder_mask = batch['encoder_input_tokens'] > 0
+    encoded, encoder_mask = batch['encoded'], batch['encoder_input_tokens'] > 0
   start, unrolled = feature_head.unrolled(
     head, params, features, next_embedded, encoded, encoder_mask, config.unroll_steps
   )
@@ -188,8 +211,9 @@ def head_loss(
   """(mean loss, metric sums {'loss', 'beta', 'weight'}) of one batch (see the module docstring).
 
   `batch`: int32 [B, L] 'decoder_input_tokens' and 'decoder_target_tokens',
-  float32 [B, L] 'decoder_loss_weights', and for an encoder-decoder target
-  int32 [B, Lin] 'encoder_input_tokens'.
+  float32 [B, L] 'decoder_loss_weights', for an encoder-decoder target int32
+  [B, Lin] 'encoder_input_tokens', and the target's outputs on them
+  (`with_target_outputs`).
   """
   mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
   aligned = aligned_outputs(config, params, target_params, batch)
@@ -236,13 +260,26 @@ def make_step(config: HeadLossConfig, optimizer: optax.GradientTransformation):
   return step
 
 
+class _Compiled(NamedTuple):
+  """A run's optimizer and jitted functions (`_jitted`)."""
+
+  tx: optax.GradientTransformation
+  target_pass: Callable  # (target_params, batch) -> `with_target_outputs`.
+  step: Callable  # `make_step`'s, its state donated.
+  evaluate: Callable  # (params, target_params, batch) -> `head_loss`'s metric sums.
+
+
 @functools.lru_cache(maxsize=8)
-def _jitted(config: HeadLossConfig, learning_rate: float):
+def _jitted(config: HeadLossConfig, learning_rate: float) -> _Compiled:
   tx = optax.adam(learning_rate)
-  evaluate = jax.jit(
-    lambda params, target_params, batch: head_loss(config, params, target_params, batch)[1]
+  return _Compiled(
+    tx,
+    jax.jit(lambda target_params, batch: with_target_outputs(config, target_params, batch)),
+    jax.jit(make_step(config, tx), donate_argnums=0),
+    jax.jit(
+      lambda params, target_params, batch: head_loss(config, params, target_params, batch)[1]
+    ),
   )
-  return tx, jax.jit(make_step(config, tx), donate_argnums=0), evaluate
 
 
 def target_sequences(
@@ -314,6 +351,16 @@ def chunk_batches(
   return batches
 
 
+def data_step(step: int, data_passes: int) -> int:
+  """The data step (1-based, `chunk_batches`' numbering) whose batch training step `step` reads.
+
+  Each chunk of `DATA_CHUNK_STEPS` data steps serves `data_passes` times as
+  many training steps, its batches in order on each pass.
+  """
+  chunk, offset = divmod(step - 1, DATA_CHUNK_STEPS * data_passes)
+  return chunk * DATA_CHUNK_STEPS + offset % DATA_CHUNK_STEPS + 1
+
+
 def step_rows(num_rows: int, batch_size: int, seed: int, step: int) -> np.ndarray:
   """Row indices of step `step` (1-based): epochs of seeded permutations, by step alone."""
   start = (step - 1) * batch_size
@@ -376,45 +423,48 @@ def _jsonable_head_config(head_config: feature_head.FeatureHeadConfig) -> Dict[s
 def _head_loop_steps(
   target: models.Model,
   inputs: np.ndarray,
-  step_fn: Callable,
-  evaluate_fn: Callable,
+  compiled: _Compiled,
   eval_inputs: Optional[np.ndarray],
   *,
   batch_size: int,
   seed: int,
   data_temperatures: Sequence[float],
   max_decode_len: int,
+  data_passes: int,
 ) -> train.LoopSteps:
   """`train_feature_head`'s `train.LoopSteps`.
 
   Each step trains on its batch of `chunk_batches` (the target's decodes of
-  int32 [N, Lin] `inputs`, a chunk of steps at a time); with int32 [M, Lin]
-  `eval_inputs` (None: no evaluation), the held-out loss and alpha on the
-  target's T = 1 decodes of them, also before the first step.
+  int32 [N, Lin] `inputs`, a chunk of steps at a time, each chunk's batches
+  `data_passes` times over: `data_step`; the target's pass over each batch
+  once, `with_target_outputs`); with int32 [M, Lin] `eval_inputs` (None: no
+  evaluation), the held-out loss and alpha on the target's T = 1 decodes of
+  them, also before the first step.
   """
   key = jax.random.PRNGKey(seed)
+  with_targets = lambda batch: compiled.target_pass(target.params, batch)
   held_out = None
   if eval_inputs is not None:  # Key 0: training steps are 1-based.
-    held_out = target_sequences(
-      target, eval_inputs, max_decode_len, 1.0, jax.random.fold_in(key, 0)
+    held_out = with_targets(
+      target_sequences(target, eval_inputs, max_decode_len, 1.0, jax.random.fold_in(key, 0))
     )
-  ahead = {}  # The current chunk's batches not yet trained on: {step: batch}.
+  ahead = {}  # The current chunk's batches, with the target's outputs: {data step: batch}.
 
   def step(state: train.TrainState, step: int):
-    if step not in ahead:
+    data = data_step(step, data_passes)
+    if data not in ahead:
       ahead.clear()
-      ahead.update(
-        chunk_batches(
-          target,
-          inputs,
-          (step - 1) // DATA_CHUNK_STEPS,
-          batch_size=batch_size,
-          seed=seed,
-          data_temperatures=data_temperatures,
-          max_decode_len=max_decode_len,
-        )
+      batches = chunk_batches(
+        target,
+        inputs,
+        (data - 1) // DATA_CHUNK_STEPS,
+        batch_size=batch_size,
+        seed=seed,
+        data_temperatures=data_temperatures,
+        max_decode_len=max_decode_len,
       )
-    state, sums = step_fn(state, target.params, ahead.pop(step))
+      ahead.update({s: with_targets(batch) for s, batch in batches.items()})
+    state, sums = compiled.step(state, target.params, ahead[data])
     return state, sums, sums['weight']
 
   def per_weight(sums: Mapping[str, Any]) -> Dict[str, float]:
@@ -422,7 +472,9 @@ def _head_loop_steps(
     return {'loss': float(sums['loss']) / weight, 'alpha': float(sums['beta']) / weight}
 
   summary = lambda totals, step: per_weight(totals)
-  evaluate = lambda params: per_weight(jax.device_get(evaluate_fn(params, target.params, held_out)))
+  evaluate = lambda params: per_weight(
+    jax.device_get(compiled.evaluate(params, target.params, held_out))
+  )
   postfix = lambda record: dict(loss=f'{record["loss"]:.3f}', alpha=f'{record["alpha"]:.3f}')
   return train.LoopSteps(
     step, summary, postfix, evaluate if held_out is not None else None, evaluate_at_start=True
@@ -455,6 +507,7 @@ def train_feature_head(
   topk: int = 0,
   topp: float = 0.0,
   data_temperatures: Sequence[float] = (0.0, 1.0),
+  data_passes: int = 1,
   learning_rate: float = 3e-3,
   initial_params: Optional[PyTree] = None,
   seed: int = 0,
@@ -480,6 +533,7 @@ def train_feature_head(
     feature_weight: the weight of the feature regression (0: none).
     temperature, topk, topp: the mode of the target's (and head's) standardized distributions.
     data_temperatures: the target's decoding temperatures, one per step in turn.
+    data_passes: training steps per decoded batch (see the module docstring).
     learning_rate: Adam's.
     initial_params: the first step's head parameters (default `feature_head.init_params`).
     seed: the data order, the samples and the default initial parameters.
@@ -487,7 +541,9 @@ def train_feature_head(
     eval_every: evaluate every this many steps (and at the end); None: never.
     checkpoint_every, keep_checkpoints, log_every, progress: as `train.Schedule`'s.
   """
-  train.check_positive(batch_size=batch_size, max_decode_len=max_decode_len)
+  train.check_positive(
+    batch_size=batch_size, max_decode_len=max_decode_len, data_passes=data_passes
+  )
   schedule = train.Schedule(
     num_steps, checkpoint_every, keep_checkpoints, eval_every, log_every, progress
   )
@@ -495,11 +551,12 @@ def train_feature_head(
   config = HeadLossConfig(
     head_config, target.config, unroll_steps, decay, feature_weight, temperature, topk, topp
   )
-  tx, step_fn, evaluate_fn = _jitted(config, float(learning_rate))
+  compiled = _jitted(config, float(learning_rate))
   inputs = np.asarray(inputs, np.int32)
   settings = _recorded_settings(
     config,
     data_temperatures=list(data_temperatures),
+    data_passes=data_passes,
     learning_rate=learning_rate,
     batch_size=batch_size,
     seed=seed,
@@ -509,19 +566,19 @@ def train_feature_head(
   start = lambda start_step: _head_loop_steps(
     target,
     inputs,
-    step_fn,
-    evaluate_fn,
+    compiled,
     None if eval_every is None else np.asarray(eval_inputs, np.int32),
     batch_size=batch_size,
     seed=seed,
     data_temperatures=data_temperatures,
     max_decode_len=max_decode_len,
+    data_passes=data_passes,
   )
   params, step, train_metrics, eval_metrics = train.resumable_loop(
     model_dir,
     schedule,
     config=target.config,
-    optimizer=tx,
+    optimizer=compiled.tx,
     initial_params=lambda: _first_head_params(head_config, initial_params, seed),
     settings_file=SETTINGS_FILE,
     settings=settings,
