@@ -109,10 +109,11 @@ DISTILLATION_DATA = {0.0: {'target': 1.0}, 1.0: {'draft': 1.0}}
 # configs/runs/train_feature_head.gin's defaults). Tokens per target call of the
 # demo's head at gamma 3, batch 8, 64 test sentences (T = 0 / T = 1): 1.94 / 1.91 after
 # 60 steps, 2.19 / 2.18 after 200, 2.22 / 2.35 after 600, 2.27 / 2.35 after 1,000 (the
-# distilled drafts: 2.70 / 2.50; docs/results.md). Each 100 steps cost ~4 min of the
-# first run on the slower machine kind, and even 1,000 steps do not pass the drafts:
-# the demo keeps 60 (--head_steps for more).
-HEAD_STEPS = 60
+# distilled drafts: 2.70 / 2.50; docs/results.md). Since each decoded batch serves
+# 4 steps and the target's pass over it is made once (DATA_PASSES), 180 steps cost
+# what 60 did (about 140 s on the slower machine kind); even 1,000 steps do not
+# pass the drafts (--head_steps for more).
+HEAD_STEPS = 180
 HEAD_NAME = 'feature head'  # How the report names the head beside the drafts.
 
 
