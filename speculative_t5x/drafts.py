@@ -542,11 +542,12 @@ class FeatureDraft:
   ) -> PyTree:
     """The head's state for B rows before any true feature (see the class docstring).
 
-    An empty block cache, and the head's start state (`feature_head.start_state`):
-    a row without a prompt drafts its first tokens from it. `encoded` [B, Lin, D]: for an encoder-decoder target, the target's
-    encoder output of `encoder_input_tokens` (`network.encode`), which the
-    head's cross-attention reads; the decode call computes it once for both
-    (`models.speculative_decode`). Ignored for a decoder-only target.
+    An empty block cache, and the head's start state
+    (`feature_head.start_state`): a row without a prompt drafts its first
+    tokens from it. `encoded` [B, Lin, D]: for an encoder-decoder target,
+    the target's encoder output of `encoder_input_tokens` (`network.encode`),
+    which the head's cross-attention reads; the decode call computes it once
+    for both (`models.speculative_decode`). Ignored for a decoder-only target.
     """
     batch = encoder_input_tokens.shape[0]
     encoder_mask = None

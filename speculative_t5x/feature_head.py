@@ -49,9 +49,10 @@ logits layer it uses: output 'own' with a small H avoids reading the target's
 `config_for(target_config, ...)`, `check_target`, `check_params`,
 `init_params`, and `apply_block` / `init_cache` / `start_state` /
 `unrolled` (training's pass) / `logits` as pure functions. The decode-time
-ones (`apply_block`, `init_cache`, `start_state`, `logits`) take the head's parameters as a plain tree or as
-`kernels.pack_params(config, params, scope=None)`, on which every dense layer
-runs the CPU kernel (`drafts.FeatureDraft.packed`).
+ones (`apply_block`, `init_cache`, `start_state`, `logits`) take the head's
+parameters as a plain tree or as `kernels.pack_params(config, params,
+scope=None)`, on which every dense layer runs the CPU kernel
+(`drafts.FeatureDraft.packed`).
 """
 
 import dataclasses
@@ -305,7 +306,7 @@ class FeatureHead(nn.Module):
     encoder_mask: Optional[Array] = None,
     deterministic: bool = True,
   ) -> Tuple[Array, Array]:
-    """The start state (see the module docstring): (predicted feature^_0 [B, 1, Df], hidden [B, 1, H]).
+    """The start state (module docstring): (predicted feature^_0 [B, 1, Df], hidden [B, 1, H]).
 
     Uncached: the entry attends only to itself, as the first rollout's
     entries see nothing before them. `encoded` [B, Lin, D] and
@@ -575,7 +576,7 @@ def unrolled(
   encoder_mask: Optional[Array] = None,
   steps: int = 1,
   dropout_key: Optional[Array] = None,
-) -> Sequence[Tuple[Array, Array]]:
+) -> Tuple[Tuple[Array, Array], Sequence[Tuple[Array, Array]]]:
   """`FeatureHead.unrolled` as a function: (start, depths).
 
   start: the start state (predicted [B, Df], hidden [B, H]); depths:

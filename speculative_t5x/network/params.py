@@ -83,9 +83,10 @@ def random_params(config: NetworkConfig, seed: int = 0) -> Tuple[dict, dict]:
 def t5x_like_random_params(shapes: Any, head_dim: int, seed: int) -> Any:
   """float32 numpy arrays of `shapes` (a tree of shaped leaves) at T5X's initializer scales.
 
-  Embeddings and learned input vectors std 1; kernels std 1/sqrt(fan_in), queries further / sqrt(head_dim);
-  relative position tables uniform with variance 2/(heads + buckets); layer
-  norm scales 1. Shared by `random_params` and the feature head's.
+  Embeddings and learned input vectors std 1; kernels std 1/sqrt(fan_in),
+  queries further / sqrt(head_dim); relative position tables uniform with
+  variance 2/(heads + buckets); layer norm scales 1. Shared by
+  `random_params` and the feature head's.
   """
   rng = np.random.default_rng(seed)
 

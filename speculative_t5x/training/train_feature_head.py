@@ -13,8 +13,8 @@ temperature's index)`; a resumed run decodes its chunk whole, as an
 uninterrupted one. With `data_passes` P > 1 the steps train on each
 chunk's batches P times over, in turn (training step s reads the batch of
 data step `data_step(s, P)`), so a step costs 1/P of a decode: on the CPU
-the decode costs more than the step itself. For a decoder-only target the rows are prompts and a
-sequence is the prompt followed by its continuation.
+the decode costs more than the step itself. For a decoder-only target the
+rows are prompts and a sequence is the prompt followed by its continuation.
 
 Loss. One teacher-forced target pass per batch (`with_target_outputs`,
 however many steps train on it) gives, at every decoder input position
