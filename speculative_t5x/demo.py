@@ -379,15 +379,23 @@ def feature_head_draft(
       'VOCABULARY': vocabulary,
       'VOCAB_SIZE': vocab_size,
     }
-    gin_utils.call_configured(
-      train_feature_head.train_on_task,
-      [
-        'configs/pairs/gettext_tiny.gin',
-        'configs/tasks/gettext_ende.gin',
-        'configs/runs/train_feature_head.gin',
-      ],
-      [f'{name} = {value!r}' for name, value in bindings.items()],
-    )
+    try:
+      gin_utils.call_configured(
+        train_feature_head.train_on_task,
+        [
+          'configs/pairs/gettext_tiny.gin',
+          'configs/tasks/gettext_ende.gin',
+          'configs/runs/train_feature_head.gin',
+        ],
+        [f'{name} = {value!r}' for name, value in bindings.items()],
+      )
+    except ValueError as error:
+      if not os.path.exists(os.path.join(model_dir, train_feature_head.SETTINGS_FILE)):
+        raise
+      raise ValueError(
+        f'{error} Its head is from an earlier version of the demo or other flags: run the '
+        f'demo with a new --workdir, or delete {model_dir} to train the head again.'
+      ) from error
   with open(os.path.join(model_dir, run_settings.METRICS_FILE)) as f:
     metrics = [json.loads(line) for line in f]
   last = [r['seconds'] for r in metrics if r['split'] == 'train' and r['step'] == steps]

@@ -1,6 +1,8 @@
 """speculative_t5x.demo as a library: importing it leaves the command line to the importer
 (absl's own flags, which `absl.app` defines, aside); a stale workdir gets a clear error."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -213,3 +215,32 @@ def test_a_trained_head_in_the_workdir_is_read_back_with_its_record(tmp_path):
   assert draft.config == config
   assert record['steps'] == 2 and record['training_seconds'] > 0
   assert [r['step'] for r in record['curve']] == [0, 2]
+
+
+def test_a_head_of_other_settings_in_the_workdir_names_the_way_out(tmp_path, monkeypatch):
+  """A workdir's head trained with other settings (an earlier demo) is refused by
+  `feature_head_draft` with the setting named and the way out: a new --workdir."""
+  from speculative_t5x import demo
+  from speculative_t5x import feature_head
+  from speculative_t5x.training import train_feature_head
+  from testing_utils import padded_inputs, tiny_model
+
+  target = tiny_model(seed=0, vocab_size=24, layers=2)
+  config = feature_head.config_for(target.config, emb_dim=16, head_dim=8, mlp_dim=32)
+  inputs = padded_inputs(0, 8, 6, target.vocab_size)
+  train = functools.partial(
+    train_feature_head.train_feature_head,
+    str(tmp_path / 'feature_head'),
+    target,
+    config,
+    inputs,
+    max_decode_len=4,
+    batch_size=4,
+  )
+  train(num_steps=2)
+  # The demo's gin call, here on the tiny target, resuming with another setting.
+  monkeypatch.setattr(
+    demo.gin_utils, 'call_configured', lambda *args: train(num_steps=4, data_passes=2)
+  )
+  with pytest.raises(ValueError, match='data_passes.*new --workdir'):
+    demo.feature_head_draft(str(tmp_path), target, 4, 'unused', 'unused', 24)
