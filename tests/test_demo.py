@@ -187,40 +187,8 @@ def test_the_head_is_reported_beside_the_distilled_draft(capsys):
   assert 'T = 1: 0.150 at step 0, 0.520 at step 100.' in markdown
 
 
-def test_a_trained_head_in_the_workdir_is_read_back_with_its_record(tmp_path):
-  """`feature_head_draft` finds a head trained to the asked step (nothing retrained): the
-  draft for the target and the record of its training from the model directory."""
-  from speculative_t5x import demo
-  from speculative_t5x import feature_head
-  from speculative_t5x.training import train_feature_head
-  from testing_utils import padded_inputs, tiny_model
-
-  target = tiny_model(seed=0, vocab_size=24, layers=2)
-  config = feature_head.config_for(target.config, emb_dim=16, head_dim=8, mlp_dim=32)
-  inputs = padded_inputs(0, 8, 6, target.vocab_size)
-  trained = train_feature_head.train_feature_head(
-    str(tmp_path / 'feature_head'),
-    target,
-    config,
-    inputs,
-    max_decode_len=4,
-    batch_size=4,
-    num_steps=2,
-    eval_inputs=inputs,
-    eval_every=2,
-    log_every=1,
-  )
-  draft, record = demo.feature_head_draft(str(tmp_path), target, 2, 'unused', 'unused', 24)
-  jax.tree.map(np.testing.assert_array_equal, draft.params, trained.params)
-  assert draft.config == config
-  assert record['steps'] == 2 and record['training_seconds'] > 0
-  assert [r['step'] for r in record['curve']] == [0, 2]
-
-
-def test_a_head_of_other_settings_in_the_workdir_names_the_way_out(tmp_path, monkeypatch):
-  """A workdir's head trained with other settings (an earlier demo) is refused by
-  `feature_head_draft` with the setting named and the way out: a new --workdir."""
-  from speculative_t5x import demo
+def _tiny_head_training(tmp_path):
+  """(target, head config, `train_feature_head` bound to a tiny target and <tmp>/feature_head)."""
   from speculative_t5x import feature_head
   from speculative_t5x.training import train_feature_head
   from testing_utils import padded_inputs, tiny_model
@@ -237,6 +205,29 @@ def test_a_head_of_other_settings_in_the_workdir_names_the_way_out(tmp_path, mon
     max_decode_len=4,
     batch_size=4,
   )
+  return target, config, functools.partial(train, eval_inputs=inputs)
+
+
+def test_a_trained_head_in_the_workdir_is_read_back_with_its_record(tmp_path):
+  """`feature_head_draft` finds a head trained to the asked step (nothing retrained): the
+  draft for the target and the record of its training from the model directory."""
+  from speculative_t5x import demo
+
+  target, config, train = _tiny_head_training(tmp_path)
+  trained = train(num_steps=2, eval_every=2, log_every=1)
+  draft, record = demo.feature_head_draft(str(tmp_path), target, 2, 'unused', 'unused', 24)
+  jax.tree.map(np.testing.assert_array_equal, draft.params, trained.params)
+  assert draft.config == config
+  assert record['steps'] == 2 and record['training_seconds'] > 0
+  assert [r['step'] for r in record['curve']] == [0, 2]
+
+
+def test_a_head_of_other_settings_in_the_workdir_names_the_way_out(tmp_path, monkeypatch):
+  """A workdir's head trained with other settings (an earlier demo) is refused by
+  `feature_head_draft` with the setting named and the way out: a new --workdir."""
+  from speculative_t5x import demo
+
+  target, _, train = _tiny_head_training(tmp_path)
   train(num_steps=2)
   # The demo's gin call, here on the tiny target, resuming with another setting.
   monkeypatch.setattr(
