@@ -693,6 +693,17 @@ def test_a_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
     train_head(tmp_path / 'killed', 6, unroll_steps=5)
 
 
+def test_a_run_killed_in_a_second_pass_resumes_to_the_uninterrupted_parameters(tmp_path):
+  """With data_passes 2, killed in the first chunk's second pass and resumed past the next
+  chunk's decode: each step's batch depends on the step alone."""
+  chunk = train_feature_head.DATA_CHUNK_STEPS
+  settings = dict(data_passes=2, checkpoint_every=2, log_every=2)
+  _, whole = train_head(tmp_path / 'whole', 2 * chunk + 2, **settings)
+  train_head(tmp_path / 'killed', chunk + 2, **settings)
+  _, resumed = train_head(tmp_path / 'killed', 2 * chunk + 2, **settings)
+  jax.tree.map(np.testing.assert_array_equal, resumed.params, whole.params)
+
+
 def test_the_loss_settings_are_checked():
   config = head_config(TRAIN_TARGET)
   with pytest.raises(ValueError, match='decay must be in'):
