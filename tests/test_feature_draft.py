@@ -537,6 +537,30 @@ def test_an_encoder_decoder_head_needs_the_targets_encoder_output():
 # ------------------------------------------------------------------------------
 # Training.
 # ------------------------------------------------------------------------------
+def unrolled_along(draft, input_tokens, decoder_inputs, features, steps):
+  """`feature_head.unrolled` of `draft` along int [B, L] `decoder_inputs`: (start, depths).
+
+  Entry t reads `features` [B, L, Df] at t and the embedding of the token at
+  t + 1; an encoder-decoder head cross-attends to the target's encoder output
+  of `input_tokens`.
+  """
+  target_config, target_params = draft.target_config, draft.target_params
+  next_tokens = np.pad(decoder_inputs[:, 1:], ((0, 0), (0, 1)))
+  encoded = encoder_mask = None
+  if not network.is_decoder_only(target_config):
+    encoded = network.encode(target_config, target_params, input_tokens)
+    encoder_mask = input_tokens > 0
+  return feature_head.unrolled(
+    draft.config,
+    draft.params,
+    jnp.asarray(features, jnp.float32),
+    network.embed_tokens(target_config, target_params, next_tokens),
+    encoded,
+    encoder_mask,
+    steps=steps,
+  )
+
+
 # `slow`: the encoder-decoder (test_feature_draft_training checks the same pairing through the
 # decode loop in both architectures).
 @pytest.mark.parametrize(
@@ -582,20 +606,7 @@ def test_the_training_time_test_computes_what_a_rollout_drafts_from(architecture
     decoder_inputs[row, : length + 1] = PROMPT_BLOCK[row, : length + 1]
     decoder_inputs[row, length + 1 : length + 1 + gamma] = tokens[row]
   true_features = fresh_features(target, input_tokens, decoder_inputs, draft.feature_layers)
-  next_tokens = np.pad(decoder_inputs[:, 1:], ((0, 0), (0, 1)))
-  encoded = encoder_mask = None
-  if architecture == 'encoder_decoder':
-    encoded = network.encode(target.config, target.params, input_tokens)
-    encoder_mask = input_tokens > 0
-  _, depths = feature_head.unrolled(
-    draft.config,
-    draft.params,
-    jnp.asarray(true_features),
-    network.embed_tokens(target.config, target.params, next_tokens),
-    encoded,
-    encoder_mask,
-    steps=gamma,
-  )
+  _, depths = unrolled_along(draft, input_tokens, decoder_inputs, true_features, gamma)
   for m, (predicted, hidden) in enumerate(depths):
     at = np.asarray(lengths) - 1 + m
     q = sampling.standardize(draft._logits(predicted[rows, at], hidden[rows, at]), **sample_args)
@@ -625,20 +636,7 @@ def test_a_row_without_a_prompt_drafts_from_the_start_state_as_training_does(arc
   stand_in = np.random.default_rng(6).standard_normal(
     decoder_inputs.shape + (draft.config.feature_width,)
   )
-  next_tokens = np.pad(decoder_inputs[:, 1:], ((0, 0), (0, 1)))
-  encoded = encoder_mask = None
-  if architecture == 'encoder_decoder':
-    encoded = network.encode(target.config, target.params, input_tokens)
-    encoder_mask = input_tokens > 0
-  start, depths = feature_head.unrolled(
-    draft.config,
-    draft.params,
-    jnp.asarray(stand_in, jnp.float32),
-    network.embed_tokens(target.config, target.params, next_tokens),
-    encoded,
-    encoder_mask,
-    steps=gamma,
-  )
+  start, depths = unrolled_along(draft, input_tokens, decoder_inputs, stand_in, gamma)
   q = lambda outputs: sampling.standardize(draft._logits(*outputs), **sample_args)
   np.testing.assert_allclose(probs[:, 0], q(start), atol=2e-5, err_msg='rollout step 1')
   for m in range(1, gamma):
