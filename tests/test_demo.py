@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from speculative_t5x import run_settings
 from testing_utils import python_output
 
 
@@ -235,3 +236,26 @@ def test_a_head_of_other_settings_in_the_workdir_names_the_way_out(tmp_path, mon
   )
   with pytest.raises(ValueError, match='data_passes.*new --workdir'):
     demo.feature_head_draft(str(tmp_path), target, 4, 'unused', 'unused', 24)
+
+
+def test_an_unfinished_distillation_of_other_settings_names_the_way_out(tmp_path, monkeypatch):
+  """A workdir's unfinished distillation that `distill` refuses to resume (its settings differ,
+  as the data passes of an earlier demo) gets the way out; without a run there, the error is
+  `distill`'s own."""
+  from speculative_t5x import demo
+
+  configured = demo.gin_utils.call_configured
+
+  def refused(fn, *args):
+    if fn.__name__ != 'distill':  # The draft's network config.
+      return configured(fn, *args)
+    raise ValueError('Refusing to resume: data_passes=(not recorded) (this run: 2).')
+
+  monkeypatch.setattr(demo.gin_utils, 'call_configured', refused)
+  distilled = lambda: demo.distilled_model(str(tmp_path), 150, 'forward_kl', 0.0, 'x', 'x', 24)
+  with pytest.raises(ValueError, match=r'this run: 2\)\.$'):
+    distilled()
+  model_dir = tmp_path / 'gettext_draft_forward_kl_T0'
+  run_settings.write(str(model_dir / run_settings.DISTILL_SETTINGS_FILE), {'data_passes': 1})
+  with pytest.raises(ValueError, match='data_passes.*new --workdir.*delete'):
+    distilled()

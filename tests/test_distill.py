@@ -225,6 +225,45 @@ def test_resumed_distillation_ends_bit_identically(pair, phrase_task, tmp_path):
   jax.tree.map(np.asarray, draft.params)
 
 
+def _step_sequences(pair, phrase_task, data_passes, *, num_steps, start_step=0):
+  target, draft = pair
+  return distill._StepSequences(
+    target,
+    draft.config,
+    phrase_task[0],
+    FEATURE_LENGTHS,
+    batch_size=4,
+    num_steps=num_steps,
+    sources=('target', 'ground_truth'),
+    probabilities=np.array([0.5, 0.5]),
+    sample_mode=dict(temperature=0.0, topk=0, topp=0.0),
+    greedy_targets=True,
+    data_passes=data_passes,
+    seed=0,
+    start_step=start_step,
+  )
+
+
+@pytest.mark.parametrize('start_step', [0, 19])
+def test_each_step_reads_its_data_steps_sequences_with_data_passes(pair, phrase_task, start_step):
+  """With 3 passes, step s gets what one pass gives step data_step(s): batch, source, outputs.
+
+  From step 20 as a resumed run starts: in the first chunk's last pass, the chunk read whole.
+  """
+  chunk = distill.GREEDY_CHUNK_STEPS
+  once = _step_sequences(pair, phrase_task, 1, num_steps=2 * chunk)
+  single = {step: once.features(step, None) for step in range(1, 2 * chunk + 1)}
+  # The second chunk serves 4 steps: its first 4 data steps are read.
+  num_steps = 3 * chunk + 4
+  thrice = _step_sequences(pair, phrase_task, 3, start_step=start_step, num_steps=num_steps)
+  for step in range(start_step + 1, num_steps + 1):
+    source, features = thrice.features(step, None)
+    expected_source, expected = single[train.data_step(step, 3, chunk)]
+    assert source == expected_source
+    jax.tree.map(np.testing.assert_array_equal, features, expected)
+  assert {source for source, _ in single.values()} == {'target', 'ground_truth'}
+
+
 def test_bad_arguments_name_the_problem(pair, phrase_task, tmp_path):
   target, draft = pair
   args = dict(num_steps=2, **DISTILL_ARGS)
@@ -236,6 +275,10 @@ def test_bad_arguments_name_the_problem(pair, phrase_task, tmp_path):
     distill.distill(str(tmp_path), target, draft, phrase_task[0], data_mix={'drafts': 1}, **args)
   with pytest.raises(ValueError, match='not all 0'):
     distill.distill(str(tmp_path), target, draft, phrase_task[0], data_mix={'draft': 0}, **args)
+  with pytest.raises(ValueError, match=r'data_passes 2 .* samples from the draft'):
+    distill.distill(str(tmp_path), target, draft, phrase_task[0], data_passes=2, **args)
+  with pytest.raises(ValueError, match='data_passes must be an integer >= 1; got 0'):
+    distill.distill(str(tmp_path), target, draft, phrase_task[0], data_passes=0, **args)
   other = models.random_model(dataclasses.replace(_config(16), vocab_size=80))
   with pytest.raises(ValueError, match='same vocab_size'):
     distill.distill(str(tmp_path), target, other, phrase_task[0], **args)
@@ -243,14 +286,17 @@ def test_bad_arguments_name_the_problem(pair, phrase_task, tmp_path):
 
 
 @pytest.mark.parametrize(
-  'name, recorded, value', [('divergence', 'forward_kl', 'tvd'), ('temperature', 0.0, 1.0)]
+  'name, recorded, value',
+  [('divergence', 'forward_kl', 'tvd'), ('temperature', 0.0, 1.0), ('data_passes', 1, 2)],
 )
 def test_resuming_with_other_settings_is_refused(
   pair, phrase_task, tmp_path, name, recorded, value
 ):
   """A resumed run whose loss or decoding mode differs from the recorded one stops."""
   target, draft = pair
-  args = dict(DISTILL_ARGS, eval_every=None, divergence='forward_kl', temperature=0.0)
+  args = dict(
+    DISTILL_ARGS, eval_every=None, divergence='forward_kl', temperature=0.0, data_mix={'target': 1}
+  )
   distill.distill(str(tmp_path), target, draft, phrase_task[0], num_steps=2, **args)
   # The error names the setting, its recorded value and this run's.
   expected = re.escape(f'{name}={recorded!r} (this run: {value!r})')

@@ -133,14 +133,3 @@ def test_trainings_p_at_t_is_the_targets_distribution_of_the_token_the_head_draf
     assert aligned.start_weights[row] == 1.0
     if prompt_lengths[row] == 0:
       assert np.argmax(aligned.start_p[row]) == emitted[row, 0]
-
-
-@pytest.mark.parametrize('passes', [1, 2, 3])
-def test_each_chunk_of_decoded_batches_serves_data_passes_training_steps_in_turn(passes):
-  """Training step s reads data step `data_step(s, P)`: each chunk's batches P times, in order."""
-  chunk = train_feature_head.DATA_CHUNK_STEPS
-  steps = np.arange(1, 2 * chunk * passes + 2)
-  read = [train_feature_head.data_step(int(s), passes) for s in steps]
-  first_chunk = list(range(1, chunk + 1)) * passes
-  second_chunk = list(range(chunk + 1, 2 * chunk + 1)) * passes
-  assert read == first_chunk + second_chunk + [2 * chunk + 1]

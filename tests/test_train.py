@@ -128,6 +128,16 @@ def test_loss_weights_per_normalizing_factor():
 # ------------------------------------------------------------------------------
 # Data.
 # ------------------------------------------------------------------------------
+@pytest.mark.parametrize('passes, chunk', [(1, 8), (2, 8), (3, 8), (2, 3)])
+def test_each_chunk_of_data_steps_serves_data_passes_training_steps_in_turn(passes, chunk):
+  """Training step s reads data step `data_step(s, P, chunk)`: each chunk's batches P times."""
+  steps = np.arange(1, 2 * chunk * passes + 2)
+  read = [train.data_step(int(s), passes, chunk) for s in steps]
+  first_chunk = list(range(1, chunk + 1)) * passes
+  second_chunk = list(range(chunk + 1, 2 * chunk + 1)) * passes
+  assert read == first_chunk + second_chunk + [2 * chunk + 1]
+
+
 def test_dataset_packs_or_pads(fixture_task):
   task, _, _ = fixture_task
   padded = next(

@@ -23,6 +23,13 @@ padded, so a resumed run decodes the same batches), which costs a fraction
 of decoding each step's 16 rows alone; and their loss needs no target call:
 the target's standardized distribution at temperature 0 is the one-hot of its
 argmax, which along its own greedy output is the output's next token.
+With `data_passes` P > 1 the steps train on each chunk's sequences P times
+over, in turn (training step s reads data step
+`train.data_step(s, P, GREEDY_CHUNK_STEPS)`, its batch, source and key), so a
+step costs 1/P of a decode: on the CPU, decoding the target's greedy outputs
+costs several times the step itself. The draft's own samples are made from
+the draft as it is at their step, so they are never reused (P = 1 with the
+'draft' source).
 
 Loss. At every real position of those sequences, a divergence between the
 target's and the draft's standardized next-token distributions at the
@@ -327,12 +334,17 @@ def _jitted_steps(config: DistillConfig, optimizer, learning_rate) -> tuple:
 
 
 class _StepSequences:
-  """Each step's batch of output sequences, from the step's source (see the module docstring).
+  """Each step's batch of output sequences (see the module docstring).
 
-  Reads the task's train split in its seeded order from the batch of
-  `start_step + 1` (or, with greedy target outputs, from the first step of
-  its chunk, which a resumed run decodes whole as an uninterrupted one does).
-  Steps are 1-based and asked for in order.
+  Training step s reads data step d = `train.data_step(s, data_passes,
+  GREEDY_CHUNK_STEPS)` (d = s with one pass): the batch of the task's train
+  split that the seeded order puts at d, and d's source. With the target's
+  greedy outputs among the sources, or more than one pass, the split is read
+  a chunk of data steps at a time, from the first step of the chunk that
+  holds step `start_step + 1`'s (a resumed run reads and decodes that chunk
+  whole, as an uninterrupted one), and the sequences that do not depend on
+  the draft are made once per chunk. Steps are 1-based and asked for in
+  order.
   """
 
   def __init__(
@@ -348,14 +360,17 @@ class _StepSequences:
     probabilities: np.ndarray,
     sample_mode: Mapping[str, Any],
     greedy_targets: bool,
+    data_passes: int,
     seed: int,
     start_step: int,
   ):
     self._target, self._draft_config = target, draft_config
-    self._num_steps, self._seed = num_steps, seed
+    self._num_steps, self._seed, self._passes = num_steps, seed, data_passes
     self._sources, self._probabilities = sources, probabilities
     self._sample_mode, self._greedy_targets = dict(sample_mode), greedy_targets
     self._max_decode_len = feature_lengths['targets']
+    self._chunked = greedy_targets or data_passes > 1
+    first = self._data_step(start_step + 1)
     self._batches = train.get_dataset(
       task,
       'train',
@@ -365,55 +380,73 @@ class _StepSequences:
       shuffle=True,
       seed=seed,
       repeat=True,
-      # Greedy target outputs are decoded by chunks of steps: read from the chunk's first step.
-      skip_batches=_chunk_start(start_step + 1) - 1 if greedy_targets else start_step,
+      skip_batches=(_chunk_start(first) if self._chunked else first) - 1,
     ).as_numpy_iterator()
     self._key = jax.random.PRNGKey(seed)
-    self._ahead = {}  # {step: batch} read ahead of its step.
-    self._chunk = {}  # The target's greedy outputs for the current chunk's steps: {step: [B, L]}.
-    if greedy_targets:
-      for earlier in range(_chunk_start(start_step + 1), start_step + 1):
-        self._ahead[earlier] = next(self._batches)
+    # Chunked: the current chunk's {data step: (batch, sequences [B, L])}; the sequences are
+    # None for the draft's samples, which are made at their step.
+    self._chunk = {}
 
-  def _source(self, step: int) -> str:
-    return step_source(self._sources, self._probabilities, self._seed, step)
+  def _data_step(self, step: int) -> int:
+    return train.data_step(step, self._passes, GREEDY_CHUNK_STEPS)
+
+  def _source(self, data_step: int) -> str:
+    return step_source(self._sources, self._probabilities, self._seed, data_step)
 
   def features(self, step: int, draft_params: PyTree) -> Tuple[str, Dict[str, np.ndarray]]:
     """(the step's source, `sequence_features` of its batch's inputs and sequences).
 
     The draft's samples come from `draft_params`, the draft as it is at this step.
     """
-    batch = self._ahead.pop(step) if step in self._ahead else next(self._batches)
-    source = self._source(step)
-    inputs = batch['encoder_input_tokens']
+    data = self._data_step(step)
+    source = self._source(data)
+    if self._chunked:
+      if data not in self._chunk:
+        self._read_chunk(data)
+      batch, sequences = self._chunk[data]
+    else:
+      batch, sequences = next(self._batches), None
+    if sequences is None:
+      sequences = self._sampled_or_given(source, data, batch, draft_params)
+    return source, sequence_features(batch['encoder_input_tokens'], sequences)
+
+  def _sampled_or_given(self, source: str, data: int, batch, draft_params) -> np.ndarray:
+    """Data step `data`'s sequences [B, L]: the task's targets, or samples from `source`."""
     if source == 'ground_truth':
-      return source, sequence_features(inputs, batch['decoder_target_tokens'])
-    if source == 'target' and self._greedy_targets:
-      return source, sequence_features(inputs, self._greedy_output(step, batch))
+      return batch['decoder_target_tokens']
     model = self._target if source == 'target' else models.Model(self._draft_config, draft_params)
     decode = models.make_decoder(
       model, None, max_decode_len=self._max_decode_len, **self._sample_mode
     )
-    sequences = decode(inputs, jax.random.fold_in(self._key, step)).tokens
-    return source, sequence_features(inputs, np.asarray(sequences))
+    return np.asarray(
+      decode(batch['encoder_input_tokens'], jax.random.fold_in(self._key, data)).tokens
+    )
 
-  def _greedy_output(self, step: int, batch: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The target's greedy outputs [B, L] for `step`; at a chunk's first need, the whole chunk's.
+  def _read_chunk(self, data: int) -> None:
+    """Reads the batches of `data`'s chunk of data steps (those some step up to `num_steps` reads).
 
-    Reads the chunk's later batches ahead and decodes the inputs of all its
-    'target' steps in one batch (`_greedy_outputs`).
+    The target's greedy outputs for the chunk's 'target' steps are decoded in
+    one batch (`_greedy_outputs`); its samples and the task's targets are
+    taken per step; the draft's samples are left to their training step.
     """
-    if step not in self._chunk:
-      last = min(_chunk_start(step) + GREEDY_CHUNK_STEPS - 1, self._num_steps)
-      for later in range(step + 1, last + 1):
-        self._ahead[later] = next(self._batches)
-      steps = [s for s in range(_chunk_start(step), last + 1) if self._source(s) == 'target']
-      rows = [(batch if s == step else self._ahead[s])['encoder_input_tokens'] for s in steps]
-      self._chunk.clear()
-      self._chunk.update(zip(steps, _greedy_outputs(self._target, rows, self._max_decode_len)))
-      for earlier in [s for s in self._ahead if s < step]:
-        del self._ahead[earlier]
-    return self._chunk.pop(step)
+    first = _chunk_start(data)
+    first_training_step = (first - 1) * self._passes + 1
+    last = first + min(GREEDY_CHUNK_STEPS, self._num_steps - first_training_step + 1) - 1
+    batches = {s: next(self._batches) for s in range(first, last + 1)}
+    greedy = [s for s in batches if self._greedy_targets and self._source(s) == 'target']
+    outputs = {}
+    if greedy:
+      rows = [batches[s]['encoder_input_tokens'] for s in greedy]
+      outputs = dict(zip(greedy, _greedy_outputs(self._target, rows, self._max_decode_len)))
+    self._chunk = {}
+    for s, batch in batches.items():
+      source = self._source(s)
+      if s in outputs:
+        self._chunk[s] = (batch, outputs[s])
+      elif source == 'draft':
+        self._chunk[s] = (batch, None)
+      else:
+        self._chunk[s] = (batch, self._sampled_or_given(source, s, batch, None))
 
 
 def _loop_steps(
@@ -512,6 +545,7 @@ def _start_distillation_data(
   probabilities: np.ndarray,
   sample_mode: Mapping[str, Any],
   greedy_targets: bool,
+  data_passes: int,
   seed: int,
   held_out: Optional[Tuple[int, Sequence[float]]],
 ) -> train.LoopSteps:
@@ -543,6 +577,7 @@ def _start_distillation_data(
     probabilities=probabilities,
     sample_mode=sample_mode,
     greedy_targets=greedy_targets,
+    data_passes=data_passes,
     seed=seed,
     start_step=start_step,
   )
@@ -564,6 +599,7 @@ def distill(
   topk: int = 0,
   topp: float = 0.0,
   data_mix: Optional[Mapping[str, float]] = None,
+  data_passes: int = 1,
   learning_rate: optax.ScalarOrSchedule = 0.01,
   optimizer=optax.adafactor,
   seed: int = 0,
@@ -592,6 +628,8 @@ def distill(
     beta: the JSD's weight of p.
     temperature, topk, topp: the decoding mode the draft is distilled for.
     data_mix: {source: weight} over `SOURCES`; None is {'draft': 1.0}.
+    data_passes: training steps per data step's sequences (see the module
+      docstring); above 1 only without the 'draft' source.
     learning_rate: a float or an optax schedule.
     optimizer: called as `optimizer(learning_rate)`; default Adafactor.
     seed: seeds the data order, the sources and the samples.
@@ -607,7 +645,7 @@ def distill(
   Returns:
     A `DistillResult`.
   """
-  train.check_positive(batch_size=batch_size, eval_examples=eval_examples)
+  train.check_positive(batch_size=batch_size, eval_examples=eval_examples, data_passes=data_passes)
   schedule = train.Schedule(
     num_steps, checkpoint_every, keep_checkpoints, eval_every, log_every, progress, after_step
   )
@@ -615,6 +653,13 @@ def distill(
   for t in (temperature, *eval_temperatures):
     sampling.validate_sampling_args(t, topk, topp)
   sources, probabilities = validate_data_mix({'draft': 1.0} if data_mix is None else data_mix)
+  mix = dict(zip(sources, probabilities.tolist()))
+  if data_passes > 1 and mix.get('draft', 0.0) > 0:
+    raise ValueError(
+      f'data_passes {data_passes} trains on each batch of sequences {data_passes} times, but '
+      f'the data mix {mix} samples from the draft, whose samples follow it as it '
+      f"trains (on-policy): use data_passes = 1, or the 'target' and 'ground_truth' sources."
+    )
   _check_pair(target, draft)
   task = train.check_task(task, draft.config, feature_lengths, evaluate=eval_every is not None)
   tasks.hide_gpus_from_tensorflow()
@@ -629,7 +674,8 @@ def distill(
     temperature=temperature,
     topk=topk,
     topp=topp,
-    data_mix=dict(zip(sources, probabilities.tolist())),
+    data_mix=mix,
+    data_passes=data_passes,
     batch_size=batch_size,
     seed=seed,
     eval_examples=eval_examples,
@@ -649,6 +695,7 @@ def distill(
     probabilities=probabilities,
     sample_mode=dict(temperature=temperature, topk=topk, topp=topp),
     greedy_targets=greedy_targets,
+    data_passes=data_passes,
     seed=seed,
     held_out=None if eval_every is None else (eval_examples, eval_temperatures),
   )

@@ -742,6 +742,19 @@ class LoopSteps:
   evaluate_at_start: bool = False
 
 
+def data_step(step: int, data_passes: int, chunk_steps: int) -> int:
+  """The data step (1-based) whose batch training step `step` (1-based) reads.
+
+  Data steps come in chunks of `chunk_steps` (a trainer decodes a chunk's
+  outputs together); each chunk serves `data_passes` times as many training
+  steps, its batches in order on each pass. `distill` and
+  `train_feature_head` reuse decoded batches so, since on the CPU decoding a
+  batch costs more than a step on it.
+  """
+  chunk, offset = divmod(step - 1, chunk_steps * data_passes)
+  return chunk * chunk_steps + offset % chunk_steps + 1
+
+
 def _restore_or_start(
   manager: ocp.CheckpointManager,
   model_dir: str,

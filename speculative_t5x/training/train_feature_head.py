@@ -12,8 +12,8 @@ the PRNG key `fold_in(fold_in(PRNGKey(seed), first step of the chunk),
 temperature's index)`; a resumed run decodes its chunk whole, as an
 uninterrupted one. With `data_passes` P > 1 the steps train on each
 chunk's batches P times over, in turn (training step s reads the batch of
-data step `data_step(s, P)`), so a step costs 1/P of a decode: on the CPU
-the decode costs more than the step itself. For a decoder-only target the
+data step `train.data_step(s, P, DATA_CHUNK_STEPS)`), so a step costs 1/P
+of a decode: on the CPU the decode costs more than the step itself. For a decoder-only target the
 rows are prompts and a sequence is the prompt followed by its continuation.
 
 Loss. One teacher-forced target pass per batch (`with_target_outputs`,
@@ -351,16 +351,6 @@ def chunk_batches(
   return batches
 
 
-def data_step(step: int, data_passes: int) -> int:
-  """The data step (1-based, `chunk_batches`' numbering) whose batch training step `step` reads.
-
-  Each chunk of `DATA_CHUNK_STEPS` data steps serves `data_passes` times as
-  many training steps, its batches in order on each pass.
-  """
-  chunk, offset = divmod(step - 1, DATA_CHUNK_STEPS * data_passes)
-  return chunk * DATA_CHUNK_STEPS + offset % DATA_CHUNK_STEPS + 1
-
-
 def step_rows(num_rows: int, batch_size: int, seed: int, step: int) -> np.ndarray:
   """Row indices of step `step` (1-based): epochs of seeded permutations, by step alone."""
   start = (step - 1) * batch_size
@@ -436,7 +426,7 @@ def _head_loop_steps(
 
   Each step trains on its batch of `chunk_batches` (the target's decodes of
   int32 [N, Lin] `inputs`, a chunk of steps at a time, each chunk's batches
-  `data_passes` times over: `data_step`; the target's pass over each batch
+  `data_passes` times over: `train.data_step`; the target's pass over each batch
   once, `with_target_outputs`); with int32 [M, Lin] `eval_inputs` (None: no
   evaluation), the held-out loss and alpha on the target's T = 1 decodes of
   them, also before the first step.
@@ -451,7 +441,7 @@ def _head_loop_steps(
   ahead = {}  # The current chunk's batches, with the target's outputs: {data step: batch}.
 
   def step(state: train.TrainState, step: int):
-    data = data_step(step, data_passes)
+    data = train.data_step(step, data_passes, DATA_CHUNK_STEPS)
     if data not in ahead:
       ahead.clear()
       batches = chunk_batches(
