@@ -283,12 +283,20 @@ class AlphaResult:
     num_tokens: tokens averaged over.
     beta_by_token: {token id: (count, mean beta)} over the tokens the target
       emitted (where the draft's guesses fail).
+    cut_share: the share of those tokens in samples cut at `max_decode_len`
+      without EOS: a weak target's greedy outputs often repeat a phrase
+      until cut, and a draft that copies the loop scores high on them.
+    alpha_cut, alpha_ended: mean beta over the tokens of the cut samples and
+      of the samples that end with EOS (None where there are none).
   """
 
   alpha: float
   stderr: float
   num_tokens: int
   beta_by_token: Dict[int, tuple]
+  cut_share: float
+  alpha_cut: Optional[float]
+  alpha_ended: Optional[float]
 
 
 def measure_alpha(
@@ -342,7 +350,7 @@ def measure_alpha(
   reads_shared = {name for name, d in heads.items() if d.feature_layers == shared_layers}
   betas = {name: [] for name in candidates}
   sequence_means = {name: [] for name in candidates}
-  tokens = []
+  tokens, cut = [], []
   num_tokens, start, key = 0, 0, jax.random.PRNGKey(seed)
   while num_tokens < min_tokens:
     rows = np.arange(start, start + batch_size)
@@ -369,8 +377,11 @@ def measure_alpha(
       betas[name].append(beta[valid])
       sequence_means[name].extend((beta * valid).sum(1) / valid.sum(1))
     tokens.append(outputs[valid])
+    ended = (outputs == layouts.EOS_ID).any(axis=1)
+    cut.append(np.broadcast_to(~ended[:, None], valid.shape)[valid])
     num_tokens += int(valid.sum())
-  tokens = np.concatenate(tokens)
+  tokens, cut = np.concatenate(tokens), np.concatenate(cut)
+  mean_or_none = lambda x: float(x.mean()) if x.size else None
   results = {}
   for name in candidates:
     all_betas = np.concatenate(betas[name])
@@ -383,5 +394,8 @@ def measure_alpha(
       stderr=standard_error(sequence_means[name]),
       num_tokens=int(all_betas.size),
       beta_by_token=by_token,
+      cut_share=float(cut.mean()),
+      alpha_cut=mean_or_none(all_betas[cut]),
+      alpha_ended=mean_or_none(all_betas[~cut]),
     )
   return results

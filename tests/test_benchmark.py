@@ -386,6 +386,40 @@ def test_measure_alpha_of_a_prefix_lm_agrees_with_the_decode_loop():
   assert abs(result.alpha - loop) < 4 * np.hypot(result.stderr, loop_stderr), (result, loop)
 
 
+def test_measure_alpha_splits_samples_cut_at_the_decode_length_from_those_that_end():
+  """alpha over all tokens is the token-weighted mean of alpha over cut and ended samples, and
+  the cut share is that of the target's samples without EOS, recounted from the same decodes."""
+  inputs = padded_inputs(0, 128, 7, 24)
+  max_decode_len = 8
+  result = acceptance.measure_alpha(
+    TARGET,
+    {'draft': DRAFT},
+    inputs,
+    temperature=1.0,
+    max_decode_len=max_decode_len,
+    min_tokens=500,
+  )['draft']
+  decode = benchmark.models.make_decoder(
+    TARGET, None, temperature=1.0, max_decode_len=max_decode_len
+  )
+  key, cut_tokens, all_tokens, start = jax.random.PRNGKey(0), 0, 0, 0
+  while all_tokens < 500:  # measure_alpha's batches of 64 rows, and their keys.
+    key, step_key = jax.random.split(key)
+    batch = layouts.trim_padding(inputs[start : start + 64], multiple=16)
+    outputs = np.asarray(decode(batch, step_key).tokens)
+    lengths = layouts.output_lengths(outputs)
+    cut = ~(outputs == layouts.EOS_ID).any(axis=1)
+    cut_tokens += int(lengths[cut].sum())
+    all_tokens += int(lengths.sum())
+    start += 64
+  assert result.num_tokens == all_tokens
+  assert 0.0 < result.cut_share < 1.0
+  np.testing.assert_allclose(result.cut_share, cut_tokens / all_tokens, rtol=1e-6)
+  mixed = result.cut_share * result.alpha_cut + (1 - result.cut_share) * result.alpha_ended
+  np.testing.assert_allclose(mixed, result.alpha, rtol=1e-5)
+  assert result.alpha_cut != result.alpha_ended
+
+
 @pytest.mark.parametrize('architecture', ['encoder-decoder', 'decoder-only', 'prefix LM'])
 def test_continuation_logits_equal_the_cached_decoders(architecture):
   """Teacher forcing after the prompts == a prefilled cache scoring the continuation."""

@@ -1185,6 +1185,9 @@ def _alpha_records(
         alpha=result.alpha,
         alpha_stderr=result.stderr,
         num_tokens=result.num_tokens,
+        cut_share=result.cut_share,
+        alpha_cut=result.alpha_cut,
+        alpha_ended=result.alpha_ended,
         worst_tokens=[dict(token=k, count=n, beta=b) for b, k, n in worst],
       )
     )

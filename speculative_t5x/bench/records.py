@@ -127,6 +127,10 @@ class Alpha(PairRecord):
     draft: the draft's name (`benchmark.PAIR_DRAFT` for the pair's own).
     alpha, alpha_stderr: mean beta and its standard error.
     num_tokens: target tokens it was measured on.
+    cut_share, alpha_cut, alpha_ended: the share of those tokens in samples
+      cut at the decode length without EOS, and alpha over them and over the
+      samples that end (`acceptance.AlphaResult`; None in results cached
+      before they were measured).
     worst_tokens: [{'token', 'count', 'beta'}], the ten lowest-beta tokens seen >= 20 times.
     cached_from: where the result cache read it from (None: computed in this run).
   """
@@ -138,6 +142,9 @@ class Alpha(PairRecord):
   alpha_stderr: float
   num_tokens: int
   worst_tokens: List[Dict[str, Any]]
+  cut_share: Optional[float] = None
+  alpha_cut: Optional[float] = None
+  alpha_ended: Optional[float] = None
   cached_from: Optional[Dict[str, Any]] = None
 
 

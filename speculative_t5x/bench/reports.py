@@ -84,14 +84,17 @@ def _alpha_lines(records: Sequence[records_lib.Record]) -> List[str]:
     '## alpha (Table 3)',
     '',
     'On target samples (after the prompts); a prompt-lookup draft is judged by its '
-    'first guess at each position.',
+    'first guess at each position. "Cut": the samples that reach the decode length '
+    'without EOS (a weak target repeating a phrase, mostly greedy), their share of the '
+    'tokens and alpha on them; "ended": alpha on the samples that end with EOS.',
     '',
-    '| draft | T | alpha | stderr | tokens |',
-    '|---|---|---|---|---|',
+    '| draft | T | alpha | stderr | tokens | cut share | alpha cut | alpha ended |',
+    '|---|---|---|---|---|---|---|---|',
   ]
   lines += [
     f'| {r.draft} | {r.temperature} | {_fmt(r.alpha, 3)} '
-    f'| {_fmt(r.alpha_stderr, 3)} | {r.num_tokens} |'
+    f'| {_fmt(r.alpha_stderr, 3)} | {r.num_tokens} | {_fmt(r.cut_share, 2)} '
+    f'| {_fmt(r.alpha_cut, 3)} | {_fmt(r.alpha_ended, 3)} |'
     for r in alpha
   ]
   return lines + _cached_lines(r.cached_from for r in alpha)
