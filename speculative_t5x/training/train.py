@@ -748,8 +748,8 @@ def data_step(step: int, data_passes: int, chunk_steps: int) -> int:
   Data steps come in chunks of `chunk_steps` (a trainer decodes a chunk's
   outputs together); each chunk serves `data_passes` times as many training
   steps, its batches in order on each pass. `distill` and
-  `train_feature_head` reuse decoded batches so, since on the CPU decoding a
-  batch costs more than a step on it.
+  `train_feature_head` train several steps on each decoded batch with it: on
+  the CPU, decoding a batch costs more than a step on it.
   """
   chunk, offset = divmod(step - 1, chunk_steps * data_passes)
   return chunk * chunk_steps + offset % chunk_steps + 1
