@@ -120,6 +120,9 @@ DISTILLATION_PASSES = {0.0: 2, 1.0: 1}
 # pass the drafts (--head_steps for more).
 HEAD_STEPS = 180
 HEAD_NAME = 'feature head'  # How the report names the head beside the drafts.
+# The table's note on outputs cut at MAX_DECODE_LEN without EOS (the target repeating a
+# phrase): printed for a temperature where they hold this share of the alpha tokens or more.
+CUT_NOTE_SHARE = 0.25
 
 
 def _define_flags() -> None:
@@ -506,10 +509,43 @@ def print_table(records) -> None:
     print(' '.join(f'{v:>11.3f}' if isinstance(v, float) else f'{str(v):>11s}' for v in row))
     if r.sampled_quality:
       sampled.append(r)
+  for line in _cut_output_lines(records):
+    print(line)
   if sampled:
     print(f'\n{reports.SAMPLED_QUALITY_NOTE}')
     for r in sampled:
       print(reports.sampled_quality_line(r))
+
+
+def _cut_output_lines(records) -> List[str]:
+  """Per temperature where `CUT_NOTE_SHARE` of the alpha tokens or more are in outputs cut at
+  the decode length: that share, and the table's drafts' alpha on those and on the rest."""
+  alpha = [
+    r
+    for r in records_lib.typed(records)
+    if isinstance(r, records_lib.Alpha) and r.cut_share is not None
+  ]
+  lines = []
+  for temperature in sorted({r.temperature for r in alpha}):
+    shown = [
+      r
+      for r in alpha
+      if r.temperature == temperature and (r.draft == benchmark.PAIR_DRAFT or HEAD_NAME in r.draft)
+    ]
+    if not shown or shown[0].cut_share < CUT_NOTE_SHARE:
+      continue
+    number = lambda value: '-' if value is None else f'{value:.3f}'
+    parts = ', '.join(
+      f'{"head" if HEAD_NAME in r.draft else _draft_label(r)} {number(r.alpha_cut)} / '
+      f'{number(r.alpha_ended)}'
+      for r in shown
+    )
+    lines.append(
+      f'T={temperature:g}: {shown[0].cut_share:.0%} of the alpha tokens are in target outputs '
+      f'cut at the decode length without EOS (the target repeating itself); alpha on those / '
+      f'on the outputs that end: {parts}.'
+    )
+  return lines
 
 
 def _bleu_cells(record: Dict[str, Any]) -> tuple:

@@ -259,3 +259,45 @@ def test_an_unfinished_distillation_of_other_settings_names_the_way_out(tmp_path
   run_settings.write(str(model_dir / run_settings.DISTILL_SETTINGS_FILE), {'data_passes': 1})
   with pytest.raises(ValueError, match='data_passes.*new --workdir.*delete'):
     distilled()
+
+
+def test_the_table_says_where_greedy_alpha_is_in_outputs_cut_at_the_decode_length(capsys):
+  """Where a quarter or more of a temperature's alpha tokens are in outputs cut without EOS,
+  the table is followed by that share and alpha on each part, for the pair's draft and the
+  head; below the share, nothing."""
+  from speculative_t5x import demo
+  from speculative_t5x.bench import benchmark
+
+  def alpha(temperature, draft, cut_share, alpha_cut, alpha_ended):
+    return dict(
+      kind='alpha',
+      pair='target (47.9M) / draft distilled for T=0 (2.9M)',
+      task='t',
+      emulated=False,
+      architecture='encoder-decoder',
+      temperature=temperature,
+      draft=draft,
+      alpha=0.5,
+      alpha_stderr=0.01,
+      num_tokens=10_000,
+      worst_tokens=[],
+      cut_share=cut_share,
+      alpha_cut=alpha_cut,
+      alpha_ended=alpha_ended,
+    )
+
+  head = f'target / {demo.HEAD_NAME} (2.4M)'
+  demo.print_table(
+    [
+      alpha(0.0, benchmark.PAIR_DRAFT, 0.88, 0.825, 0.607),
+      alpha(0.0, head, 0.88, 0.542, 0.586),
+      alpha(0.0, '2-gram', 0.88, 0.131, 0.362),
+      alpha(1.0, benchmark.PAIR_DRAFT, 0.11, 0.732, 0.718),
+    ]
+  )
+  notes = capsys.readouterr().out.splitlines()[1:]
+  assert notes == [
+    'T=0: 88% of the alpha tokens are in target outputs cut at the decode length without EOS '
+    '(the target repeating itself); alpha on those / on the outputs that end: distilled '
+    '0.825 / 0.607, head 0.542 / 0.586.'
+  ]
