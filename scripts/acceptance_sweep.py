@@ -5,7 +5,7 @@ One run on one pair and one set of inputs (issue 13's acceptance figures):
   * tokens per target call, block vs token verification, at each temperature
     and γ, with the gain (block - token) and its standard error over
     sequences (each input decoded by both rules, so the gain is paired);
-  * walltime speedup over the baseline of every configuration, all passes
+  * walltime speedup over the baseline of every configuration, all batches
     interleaved (`benchmark.time_decodings`), and the block / token walltime
     ratio at the best γ;
   * the adaptive draft length (`--draft_threshold`, drafting at most the
@@ -119,7 +119,7 @@ def sweep(
       )
       for _, verification, gamma, threshold in configs
     ]
-    progress(f'T={temperature}: timing {len(decoders)} decoders, passes interleaved ...')
+    progress(f'T={temperature}: timing {len(decoders)} decoders, batches interleaved ...')
     runs = benchmark.time_decodings(decoders, inputs, batch_size=1, repetitions=repetitions)
     baseline = runs[0]
     rows = []

@@ -199,6 +199,41 @@ def test_emulated_tokens_per_call_follow_eq_1():
 
 
 @pytest.mark.slow  # The emulation runs fast in test_emulated_tokens_per_call_follow_eq_1.
+def test_decoders_are_timed_batch_by_batch_each_first_in_turn():
+  """Batch k of every decoder runs before batch k + 1 of any, the first decoder rotating;
+  each pass's seconds sum its batches' calls, and the first pass's outputs are kept."""
+  calls = []
+
+  class Recorded:
+    """A compiled decoder's stand-in that records (decoder, batch row) per call."""
+
+    def __init__(self, name):
+      self.name = name
+      self.static_args = {'eos_id': 1}
+
+    def compile(self, *unused_args):
+      return self
+
+    def memory_analysis(self):
+      return None
+
+    def __call__(self, batch, key, prompts):
+      calls.append((self.name, int(batch[0, 0])))
+      return benchmark.models.GenerateOutput(tokens=jnp.asarray(batch), scores=None, stats=None)
+
+  inputs = np.arange(3 * 2).reshape(3, 2).astype(np.int32) + 2  # No EOS: 2 tokens a row.
+  runs = benchmark.time_decodings(
+    [Recorded('a'), Recorded('b')], inputs, batch_size=1, repetitions=2
+  )
+  warm_up = [('a', 2), ('b', 2)]
+  one_pass = [('a', 2), ('b', 2), ('b', 4), ('a', 4), ('a', 6), ('b', 6)]
+  assert calls == warm_up + one_pass + one_pass
+  for run in runs:
+    assert len(run.seconds) == 2 and min(run.seconds) > 0
+    np.testing.assert_array_equal(run.outputs, inputs)
+    assert run.tokens == 6
+
+
 def test_gin_main_runs_a_pair_file_in_the_emulation_mode(tmp_path):
   """`python -m speculative_t5x.bench.benchmark` with random weights, as for XXL/small."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

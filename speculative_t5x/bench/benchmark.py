@@ -252,11 +252,14 @@ def time_decodings(
   repetitions: int = 3,
   seed: int = 0,
 ) -> List[DecodeRun]:
-  """Decodes all inputs in batches with each decoder, passes interleaved.
+  """Decodes all inputs in batches with each decoder, batches interleaved.
 
-  Pass r of every decoder runs before pass r + 1 of any (A B A B ...), so a
-  ratio of two decoders' pass r compares times taken moments apart: on a
-  shared, noisy machine the pairwise ratios hold when absolute times drift.
+  Batch k of every decoder runs before batch k + 1 of any, each decoder first
+  in turn (A B C, B C A, ...), so a ratio of two decoders' pass r compares
+  times taken within a second of each other, batch by batch: on a shared,
+  noisy machine the pairwise ratios hold when the machine's speed moves
+  within a pass, not only between passes. A pass's seconds are the sum of its
+  batches' calls, each timed to its end.
   `len(inputs)` must be a multiple of `batch_size` (no row is dropped). Each
   call is compiled ahead of time and warmed up; each run carries its compiled
   program's memory analysis.
@@ -286,17 +289,19 @@ def time_decodings(
   compiled = [decode.compile(first_batch, keys[0], first_prompts) for decode in decoders]
   for call in compiled:
     jax.block_until_ready(call(first_batch, keys[0], first_prompts))  # Warm up.
-  seconds = [[] for _ in decoders]
-  first_pass = [None for _ in decoders]
-  for _ in range(repetitions):
-    for index, call in enumerate(compiled):
-      start = time.perf_counter()
-      results = [call(batch, key, prompts) for (batch, prompts), key in zip(batches, keys)]
-      jax.block_until_ready(results)
-      seconds[index].append(time.perf_counter() - start)
-      first_pass[index] = first_pass[index] or results
+  seconds = np.zeros((len(decoders), repetitions))
+  first_pass = [[] for _ in decoders]
+  for repetition in range(repetitions):
+    for k, ((batch, prompts), key) in enumerate(zip(batches, keys)):
+      for turn in range(len(compiled)):
+        index = (k + turn) % len(compiled)
+        start = time.perf_counter()
+        result = jax.block_until_ready(compiled[index](batch, key, prompts))
+        seconds[index, repetition] += time.perf_counter() - start
+        if repetition == 0:
+          first_pass[index].append(result)
   runs = []
-  for decode, call, times, results in zip(decoders, compiled, seconds, first_pass):
+  for decode, call, times, results in zip(decoders, compiled, seconds.tolist(), first_pass):
     outputs = np.concatenate([np.asarray(r.tokens) for r in results])
     stats, finished_share = None, None
     if results[0].stats is not None:
@@ -940,7 +945,7 @@ class TimedExamples:
     )
 
   def time(self, decoders, batch_size: int) -> List[DecodeRun]:
-    """`time_decodings` of `decoders` on the timed examples, passes interleaved."""
+    """`time_decodings` of `decoders` on the timed examples, batches interleaved."""
     return time_decodings(
       decoders,
       self.inputs,
@@ -1205,7 +1210,7 @@ def _measure_walltime(
   batch1_rows: Optional[Mapping[str, Sequence[int]]] = None,
   compared: Sequence[Tuple[TimedExamples, Optional[float], Mapping[Any, Any]]] = (),
 ) -> Tuple[records_lib.Walltime, List[records_lib.Walltime]]:
-  """Times the baseline and speculative decoding, passes interleaved: (record, compared's).
+  """Times the baseline and speculative decoding, batches interleaved: (record, compared's).
 
   `compared` ((timed examples, alpha, parts) of other drafts) are timed in the
   same passes, each against the same baseline run.
@@ -1495,7 +1500,7 @@ def _measure_auto(
 ) -> records_lib.Auto:
   """Times gamma='auto' (a profile's choice, possibly the baseline) and every fixed gamma.
 
-  All run side by side with the baseline, passes interleaved, so auto's
+  All run side by side with the baseline, batches interleaved, so auto's
   speedup and the best fixed gamma's (the baseline's 1 included) come from
   the same moments, measured after, and apart from, the sweep the profile
   chose on.

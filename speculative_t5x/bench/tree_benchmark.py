@@ -16,7 +16,7 @@ Per temperature, in one run on the same inputs:
      nodes, timed warm: a lower bound, see `tree_costs`);
   4. tokens per target call (mean over examples +- standard error, the ratio
      estimator's delta method) and ms/token of the baseline, each chain and
-     each tree, passes interleaved (`benchmark.time_decodings`): speedups of
+     each tree, batches interleaved (`benchmark.time_decodings`): speedups of
      trees and chains measured moments apart.
 The records are JSON-ready dicts (kind 'tree_rates', 'tree_costs',
 'tree_walltime'); `markdown_table` prints them side by side, `write_report`
@@ -324,7 +324,7 @@ def _time_trees_and_chains(
   repetitions: int,
   progress,
 ) -> List[records_lib.TreeWalltime]:
-  """Times the baseline, a chain per gamma and each tree, passes interleaved.
+  """Times the baseline, a chain per gamma and each tree, batches interleaved.
 
   inputs: int32 [N, Lin], one decode call each. trees: `_trees_to_time`'s.
   With `emulate_rates` the trees' draft is emulated at those rates, the
