@@ -301,3 +301,15 @@ def test_the_table_says_where_greedy_alpha_is_in_outputs_cut_at_the_decode_lengt
     '(the target repeating itself); alpha on those / on the outputs that end: distilled '
     '0.825 / 0.607, head 0.542 / 0.586.'
   ]
+
+
+def test_step_headers_say_when_each_step_began(monkeypatch, capsys):
+  """Each header carries the seconds since the demo began, so a first run's log shows where
+  its time went (training stages have no progress lines of their own)."""
+  import time
+
+  from speculative_t5x import demo
+
+  monkeypatch.setattr(demo, '_started', time.perf_counter() - 125.2)
+  demo._step('Training gettext_target')
+  assert capsys.readouterr().out == '\n== [ 125 s] Training gettext_target\n'
