@@ -46,9 +46,11 @@ what makes the second run fast. Its timings are measured again.
 
 The target is decoder-heavy (1 encoder, 4 decoder layers
 of width 768): a decoder step reads 163 MB of float32 weights, five times the
-32 MiB last-level cache of the 2-core CPUs this runs on, so, as on the paper's
-accelerators, a step is bound by memory bandwidth and a (gamma+1)-token block
-costs about 1.4-1.6 one-token steps, and the draft's step 0.05 of one.
+32 MiB last-level cache of the AMD machines this runs on (the Intel kind
+reports 480 MiB, and still runs the step at 0.95-1.01x its DRAM floor), so,
+as on the paper's accelerators, a step is bound by memory bandwidth; on this
+package's CPU kernel a (gamma+1)-token block costs 1.1-1.4 one-token steps
+(XLA's dot: 1.4-2.0), and the draft's step 0.05 of one.
 scripts/alpha_table.py adds alpha for every
 distillation loss; full-size walltime belongs to an accelerator: see
 scripts/gpu and scripts/tpu.
