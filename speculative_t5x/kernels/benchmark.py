@@ -5,13 +5,16 @@
 For each weight shape [K, N] (default: the main job's target, configs/models/
 gettext_target.gin: the MLP's wi 768 x 2048 and wo 2048 x 768, the logits
 768 x 4000, and a T5-vocabulary logits 768 x 32128) and each M rows, times
-y = x @ W over 8 distinct weight matrices (so they stream from DRAM, not the
-last-level cache) inside one compiled loop, summing every output into the
-carry so XLA cannot drop work (`measure._run_steps`), the methods timed in
-turn and the fastest of several rounds kept (the machine is shared). Prints
-the weight bytes per second of XLA's dot and of the kernel (for each thread pool asked
-for), and v = time(M rows) / time(1 row) for each, beside the bandwidth of an
-XLA reduction (`measure.memory_bandwidth`) measured in the same run.
+y = x @ W over 8 distinct weight matrices (for 768 x 2048, 50 MB: more than
+the 32 MiB last-level cache of the AMD machines, so they stream from DRAM;
+the Intel kind reports 480 MiB and serves part of them from cache, where the
+one-row GB/s exceed the reduction's) inside one compiled loop, summing every
+output into the carry so XLA cannot drop work (`measure._run_steps`), the
+methods timed in turn and the fastest of several rounds kept (the machine is
+shared). Prints the weight bytes per second of XLA's dot and of the kernel
+(for each thread pool asked for), and v = time(M rows) / time(1 row) for
+each, beside the bandwidth of an XLA reduction (`measure.memory_bandwidth`)
+measured in the same run.
 """
 
 import functools
