@@ -198,7 +198,6 @@ def test_emulated_tokens_per_call_follow_eq_1():
   assert run.tokens == 16 * 60  # No EOS: every emulated row runs to full length.
 
 
-@pytest.mark.slow  # The emulation runs fast in test_emulated_tokens_per_call_follow_eq_1.
 def test_decoders_are_timed_batch_by_batch_each_first_in_turn():
   """Batch k of every decoder runs before batch k + 1 of any, the first decoder rotating;
   each pass's seconds sum its batches' calls, and the first pass's outputs are kept."""
@@ -234,6 +233,7 @@ def test_decoders_are_timed_batch_by_batch_each_first_in_turn():
     assert run.tokens == 6
 
 
+@pytest.mark.slow  # The emulation runs fast in test_emulated_tokens_per_call_follow_eq_1.
 def test_gin_main_runs_a_pair_file_in_the_emulation_mode(tmp_path):
   """`python -m speculative_t5x.bench.benchmark` with random weights, as for XXL/small."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
