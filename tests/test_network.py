@@ -231,6 +231,10 @@ def test_decode_block_matches_teacher_forcing_with_rollbacks():
   full = np.asarray(_forward(CONFIG, params, inputs, decoder_inputs, targets))
   max_block = 4
   cache = _init_decoder_cache(CONFIG, params, inputs, length + max_block)
+  # The cross-attention caches are heads first, keys with the input position last.
+  cross = cache['decoder']['layers_0']['encoder_decoder_attention']
+  assert cross['cached_key'].shape == (batch, 4, 8, inputs.shape[1])
+  assert cross['cached_value'].shape == (batch, 4, inputs.shape[1], 8)
   # Tokens past the end are arbitrary; rows that are done keep writing there.
   padded = np.concatenate([decoder_inputs, rng.integers(2, 64, (batch, max_block))], axis=1)
   positions = np.zeros(batch, int)

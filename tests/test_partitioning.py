@@ -94,8 +94,9 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     cache_shardings = partitioning.cache_shardings(expected[2], mesh)
     layer_cache = cache_shardings['decoder']['layers_0']
     assert layer_cache['self_attention']['cached_key'].spec == P('data', None, 'model', None)
-    assert layer_cache['encoder_decoder_attention']['cached_value'].spec == P('data', None,
-                                                                              'model', None)
+    cross_cache = layer_cache['encoder_decoder_attention']
+    assert cross_cache['cached_key'].spec == P('data', 'model', None, None)
+    assert cross_cache['cached_value'].spec == P('data', 'model', None, None)
     assert cache_shardings['decoder']['encoder_mask'].spec == P('data', None)
 
     batch = lambda x: jax.device_put(x, partitioning.batch_sharding(x.shape, mesh))

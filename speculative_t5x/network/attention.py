@@ -24,32 +24,34 @@ def dot_product_attention(
   float32_logits: bool = False,
   dropout_rate: float = 0.0,
   dropout_rng: Optional[Array] = None,
+  heads_first: bool = False,
 ) -> Array:
   """Unscaled dot-product attention (T5 folds 1/sqrt(head_dim) into the query init).
 
   Args:
     query: [B, q, heads, head_dim].
-    key: [B, k, heads, head_dim].
-    value: [B, k, heads, head_dim].
+    key: [B, k, heads, head_dim]; with `heads_first`, [B, heads, head_dim, k].
+    value: [B, k, heads, head_dim]; with `heads_first`, [B, heads, k, head_dim].
     bias: additive bias broadcastable to [B, heads, q, k] (masks, positions).
     dtype: dtype of the attention weights.
     float32_logits: compute logits and softmax in float32.
     dropout_rate: attention dropout, broadcast over queries as in T5X.
     dropout_rng: PRNG key for dropout; None disables dropout.
+    heads_first: the layout of the cross-attention caches (`init_cross_cache`).
 
   Returns:
     [B, q, heads, head_dim].
   """
   if float32_logits:
     query, key = query.astype(jnp.float32), key.astype(jnp.float32)
-  logits = jnp.einsum('bqhd,bkhd->bhqk', query, key)
+  logits = jnp.einsum('bqhd,bhdk->bhqk' if heads_first else 'bqhd,bkhd->bhqk', query, key)
   weights = jax.nn.softmax(logits + bias.astype(logits.dtype)).astype(dtype)
   if dropout_rng is not None and dropout_rate > 0.0:
     keep_prob = 1.0 - dropout_rate
     shape = weights.shape[:-2] + (1,) + weights.shape[-1:]
     keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
     weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
-  return jnp.einsum('bhqk,bkhd->bqhd', weights, value)
+  return jnp.einsum('bhqk,bhkd->bqhd' if heads_first else 'bhqk,bkhd->bqhd', weights, value)
 
 
 def write_block(cache: Array, block: Array, start_positions: Array) -> Array:
@@ -165,21 +167,31 @@ class MultiHeadDotProductAttention(nn.Module):
     return cached[0], cached[1]
 
   def init_cross_cache(self, encoded: Array):
-    """Caches the keys/values of the encoder output [B, input_length, emb]."""
-    self.put_variable('cache', 'cached_key', self.key(encoded))
-    self.put_variable('cache', 'cached_value', self.value(encoded))
+    """Caches the keys [B, heads, head_dim, Lin] and values [B, heads, Lin, head_dim] of the encoder output [B, Lin, emb].
+
+    Heads first, keys with the position last (T5X's key layout): each head's
+    keys and values are then the right operands of attention's two products
+    as XLA:CPU reads them in place. In the projections' [B, Lin, heads,
+    head_dim] XLA copied both caches into that layout on every decoder call,
+    which for long inputs cost more than the call's matmuls (docs/results.md).
+    The self-attention caches keep [B, L, heads, head_dim]: written every
+    call, in that layout their block writes are contiguous.
+    """
+    self.put_variable('cache', 'cached_key', jnp.transpose(self.key(encoded), (0, 2, 3, 1)))
+    self.put_variable('cache', 'cached_value', jnp.swapaxes(self.value(encoded), 1, 2))
 
   def attend_cached(self, inputs_q: Array, bias: Array) -> Array:
-    """Attention to the cached keys/values: [B, q, emb] -> [B, q, emb]."""
+    """Attention to the cached keys/values (`init_cross_cache`): [B, q, emb] -> [B, q, emb]."""
     return self._attend(
       self.query(inputs_q),
       self.get_variable('cache', 'cached_key'),
       self.get_variable('cache', 'cached_value'),
       bias,
       True,
+      heads_first=True,
     )
 
-  def _attend(self, query, key, value, bias, deterministic):
+  def _attend(self, query, key, value, bias, deterministic, heads_first=False):
     cfg = self.config
     dropout_rng = None
     if not deterministic and cfg.dropout_rate > 0.0:
@@ -193,5 +205,6 @@ class MultiHeadDotProductAttention(nn.Module):
       float32_logits=cfg.float32_attention_logits,
       dropout_rate=cfg.dropout_rate,
       dropout_rng=dropout_rng,
+      heads_first=heads_first,
     )
     return self.out(x)

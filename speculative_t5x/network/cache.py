@@ -13,9 +13,11 @@ Cache layout (every leaf but a scalar `cache_index` has the batch first):
       [batch, cache_length, heads, head_dim], compute dtype. Position t of a row
       holds the key/value of the decoder input at t; a block write is one
       contiguous slice per row.
-  decoder/layers_{i}/encoder_decoder_attention/cached_{key,value}:
-      [batch, input_length, heads, head_dim], projected once from the encoder
-      output (encoder-decoder block cache only).
+  decoder/layers_{i}/encoder_decoder_attention/cached_key: [batch, heads,
+      head_dim, input_length], and cached_value: [batch, heads, input_length,
+      head_dim], projected once from the encoder output (encoder-decoder block
+      cache only; heads first so that attention reads them in place:
+      `MultiHeadDotProductAttention.init_cross_cache`).
   decoder/encoder_mask: bool [batch, input_length], True at non-padding inputs
       (encoder-decoder block cache only).
   decoder/cache_index: int32, the next position (T5X protocol only): a scalar,
@@ -23,7 +25,8 @@ Cache layout (every leaf but a scalar `cache_index` has the batch first):
 T5X's own cache is [batch, heads, head_dim, length] with one `cache_index` per
 layer; only T5X's decode functions touch it, and they do so by leaf name and
 leading batch axis (expanding a [batch] `cache_index` too), which this layout
-keeps. Logical axes for sharding: `KV_CACHE_AXES` and `ENCODER_MASK_AXES`.
+keeps. Logical axes for sharding: `KV_CACHE_AXES`, `CROSS_KV_CACHE_AXES` and
+`ENCODER_MASK_AXES`.
 """
 
 import functools
@@ -44,8 +47,13 @@ from speculative_t5x.network.transformer import module_for
 
 Array = jax.Array
 
-# Logical axes of the decoder cache leaves (see the module docstring).
+# Logical axes of the decoder cache leaves (see the module docstring): the
+# self-attention keys and values, and the cross-attention ones by leaf name.
 KV_CACHE_AXES = ('batch', 'length', 'heads', 'kv')
+CROSS_KV_CACHE_AXES = {
+  'cached_key': ('batch', 'heads', 'kv', 'length'),
+  'cached_value': ('batch', 'heads', 'length', 'kv'),
+}
 ENCODER_MASK_AXES = ('batch', 'length')
 
 
