@@ -121,13 +121,11 @@ def cache_shardings(cache: Any, mesh: Mesh, rules: Optional[LogicalRules] = None
   if unknown:
     raise ValueError(f'Not a network.Transformer decoder cache: unknown leaves {unknown}.')
 
-  def axes_of(path):
-    if path[-2:-1] == ('encoder_decoder_attention',):
-      return network.CROSS_KV_CACHE_AXES[path[-1]]
-    return logical_axes[path[-1]]
-
   return traverse_util.unflatten_dict(
-    {path: _logical_sharding(axes_of(path), leaf.shape, mesh, rules) for path, leaf in flat.items()}
+    {
+      path: _logical_sharding(logical_axes[path[-1]], leaf.shape, mesh, rules)
+      for path, leaf in flat.items()
+    }
   )
 
 

@@ -324,7 +324,7 @@ def test_t5x_decode_protocol_equals_teacher_forcing(mode):
   )(PARAMS)
   cache = variables['cache']
   assert cache['decoder']['cache_index'].shape == ()
-  assert cache['decoder']['layers_1']['self_attention']['cached_key'].shape == (3, length, 4, 8)
+  assert cache['decoder']['layers_1']['self_attention']['cached_key'].shape == (3, 4, 8, length)
   if mode != 'no_prefill':
     _, variables = jax.jit(
       lambda p, c: MODULE.apply(
@@ -410,7 +410,7 @@ def test_decode_protocol_and_block_errors():
   cache = init_cache(2, 6)
   assert jax.tree.map(lambda x: x.shape, cache) == {
     'decoder': {
-      f'layers_{i}': {'self_attention': {'cached_key': (2, 6, 4, 8), 'cached_value': (2, 6, 4, 8)}}
+      f'layers_{i}': {'self_attention': {'cached_key': (2, 4, 8, 6), 'cached_value': (2, 4, 8, 6)}}
       for i in range(2)
     }
   }

@@ -202,9 +202,10 @@ class TestModelDraft:
       self_keys = [
         np.asarray(leaf)
         for path, leaf in jax.tree_util.tree_leaves_with_path(new_cache['decoder'])
-        if 'cached_key' in jax.tree_util.keystr(path) and leaf.shape[1] == cache_length
+        if 'self_attention' in jax.tree_util.keystr(path) and 'cached_key' in str(path)
       ]
-      written = np.any(np.stack(self_keys) != 0, axis=(0, 1, 3, 4))
+      # [layers, B, heads, head_dim, cache_length]: the positions any layer wrote.
+      written = np.any(np.stack(self_keys) != 0, axis=(0, 1, 2, 3))
       return np.asarray(num_drafted), int(np.sum(written))
 
     def check(expected_drafted, expected_steps, *args):

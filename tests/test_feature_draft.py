@@ -427,7 +427,7 @@ def self_attention_entries(head_cache, row, count):
   """Row `row`'s cached keys and values at positions < count, for every head layer."""
   leaves = jax.tree_util.tree_leaves_with_path(head_cache)
   return {
-    jax.tree_util.keystr(path): np.asarray(leaf[row, :count])
+    jax.tree_util.keystr(path): np.asarray(leaf[row, ..., :count])
     for path, leaf in leaves
     if 'self_attention' in jax.tree_util.keystr(path)
   }

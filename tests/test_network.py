@@ -231,10 +231,10 @@ def test_decode_block_matches_teacher_forcing_with_rollbacks():
   full = np.asarray(_forward(CONFIG, params, inputs, decoder_inputs, targets))
   max_block = 4
   cache = _init_decoder_cache(CONFIG, params, inputs, length + max_block)
-  # The cross-attention caches are heads first, keys with the input position last.
+  # Every cache is [B, heads, head_dim, positions] (T5X's layout), the cross-attention ones too.
   cross = cache['decoder']['layers_0']['encoder_decoder_attention']
   assert cross['cached_key'].shape == (batch, 4, 8, inputs.shape[1])
-  assert cross['cached_value'].shape == (batch, 4, inputs.shape[1], 8)
+  assert cross['cached_value'].shape == (batch, 4, 8, inputs.shape[1])
   # Tokens past the end are arbitrary; rows that are done keep writing there.
   padded = np.concatenate([decoder_inputs, rng.integers(2, 64, (batch, max_block))], axis=1)
   positions = np.zeros(batch, int)
@@ -316,7 +316,7 @@ def test_t5x_decode_protocol_matches_teacher_forcing_after_batch_expansion():
   assert jax.tree.map(lambda x: (x.shape, x.dtype), initialized['cache']) == jax.tree.map(
     lambda x: (x.shape, x.dtype), variables['cache']
   )
-  assert flat[('decoder', 'layers_1', 'self_attention', 'cached_key')].shape == (3, length, 4, 8)
+  assert flat[('decoder', 'layers_1', 'self_attention', 'cached_value')].shape == (3, 4, 8, length)
   # As T5X's cache_map / flat_batch_beam_expand: repeat every leaf but cache_index.
   expand = lambda x: jnp.repeat(x, 2, axis=0)
   cache = traverse_util.unflatten_dict(

@@ -93,7 +93,8 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     assert shardings['decoder']['decoder_norm']['scale'].spec == P(None)
     cache_shardings = partitioning.cache_shardings(expected[2], mesh)
     layer_cache = cache_shardings['decoder']['layers_0']
-    assert layer_cache['self_attention']['cached_key'].spec == P('data', None, 'model', None)
+    assert layer_cache['self_attention']['cached_key'].spec == P('data', 'model', None, None)
+    assert layer_cache['self_attention']['cached_value'].spec == P('data', 'model', None, None)
     cross_cache = layer_cache['encoder_decoder_attention']
     assert cross_cache['cached_key'].spec == P('data', 'model', None, None)
     assert cross_cache['cached_value'].spec == P('data', 'model', None, None)
@@ -118,7 +119,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     assert key_kernel.spec == P(None, 'model')  # 6 * 8 = 48 features divide.
     t5x_cache = {'decoder': {'cache_index': jax.ShapeDtypeStruct((), jnp.int32),
                              'layers_0': {'self_attention': {
-                                 'cached_key': jax.ShapeDtypeStruct((3, 8, 6, 8), jnp.float32)}}}}
+                                 'cached_key': jax.ShapeDtypeStruct((3, 6, 8, 8), jnp.float32)}}}}
     t5x_shardings = partitioning.cache_shardings(t5x_cache, mesh)
     assert t5x_shardings['decoder']['cache_index'].spec == P()
     t5x_key = t5x_shardings['decoder']['layers_0']['self_attention']['cached_key']

@@ -394,10 +394,8 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
   assert recorded['draft'].config == DRAFT.config
   # Both caches hold the output plus one block of gamma + 1 (decoder_params' gamma).
   for cache in (recorded['cache'], recorded['draft_cache']['decoder']):
-    assert cache['decoder']['layers_0']['self_attention']['cached_key'].shape[:2] == (
-      batch_size,
-      MAX_DECODE_LEN + 5 + 1,
-    )
+    keys = cache['decoder']['layers_0']['self_attention']['cached_key']  # [B, heads, kv, L]
+    assert (keys.shape[0], keys.shape[-1]) == (batch_size, MAX_DECODE_LEN + 5 + 1)
   np.testing.assert_allclose(block_logits, forward_logits, rtol=1e-5, atol=1e-5)
 
   # Without return_all_decodes: the last (most likely) decode and its stats.

@@ -169,9 +169,11 @@ def _case(kind):
 
 
 def _self_attention_caches(config, cache):
-  """{(layer, name): [B, L, heads, head_dim]} of the self-attention caches."""
+  """{(layer, name): [B, L, heads, head_dim]} of the self-attention caches (stored positions last)."""
   return {
-    (i, name): np.asarray(cache['decoder'][f'layers_{i}']['self_attention'][name])
+    (i, name): np.moveaxis(
+      np.asarray(cache['decoder'][f'layers_{i}']['self_attention'][name]), -1, 1
+    )
     for i in range(network.num_decoder_layers(config))
     for name in ('cached_key', 'cached_value')
   }

@@ -78,7 +78,6 @@ from speculative_t5x.network.attention import (
 )
 from speculative_t5x.network.cache import apply_decode_block as apply_decode_block
 from speculative_t5x.network.cache import compact_tree_path as compact_tree_path
-from speculative_t5x.network.cache import CROSS_KV_CACHE_AXES as CROSS_KV_CACHE_AXES
 from speculative_t5x.network.cache import ENCODER_MASK_AXES as ENCODER_MASK_AXES
 from speculative_t5x.network.cache import init_decoder_cache as init_decoder_cache
 from speculative_t5x.network.cache import KV_CACHE_AXES as KV_CACHE_AXES

@@ -5,7 +5,6 @@ from typing import Any, Optional, Tuple
 
 from flax import linen as nn
 import jax
-from jax import lax
 import jax.numpy as jnp
 
 from speculative_t5x.network.config import NetworkConfig
@@ -31,13 +30,13 @@ def dot_product_attention(
   Args:
     query: [B, q, heads, head_dim].
     key: [B, k, heads, head_dim]; with `heads_first`, [B, heads, head_dim, k].
-    value: [B, k, heads, head_dim]; with `heads_first`, [B, heads, k, head_dim].
+    value: as `key`.
     bias: additive bias broadcastable to [B, heads, q, k] (masks, positions).
     dtype: dtype of the attention weights.
     float32_logits: compute logits and softmax in float32.
     dropout_rate: attention dropout, broadcast over queries as in T5X.
     dropout_rng: PRNG key for dropout; None disables dropout.
-    heads_first: the layout of the cross-attention caches (`init_cross_cache`).
+    heads_first: key and value in the caches' layout (`cache_layout`).
 
   Returns:
     [B, q, heads, head_dim].
@@ -51,13 +50,34 @@ def dot_product_attention(
     shape = weights.shape[:-2] + (1,) + weights.shape[-1:]
     keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
     weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
-  return jnp.einsum('bhqk,bhkd->bqhd' if heads_first else 'bhqk,bkhd->bqhd', weights, value)
+  return jnp.einsum('bhqk,bhdk->bqhd' if heads_first else 'bhqk,bkhd->bqhd', weights, value)
+
+
+def cache_layout(entries: Array) -> Array:
+  """[B, n, heads, head_dim] keys or values -> the caches' layout [B, heads, head_dim, n]."""
+  return jnp.transpose(entries, (0, 2, 3, 1))
 
 
 def write_block(cache: Array, block: Array, start_positions: Array) -> Array:
-  """Overwrites cache[b, s_b : s_b + k] with block[b] ([B, L, ...], [B, k, ...], [B])."""
-  write = lambda c, x, s: lax.dynamic_update_slice_in_dim(c, x, s, axis=0)
-  return jax.vmap(write)(cache, block.astype(cache.dtype), start_positions)
+  """Overwrites positions s_b .. s_b + k - 1 of row b (the last axis) with block[b].
+
+  A select over the whole cache rather than a per-row dynamic update: with
+  the positions last, XLA:CPU copied every cache around a scatter
+  (docs/results.md). Positions past the cache are dropped.
+
+  Args:
+    cache: [B, ..., L].
+    block: [B, ..., k], k <= L, the cache's other dimensions.
+    start_positions: int32 [B].
+
+  Returns:
+    The new cache, its shape and dtype.
+  """
+  length, k = cache.shape[-1], block.shape[-1]
+  offset = jnp.arange(length)[None] - start_positions[:, None]  # [B, L]
+  offset = offset.reshape(offset.shape[:1] + (1,) * (cache.ndim - 2) + offset.shape[1:])
+  entries = jnp.take_along_axis(block, jnp.clip(offset, 0, k - 1), axis=-1)
+  return jnp.where((offset >= 0) & (offset < k), entries.astype(cache.dtype), cache)
 
 
 class MultiHeadDotProductAttention(nn.Module):
@@ -110,14 +130,21 @@ class MultiHeadDotProductAttention(nn.Module):
     )
 
   def init_self_cache(self, batch: int, length: int):
-    """Creates zero key/value caches [batch, length, heads, head_dim]."""
-    shape = (batch, length, self.config.num_heads, self.config.head_dim)
+    """Creates zero key/value caches [batch, heads, head_dim, length] (`cache_layout`).
+
+    T5X's layout: each head's keys and values are the right operands of
+    attention's two products as XLA:CPU reads them in place. In the
+    projections' [batch, length, heads, head_dim] XLA copied every cache into
+    it on every call, a tenth of a one-token call (docs/results.md).
+    """
+    shape = (batch, self.config.num_heads, self.config.head_dim, length)
     self.put_variable('cache', 'cached_key', jnp.zeros(shape, self.config.dtype))
     self.put_variable('cache', 'cached_value', jnp.zeros(shape, self.config.dtype))
 
   def cache_shape(self) -> Tuple[int, int]:
     """(batch, cache_length) of the self-attention cache."""
-    return self.get_variable('cache', 'cached_key').shape[:2]
+    shape = self.get_variable('cache', 'cached_key').shape
+    return shape[0], shape[-1]
 
   def attend_block(self, inputs: Array, bias: Array, start_positions: Array) -> Array:
     """Cached self-attention for a block of k positions per row.
@@ -137,7 +164,7 @@ class MultiHeadDotProductAttention(nn.Module):
     cached_key, cached_value = self._write_self_cache(
       self.key(inputs), self.value(inputs), start_positions
     )
-    return self._attend(self.query(inputs), cached_key, cached_value, bias, True)
+    return self._attend(self.query(inputs), cached_key, cached_value, bias, True, heads_first=True)
 
   def prefill_self_cache(self, inputs: Array, bias: Array) -> Array:
     """Self-attention within a block at positions 0..W-1; caches its keys/values there.
@@ -159,26 +186,24 @@ class MultiHeadDotProductAttention(nn.Module):
   def _write_self_cache(
     self, key: Array, value: Array, start_positions: Array
   ) -> Tuple[Array, Array]:
-    """Overwrites positions start..start+k-1 of each row's cache; returns the new caches."""
+    """Writes key/value [B, k, heads, head_dim] at positions start..start+k-1 of each row."""
     cached = []
     for name, new in (('cached_key', key), ('cached_value', value)):
-      cached.append(write_block(self.get_variable('cache', name), new, start_positions))
+      cached.append(
+        write_block(self.get_variable('cache', name), cache_layout(new), start_positions)
+      )
       self.put_variable('cache', name, cached[-1])
     return cached[0], cached[1]
 
   def init_cross_cache(self, encoded: Array):
-    """Caches keys [B, heads, head_dim, Lin] and values [B, heads, Lin, head_dim] of encoded [B, Lin, emb].
+    """Caches keys and values [B, heads, head_dim, Lin] of encoded [B, Lin, emb] (`cache_layout`).
 
-    Heads first, keys with the position last (T5X's key layout): each head's
-    keys and values are then the right operands of attention's two products
-    as XLA:CPU reads them in place. In the projections' [B, Lin, heads,
-    head_dim] XLA copied both caches into that layout on every decoder call,
-    a third of a one-token call at 512 inputs (docs/results.md).
-    The self-attention caches keep [B, L, heads, head_dim]: written every
-    call, in that layout their block writes are contiguous.
+    Projected once per decode call. In the projections' layout XLA copied
+    both caches on every decoder call, a third of a one-token call at 512
+    inputs (docs/results.md).
     """
-    self.put_variable('cache', 'cached_key', jnp.transpose(self.key(encoded), (0, 2, 3, 1)))
-    self.put_variable('cache', 'cached_value', jnp.swapaxes(self.value(encoded), 1, 2))
+    self.put_variable('cache', 'cached_key', cache_layout(self.key(encoded)))
+    self.put_variable('cache', 'cached_value', cache_layout(self.value(encoded)))
 
   def attend_cached(self, inputs_q: Array, bias: Array) -> Array:
     """Attention to the cached keys/values (`init_cross_cache`): [B, q, emb] -> [B, q, emb]."""

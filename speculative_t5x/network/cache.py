@@ -10,26 +10,23 @@
 
 Cache layout (every leaf but a scalar `cache_index` has the batch first):
   decoder/layers_{i}/self_attention/cached_{key,value}:
-      [batch, cache_length, heads, head_dim], compute dtype. Position t of a row
-      holds the key/value of the decoder input at t; a block write is one
-      contiguous slice per row.
-  decoder/layers_{i}/encoder_decoder_attention/cached_key: [batch, heads,
-      head_dim, input_length], and cached_value: [batch, heads, input_length,
-      head_dim], projected once from the encoder output (encoder-decoder block
-      cache only; heads first so that attention reads them in place:
-      `MultiHeadDotProductAttention.init_cross_cache`).
+      [batch, heads, head_dim, cache_length], compute dtype. Position t of a
+      row holds the key/value of the decoder input at t.
+  decoder/layers_{i}/encoder_decoder_attention/cached_{key,value}:
+      [batch, heads, head_dim, input_length], projected once from the encoder
+      output (encoder-decoder block cache only).
   decoder/encoder_mask: bool [batch, input_length], True at non-padding inputs
       (encoder-decoder block cache only).
   decoder/cache_index: int32, the next position (T5X protocol only): a scalar,
       or [batch] after a decoder-only `prefill=True` call (per row, as T5X's).
-T5X's own cache is [batch, heads, head_dim, length] with one `cache_index` per
-layer; only T5X's decode functions touch it, and they do so by leaf name and
-leading batch axis (expanding a [batch] `cache_index` too), which this layout
-keeps. Logical axes for sharding: `KV_CACHE_AXES`, `CROSS_KV_CACHE_AXES` and
+Keys and values have the layout of T5X's own cache
+(`MultiHeadDotProductAttention.init_self_cache` says why); T5X keeps one
+`cache_index` per layer. T5X's decode functions touch the cache by leaf name
+and leading batch axis (expanding a [batch] `cache_index` too), which this
+layout keeps. Logical axes for sharding: `KV_CACHE_AXES` and
 `ENCODER_MASK_AXES`.
 """
 
-import functools
 from typing import Any, Optional, Tuple
 
 import jax
@@ -47,13 +44,9 @@ from speculative_t5x.network.transformer import module_for
 
 Array = jax.Array
 
-# Logical axes of the decoder cache leaves (see the module docstring): the
-# self-attention keys and values, and the cross-attention ones by leaf name.
-KV_CACHE_AXES = ('batch', 'length', 'heads', 'kv')
-CROSS_KV_CACHE_AXES = {
-  'cached_key': ('batch', 'heads', 'kv', 'length'),
-  'cached_value': ('batch', 'heads', 'length', 'kv'),
-}
+# Logical axes of the decoder cache leaves (see the module docstring): every
+# key and value cache, self- and cross-attention.
+KV_CACHE_AXES = ('batch', 'heads', 'kv', 'length')
 ENCODER_MASK_AXES = ('batch', 'length')
 
 
@@ -157,13 +150,13 @@ def compact_tree_path(
   """Moves an accepted root-to-node path of a tree block to consecutive slots.
 
   For every decoder layer's self-attention cached key and value
-  [B, cache_length, heads, head_dim], row b's entries at slots
+  [B, heads, head_dim, cache_length], row b's entries at slots
   start_b + path[b, i] move to slots start_b + i, i < P; the cross-attention
   caches and the encoder mask are untouched. After a tree `decode_block` at
   these starts, the cache then holds at start_b..start_b+m what a chain block
   of the root and the path's m accepted nodes would have written, and decoding
   continues at start_b + m + 1. One gather and one slice write of P entries
-  per row and layer.
+  per row and layer (the write a select over the cache, as a block's).
 
   Args:
     config: the network's config.
@@ -193,7 +186,7 @@ def compact_tree_path(
       'compact_tree_path needs the cache of init_decoder_cache for this config '
       f'(decoder/layers_0..{num_layers - 1}/self_attention/cached_{{key,value}}).'
     )
-  batch, cache_length = leaves[0].shape[:2]
+  batch, cache_length = leaves[0].shape[0], leaves[0].shape[-1]
   if (
     path.ndim != 2
     or start_positions.shape != (batch,)
@@ -204,13 +197,13 @@ def compact_tree_path(
       f'Expected start_positions [batch] and path [batch, P], 1 <= P <= {cache_length}, with '
       f"the cache's batch {batch}; got {start_positions.shape} and {path.shape}."
     )
-  slots = start_positions[:, None] + path  # [B, P]
-  take = jax.vmap(functools.partial(jnp.take, axis=0, mode='clip'))
+  slots = jnp.clip(start_positions[:, None] + path, 0, cache_length - 1)  # [B, P]
 
   def move(keypath, entries):
-    if is_self_attention(keypath):
-      return write_block(entries, take(entries, slots), start_positions)
-    return entries
+    if not is_self_attention(keypath):
+      return entries
+    moved = jnp.take_along_axis(entries, slots[:, None, None, :], axis=-1)
+    return write_block(entries, moved, start_positions)
 
   return jax.tree_util.tree_map_with_path(move, cache)
 

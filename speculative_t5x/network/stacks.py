@@ -286,7 +286,7 @@ class Decoder(nn.Module):
     encoded: Optional[Array] = None,
     encoder_mask: Optional[Array] = None,
   ):
-    """Zero self-attention caches [batch, cache_length, heads, head_dim] per layer.
+    """Zero self-attention caches per layer (`MultiHeadDotProductAttention.init_self_cache`).
 
     With `encoded` [batch, input_length, emb] and `encoder_mask` bool
     [batch, input_length] (encoder-decoder), also the cross-attention
