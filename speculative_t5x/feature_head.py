@@ -487,7 +487,7 @@ def init_cache(
   encoded: Optional[Array] = None,
   encoder_mask: Optional[Array] = None,
 ) -> PyTree:
-  """The head's block cache: its layers' self-attention keys/values (`network.init_decoder_cache`'s layout).
+  """The head's block cache: self-attention keys/values as `network.init_decoder_cache`'s.
 
   For an encoder-decoder target, `encoded` [batch, Lin, D] (the target's
   encoder output) and `encoder_mask` bool [batch, Lin] give the

@@ -169,7 +169,7 @@ def _case(kind):
 
 
 def _self_attention_caches(config, cache):
-  """{(layer, name): [B, L, heads, head_dim]} of the self-attention caches (stored positions last)."""
+  """{(layer, name): [B, L, heads, head_dim]}, the self-attention caches' positions moved first."""
   return {
     (i, name): np.moveaxis(
       np.asarray(cache['decoder'][f'layers_{i}']['self_attention'][name]), -1, 1
