@@ -120,7 +120,6 @@ def cache_shardings(cache: Any, mesh: Mesh, rules: Optional[LogicalRules] = None
   unknown = sorted({path[-1] for path in flat} - set(logical_axes))
   if unknown:
     raise ValueError(f'Not a network.Transformer decoder cache: unknown leaves {unknown}.')
-
   return traverse_util.unflatten_dict(
     {
       path: _logical_sharding(logical_axes[path[-1]], leaf.shape, mesh, rules)

@@ -202,7 +202,7 @@ class TestModelDraft:
       self_keys = [
         np.asarray(leaf)
         for path, leaf in jax.tree_util.tree_leaves_with_path(new_cache['decoder'])
-        if 'self_attention' in jax.tree_util.keystr(path) and 'cached_key' in str(path)
+        if jax.tree_util.keystr(path).endswith("['self_attention']['cached_key']")
       ]
       # [layers, B, heads, head_dim, cache_length]: the positions any layer wrote.
       written = np.any(np.stack(self_keys) != 0, axis=(0, 1, 2, 3))

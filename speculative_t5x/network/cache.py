@@ -156,7 +156,7 @@ def compact_tree_path(
   these starts, the cache then holds at start_b..start_b+m what a chain block
   of the root and the path's m accepted nodes would have written, and decoding
   continues at start_b + m + 1. One gather and one slice write of P entries
-  per row and layer (the write a select over the cache, as a block's).
+  per row and layer (the write, as a block's, a select over the cache).
 
   Args:
     config: the network's config.
