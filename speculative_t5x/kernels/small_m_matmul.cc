@@ -10,7 +10,7 @@
 // several blocks in turns of a few k-steps (more DRAM streams in flight than
 // one block gives); more rows are done in tiles of MR over each turn's
 // weights, by then in L1, so DRAM traffic stays one pass over W whatever M is.
-// The later row tiles, which read only L1, prefetch the next turn's weights,
+// The later row tiles, which read only L1, prefetch a later turn's weights,
 // so DRAM keeps streaming while they compute.
 //
 // Every output element is one fused multiply-add chain over k = 0..K-1 in
@@ -84,21 +84,38 @@ constexpr int kLineFloats = 64 / sizeof(float);  // a 64-byte cache line
 // 13 -> 19 GB/s; 32 k-steps lose the gain); a call whose one row tile
 // covers the whole group needs no turns. The hardware prefetchers
 // apparently run ahead of missing loads only (the first row tile's), so the
-// later tiles (from L1) prefetch the next turn themselves: on a quiet
-// 2-core Zen 2 the `make demo` target's 4- and 8-token calls then took 0.91
-// and 0.79 of the time, a 16-node tree's 0.80 (one token: unchanged;
-// docs/results.md).
+// later tiles (from L1) prefetch a later turn themselves (kPlan below): with
+// the next turn, on a quiet 2-core Zen 2 the `make demo` target's 4- and
+// 8-token calls took 0.91 and 0.79 of the time, a 16-node tree's 0.80 (one
+// token: unchanged; docs/results.md).
 constexpr int kStreams = 4;
-// The hint of those prefetches, by the CPU's vendor (checked once, at load).
-// AMD: non-temporal, measured ahead of T0 on a Zen 2 and level with it on a
-// Zen 4. Intel: T0, as a non-temporal prefetch there skips L2, and a 2-core
-// Xeon (AVX-512, family 6) streamed 4-16 rows at 10 GB/s with it against
-// 21-34 GB/s with T0, 2-4x slower than XLA's dot (docs/results.md).
-const bool kNonTemporalPrefetch = [] {
-  __builtin_cpu_init();
-  return __builtin_cpu_is("amd") != 0;
-}();
 constexpr int64_t kChunk = 16;
+
+// How those prefetches are made, by the CPU's vendor (checked once, at load;
+// docs/results.md has the measurements).
+struct PrefetchPlan {
+  // The hint: non-temporal, or T0 (into L1 and L2).
+  bool non_temporal;
+  // How many turns ahead of the one computed a prefetch reads.
+  int64_t turns_ahead;
+  // Whether one- and two-row calls also go in turns of one-row tiles (the
+  // first row's tile waiting on DRAM, the second's prefetching; a lone row's
+  // tile prefetching itself) instead of one pass with no prefetch.
+  bool single_rows_in_turns;
+};
+// AMD: non-temporal, measured ahead of T0 on a Zen 2 and level with it on a
+// Zen 4; the next turn; one pass for one or two rows (measured there).
+// Intel: T0, as a non-temporal prefetch there skips L2 (a 2-core Xeon,
+// AVX-512, family 6, streamed 4-16 rows at 10 GB/s with it against 21-34
+// GB/s with T0); two turns ahead and one-row turns: on that Xeon the `make
+// demo` target's matmuls for 1, 2, 4 and 8 rows took about 0.8, 0.75, 0.9 and
+// 0.9 of the time they took with the next turn and one pass (16 rows: the
+// same).
+const PrefetchPlan kPlan = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("amd") != 0 ? PrefetchPlan{true, 1, false}
+                                      : PrefetchPlan{false, 2, true};
+}();
 // Below this many multiply-adds a call runs on the calling thread: waking a
 // second one costs more than it saves.
 constexpr int64_t kMinParallelWork = 1 << 16;
@@ -120,9 +137,9 @@ constexpr int BlocksAtOnce(int mr) {
 // k-steps [k0, k1) of rows [0, MR) of x (row stride K) times NBLK consecutive
 // column blocks, added to the accumulators `acc` [NBLK][MR][2 vectors] kept in
 // memory between calls (a store and a load per vector, exact: each output is
-// still one FMA chain over k in order). With `next` (the weights the next
-// turn reads in these blocks' place, its k-step k0 first; else null), each
-// k-step also prefetches the line the next turn reads at the same offset.
+// still one FMA chain over k in order). With `next` (the weights a later
+// turn reads in these blocks' place, its first k-step first; else null), each
+// k-step also prefetches the line that turn reads at the same offset.
 template <int MR, int NBLK>
 void Tile(const float* x, int64_t K, int64_t k0, int64_t k1, const float* blocks,
           float* acc, const float* next) {
@@ -139,7 +156,7 @@ void Tile(const float* x, int64_t K, int64_t k0, int64_t k1, const float* blocks
         for (int f = 0; f < kBlock; f += kLineFloats) {
           const char* line =
               reinterpret_cast<const char*>(next + j * stride + (k - k0) * kBlock + f);
-          if (kNonTemporalPrefetch) {
+          if (kPlan.non_temporal) {
             _mm_prefetch(line, _MM_HINT_NTA);
           } else {
             _mm_prefetch(line, _MM_HINT_T0);
@@ -202,8 +219,13 @@ struct Problem {
 // kMaxRows (the rest last; fuller tiles are faster per FMA) that read L1 and
 // prefetch meanwhile, so the first is the smallest (8 rows on AVX2: 2 + 6
 // measured ahead of 6 + 2 and 4 + 4; 4 rows: 2 + 2 ahead of one tile).
-int64_t RowTiles(int64_t M) { return M <= 2 ? 1 : 1 + (M - 2 + kMaxRows - 1) / kMaxRows; }
+// Two rows: one tile, or two one-row tiles where the plan says so.
+int64_t RowTiles(int64_t M) {
+  if (M == 2 && kPlan.single_rows_in_turns) return 2;
+  return M <= 2 ? 1 : 1 + (M - 2 + kMaxRows - 1) / kMaxRows;
+}
 int64_t TileRows(int64_t M, int64_t t) {
+  if (M == 2 && kPlan.single_rows_in_turns) return 1;
   if (M <= 2) return M;
   return t == 0 ? 2 : std::min<int64_t>(kMaxRows, M - 2 - (t - 1) * kMaxRows);
 }
@@ -222,7 +244,9 @@ void RunBlocks(const Problem& p, int64_t first, int64_t last) {
   for (int64_t b = first; b < last; b += kStreams) {
     const int64_t g = std::min<int64_t>(kStreams, last - b);
     std::fill(acc, acc + p.M * g * kBlock, 0.0f);
-    const bool one_call = tiles == 1 && kTiles[p.M - 1].blocks >= g;
+    // A lone row's tile prefetches for itself where the plan says so.
+    const bool lone_row_prefetches = p.M == 1 && kPlan.single_rows_in_turns;
+    const bool one_call = !lone_row_prefetches && tiles == 1 && kTiles[p.M - 1].blocks >= g;
     const int64_t chunk = one_call ? p.K : kChunk;
     for (int64_t k0 = 0; k0 < p.K; k0 += chunk) {
       const int64_t k1 = std::min(p.K, k0 + chunk);
@@ -234,10 +258,11 @@ void RunBlocks(const Problem& p, int64_t first, int64_t last) {
         float* tile_acc = acc + row * g * kBlock;
         for (int64_t j = 0; j < g;) {
           const bool wide = j + tile.blocks <= g;
-          // The same blocks' next chunk when it is a whole one (prefetching
-          // the next group's first chunk after the last measured no faster).
-          const float* next = t > 0 && k1 + kChunk <= p.K
-                                  ? p.w + ((b + j) * p.K + k1) * kBlock
+          // The same blocks' chunk turns_ahead turns on when it is a whole
+          // one (prefetching the next group's first chunks measured no faster).
+          const int64_t ahead = k0 + kPlan.turns_ahead * kChunk;
+          const float* next = (t > 0 || lone_row_prefetches) && ahead + kChunk <= p.K
+                                  ? p.w + ((b + j) * p.K + ahead) * kBlock
                                   : nullptr;
           (wide ? tile.wide : tile.narrow)(p.x + row * p.K, p.K, k0, k1,
                                            p.w + (b + j) * p.K * kBlock,
