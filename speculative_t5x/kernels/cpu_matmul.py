@@ -31,7 +31,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import Optional
+from typing import Optional, Tuple
 
 import gin
 import jax
@@ -187,11 +187,16 @@ def pack(w: Array) -> Array:
     raise ValueError(f'pack takes a 2-D weight matrix [K, N], got shape {w.shape}.')
   if not available():
     return w
-  k, n = w.shape
-  nb = block_width()
-  blocks = -(-n // nb)
-  w = jnp.pad(w, ((0, 0), (0, blocks * nb - n)))
+  blocks, k, nb = packed_shape(w.shape)
+  w = jnp.pad(w, ((0, 0), (0, blocks * nb - w.shape[1])))
   return w.reshape(k, blocks, nb).transpose(1, 0, 2)
+
+
+def packed_shape(shape: Tuple[int, int]) -> Tuple[int, int, int]:
+  """`pack`'s output shape for a [K, N] matrix: (ceil(N / NB), K, NB); needs the kernel."""
+  k, n = shape
+  nb = block_width()
+  return -(-n // nb), k, nb
 
 
 def is_packed(w: Array) -> bool:

@@ -15,7 +15,8 @@ kernel (and each row's result does not depend on the block size).
 
 Memory: the packed copy is as large as what it packs (N padded to the
 block width: nothing for the main job's shapes) -- the decoder's dense
-kernels, plus V x E for tied logits. `keep_unpacked=False` drops the packed
+kernels, plus V x E for tied logits -- held in one host region on 2 MB
+pages where the OS allows (`huge_pages`). `keep_unpacked=False` drops the packed
 kernels from the plain tree (the encoder's and the embedding's stay: the
 encoder and the token lookup read them), so a process that only decodes
 holds one copy; such `PackedParams` cannot be trained or scored by
@@ -29,6 +30,7 @@ from flax import traverse_util
 import jax.numpy as jnp
 
 from speculative_t5x.kernels import cpu_matmul
+from speculative_t5x.kernels import huge_pages
 
 PyTree = Any
 COLLECTION = 'packed'
@@ -94,7 +96,11 @@ def pack_params(
     # The FFI call has no partitioning rule: sharded weights keep XLA's dot.
     return params
   chosen = _packed_paths(config, flat, scope)
-  packed = {path: cpu_matmul.pack(w) for path, w in chosen.items()}
+  # One packed weight at a time, each copied onto huge pages before the next.
+  arena = huge_pages.HugePageArena(
+    huge_pages.packed_bytes((cpu_matmul.packed_shape(w.shape), 'float32') for w in chosen.values())
+  )
+  packed = {path: arena.place(cpu_matmul.pack(w)) for path, w in chosen.items()}
   if not keep_unpacked:
     flat = {path: leaf for path, leaf in flat.items() if path not in chosen or path[-1] != 'kernel'}
   return PackedParams(
