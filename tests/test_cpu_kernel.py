@@ -12,13 +12,7 @@ import pytest
 
 from speculative_t5x import kernels
 from speculative_t5x.kernels import cpu_matmul
-
-
-def _needs_kernel():
-  # A C++ compiler is an optional dependency: without one the fallback tests
-  # below still run, and these have nothing to test.
-  if not kernels.available():
-    pytest.skip('the CPU kernel cannot be built here (no C++ compiler or no AVX2/FMA)')
+from testing_utils import needs_cpu_kernel
 
 
 def _within_float32(y, x, w):
@@ -56,7 +50,7 @@ SHAPES = [(1, 1), (5, 3), (33, 100), (64, 16), (300, 520), (768, 2048), (2048, 7
 @pytest.mark.parametrize('rows', [1, 3, 7, 17, 32])
 @pytest.mark.parametrize('k,n', SHAPES)
 def test_matches_dot_within_float32(rows, k, n):
-  _needs_kernel()
+  needs_cpu_kernel()
   x, w = _random((rows, k), 0), _random((k, n), 1)
   packed = kernels.pack(w)
   assert packed.ndim == 3 and packed.shape[1] == k and packed.shape[0] * packed.shape[2] >= n
@@ -70,7 +64,7 @@ def test_matches_dot_within_float32(rows, k, n):
 @pytest.mark.parametrize('pool', sorted(cpu_matmul.THREAD_POOLS))
 def test_rows_bitwise_the_same_whatever_m_and_thread_pool(pool):
   """A row's output does not depend on the other rows or the split (greedy equality needs it)."""
-  _needs_kernel()
+  needs_cpu_kernel()
   k, n = 300, 520
   x, packed = _random((32, k), 2), kernels.pack(_random((k, n), 3))
   whole = np.asarray(kernels.matmul(x, packed, n, thread_pool=pool))
@@ -81,7 +75,7 @@ def test_rows_bitwise_the_same_whatever_m_and_thread_pool(pool):
 
 
 def test_leading_axes_are_rows():
-  _needs_kernel()
+  needs_cpu_kernel()
   x, w = _random((2, 3, 40), 4), _random((40, 24), 5)
   y = kernels.matmul(x, kernels.pack(w), 24)
   assert y.shape == (2, 3, 24)
@@ -91,7 +85,7 @@ def test_leading_axes_are_rows():
 
 
 def test_inside_while_loop_traced_once():
-  _needs_kernel()
+  needs_cpu_kernel()
   k, n = 72, 96
   w = _random((k, n), 6)
   packed = kernels.pack(w)
@@ -117,7 +111,7 @@ def test_inside_while_loop_traced_once():
 
 
 def test_mismatched_shapes_name_the_fix():
-  _needs_kernel()
+  needs_cpu_kernel()
   packed = kernels.pack(_random((8, 40), 9))
   with pytest.raises(ValueError, match=r'x \[\.\.\., 8\]'):
     kernels.matmul(_random((2, 9), 10), packed, 40)

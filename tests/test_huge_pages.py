@@ -10,12 +10,15 @@ import pytest
 from speculative_t5x import kernels
 from speculative_t5x.kernels import cpu_matmul
 from speculative_t5x.kernels import huge_pages
+from testing_utils import needs_cpu_kernel
 from testing_utils import tiny_model
 
 
 def _needs_linux():
   if not sys.platform.startswith('linux'):
-    pytest.skip('huge pages are advised through Linux madvise; elsewhere arrays stay as they are')
+    pytest.skip(
+      "optional OS facility absent: Linux's madvise(MADV_HUGEPAGE) (the fallback test runs here)"
+    )
 
 
 def _arrays():
@@ -54,10 +57,15 @@ def test_what_does_not_fit_or_is_traced_is_returned_as_it_is():
   assert huge_pages.HugePageArena(0).place(small) is small
 
 
+def test_without_linux_madvise_arrays_stay_as_they_are(monkeypatch):
+  monkeypatch.setattr(sys, 'platform', 'darwin')
+  small = jnp.ones((4,), jnp.float32)
+  assert huge_pages.HugePageArena(64).place(small) is small
+
+
 def test_pack_params_puts_every_packed_weight_in_one_region():
   _needs_linux()
-  if not kernels.available():
-    pytest.skip('the CPU kernel cannot be built here (no C++ compiler or no AVX2/FMA)')
+  needs_cpu_kernel()
   model = tiny_model(0, vocab_size=40, emb_dim=48)
   packed = kernels.pack_params(model.config, model.params)
   leaves = jax.tree_util.tree_leaves_with_path(packed.packed)

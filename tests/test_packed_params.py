@@ -16,15 +16,10 @@ from speculative_t5x import network
 from speculative_t5x.bench import benchmark
 from speculative_t5x.bench import measure
 from speculative_t5x.kernels import cpu_matmul
+from testing_utils import needs_cpu_kernel
 from testing_utils import padded_inputs
 from testing_utils import tiny_decoder_only_model
 from testing_utils import tiny_model
-
-
-def _needs_kernel():
-  # A C++ compiler is an optional dependency (without one decoding is XLA's).
-  if not kernels.available():
-    pytest.skip('the CPU kernel cannot be built here (no C++ compiler or no AVX2/FMA)')
 
 
 def _models():
@@ -47,7 +42,7 @@ def _block_logits(model, params, block_tokens):
 
 @pytest.mark.parametrize('name', ['untied', 'tied', 'decoder_only'])
 def test_packed_decoding_matches_plain_within_float32(name):
-  _needs_kernel()
+  needs_cpu_kernel()
   model = _models()[name]
   packed = model.decode_params
   assert isinstance(packed, kernels.PackedParams)
@@ -68,7 +63,7 @@ def test_packed_decoding_matches_plain_within_float32(name):
 
 @pytest.mark.parametrize('name', ['untied', 'decoder_only'])
 def test_greedy_speculative_equals_baseline_on_the_kernel(name):
-  _needs_kernel()
+  needs_cpu_kernel()
   target = _models()[name]
   draft = tiny_model(7, vocab_size=40, emb_dim=32) if name == 'untied' else None
   if draft is None:
@@ -110,7 +105,7 @@ def _head_block(head, tokens):
 
 @pytest.mark.parametrize('name,output', [('untied', 'own'), ('decoder_only', 'target')])
 def test_a_feature_head_on_the_kernel_matches_plain_within_float32(name, output):
-  _needs_kernel()
+  needs_cpu_kernel()
   head = _head(_models()[name], output=output)
   packed = head.packed()
   assert isinstance(packed.params, kernels.PackedParams) and packed.packed() is packed
@@ -137,7 +132,7 @@ def test_a_feature_head_stays_plain_where_the_kernel_is_off(monkeypatch):
 
 
 def test_alpha_and_the_records_read_packed_drafts_as_the_plain_ones():
-  _needs_kernel()
+  needs_cpu_kernel()
   target = _models()['untied']
   head = _head(target)
   inputs = padded_inputs(3, 2, 6, target.vocab_size)

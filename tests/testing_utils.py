@@ -70,6 +70,22 @@ def main_killed_at(module, function, hook, at, wait_for=None):
 # ------------------------------------------------------------------------------
 # Models and inputs.
 # ------------------------------------------------------------------------------
+def needs_cpu_kernel():
+  """Skips a test of the CPU kernel where it cannot be built.
+
+  Its C++ compiler is an optional dependency (without one, decoding runs
+  XLA's dot and the fallback tests cover that), as is an AVX2/FMA CPU.
+  """
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  from speculative_t5x import kernels  # pylint: disable=g-import-not-at-top
+
+  if not kernels.available():
+    pytest.skip(
+      'optional dependency absent: no C++ compiler (or no AVX2/FMA CPU) to build the CPU kernel'
+    )
+
+
 def tiny_model(seed, vocab_size=32, emb_dim=32, layers=1, scale=1.0):
   """A float32 T5 1.1 'tiny'-shaped `models.Model` with random parameters.
 

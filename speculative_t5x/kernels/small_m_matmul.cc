@@ -220,14 +220,15 @@ struct Problem {
 // prefetch meanwhile, so the first is the smallest (8 rows on AVX2: 2 + 6
 // measured ahead of 6 + 2 and 4 + 4; 4 rows: 2 + 2 ahead of one tile).
 // Two rows: one tile, or two one-row tiles where the plan says so.
+int64_t FirstTileRows(int64_t M) {
+  return M == 2 && kPlan.single_rows_in_turns ? 1 : std::min<int64_t>(M, 2);
+}
 int64_t RowTiles(int64_t M) {
-  if (M == 2 && kPlan.single_rows_in_turns) return 2;
-  return M <= 2 ? 1 : 1 + (M - 2 + kMaxRows - 1) / kMaxRows;
+  return 1 + (M - FirstTileRows(M) + kMaxRows - 1) / kMaxRows;
 }
 int64_t TileRows(int64_t M, int64_t t) {
-  if (M == 2 && kPlan.single_rows_in_turns) return 1;
-  if (M <= 2) return M;
-  return t == 0 ? 2 : std::min<int64_t>(kMaxRows, M - 2 - (t - 1) * kMaxRows);
+  const int64_t first = FirstTileRows(M);
+  return t == 0 ? first : std::min<int64_t>(kMaxRows, M - first - (t - 1) * kMaxRows);
 }
 
 // Column blocks [first, last) for all M rows, kStreams blocks at a time: for
@@ -236,6 +237,8 @@ int64_t TileRows(int64_t M, int64_t t) {
 // L1; those tiles prefetch the next chunk.
 void RunBlocks(const Problem& p, int64_t first, int64_t last) {
   const int64_t tiles = RowTiles(p.M);
+  // A lone row's tile prefetches for itself where the plan says so.
+  const bool lone_row_prefetches = p.M == 1 && kPlan.single_rows_in_turns;
   // The group's accumulators [M][kStreams][NB], kept per thread (grown once).
   thread_local std::vector<float> accumulators;
   if (accumulators.size() < static_cast<size_t>(p.M * kStreams * kBlock))
@@ -244,8 +247,6 @@ void RunBlocks(const Problem& p, int64_t first, int64_t last) {
   for (int64_t b = first; b < last; b += kStreams) {
     const int64_t g = std::min<int64_t>(kStreams, last - b);
     std::fill(acc, acc + p.M * g * kBlock, 0.0f);
-    // A lone row's tile prefetches for itself where the plan says so.
-    const bool lone_row_prefetches = p.M == 1 && kPlan.single_rows_in_turns;
     const bool one_call = !lone_row_prefetches && tiles == 1 && kTiles[p.M - 1].blocks >= g;
     const int64_t chunk = one_call ? p.K : kChunk;
     for (int64_t k0 = 0; k0 < p.K; k0 += chunk) {
