@@ -10,8 +10,9 @@
 // several blocks in turns of a few k-steps (more DRAM streams in flight than
 // one block gives); more rows are done in tiles of MR over each turn's
 // weights, by then in L1, so DRAM traffic stays one pass over W whatever M is.
-// The later row tiles, which read only L1, prefetch a later turn's weights,
-// so DRAM keeps streaming while they compute.
+// The row tiles prefetch a later turn's weights (on Intel each tile a share
+// of it, on AMD the later tiles, which read only L1), so DRAM keeps
+// streaming while they compute.
 //
 // Every output element is one fused multiply-add chain over k = 0..K-1 in
 // order, starting from zero, whatever M, the row tile or the thread split: a
@@ -102,6 +103,11 @@ struct PrefetchPlan {
   // first row's tile waiting on DRAM, the second's prefetching; a lone row's
   // tile prefetching itself) instead of one pass with no prefetch.
   bool single_rows_in_turns;
+  // Whether every row tile prefetches an equal share of a turn's k-steps
+  // (else the later tiles each prefetch all of it): the prefetches are
+  // spread over the whole turn, so DRAM streams while every tile computes,
+  // not only while the later ones do.
+  bool tiles_share_prefetch;
 };
 // AMD: non-temporal, measured ahead of T0 on a Zen 2 and level with it on a
 // Zen 4; the next turn; one pass for one or two rows (measured there).
@@ -110,11 +116,13 @@ struct PrefetchPlan {
 // GB/s with T0); two turns ahead and one-row turns: on that Xeon the `make
 // demo` target's matmuls for 1, 2, 4 and 8 rows took about 0.8, 0.75, 0.9 and
 // 0.9 of the time they took with the next turn and one pass (16 rows: the
-// same).
+// same); the prefetches shared by the tiles: its 4- and 8-token decoder calls
+// and 16-node tree call took 0.87-0.90 of the time with the later tiles
+// prefetching all (one, three turns ahead, or shares by rows: no faster).
 const PrefetchPlan kPlan = [] {
   __builtin_cpu_init();
-  return __builtin_cpu_is("amd") != 0 ? PrefetchPlan{true, 1, false}
-                                      : PrefetchPlan{false, 2, true};
+  return __builtin_cpu_is("amd") != 0 ? PrefetchPlan{true, 1, false, false}
+                                      : PrefetchPlan{false, 2, true, true};
 }();
 // Below this many multiply-adds a call runs on the calling thread: waking a
 // second one costs more than it saves.
@@ -139,10 +147,11 @@ constexpr int BlocksAtOnce(int mr) {
 // memory between calls (a store and a load per vector, exact: each output is
 // still one FMA chain over k in order). With `next` (the weights a later
 // turn reads in these blocks' place, its first k-step first; else null), each
-// k-step also prefetches the line that turn reads at the same offset.
+// k-step k0 + i with prefetch_from <= i < prefetch_to also prefetches the
+// lines that turn reads at the same offset.
 template <int MR, int NBLK>
 void Tile(const float* x, int64_t K, int64_t k0, int64_t k1, const float* blocks,
-          float* acc, const float* next) {
+          float* acc, const float* next, int64_t prefetch_from, int64_t prefetch_to) {
   const int64_t stride = K * kBlock;  // floats from one block to the next
   Vec a[MR][NBLK][kVectorsPerBlock];
   for (int j = 0; j < NBLK; ++j)
@@ -151,7 +160,7 @@ void Tile(const float* x, int64_t K, int64_t k0, int64_t k1, const float* blocks
         a[r][j][v] = Load(acc + ((j * MR + r) * kVectorsPerBlock + v) * kLanes);
   for (int64_t k = k0; k < k1; ++k) {
     const float* w = blocks + k * kBlock;
-    if (next != nullptr)
+    if (next != nullptr && k - k0 >= prefetch_from && k - k0 < prefetch_to)
       for (int j = 0; j < NBLK; ++j)
         for (int f = 0; f < kBlock; f += kLineFloats) {
           const char* line =
@@ -191,7 +200,7 @@ void Tile(const float* x, int64_t K, int64_t k0, int64_t k1, const float* blocks
 }
 
 using TileFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, float*,
-                       const float*);
+                       const float*, int64_t, int64_t);
 
 // For each row count MR: its tile over BlocksAtOnce(MR) blocks and over one.
 struct TileSet {
@@ -234,7 +243,7 @@ int64_t TileRows(int64_t M, int64_t t) {
 // Column blocks [first, last) for all M rows, kStreams blocks at a time: for
 // each chunk of kChunk k-steps, every row tile over every block of the group,
 // so the chunk's weights are read from DRAM once and by later row tiles from
-// L1; those tiles prefetch the next chunk.
+// L1; the tiles prefetch a later chunk (`PrefetchPlan`).
 void RunBlocks(const Problem& p, int64_t first, int64_t last) {
   const int64_t tiles = RowTiles(p.M);
   // A lone row's tile prefetches for itself where the plan says so.
@@ -262,12 +271,17 @@ void RunBlocks(const Problem& p, int64_t first, int64_t last) {
           // The same blocks' chunk turns_ahead turns on when it is a whole
           // one (prefetching the next group's first chunks measured no faster).
           const int64_t ahead = k0 + kPlan.turns_ahead * kChunk;
-          const float* next = (t > 0 || lone_row_prefetches) && ahead + kChunk <= p.K
+          const bool prefetches = t > 0 || lone_row_prefetches || kPlan.tiles_share_prefetch;
+          const float* next = prefetches && ahead + kChunk <= p.K
                                   ? p.w + ((b + j) * p.K + ahead) * kBlock
                                   : nullptr;
+          // This tile's k-steps of the turn to prefetch: all, or its share.
+          const int64_t prefetch_from = kPlan.tiles_share_prefetch ? t * kChunk / tiles : 0;
+          const int64_t prefetch_to = kPlan.tiles_share_prefetch ? (t + 1) * kChunk / tiles : kChunk;
           (wide ? tile.wide : tile.narrow)(p.x + row * p.K, p.K, k0, k1,
                                            p.w + (b + j) * p.K * kBlock,
-                                           tile_acc + j * rows * kBlock, next);
+                                           tile_acc + j * rows * kBlock, next, prefetch_from,
+                                           prefetch_to);
           j += wide ? tile.blocks : 1;
         }
         row += rows;
