@@ -260,24 +260,23 @@ void RunBlocks(const Problem& p, int64_t first, int64_t last) {
     const int64_t chunk = one_call ? p.K : kChunk;
     for (int64_t k0 = 0; k0 < p.K; k0 += chunk) {
       const int64_t k1 = std::min(p.K, k0 + chunk);
+      // The same blocks' chunk turns_ahead turns on, when it is a whole one
+      // (prefetching the next group's first chunks measured no faster).
+      const int64_t ahead = k0 + kPlan.turns_ahead * kChunk;
       int64_t row = 0;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t rows = TileRows(p.M, t);
         const TileSet& tile = kTiles[rows - 1];
         // This tile's accumulators: [g][rows][NB] after the earlier tiles'.
         float* tile_acc = acc + row * g * kBlock;
+        const bool prefetches = (t > 0 || lone_row_prefetches || kPlan.tiles_share_prefetch) &&
+                                ahead + kChunk <= p.K;
+        // The k-steps of that chunk this tile prefetches: all, or its share.
+        const int64_t prefetch_from = kPlan.tiles_share_prefetch ? t * kChunk / tiles : 0;
+        const int64_t prefetch_to = kPlan.tiles_share_prefetch ? (t + 1) * kChunk / tiles : kChunk;
         for (int64_t j = 0; j < g;) {
           const bool wide = j + tile.blocks <= g;
-          // The same blocks' chunk turns_ahead turns on when it is a whole
-          // one (prefetching the next group's first chunks measured no faster).
-          const int64_t ahead = k0 + kPlan.turns_ahead * kChunk;
-          const bool prefetches = t > 0 || lone_row_prefetches || kPlan.tiles_share_prefetch;
-          const float* next = prefetches && ahead + kChunk <= p.K
-                                  ? p.w + ((b + j) * p.K + ahead) * kBlock
-                                  : nullptr;
-          // This tile's k-steps of the turn to prefetch: all, or its share.
-          const int64_t prefetch_from = kPlan.tiles_share_prefetch ? t * kChunk / tiles : 0;
-          const int64_t prefetch_to = kPlan.tiles_share_prefetch ? (t + 1) * kChunk / tiles : kChunk;
+          const float* next = prefetches ? p.w + ((b + j) * p.K + ahead) * kBlock : nullptr;
           (wide ? tile.wide : tile.narrow)(p.x + row * p.K, p.K, k0, k1,
                                            p.w + (b + j) * p.K * kBlock,
                                            tile_acc + j * rows * kBlock, next, prefetch_from,
