@@ -47,7 +47,8 @@ logits layer it uses: output 'own' with a small H avoids reading the target's
 
 `FeatureHeadConfig` (static, hashable), `FeatureHead` (the flax module),
 `config_for(target_config, ...)`, `check_target`, `check_params`,
-`init_params`, and `apply_block` / `init_cache` / `start_state` /
+`init_params`, `embedding_aligned_params` (its start from the target's
+embedding), and `apply_block` / `init_cache` / `start_state` /
 `unrolled` (training's pass) / `logits` as pure functions. The decode-time
 ones (`apply_block`, `init_cache`, `start_state`, `logits`) take the head's
 parameters as a plain tree or as `kernels.pack_params(config, params,
@@ -61,6 +62,7 @@ from typing import Any, Optional, Sequence, Tuple
 from flax import linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculative_t5x import kernels
 from speculative_t5x import network
@@ -477,6 +479,46 @@ def init_params(config: FeatureHeadConfig, seed: int = 0) -> PyTree:
   """
   params = network.t5x_like_random_params(abstract_params(config), config.head_dim, seed)
   return jax.tree.map(jnp.asarray, params)
+
+
+def embedding_aligned_params(
+  config: FeatureHeadConfig, params: PyTree, target_embedding: Array
+) -> PyTree:
+  """`params` with the head's token paths started in the target embedding's principal subspace.
+
+  With A [D, r] the top r = min(H, D, V) right singular vectors of the
+  target's embedding E [V, D], the embedding's rows of the pre-projection
+  become A (scaled to the random init's entry size) and, for output 'own',
+  the output layer's first r rows A^T E^T / sqrt(D): the head's width starts
+  as coordinates of the target's own token geometry, read on the way in and
+  out, instead of a random basis it must first learn. Other parameters are
+  kept. On `make demo`'s target, held-out alpha after 180 training steps rose
+  by 0.016 and 0.022 on two seeds (docs/results.md).
+
+  Args:
+    config: the head's config.
+    params: its parameters (`init_params`'s).
+    target_embedding: float [V, D], the target's embedding of tokens 0..V-1
+      (`network.embed_tokens`).
+  """
+  embedding = np.asarray(target_embedding, np.float64)
+  expected = (config.vocab_size, config.target_emb_dim)
+  if embedding.shape != expected:
+    raise ValueError(
+      f'target_embedding has shape {embedding.shape}; the head reads a target with '
+      f'vocabulary and width {expected}. Pass network.embed_tokens(target_config, '
+      f'target_params, jnp.arange({config.vocab_size})).'
+    )
+  _, _, right = np.linalg.svd(embedding, full_matrices=False)
+  rank = min(config.emb_dim, *embedding.shape)
+  basis = right[:rank].T  # [D, r], orthonormal columns
+  params = jax.tree.map(np.array, params)  # Host copies, written below.
+  pre = params['pre_projection']['kernel']  # [Df + D, H]; the embedding's rows last.
+  rows = slice(config.feature_width, None)
+  pre[rows, :rank] = basis * (pre[rows].std() * np.sqrt(config.target_emb_dim))
+  if config.output == 'own':
+    params['logits_dense']['kernel'][:rank] = basis.T @ embedding.T / np.sqrt(embedding.shape[1])
+  return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
 
 
 def init_cache(

@@ -681,6 +681,42 @@ def test_training_raises_alpha_held_out_and_in_the_loop(tmp_path):
   assert tokens_per_call['trained'] > tokens_per_call['random'] + 0.2
 
 
+@pytest.mark.parametrize('width', [16, 32])
+def test_the_embedding_aligned_start_reads_and_scores_tokens_in_the_targets_geometry(width):
+  """The head's embedding rows span the embedding's top principal directions; with all of
+  them (width = D), reading a token's embedding and scoring it with the output layer ranks
+  that token first; every other parameter is the random start's."""
+  target = TRAIN_TARGET
+  config = head_config(target, emb_dim=width, output='own')
+  params = feature_head.init_params(config, seed=1)
+  embedding = np.asarray(
+    network.embed_tokens(target.config, target.params, jnp.arange(target.vocab_size))
+  )
+  aligned = feature_head.embedding_aligned_params(config, params, embedding)
+  rows = np.asarray(aligned['pre_projection']['kernel'])[config.feature_width :]  # [D, H]
+  gram = rows.T @ rows
+  np.testing.assert_allclose(gram, gram[0, 0] * np.eye(width), atol=1e-4 * gram[0, 0])
+  captured = np.sum((embedding @ rows) ** 2) / gram[0, 0]
+  singular = np.linalg.svd(embedding, compute_uv=False)
+  np.testing.assert_allclose(captured, np.sum(singular[:width] ** 2), rtol=1e-4)
+  if width == target.config.emb_dim:
+    scores = embedding @ rows @ np.asarray(aligned['logits_dense']['kernel'])  # [V, V]
+    assert np.mean(scores.argmax(-1) == np.arange(target.vocab_size)) > 0.9
+  changed = {"['pre_projection']['kernel']", "['logits_dense']['kernel']"}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    if jax.tree_util.keystr(path) not in changed:
+      kept = aligned
+      for key in path:
+        kept = kept[key.key]
+      np.testing.assert_array_equal(kept, leaf)
+  features = np.asarray(params['pre_projection']['kernel'])[: config.feature_width]
+  np.testing.assert_array_equal(
+    np.asarray(aligned['pre_projection']['kernel'])[: config.feature_width], features
+  )
+  with pytest.raises(ValueError, match=r'shape \(32, 16\).*\(32, 32\).*embed_tokens'):
+    feature_head.embedding_aligned_params(config, params, embedding[:, :16])
+
+
 def test_a_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
   _, whole = train_head(tmp_path / 'whole', 4, checkpoint_every=2, log_every=2)
   train_head(tmp_path / 'killed', 2, checkpoint_every=2, log_every=2)
@@ -689,6 +725,8 @@ def test_a_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, resumed.params, whole.params)
   with pytest.raises(ValueError, match='unroll_steps'):
     train_head(tmp_path / 'killed', 6, unroll_steps=5)
+  with pytest.raises(ValueError, match='embedding_init'):
+    train_head(tmp_path / 'killed', 6, embedding_init=False)
 
 
 def test_a_run_killed_in_a_second_pass_resumes_to_the_uninterrupted_parameters(tmp_path):

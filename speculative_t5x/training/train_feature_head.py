@@ -36,7 +36,9 @@ the head's distribution (its log-softmax at the mode's temperature) against
 the target's, averaged over real positions and weighted by decay^k
 (normalized); `feature_weight` > 0 adds EAGLE-1's smooth-L1 regression of the
 step-0 prediction onto f_{t+1}. Only the head's parameters train; the
-target's are constants of the loss.
+target's are constants of the loss. A fresh head starts from
+`feature_head.init_params` with its token paths in the target embedding's
+principal subspace (`embedding_init`, `feature_head.embedding_aligned_params`).
 
 Metrics: 'loss', and 'alpha', the mean over real positions of
 beta = sum_x min(p, q) between the standardized target and step-0 head
@@ -472,11 +474,21 @@ def _head_loop_steps(
 
 
 def _first_head_params(
-  head_config: feature_head.FeatureHeadConfig, initial_params: Optional[PyTree], seed: int
+  head_config: feature_head.FeatureHeadConfig,
+  initial_params: Optional[PyTree],
+  seed: int,
+  target: models.Model,
+  embedding_init: bool,
 ) -> PyTree:
-  """A fresh run's first head parameters: `initial_params` (checked, copied) or seeded ones."""
+  """A fresh run's first head parameters: `initial_params` (checked, copied) or seeded ones,
+  with `embedding_init` started from the target's embedding (`feature_head.embedding_aligned_params`)."""
   if initial_params is None:
-    return feature_head.init_params(head_config, seed)
+    params = feature_head.init_params(head_config, seed)
+    if not embedding_init:
+      return params
+    tokens = jnp.arange(head_config.vocab_size)
+    embedding = network.embed_tokens(target.config, target.params, tokens)
+    return feature_head.embedding_aligned_params(head_config, params, embedding)
   feature_head.check_params(head_config, initial_params)
   return jax.tree.map(jnp.array, initial_params)  # A copy: the step donates its state.
 
@@ -500,6 +512,7 @@ def train_feature_head(
   data_passes: int = 1,
   learning_rate: float = 3e-3,
   initial_params: Optional[PyTree] = None,
+  embedding_init: bool = True,
   seed: int = 0,
   eval_inputs: Optional[np.ndarray] = None,
   eval_every: Optional[int] = None,
@@ -526,6 +539,8 @@ def train_feature_head(
     data_passes: training steps per decoded batch (see the module docstring).
     learning_rate: Adam's.
     initial_params: the first step's head parameters (default `feature_head.init_params`).
+    embedding_init: without `initial_params`, start the head's token paths from the
+      target's embedding (`feature_head.embedding_aligned_params`).
     seed: the data order, the samples and the default initial parameters.
     eval_inputs: int [M, Lin] held-out inputs; with `eval_every`, held-out metrics.
     eval_every: evaluate every this many steps (and at the end); None: never.
@@ -549,6 +564,7 @@ def train_feature_head(
     data_passes=data_passes,
     learning_rate=learning_rate,
     batch_size=batch_size,
+    embedding_init=embedding_init and initial_params is None,
     seed=seed,
     num_inputs=len(inputs),
   )
@@ -569,7 +585,9 @@ def train_feature_head(
     schedule,
     config=target.config,
     optimizer=compiled.tx,
-    initial_params=lambda: _first_head_params(head_config, initial_params, seed),
+    initial_params=lambda: _first_head_params(
+      head_config, initial_params, seed, target, embedding_init
+    ),
     settings_file=SETTINGS_FILE,
     settings=settings,
     start=start,
