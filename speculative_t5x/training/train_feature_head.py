@@ -480,8 +480,11 @@ def _first_head_params(
   target: models.Model,
   embedding_init: bool,
 ) -> PyTree:
-  """A fresh run's first head parameters: `initial_params` (checked, copied) or seeded ones,
-  with `embedding_init` started from the target's embedding (`feature_head.embedding_aligned_params`)."""
+  """A fresh run's first head parameters: `initial_params` (checked, copied) or seeded ones.
+
+  Seeded ones start from the target's embedding with `embedding_init`
+  (`feature_head.embedding_aligned_params`).
+  """
   if initial_params is None:
     params = feature_head.init_params(head_config, seed)
     if not embedding_init:
