@@ -493,9 +493,9 @@ def embedding_aligned_params(
   as coordinates of the target's own token geometry, read on the way in and
   out, instead of a random basis it must first learn. Other parameters are
   kept. On `make demo`'s target (three seeds) held-out alpha rose by 0.008-0.027
-  at 60 and 120 training steps and by -0.005 to 0.016 at 180; the seed-0
-  head's tokens per target call on 256 test sentences by 10 % greedily and
-  0-2 % at T = 1 (docs/results.md).
+  at 60 and 120 training steps and by -0.005 to 0.016 at 180; tokens per
+  target call on 256 test sentences by 1-10 % greedily and 0-5 % at T = 1
+  (docs/results.md).
 
   Args:
     config: the head's config.
