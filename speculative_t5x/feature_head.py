@@ -504,7 +504,8 @@ def embedding_aligned_params(
       (`network.embed_tokens`).
   """
   embedding = np.asarray(target_embedding, np.float64)
-  expected = (config.vocab_size, config.target_emb_dim)
+  width = config.target_emb_dim  # D
+  expected = (config.vocab_size, width)
   if embedding.shape != expected:
     raise ValueError(
       f'target_embedding has shape {embedding.shape}; the head reads a target with '
@@ -517,9 +518,9 @@ def embedding_aligned_params(
   params = jax.tree.map(np.array, params)  # Host copies, written below.
   pre = params['pre_projection']['kernel']  # [Df + D, H]; the embedding's rows last.
   rows = slice(config.feature_width, None)
-  pre[rows, :rank] = basis * (pre[rows].std() * np.sqrt(config.target_emb_dim))
+  pre[rows, :rank] = basis * (pre[rows].std() * np.sqrt(width))
   if config.output == 'own':
-    params['logits_dense']['kernel'][:rank] = basis.T @ embedding.T / np.sqrt(embedding.shape[1])
+    params['logits_dense']['kernel'][:rank] = basis.T @ embedding.T / np.sqrt(width)
   return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
 
 

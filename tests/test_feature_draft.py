@@ -703,12 +703,13 @@ def test_the_embedding_aligned_start_reads_and_scores_tokens_in_the_targets_geom
     scores = embedding @ rows @ np.asarray(aligned['logits_dense']['kernel'])  # [V, V]
     assert np.mean(scores.argmax(-1) == np.arange(target.vocab_size)) > 0.9
   changed = {"['pre_projection']['kernel']", "['logits_dense']['kernel']"}
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    if jax.tree_util.keystr(path) not in changed:
-      kept = aligned
-      for key in path:
-        kept = kept[key.key]
-      np.testing.assert_array_equal(kept, leaf)
+  leaves = lambda tree: {
+    jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+  }
+  aligned_leaves = leaves(aligned)
+  for name, leaf in leaves(params).items():
+    if name not in changed:
+      np.testing.assert_array_equal(aligned_leaves[name], leaf)
   features = np.asarray(params['pre_projection']['kernel'])[: config.feature_width]
   np.testing.assert_array_equal(
     np.asarray(aligned['pre_projection']['kernel'])[: config.feature_width], features

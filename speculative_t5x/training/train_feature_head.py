@@ -541,7 +541,8 @@ def train_feature_head(
     data_temperatures: the target's decoding temperatures, one per step in turn.
     data_passes: training steps per decoded batch (see the module docstring).
     learning_rate: Adam's.
-    initial_params: the first step's head parameters (default `feature_head.init_params`).
+    initial_params: the first step's head parameters (default `feature_head.init_params`,
+      then `embedding_init`).
     embedding_init: without `initial_params`, start the head's token paths from the
       target's embedding (`feature_head.embedding_aligned_params`).
     seed: the data order, the samples and the default initial parameters.
