@@ -42,7 +42,11 @@ figures are of: the pool's CPUs differ about 2x. Every step is cached in
 The compiled programs are cached in <workdir>/jax_cache, and what the
 checkpoints, inputs and machine determine (alpha, the sampled quality) in
 <workdir>/result_cache (`result_cache`; --remeasure recomputes it): that is
-what makes the second run fast. Its timings are measured again.
+what makes the second run fast. Its timings are measured again. A model is
+reused only if it was trained from this demo's recipe (its gin files'
+bindings and the demo's settings, `RECIPE_FILE` beside its checkpoints):
+another, from an earlier version of the demo or other flags, is refused with
+the binding named and the way out.
 
 The target is decoder-heavy (1 encoder, 4 decoder layers
 of width 768): a decoder step reads 163 MB of float32 weights, five times the
@@ -60,7 +64,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -270,7 +274,8 @@ def trained_model(
   vocab_size: int,
   batch_size: Optional[int] = None,
 ) -> models.Model:
-  """Trains configs/models/<name>.gin on the corpus (or resumes/finds it).
+  """Trains configs/models/<name>.gin on the corpus (or resumes it, or checks the finished one's
+  recipe: `_train_or_check`).
 
   The training run is `python -m speculative_t5x.training.train` with the model file,
   configs/tasks/gettext_ende.gin and configs/runs/train.gin, keeping only the
@@ -280,26 +285,29 @@ def trained_model(
   config = gin_utils.model_config(name, vocab_size)
   model_dir = os.path.join(workdir, name)
 
-  finished = os.path.isdir(model_dir) and os.path.isdir(os.path.join(model_dir, str(steps)))
-  if not finished:
+  gin_files = [
+    f'configs/models/{name}.gin',
+    'configs/tasks/gettext_ende.gin',
+    'configs/runs/train.gin',
+  ]
+  settings = {'VOCAB_SIZE': vocab_size, 'EVAL_PERIOD': None, 'train.train.keep_checkpoints': 1}
+  if batch_size is not None:
+    settings['BATCH_SIZE'] = batch_size
+  locations = {
+    'MODEL_DIR': model_dir,
+    'TRAIN_STEPS': steps,
+    'CORPUS_DIR': corpus_dir,
+    'VOCABULARY': vocabulary,
+  }
+
+  def run(bindings: List[str]) -> None:
     from speculative_t5x.training import train  # TensorFlow and seqio only when training.
 
     num_params = network.parameter_count(network.abstract_params(config)[0])
     _step(f'Training {name} ({num_params / 1e6:.1f}M parameters, {steps} steps)')
-    gin_utils.call_configured(
-      train.train,
-      [f'configs/models/{name}.gin', 'configs/tasks/gettext_ende.gin', 'configs/runs/train.gin'],
-      [
-        f'MODEL_DIR = {model_dir!r}',
-        f'TRAIN_STEPS = {steps}',
-        f'CORPUS_DIR = {corpus_dir!r}',
-        f'VOCABULARY = {vocabulary!r}',
-        f'VOCAB_SIZE = {vocab_size}',
-        'EVAL_PERIOD = None',
-        'train.train.keep_checkpoints = 1',
-      ]
-      + ([] if batch_size is None else [f'BATCH_SIZE = {batch_size}']),
-    )
+    gin_utils.call_configured(train.train, gin_files, bindings)
+
+  _train_or_check(model_dir, steps, gin_files, settings, locations, run)
   return models.Model(config, _restore_cached(model_dir, steps, config))
 
 
@@ -331,6 +339,72 @@ def _stale_run(error: ValueError, model_dir: str, settings_file: str) -> None:
   ) from error
 
 
+# A workdir run's recipe (`_train_or_check`), beside its checkpoints.
+RECIPE_FILE = 'demo_recipe.json'
+
+
+def _train_or_check(
+  model_dir: str,
+  steps: int,
+  gin_files: Sequence[str],
+  settings: Mapping[str, Any],
+  locations: Mapping[str, Any],
+  run: Callable[[List[str]], None],
+) -> None:
+  """Trains a workdir's run to `steps`, or checks that the one there is this demo's.
+
+  `run(bindings)` trains (or resumes: the trainers check their own recorded
+  settings) with the gin files and `NAME = VALUE` bindings of `settings` (what
+  shapes the model) and `locations` (its paths and step count: a moved workdir
+  or a longer run is the same recipe). The recipe, the files' bindings
+  (`gin_utils.file_bindings`) and `settings`, is written to RECIPE_FILE. A
+  finished run is not retrained, so its recipe is compared with this demo's:
+  a difference (an earlier version of the demo, or other flags) is refused,
+  naming it, rather than measured as this demo's. Library defaults that no
+  gin file binds are not part of a recipe.
+  """
+  recipe = {
+    'gin_files': list(gin_files),
+    'bindings': gin_utils.file_bindings(gin_files),
+    'settings': {name: repr(value) for name, value in settings.items()},
+  }
+  path = os.path.join(model_dir, RECIPE_FILE)
+  if not os.path.isdir(os.path.join(model_dir, str(steps))):
+    run([f'{name} = {value!r}' for name, value in {**settings, **locations}.items()])
+    with open(path, 'w') as f:
+      json.dump(recipe, f, indent=1)
+  elif not os.path.exists(path):
+    print(
+      f'   {model_dir} was trained before the demo recorded recipes ({RECIPE_FILE}): reused '
+      f'unchecked; delete it to train it with this version.',
+      flush=True,
+    )
+  else:
+    with open(path) as f:
+      recorded = json.load(f)
+    if recorded != recipe:
+      raise ValueError(
+        f"{model_dir} was trained from another recipe than this demo's (an earlier version of "
+        f'the demo, or other flags): {_recipe_changes(recorded, recipe)}. Run the demo with a '
+        f'new --workdir, or delete {model_dir} to train it again.'
+      )
+
+
+def _recipe_changes(recorded: Mapping[str, Any], recipe: Mapping[str, Any]) -> str:
+  """What differs between two recipes, e.g. "bindings: 'X = 1' then, 'X = 2' now"."""
+  changes = []
+  for part in ('gin_files', 'bindings'):
+    then = [line for line in recorded.get(part, []) if line not in recipe[part]]
+    now = [line for line in recipe[part] if line not in recorded.get(part, [])]
+    if then or now:
+      changes.append(f'{part}: {then} then, {now} now')
+  settings = recorded.get('settings', {})
+  for name in sorted(set(settings) | set(recipe['settings'])):
+    if settings.get(name) != recipe['settings'].get(name):
+      changes.append(f'{name} {settings.get(name)} then, {recipe["settings"].get(name)} now')
+  return '; '.join(changes) or 'the order of its bindings'
+
+
 def distilled_model(
   workdir: str,
   steps: int,
@@ -340,7 +414,8 @@ def distilled_model(
   vocabulary: str,
   vocab_size: int,
 ) -> tuple:
-  """Distills the data-trained draft from the target (or resumes/finds it): (model, record).
+  """Distills the data-trained draft from the target (or resumes or checks it, as
+  `_train_or_check` does): (model, record).
 
   The run is `python -m speculative_t5x.training.distill` with the pair file
   configs/pairs/gettext_tiny.gin (target and draft read from their training
@@ -351,22 +426,28 @@ def distilled_model(
   """
   config = gin_utils.model_config('gettext_draft', vocab_size)
   model_dir = os.path.join(workdir, f'gettext_draft_{divergence}_T{temperature:g}')
-  bindings = {
-    'MODEL_DIR': model_dir,
-    'DISTILL_STEPS': steps,
+  settings = {
     'DIVERGENCE': divergence,
     'TEMPERATURE': temperature,
     'DATA_MIX': DISTILLATION_DATA[temperature],
     'DATA_PASSES': DISTILLATION_PASSES[temperature],
+    'VOCAB_SIZE': vocab_size,
+  }
+  locations = {
+    'MODEL_DIR': model_dir,
+    'DISTILL_STEPS': steps,
     'CHECKPOINT_PATH': os.path.join(workdir, 'gettext_target'),
     'DRAFT_CHECKPOINT_PATH': os.path.join(workdir, 'gettext_draft'),
     'CORPUS_DIR': corpus_dir,
     'VOCABULARY': vocabulary,
-    'VOCAB_SIZE': vocab_size,
   }
-  files = ['configs/pairs/gettext_tiny.gin', 'configs/tasks/gettext_ende.gin']
-  files.append('configs/runs/distill.gin')
-  if not os.path.isdir(os.path.join(model_dir, str(steps))):
+  gin_files = [
+    'configs/pairs/gettext_tiny.gin',
+    'configs/tasks/gettext_ende.gin',
+    'configs/runs/distill.gin',
+  ]
+
+  def run(bindings: List[str]) -> None:
     from speculative_t5x.training import distill  # TensorFlow and seqio only when distilling.
 
     _step(
@@ -375,11 +456,11 @@ def distilled_model(
       'pass(es) per batch)'
     )
     try:
-      gin_utils.call_configured(
-        distill.distill, files, [f'{name} = {value!r}' for name, value in bindings.items()]
-      )
+      gin_utils.call_configured(distill.distill, gin_files, bindings)
     except ValueError as error:
       _stale_run(error, model_dir, distill.SETTINGS_FILE)
+
+  _train_or_check(model_dir, steps, gin_files, settings, locations, run)
   with open(os.path.join(model_dir, run_settings.DISTILL_SETTINGS_FILE)) as f:
     record = json.load(f)
   with open(os.path.join(model_dir, run_settings.METRICS_FILE)) as f:
@@ -394,7 +475,8 @@ def distilled_model(
 def feature_head_draft(
   workdir: str, target: models.Model, steps: int, corpus_dir: str, vocabulary: str, vocab_size: int
 ):
-  """Trains a feature head for the target (or resumes/finds it): (draft, training record).
+  """Trains a feature head for the target (or resumes or checks it, as `_train_or_check`
+  does): (draft, training record).
 
   The run is `python -m speculative_t5x.training.train_feature_head` with
   configs/pairs/gettext_tiny.gin (the target read from its training directory
@@ -404,30 +486,29 @@ def feature_head_draft(
   cached run reports them too).
   """
   model_dir = os.path.join(workdir, 'feature_head')
-  if not os.path.isdir(os.path.join(model_dir, str(steps))):
+  gin_files = [
+    'configs/pairs/gettext_tiny.gin',
+    'configs/tasks/gettext_ende.gin',
+    'configs/runs/train_feature_head.gin',
+  ]
+  locations = {
+    'MODEL_DIR': model_dir,
+    'HEAD_STEPS': steps,
+    'CHECKPOINT_PATH': os.path.join(workdir, 'gettext_target'),
+    'CORPUS_DIR': corpus_dir,
+    'VOCABULARY': vocabulary,
+  }
+
+  def run(bindings: List[str]) -> None:
     from speculative_t5x.training import train_feature_head  # TensorFlow and seqio only here.
 
     _step(f'Training a feature head for the target ({steps} steps)')
-    bindings = {
-      'MODEL_DIR': model_dir,
-      'HEAD_STEPS': steps,
-      'CHECKPOINT_PATH': os.path.join(workdir, 'gettext_target'),
-      'CORPUS_DIR': corpus_dir,
-      'VOCABULARY': vocabulary,
-      'VOCAB_SIZE': vocab_size,
-    }
     try:
-      gin_utils.call_configured(
-        train_feature_head.train_on_task,
-        [
-          'configs/pairs/gettext_tiny.gin',
-          'configs/tasks/gettext_ende.gin',
-          'configs/runs/train_feature_head.gin',
-        ],
-        [f'{name} = {value!r}' for name, value in bindings.items()],
-      )
+      gin_utils.call_configured(train_feature_head.train_on_task, gin_files, bindings)
     except ValueError as error:
       _stale_run(error, model_dir, train_feature_head.SETTINGS_FILE)
+
+  _train_or_check(model_dir, steps, gin_files, {'VOCAB_SIZE': vocab_size}, locations, run)
   with open(os.path.join(model_dir, run_settings.METRICS_FILE)) as f:
     metrics = [json.loads(line) for line in f]
   last = [r['seconds'] for r in metrics if r['split'] == 'train' and r['step'] == steps]

@@ -74,6 +74,59 @@ def parse_gin_flags(
   gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings))
 
 
+def find_gin_file(path: str) -> str:
+  """Where gin reads `path` from: as given, else on `default_search_paths()`."""
+  if os.path.isabs(path) or os.path.exists(path):
+    return path
+  for root in default_search_paths():
+    if os.path.exists(os.path.join(root, path)):
+      return os.path.join(root, path)
+  raise FileNotFoundError(
+    f'No gin file {path!r} in the working directory or on {default_search_paths()}.'
+  )
+
+
+def file_bindings(gin_files: Sequence[str]) -> List[str]:
+  """The bindings of gin files and the files they include, in parse order, one line each.
+
+  Read by gin's parser alone (nothing is imported or configured), so comments,
+  layout and block syntax do not show: two lists are equal when the files bind
+  the same values. A line is 'scope/selector.argument = value' (the parts a
+  binding has).
+  """
+  lines = []
+  for path in gin_files:
+    with open(find_gin_file(path)) as f:
+      parser = gin.config_parser.ConfigParser(f, gin.config.ParserDelegate(skip_unknown=True))
+      for statement in parser:
+        if isinstance(statement, gin.config_parser.IncludeStatement):
+          lines.extend(file_bindings([statement.filename]))
+        elif isinstance(statement, gin.config_parser.BindingStatement):
+          scope = f'{statement.scope}/' if statement.scope else ''
+          argument = f'.{statement.arg_name}' if statement.arg_name else ''
+          lines.append(f'{scope}{statement.selector}{argument} = {_value_text(statement.value)}')
+  return lines
+
+
+def _value_text(value: Any) -> str:
+  """A parsed binding's value as text that does not depend on what this process registered.
+
+  gin parses `@name()` as a reference whose repr changes once `name` is
+  registered (a scope appears); here it is always `@name()` (or `@name`).
+  Macros and constants (`%NAME`) keep gin's spelling.
+  """
+  if isinstance(value, (list, tuple)):
+    items = ', '.join(_value_text(item) for item in value)
+    return f'[{items}]' if isinstance(value, list) else f'({items}{"," if len(value) == 1 else ""})'
+  if isinstance(value, dict):
+    return '{' + ', '.join(f'{key!r}: {_value_text(item)}' for key, item in value.items()) + '}'
+  if hasattr(value, 'selector') and hasattr(value, 'evaluate'):  # A configurable reference.
+    if value.selector in ('gin.macro', 'gin.constant'):
+      return repr(value)
+    return f'@{value.selector}{"()" if value.evaluate else ""}'
+  return repr(value)
+
+
 def call_configured(
   fn: Callable[..., Any], gin_files: Sequence[str], gin_bindings: Sequence[str] = ()
 ) -> Any:

@@ -96,6 +96,22 @@ def test_rewrite_gin_args():
       gin_utils.rewrite_gin_args([bad])
 
 
+def test_file_bindings_follow_includes_and_ignore_comments_and_layout(tmp_path, monkeypatch):
+  """What a demo workdir's recipe compares: the same bindings however the files are written."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / 'base.gin').write_text('A = 1  # a comment\n')
+  (tmp_path / 'one.gin').write_text(
+    "include 'base.gin'\n\n# Blocks and comments\nf:\n  x = %A\n  y = (1, 2)\n  z = @g()\n"
+  )
+  (tmp_path / 'two.gin').write_text('A=1\nf.x=%A\nf.y=(1,2)\nf.z=@g()\n')
+  assert gin_utils.file_bindings(['one.gin']) == gin_utils.file_bindings(['two.gin'])
+  assert gin_utils.file_bindings(['one.gin']) == ['A = 1', 'f.x = %A', 'f.y = (1, 2)', 'f.z = @g()']
+  # Repository files resolve from any directory, as gin finds them.
+  assert 'HEAD_STEPS = 180' in gin_utils.file_bindings(['configs/runs/train_feature_head.gin'])
+  with pytest.raises(FileNotFoundError, match="No gin file 'missing.gin'"):
+    gin_utils.file_bindings(['missing.gin'])
+
+
 def test_configs_resolve_from_any_directory(tmp_path, monkeypatch):
   # As for a user elsewhere: the checkout is not on sys.path (pytest put it
   # there; gin would then take configs/ for a Python package).

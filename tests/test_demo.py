@@ -238,6 +238,50 @@ def test_a_head_of_other_settings_in_the_workdir_names_the_way_out(tmp_path, mon
     demo.feature_head_draft(str(tmp_path), target, 4, 'unused', 'unused', 24)
 
 
+def test_a_finished_head_of_another_recipe_is_refused_and_a_moved_workdir_is_not(
+  tmp_path, monkeypatch, capsys
+):
+  """A finished run is not retrained, so the demo compares its recorded recipe (the gin
+  files' bindings and its own settings) with the current one: the head of an earlier demo
+  (here: its gin file bound EMBEDDING_INIT = False) is refused with the binding named and
+  the way out; the same run in a moved workdir, or one from before recipes, is reused."""
+  import json
+  import shutil
+
+  from speculative_t5x import demo
+
+  target, _, train = _tiny_head_training(tmp_path / 'a')
+  monkeypatch.setattr(demo.gin_utils, 'call_configured', lambda *args: train(num_steps=2))
+  head = lambda workdir: demo.feature_head_draft(str(workdir), target, 2, 'x', 'x', 24)
+  head(tmp_path / 'a')
+  recipe_file = tmp_path / 'a' / 'feature_head' / demo.RECIPE_FILE
+  recipe = json.loads(recipe_file.read_text())
+  assert 'EMBEDDING_INIT = True' in recipe['bindings'] and recipe['settings'] == {
+    'VOCAB_SIZE': '24'
+  }
+
+  shutil.copytree(tmp_path / 'a', tmp_path / 'moved')
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    head(tmp_path / 'moved')[0].params,
+    head(tmp_path / 'a')[0].params,
+  )
+
+  recipe['bindings'][recipe['bindings'].index('EMBEDDING_INIT = True')] = 'EMBEDDING_INIT = False'
+  recipe_file.write_text(json.dumps(recipe))
+  with pytest.raises(
+    ValueError,
+    match=r"another recipe.*\['EMBEDDING_INIT = False'\] then, \['EMBEDDING_INIT = True'\] now.*"
+    r'new --workdir, or delete .*feature_head to train it again',
+  ):
+    head(tmp_path / 'a')
+
+  recipe_file.unlink()
+  capsys.readouterr()
+  head(tmp_path / 'a')
+  assert 'before the demo recorded recipes' in capsys.readouterr().out
+
+
 def test_an_unfinished_distillation_of_other_settings_names_the_way_out(tmp_path, monkeypatch):
   """A workdir's unfinished distillation that `distill` refuses to resume (its settings differ,
   as the data passes of an earlier demo) gets the way out; without a run there, the error is
