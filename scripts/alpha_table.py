@@ -46,10 +46,11 @@ def main():
   args = parser.parse_args()
 
   corpus_dir, vocabulary = demo.prepare_data(args.workdir, args.vocab_size)
-  train_model = lambda name, steps: demo.trained_model(
-    args.workdir, name, steps, corpus_dir, vocabulary, args.vocab_size
+  train_model = lambda name, steps, batch_size=None: demo.trained_model(
+    args.workdir, name, steps, corpus_dir, vocabulary, args.vocab_size, batch_size
   )
-  target = train_model('gettext_target', args.target_steps)
+  # The demo's target (its batch size too: a workdir's target of another recipe is refused).
+  target = train_model('gettext_target', args.target_steps, demo.TARGET_BATCH_SIZE)
   candidates = {'data-trained draft': train_model('gettext_draft', args.draft_steps)}
   for temperature, steps in zip(demo.TEMPERATURES, args.distill_steps):
     for divergence in losses.DIVERGENCES:

@@ -398,10 +398,10 @@ def _recipe_changes(recorded: Mapping[str, Any], recipe: Mapping[str, Any]) -> s
     now = [line for line in recipe[part] if line not in recorded.get(part, [])]
     if then or now:
       changes.append(f'{part}: {then} then, {now} now')
-  settings = recorded.get('settings', {})
-  for name in sorted(set(settings) | set(recipe['settings'])):
-    if settings.get(name) != recipe['settings'].get(name):
-      changes.append(f'{name} {settings.get(name)} then, {recipe["settings"].get(name)} now')
+  then, now = recorded.get('settings', {}), recipe['settings']
+  for name in sorted(set(then) | set(now)):
+    if then.get(name) != now.get(name):
+      changes.append(f'{name} {then.get(name, "unset")} then, {now.get(name, "unset")} now')
   return '; '.join(changes) or 'the order of its bindings'
 
 
