@@ -74,7 +74,7 @@ def parse_gin_flags(
   gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings))
 
 
-def find_gin_file(path: str) -> str:
+def _find_gin_file(path: str) -> str:
   """Where gin reads `path` from: as given, else on `default_search_paths()`."""
   if os.path.isabs(path) or os.path.exists(path):
     return path
@@ -96,7 +96,7 @@ def file_bindings(gin_files: Sequence[str]) -> List[str]:
   """
   lines = []
   for path in gin_files:
-    with open(find_gin_file(path)) as f:
+    with open(_find_gin_file(path)) as f:
       parser = gin.config_parser.ConfigParser(f, gin.config.ParserDelegate(skip_unknown=True))
       for statement in parser:
         if isinstance(statement, gin.config_parser.IncludeStatement):
