@@ -67,23 +67,24 @@ def test_teacher_forced_logits_are_the_heads_first_draft_token(architecture):
     target.config, target.params, batch, feature_layers=draft.feature_layers
   )
   next_tokens = jnp.pad(decoder_inputs[:, 1:], ((0, 0), (0, 1)))
-  width = decoder_inputs.shape[1]
-  for row in range(2):
-    for j, position in enumerate(positions[row]):
-      row_inputs = jnp.asarray(inputs[row : row + 1])
-      encoded = None
-      if architecture == 'encoder-decoder':
-        encoded = network.encode(target.config, target.params, row_inputs)
-      state = draft.init_cache(row_inputs, width + 4, encoded=encoded)
-      if position > 0:  # At position 0 the head drafts from its start state.
-        state = draft.observe(
-          state,
-          features[row : row + 1, :position],
-          next_tokens[row : row + 1, :position],
-          jnp.zeros((1,), jnp.int32),
-          jnp.array([position - 1], jnp.int32),
-        )
-      np.testing.assert_allclose(logits[row, j], state['logits'][0], atol=1e-4, rtol=1e-4)
+  encoded = None
+  if architecture == 'encoder-decoder':
+    encoded = network.encode(target.config, target.params, jnp.asarray(inputs))
+  start = draft.init_cache(jnp.asarray(inputs), decoder_inputs.shape[1] + 4, encoded=encoded)
+  for j in range(outputs.shape[1]):
+    # The loop's observe after accepting each row's outputs before j: the whole block, the
+    # row's last true position positions[row, j] - 1 (one program for every j).
+    position = np.asarray(positions)[:, j]
+    state = draft.observe(
+      start,
+      features,
+      next_tokens,
+      jnp.zeros((2,), jnp.int32),
+      jnp.asarray(np.maximum(position - 1, 0), jnp.int32),
+    )
+    # At position 0 the head drafts from its start state.
+    expected = np.where(position[:, None] > 0, state['logits'], start['logits'])
+    np.testing.assert_allclose(logits[:, j], expected, atol=1e-4, rtol=1e-4, err_msg=f'j={j}')
 
 
 @pytest.mark.parametrize('architecture', list(TARGETS))
