@@ -71,10 +71,11 @@ def test_teacher_forced_logits_are_the_heads_first_draft_token(architecture):
   if architecture == 'encoder-decoder':
     encoded = network.encode(target.config, target.params, jnp.asarray(inputs))
   start = draft.init_cache(jnp.asarray(inputs), decoder_inputs.shape[1] + 4, encoded=encoded)
+  positions = np.asarray(positions)
   for j in range(outputs.shape[1]):
     # The loop's observe after accepting each row's outputs before j: the whole block, the
     # row's last true position positions[row, j] - 1 (one program for every j).
-    position = np.asarray(positions)[:, j]
+    position = positions[:, j]
     state = draft.observe(
       start,
       features,
