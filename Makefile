@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-all lint test-t5x
+.PHONY: demo test test-slow test-all lint test-t5x
 
 demo: $(INSTALLED)
 	$(PYTHON) -m speculative_t5x.demo
@@ -15,6 +15,11 @@ PYTEST := $(PYTHON) -m pytest -n auto --dist loadfile
 
 test: $(INSTALLED)
 	$(PYTEST) -m "not slow" tests
+
+# The rest of test-all beside make test: the slow tests (the t5x ones skip here; make test-t5x
+# runs them).
+test-slow: $(INSTALLED)
+	$(PYTEST) -m "slow and not t5x" tests
 
 test-all: $(INSTALLED)
 	$(PYTEST) tests
