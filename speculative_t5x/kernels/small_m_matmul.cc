@@ -92,9 +92,9 @@ constexpr int kLineFloats = 64 / sizeof(float);  // a 64-byte cache line
 constexpr int kStreams = 4;
 constexpr int64_t kChunk = 16;
 
-// How those prefetches are made, by the CPU's vendor (checked once, at load;
-// docs/results.md has the measurements).
-struct PrefetchPlan {
+// How those prefetches are made and the rows are tiled, by the CPU's vendor
+// (checked once, at load; docs/results.md has the measurements).
+struct Plan {
   // The hint: non-temporal, or T0 (into L1 and L2).
   bool non_temporal;
   // How many turns ahead of the one computed a prefetch reads.
@@ -108,6 +108,9 @@ struct PrefetchPlan {
   // spread over the whole turn, so DRAM streams while every tile computes,
   // not only while the later ones do.
   bool tiles_share_prefetch;
+  // Rows per tile with no smaller first tile (0: a first tile of 2 rows, which
+  // waits on DRAM, then tiles of kMaxRows; `FirstTileRows`).
+  int64_t even_tile_rows;
 };
 // AMD: non-temporal, measured ahead of T0 on a Zen 2 and level with it on a
 // Zen 4; the next turn; one pass for one or two rows (measured there).
@@ -118,11 +121,14 @@ struct PrefetchPlan {
 // 0.9 of the time they took with the next turn and one pass (16 rows: the
 // same); the prefetches shared by the tiles: its 4- and 8-token decoder calls
 // and 16-node tree call took 0.87-0.90 of the time with the later tiles
-// prefetching all (one, three turns ahead, or shares by rows: no faster).
-const PrefetchPlan kPlan = [] {
+// prefetching all (one, three turns ahead, or shares by rows: no faster); with
+// AVX-512, tiles of 8 rows: its 3- to 16-row products over the `make demo`
+// target's four weight shapes streamed 8-13 % faster on average than with a
+// first tile of 2 rows and tiles of 12 (24 and 32 rows: level).
+const Plan kPlan = [] {
   __builtin_cpu_init();
-  return __builtin_cpu_is("amd") != 0 ? PrefetchPlan{true, 1, false, false}
-                                      : PrefetchPlan{false, 2, true, true};
+  return __builtin_cpu_is("amd") != 0 ? Plan{true, 1, false, false, 0}
+                                      : Plan{false, 2, true, true, kLanes == 16 ? 8 : 0};
 }();
 // Below this many multiply-adds a call runs on the calling thread: waking a
 // second one costs more than it saves.
@@ -227,23 +233,30 @@ struct Problem {
 // Row tiles of M > 2 rows: 2 rows first, which wait on DRAM, then tiles of
 // kMaxRows (the rest last; fuller tiles are faster per FMA) that read L1 and
 // prefetch meanwhile, so the first is the smallest (8 rows on AVX2: 2 + 6
-// measured ahead of 6 + 2 and 4 + 4; 4 rows: 2 + 2 ahead of one tile).
-// Two rows: one tile, or two one-row tiles where the plan says so.
+// measured ahead of 6 + 2 and 4 + 4; 4 rows: 2 + 2 ahead of one tile); or,
+// where the plan says so, tiles of its even_tile_rows (all tiles prefetch
+// there, so none is kept small for the wait). Two rows: one tile, or two
+// one-row tiles where the plan says so.
 int64_t FirstTileRows(int64_t M) {
-  return M == 2 && kPlan.single_rows_in_turns ? 1 : std::min<int64_t>(M, 2);
+  if (M == 2 && kPlan.single_rows_in_turns) return 1;
+  return std::min<int64_t>(M, kPlan.even_tile_rows > 0 ? kPlan.even_tile_rows : 2);
+}
+int64_t LaterTileRows() {
+  return kPlan.even_tile_rows > 0 ? kPlan.even_tile_rows : kMaxRows;
 }
 int64_t RowTiles(int64_t M) {
-  return 1 + (M - FirstTileRows(M) + kMaxRows - 1) / kMaxRows;
+  return 1 + (M - FirstTileRows(M) + LaterTileRows() - 1) / LaterTileRows();
 }
 int64_t TileRows(int64_t M, int64_t t) {
   const int64_t first = FirstTileRows(M);
-  return t == 0 ? first : std::min<int64_t>(kMaxRows, M - first - (t - 1) * kMaxRows);
+  const int64_t later = LaterTileRows();
+  return t == 0 ? first : std::min<int64_t>(later, M - first - (t - 1) * later);
 }
 
 // Column blocks [first, last) for all M rows, kStreams blocks at a time: for
 // each chunk of kChunk k-steps, every row tile over every block of the group,
 // so the chunk's weights are read from DRAM once and by later row tiles from
-// L1; the tiles prefetch a later chunk (`PrefetchPlan`).
+// L1; the tiles prefetch a later chunk (`Plan`).
 void RunBlocks(const Problem& p, int64_t first, int64_t last) {
   const int64_t tiles = RowTiles(p.M);
   // A lone row's tile prefetches for itself where the plan says so.
