@@ -108,9 +108,9 @@ struct Plan {
   // spread over the whole turn, so DRAM streams while every tile computes,
   // not only while the later ones do.
   bool tiles_share_prefetch;
-  // Rows per tile with no smaller first tile (0: a first tile of 2 rows, which
-  // waits on DRAM, then tiles of kMaxRows; `FirstTileRows`).
-  int64_t even_tile_rows;
+  // Rows of the first row tile and of the later ones (`FirstTileRows`).
+  int64_t first_tile_rows;
+  int64_t tile_rows;
 };
 // AMD: non-temporal, measured ahead of T0 on a Zen 2 and level with it on a
 // Zen 4; the next turn; one pass for one or two rows (measured there).
@@ -127,8 +127,9 @@ struct Plan {
 // first tile of 2 rows and tiles of 12 (24 and 32 rows: level).
 const Plan kPlan = [] {
   __builtin_cpu_init();
-  return __builtin_cpu_is("amd") != 0 ? Plan{true, 1, false, false, 0}
-                                      : Plan{false, 2, true, true, kLanes == 16 ? 8 : 0};
+  if (__builtin_cpu_is("amd") != 0) return Plan{true, 1, false, false, 2, kMaxRows};
+  return kLanes == 16 ? Plan{false, 2, true, true, 8, 8}
+                      : Plan{false, 2, true, true, 2, kMaxRows};
 }();
 // Below this many multiply-adds a call runs on the calling thread: waking a
 // second one costs more than it saves.
@@ -234,23 +235,19 @@ struct Problem {
 // kMaxRows (the rest last; fuller tiles are faster per FMA) that read L1 and
 // prefetch meanwhile, so the first is the smallest (8 rows on AVX2: 2 + 6
 // measured ahead of 6 + 2 and 4 + 4; 4 rows: 2 + 2 ahead of one tile); or,
-// where the plan says so, tiles of its even_tile_rows (all tiles prefetch
+// where the plan says so, tiles of 8 rows from the first (all tiles prefetch
 // there, so none is kept small for the wait). Two rows: one tile, or two
 // one-row tiles where the plan says so.
 int64_t FirstTileRows(int64_t M) {
-  if (M == 2 && kPlan.single_rows_in_turns) return 1;
-  return std::min<int64_t>(M, kPlan.even_tile_rows > 0 ? kPlan.even_tile_rows : 2);
-}
-int64_t LaterTileRows() {
-  return kPlan.even_tile_rows > 0 ? kPlan.even_tile_rows : kMaxRows;
+  return M == 2 && kPlan.single_rows_in_turns ? 1 : std::min<int64_t>(M, kPlan.first_tile_rows);
 }
 int64_t RowTiles(int64_t M) {
-  return 1 + (M - FirstTileRows(M) + LaterTileRows() - 1) / LaterTileRows();
+  return 1 + (M - FirstTileRows(M) + kPlan.tile_rows - 1) / kPlan.tile_rows;
 }
 int64_t TileRows(int64_t M, int64_t t) {
   const int64_t first = FirstTileRows(M);
-  const int64_t later = LaterTileRows();
-  return t == 0 ? first : std::min<int64_t>(later, M - first - (t - 1) * later);
+  return t == 0 ? first
+                : std::min<int64_t>(kPlan.tile_rows, M - first - (t - 1) * kPlan.tile_rows);
 }
 
 // Column blocks [first, last) for all M rows, kStreams blocks at a time: for
