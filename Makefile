@@ -6,7 +6,7 @@ INSTALLED := $(VENV)/.installed
 .PHONY: demo test test-slow test-all lint test-t5x
 
 demo: $(INSTALLED)
-	$(PYTHON) -m speculative_t5x.demo
+	$(PYTHON) -m speculative_t5x_lab.demo
 
 # One pytest worker per core (pytest-xdist), each test module in one worker (its
 # module-scoped fixtures built once): the suite is bound by XLA compilation, one

@@ -10,7 +10,11 @@ setuptools.setup(
     'encoder-decoders and decoder-only language models, in JAX/Flax, as a '
     'drop-in for T5X decoding.'
   ),
-  packages=setuptools.find_packages(include=['speculative_t5x', 'speculative_t5x.*']),
+  # The library, and the lab that measures it (benchmarks, the demo, reports):
+  # the lab imports the library, never the reverse.
+  packages=setuptools.find_packages(
+    include=['speculative_t5x', 'speculative_t5x.*', 'speculative_t5x_lab', 'speculative_t5x_lab.*']
+  ),
   # The CPU kernel's source, compiled on first use (speculative_t5x/kernels).
   package_data={'speculative_t5x.kernels': ['*.cc']},
   python_requires='>=3.10',

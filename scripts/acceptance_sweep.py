@@ -31,12 +31,12 @@ from typing import Any, Callable, Dict, Sequence
 import numpy as np
 
 from speculative_t5x import acceptance
-from speculative_t5x.bench import benchmark
+from speculative_t5x_lab import benchmark
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import settings as settings_lib
 from speculative_t5x import speculative_sampling
-from speculative_t5x import theory
+from speculative_t5x_lab import theory
 
 
 def per_sequence_tokens_per_call(run: benchmark.DecodeRun) -> np.ndarray:

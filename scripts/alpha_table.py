@@ -21,8 +21,8 @@ import json
 import os
 
 from speculative_t5x import acceptance
-from speculative_t5x.bench import benchmark
-from speculative_t5x import demo
+from speculative_t5x_lab import benchmark
+from speculative_t5x_lab import demo
 from speculative_t5x.training import losses
 from speculative_t5x import drafts
 from speculative_t5x.data import tasks_core

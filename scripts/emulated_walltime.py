@@ -34,9 +34,9 @@ from speculative_t5x import feature_head
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import settings as settings_lib
-from speculative_t5x.bench import benchmark
-from speculative_t5x.bench import measure
-from speculative_t5x.bench import records as records_lib
+from speculative_t5x_lab import benchmark
+from speculative_t5x_lab import measure
+from speculative_t5x_lab import records as records_lib
 
 
 def device_random_model(size: str, seed: int) -> models.Model:

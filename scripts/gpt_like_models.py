@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from speculative_t5x.data import corpora
+from speculative_t5x_lab import corpora
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x.data import tasks

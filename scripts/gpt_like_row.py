@@ -39,14 +39,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from speculative_t5x.bench import benchmark
-from speculative_t5x.data import corpora
+from speculative_t5x_lab import benchmark
+from speculative_t5x_lab import corpora
 from speculative_t5x import drafts
-from speculative_t5x.bench import measure
+from speculative_t5x_lab import measure
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x.data import tasks_core
-from speculative_t5x import theory
+from speculative_t5x_lab import theory
 from speculative_t5x.training import train
 
 # Leviathan et al. 2023, Table 3: the GPT-like pair (97M target, 6M draft, LM1B).
@@ -363,7 +363,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   corpus_dir = args.corpus_dir or find_corpus_dir(args.workdir)
   vocabulary = args.vocabulary or find_vocabulary(args.workdir)
   task = tasks.register_english_lm_task(corpus_dir, vocabulary, prompt_words=args.prompt_words)
-  prompts, references = benchmark.task_inputs(task, 'test')
+  prompts, references = tasks.task_inputs(task, 'test')
   output_dir = args.output_dir or os.path.join(args.workdir, 'report')
   row = gpt_like_row(
     target,

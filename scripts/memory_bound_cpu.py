@@ -22,11 +22,11 @@ Needs jax, flax and numpy only (matplotlib for the figures).
 
 import argparse
 
-from speculative_t5x.bench import benchmark
+from speculative_t5x_lab import benchmark
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x.bench import reports
-from speculative_t5x.bench import xla_flags
+from speculative_t5x_lab import reports
+from speculative_t5x_lab import xla_flags
 
 
 def main():

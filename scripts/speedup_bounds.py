@@ -15,7 +15,7 @@ import dataclasses
 import os
 import tempfile
 
-from speculative_t5x.bench import benchmark
+from speculative_t5x_lab import benchmark
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 

@@ -51,7 +51,7 @@ for pair in $PAIRS; do
     models=(--gin.CHECKPOINT_PATH=None --gin.TASK=None --gin.EMULATE_ALPHA="$EMULATE_ALPHA"
             --gin.TARGET=@target/models.random_model\(\) --gin.DRAFT=@draft/models.random_model\(\))
   fi
-  TFDS_DATA_DIR=$TFDS_DATA_DIR "$WORK/venv/bin/python" -m speculative_t5x.bench.benchmark \
+  TFDS_DATA_DIR=$TFDS_DATA_DIR "$WORK/venv/bin/python" -m speculative_t5x_lab.benchmark \
     --gin_file="configs/pairs/$pair.gin" \
     "${models[@]}" \
     --gin_file=configs/runs/benchmark.gin \

@@ -1,4 +1,4 @@
-"""Regenerates the paper's Table 1 and Figures 2-4 from `speculative_t5x.theory`.
+"""Regenerates the paper's Table 1 and Figures 2-4 from `speculative_t5x_lab.theory`.
 
   .venv/bin/python scripts/theory_figures.py --output_dir=docs/theory
 
@@ -17,7 +17,7 @@ matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from speculative_t5x import theory
+from speculative_t5x_lab import theory
 
 ALPHAS = np.linspace(0.0, 0.99, 199)
 

@@ -117,6 +117,7 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import partitioning
 from speculative_t5x import run_settings
+from speculative_t5x import checks
 from speculative_t5x import settings as settings_lib
 from speculative_t5x.data import tasks
 from speculative_t5x.data import tasks_core
@@ -179,7 +180,7 @@ def _check_arguments(
   for name, value in dict(
     feature_lengths, batch_size=batch_size, num_partitions=num_partitions
   ).items():
-    settings_lib.check_positive_int(name, value)
+    checks.check_positive_int(name, value)
   if jax.device_count() % num_partitions:
     raise ValueError(
       f'num_partitions={num_partitions} does not divide the {jax.device_count()} devices.'

@@ -41,6 +41,7 @@ from speculative_t5x import layouts
 from speculative_t5x import network
 from speculative_t5x import run_settings
 from speculative_t5x import sampling
+from speculative_t5x import checks
 from speculative_t5x import settings as settings_lib
 
 PyTree = Any
@@ -649,7 +650,7 @@ def make_decoder(
       'decoding.temperature_sample or decoding.speculative_sample, which take float [B].'
     )
   sampling.validate_sampling_args(temperature=temperature, topk=topk, topp=topp)
-  settings_lib.check_positive_int('max_decode_len', max_decode_len)
+  checks.check_positive_int('max_decode_len', max_decode_len)
   settings = settings_lib.SpeculativeSettings.of(settings, **setting_fields)
   if draft is not None:
     draft = as_draft(draft_for(target, draft))

@@ -17,26 +17,13 @@ from typing import Any, Dict, Mapping, Optional, Union
 
 import numpy as np
 
+from speculative_t5x import checks
 from speculative_t5x import profiles
 from speculative_t5x import speculative_sampling
 from speculative_t5x import tree as tree_lib
 
 AUTO = 'auto'  # gamma chosen per batch size from a speculation profile.
 DEFAULT_GAMMA = 4  # A chain's gamma when none is given.
-
-
-def check_positive_int(name: str, value) -> int:
-  """Returns `value` as an int; ValueError unless it is an integer >= 1 (bools are not).
-
-  The one check of gamma, lengths and counts at every API edge, so that
-  `gamma=True` or `max_decode_len=2.5` is an error, never 1 or 2.
-  """
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(
-      f'{name} must be an integer >= 1; got {value!r} '
-      f'({type(value).__name__}). Pass a whole number, e.g. {name}=4.'
-    )
-  return int(value)
 
 
 def check_draft_threshold(value) -> float:
@@ -146,7 +133,7 @@ class SpeculativeSettings:
           f'A speculation profile ({self.profile!r}) is for gamma={AUTO!r}; with a fixed '
           f'gamma={self.gamma!r} it would be unused. Pass one or the other.'
         )
-      return check_positive_int('gamma', self.gamma)
+      return checks.check_positive_int('gamma', self.gamma)
     if self.profile is None:
       raise ValueError(
         f"gamma='auto' chooses gamma per batch size from a speculation profile, and none was "

@@ -2,7 +2,7 @@
 
 The end-to-end alpha checks (against the decode loop, and teacher forcing
 against the cached decoders) run on the benchmark's tiny pairs in
-tests/test_benchmark.py.
+tests/lab/test_benchmark.py.
 """
 
 import jax.numpy as jnp

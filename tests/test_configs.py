@@ -343,9 +343,9 @@ COVERED = (
     # Parsed by tests/test_train.py and tests/test_tasks_english.py.
     'runs/train_decoder_only',
     'tasks/english_lm',
-    # Bound and run by tests/test_benchmark.py and tests/test_infer.py.
+    # Bound and run by tests/lab/test_benchmark.py and tests/test_infer.py.
     'pairs/gpt_like',
-    # Parsed and run by tests/test_tree_benchmark.py.
+    # Parsed and run by tests/lab/test_tree_benchmark.py.
     'runs/tree_benchmark',
     # Run by tests/test_feature_head_runs.py (the head's gin main, and infer with the head).
     'runs/train_feature_head',

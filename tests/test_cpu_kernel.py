@@ -61,15 +61,14 @@ def test_matches_dot_within_float32(rows, k, n):
   np.testing.assert_array_equal(kernels.unpack(packed, n), w)
 
 
-@pytest.mark.parametrize('pool', sorted(cpu_matmul.THREAD_POOLS))
-def test_rows_bitwise_the_same_whatever_m_and_thread_pool(pool):
+def test_rows_bitwise_the_same_whatever_m_and_thread_split():
   """A row's output does not depend on the other rows or the split (greedy equality needs it)."""
   needs_cpu_kernel()
   k, n = 300, 520
   x, packed = _random((32, k), 2), kernels.pack(_random((k, n), 3))
-  whole = np.asarray(kernels.matmul(x, packed, n, thread_pool=pool))
+  whole = np.asarray(kernels.matmul(x, packed, n))
   for rows in (1, 2, 5, 8, 13):
-    part = kernels.matmul(x[:rows], packed, n, thread_pool='none')
+    part = kernels.matmul(x[:rows], packed, n)
     np.testing.assert_array_equal(part, whole[:rows])
   np.testing.assert_array_equal(kernels.matmul(x[20:21], packed, n), whole[20:21])
 
@@ -117,8 +116,6 @@ def test_mismatched_shapes_name_the_fix():
     kernels.matmul(_random((2, 9), 10), packed, 40)
   with pytest.raises(ValueError, match='N = 70'):
     kernels.matmul(_random((2, 8), 10), packed, 70)
-  with pytest.raises(ValueError, match='thread_pool'):
-    kernels.matmul(_random((2, 8), 10), packed, 40, thread_pool='eigen')
 
 
 def test_built_once_and_cached(fresh_library):

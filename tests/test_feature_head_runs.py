@@ -21,9 +21,9 @@ from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import settings as settings_lib
-from speculative_t5x.bench import benchmark
-from speculative_t5x.bench import measure
-from speculative_t5x.bench import reports
+from speculative_t5x_lab import benchmark
+from speculative_t5x_lab import measure
+from speculative_t5x_lab import reports
 from speculative_t5x.training import train_feature_head
 import testing_utils
 from testing_utils import padded_inputs, tiny_decoder_only_model, tiny_model

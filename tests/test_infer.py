@@ -396,10 +396,10 @@ def test_a_damaged_checkpoint_file_is_named_as_the_target_or_the_draft(fixture, 
 
 
 def test_benchmark_reads_a_task_split_as_the_tsv_reader_does(fixture):
-  """benchmark.task_inputs (seqio, for TFDS tasks) == benchmark.tsv_inputs (no TensorFlow)."""
-  from speculative_t5x.bench import benchmark
+  """tasks.task_inputs (seqio, for TFDS tasks) == benchmark.tsv_inputs (no TensorFlow)."""
+  from speculative_t5x_lab import benchmark
 
-  task_rows, task_references = benchmark.task_inputs(fixture['task'], 'test')
+  task_rows, task_references = tasks.task_inputs(fixture['task'], 'test')
   tsv_rows, tsv_references = benchmark.tsv_inputs(
     fixture['test_tsv'], fixture['vocabulary'], prefix=PREFIX
   )
@@ -407,7 +407,7 @@ def test_benchmark_reads_a_task_split_as_the_tsv_reader_does(fixture):
   np.testing.assert_array_equal(task_rows, tsv_rows)
   assert task_references == tsv_references == [target for _, target in PAIRS]
   with pytest.raises(ValueError, match='more than the input length 3'):
-    benchmark.task_inputs(fixture['task'], 'test', input_length=3)
+    tasks.task_inputs(fixture['task'], 'test', input_length=3)
 
 
 # ------------------------------------------------------------------------------

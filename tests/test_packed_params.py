@@ -13,8 +13,8 @@ from speculative_t5x import feature_head
 from speculative_t5x import kernels
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x.bench import benchmark
-from speculative_t5x.bench import measure
+from speculative_t5x_lab import benchmark
+from speculative_t5x_lab import measure
 from speculative_t5x.kernels import cpu_matmul
 from testing_utils import needs_cpu_kernel
 from testing_utils import padded_inputs

@@ -81,8 +81,8 @@ def test_the_documentation_has_commands_for_every_main():
     'speculative_t5x.infer',
     'speculative_t5x.training.train',
     'speculative_t5x.training.distill',
-    'speculative_t5x.bench.benchmark',
-    'speculative_t5x.bench.tree_benchmark',
+    'speculative_t5x_lab.benchmark',
+    'speculative_t5x_lab.tree_benchmark',
   }
 
 

@@ -19,7 +19,7 @@ import sacrebleu
 import seqio
 import tensorflow_datasets as tfds
 
-from speculative_t5x.data import corpora
+from speculative_t5x_lab import corpora
 from speculative_t5x.data import tasks
 from speculative_t5x.data import tasks_core
 from testing_utils import write_mo

@@ -14,7 +14,7 @@ import gin
 import pytest
 import seqio
 
-from speculative_t5x.data import corpora
+from speculative_t5x_lab import corpora
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x.data import tasks

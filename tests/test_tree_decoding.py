@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from speculative_t5x.bench import emulation
+from speculative_t5x_lab import emulation
 from speculative_t5x import drafts
 from speculative_t5x import models
 from speculative_t5x import settings

@@ -42,6 +42,7 @@ from typing import Iterable, Iterator, Mapping, Optional, Sequence, Union
 import seqio
 import tensorflow as tf
 
+from speculative_t5x import layouts
 from speculative_t5x.data import tasks_core
 
 VocabularyOrPath = Union[str, seqio.Vocabulary]
@@ -368,3 +369,36 @@ def train_sentencepiece(
 
 
 register_tasks()
+
+
+def task_inputs(
+  task, split: str, *, num_examples: Optional[int] = None, input_length: Optional[int] = None
+):
+  """Encoder inputs and reference texts of a seqio task's split, in order.
+
+  Args:
+    task: a registered task name or a `seqio.Task` (configs/tasks/*.gin).
+    split: e.g. 'test'.
+    num_examples: read at most this many examples.
+    input_length: pad to this length (None: the longest input); longer
+      inputs are an error, not cut.
+
+  Returns:
+    (inputs int32 [N, input_length] as the task tokenizes them, EOS
+    included; list of N target strings).
+  """
+  task = tasks_core.get_task(task)
+  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
+  if num_examples is not None:
+    dataset = dataset.take(num_examples)
+  vocabulary = task.output_features['targets'].vocabulary
+  rows, references = [], []
+  for example in dataset.as_numpy_iterator():
+    rows.append(example['inputs'])
+    text = example.get('targets_pretokenized')
+    references.append(
+      vocabulary.decode(example['targets'].tolist()) if text is None else text.decode('utf-8')
+    )
+  if not rows:
+    raise ValueError(f'{task.name}:{split} has no examples.')
+  return layouts.pad_rows(rows, input_length), references

@@ -45,13 +45,6 @@ ENV_SWITCH = 'SPECULATIVE_T5X_CPU_KERNEL'
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'small_m_matmul.cc')
 FFI_TARGET = 'speculative_t5x_small_m_matmul'
 CXX_FLAGS = ('-O3', '-march=native', '-std=c++17', '-shared', '-fPIC', '-w', '-pthread')
-# Who splits the column blocks over the cores (the library's `pool` attribute).
-# XLA's intra-op pool by default: its threads exist anyway, where the library's
-# own pool adds spinning threads that compete with them on a 2-core machine
-# (the benchmark's --thread_pools compares them; on the loaded 2-core Zen 2
-# hosts the comparison was within the noise).
-THREAD_POOLS = {'xla': 0, 'own': 1, 'none': 2}
-DEFAULT_THREAD_POOL = 'xla'
 
 
 @gin.configurable
@@ -212,7 +205,7 @@ def unpack(packed: Array, n: int) -> Array:
   return packed.transpose(1, 0, 2).reshape(k, blocks * nb)[:, :n]
 
 
-def matmul(x: Array, packed: Array, n: int, *, thread_pool: str = DEFAULT_THREAD_POOL) -> Array:
+def matmul(x: Array, packed: Array, n: int) -> Array:
   """x [..., K] @ W [K, N] -> float32 [..., N], W given as `pack(W)`.
 
   Jittable; the leading axes of x are flattened into the kernel's M rows
@@ -223,8 +216,6 @@ def matmul(x: Array, packed: Array, n: int, *, thread_pool: str = DEFAULT_THREAD
     x: [..., K] activations (cast to float32).
     packed: `pack(W)`.
     n: N, W's columns (static; the packed layout pads them).
-    thread_pool: 'own' (a persistent pool of the library's), 'xla' (XLA's
-      intra-op pool) or 'none' (the calling thread).
   """
   x = jnp.asarray(x, jnp.float32)
   if not is_packed(packed):
@@ -235,10 +226,8 @@ def matmul(x: Array, packed: Array, n: int, *, thread_pool: str = DEFAULT_THREAD
       f'matmul: x {x.shape} and packed weights {packed.shape} (N = {n}) do not fit: '
       f'expected x [..., {k}] and {blocks - 1} * {nb} < N <= {blocks} * {nb}.'
     )
-  if thread_pool not in THREAD_POOLS:
-    raise ValueError(f'thread_pool must be one of {sorted(THREAD_POOLS)}, got {thread_pool!r}.')
   lead = x.shape[:-1]
   rows = int(np.prod(lead, dtype=np.int64))
   call = jax.ffi.ffi_call(FFI_TARGET, jax.ShapeDtypeStruct((rows, n), jnp.float32))
-  y = call(x.reshape(rows, k), packed, pool=np.int64(THREAD_POOLS[thread_pool]))
+  y = call(x.reshape(rows, k), packed)
   return y.reshape(lead + (n,))

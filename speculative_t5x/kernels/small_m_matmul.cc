@@ -22,20 +22,19 @@
 // Built by speculative_t5x/kernels/cpu_matmul.py with -march=native: AVX-512
 // (NB = 32, MR = 12 of 32 zmm registers) where the compiler defines
 // __AVX512F__, else AVX2 + FMA (NB = 16, MR = 6 of 16 ymm registers).
-// Column blocks are split over threads: XLA's intra-op pool (pool = 0) or a
-// small persistent pool of this library's own (pool = 1), or none (pool = 2).
+// Column blocks are split over XLA's intra-op pool, whose threads exist anyway
+// (a pool of the library's own added spinning threads that competed with them
+// on 2 cores: kernels/DESIGN.md).
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -339,74 +338,8 @@ struct Job {
   }
 };
 
-// A persistent pool: helpers spin briefly for the next job (a decoder step
-// calls the kernel dozens of times back to back), then sleep.
-class Pool {
- public:
-  explicit Pool(int helpers) {
-    for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { Loop(); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  int size() const { return static_cast<int>(threads_.size()) + 1; }
-
-  void Run(const std::shared_ptr<Job>& job) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      job_ = job;
-      generation_.fetch_add(1, std::memory_order_release);
-    }
-    cv_.notify_all();
-    job->Work();
-    job->Wait();
-  }
-
- private:
-  void Loop() {
-    uint64_t seen = 0;
-    while (true) {
-      for (int spins = 0; spins < 20000 &&
-                          generation_.load(std::memory_order_acquire) == seen;
-           ++spins)
-        _mm_pause();
-      std::shared_ptr<Job> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] {
-          return stop_ || generation_.load(std::memory_order_relaxed) != seen;
-        });
-        if (stop_) return;
-        seen = generation_.load(std::memory_order_relaxed);
-        job = job_;
-      }
-      job->Work();
-    }
-  }
-
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<uint64_t> generation_{0};
-  std::shared_ptr<Job> job_;
-  bool stop_ = false;
-};
-
-Pool& OwnPool() {
-  static Pool* pool = new Pool(
-      std::max(1u, std::thread::hardware_concurrency()) - 1);  // never freed:
-  // helpers must outlive every call, including ones during interpreter exit.
-  return *pool;
-}
-
 ffi::Error MatmulImpl(ffi::ThreadPool xla_pool, ffi::Buffer<ffi::F32> x,
-                      ffi::Buffer<ffi::F32> blocks, ffi::ResultBuffer<ffi::F32> y,
-                      int64_t pool) {
+                      ffi::Buffer<ffi::F32> blocks, ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions();
   auto bd = blocks.dimensions();
   auto yd = y->dimensions();
@@ -426,10 +359,7 @@ ffi::Error MatmulImpl(ffi::ThreadPool xla_pool, ffi::Buffer<ffi::F32> x,
     return ffi::Error::Success();
   }
   int64_t threads = 1;
-  if (p.M * p.K * p.N >= kMinParallelWork) {
-    if (pool == 0) threads = std::max<int64_t>(1, xla_pool.num_threads());
-    if (pool == 1) threads = OwnPool().size();
-  }
+  if (p.M * p.K * p.N >= kMinParallelWork) threads = std::max<int64_t>(1, xla_pool.num_threads());
   threads = std::min(threads, p.num_blocks);
   if (threads <= 1) {
     RunBlocks(p, 0, p.num_blocks);
@@ -440,15 +370,11 @@ ffi::Error MatmulImpl(ffi::ThreadPool xla_pool, ffi::Buffer<ffi::F32> x,
   // More chunks than threads: on a shared machine a thread that is descheduled
   // holds up the call by one small chunk, not by half the work.
   job->chunks = std::min(p.num_blocks, threads * kChunksPerThread);
-  if (pool == 1) {
-    OwnPool().Run(job);
-  } else {
-    // Helpers hold the job by shared_ptr: one that starts after the caller
-    // has finished every chunk finds nothing to claim and returns.
-    for (int64_t i = 1; i < threads; ++i) xla_pool.Schedule([job] { job->Work(); });
-    job->Work();
-    job->Wait();
-  }
+  // Helpers hold the job by shared_ptr: one that starts after the caller has
+  // finished every chunk finds nothing to claim and returns.
+  for (int64_t i = 1; i < threads; ++i) xla_pool.Schedule([job] { job->Work(); });
+  job->Work();
+  job->Wait();
   return ffi::Error::Success();
 }
 
@@ -459,8 +385,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpeculativeT5xSmallMMatmul, MatmulImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("pool"));
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 // The column block width NB the packed layout must use with this build.
 extern "C" int64_t SpeculativeT5xSmallMBlockWidth() { return kBlock; }

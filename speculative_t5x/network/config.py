@@ -12,7 +12,7 @@ from flax import linen as nn
 import jax
 import jax.numpy as jnp
 
-from speculative_t5x import settings as settings_lib
+from speculative_t5x import checks
 
 Array = jax.Array
 
@@ -23,7 +23,7 @@ def _check_config(config: Any, positive_fields: Sequence[str]) -> None:
   # gin binds sequences as lists; a tuple keeps the config hashable.
   object.__setattr__(config, 'mlp_activations', tuple(config.mlp_activations))
   for name in positive_fields:
-    settings_lib.check_positive_int(f'{cls}.{name}', getattr(config, name))
+    checks.check_positive_int(f'{cls}.{name}', getattr(config, name))
   if not config.mlp_activations:
     raise ValueError(f'{cls}.mlp_activations is empty; T5 1.1 uses ("gelu", "linear").')
   for name in config.mlp_activations:

@@ -11,7 +11,7 @@ from flax import linen as nn
 import jax
 import jax.numpy as jnp
 
-from speculative_t5x import settings as settings_lib
+from speculative_t5x import checks
 from speculative_t5x.network.config import DecoderOnlyConfig
 from speculative_t5x.network.config import NetworkConfig
 from speculative_t5x.network.config import T5Config
@@ -181,7 +181,7 @@ class Transformer(nn.Module):
         'encoder_input_tokens [batch, length]; got '
         f'{encoded.shape} and {encoder_input_tokens.shape}.'
       )
-    settings_lib.check_positive_int('cache_length', cache_length)
+    checks.check_positive_int('cache_length', cache_length)
     self.decoder.init_block_cache(
       encoded.shape[0], int(cache_length), encoded, encoder_input_tokens > 0
     )
@@ -375,8 +375,8 @@ class DecoderOnly(nn.Module):
     Returns:
       None; `apply` returns `(None, {'cache': cache})`.
     """
-    settings_lib.check_positive_int('batch', batch)
-    settings_lib.check_positive_int('cache_length', cache_length)
+    checks.check_positive_int('batch', batch)
+    checks.check_positive_int('cache_length', cache_length)
     self.decoder.init_block_cache(int(batch), int(cache_length))
 
   def prefill(

@@ -91,7 +91,7 @@ from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import run_settings
-from speculative_t5x import settings as settings_lib
+from speculative_t5x import checks
 from speculative_t5x.data import tasks
 
 PyTree = Any
@@ -590,10 +590,10 @@ class TrainResult:
 
 
 def check_positive(**values) -> None:
-  """`settings.check_positive_int` of each value given (None: not set, not checked)."""
+  """`checks.check_positive_int` of each value given (None: not set, not checked)."""
   for name, value in values.items():
     if value is not None:
-      settings_lib.check_positive_int(name, value)
+      checks.check_positive_int(name, value)
 
 
 def check_task(

@@ -646,7 +646,7 @@ def train_on_task(
   """`train_feature_head` on a seqio task, the head given by its fields (the gin main's).
 
   The rows are the task's train split's inputs (the first `num_examples`;
-  None: all), as the decode call takes them (`benchmark.task_inputs`: a
+  None: all), as the decode call takes them (`tasks.task_inputs`: a
   decoder-only target's are its prompts); the held-out rows are its
   validation split's first `eval_examples` (evaluated every `eval_every`
   steps; None: never). The head is `feature_head.config_for(target.config,
@@ -656,7 +656,7 @@ def train_on_task(
   `train_feature_head`'s other keyword arguments (batch_size, num_steps,
   unroll_steps, ...).
   """
-  from speculative_t5x.bench import benchmark  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.data import tasks  # pylint: disable=g-import-not-at-top
 
   head_config = feature_head.config_for(
     target.config,
@@ -668,10 +668,10 @@ def train_on_task(
     mlp_dim=head_mlp_dim,
     output=head_output,
   )
-  inputs, _ = benchmark.task_inputs(task, 'train', num_examples=num_examples)
+  inputs, _ = tasks.task_inputs(task, 'train', num_examples=num_examples)
   eval_inputs = None
   if eval_every is not None:
-    eval_inputs, _ = benchmark.task_inputs(task, 'validation', num_examples=eval_examples)
+    eval_inputs, _ = tasks.task_inputs(task, 'validation', num_examples=eval_examples)
   return train_feature_head(
     model_dir,
     target,

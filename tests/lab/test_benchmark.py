@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 
 from speculative_t5x import acceptance
-from speculative_t5x.bench import benchmark
-from speculative_t5x.bench import emulation
-from speculative_t5x.bench import records as records_lib
+from speculative_t5x_lab import benchmark
+from speculative_t5x_lab import emulation
+from speculative_t5x_lab import records as records_lib
 from speculative_t5x import drafts
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
-from speculative_t5x.bench import measure
+from speculative_t5x_lab import measure
 from speculative_t5x import network
-from speculative_t5x import theory
+from speculative_t5x_lab import theory
 from testing_utils import padded_inputs, tiny_decoder_only_model, tiny_model
 
 TARGET = tiny_model(seed=0, vocab_size=24, layers=2, scale=1.5)
@@ -235,12 +235,12 @@ def test_decoders_are_timed_batch_by_batch_each_first_in_turn():
 
 @pytest.mark.slow  # The emulation runs fast in test_emulated_tokens_per_call_follow_eq_1.
 def test_gin_main_runs_a_pair_file_in_the_emulation_mode(tmp_path):
-  """`python -m speculative_t5x.bench.benchmark` with random weights, as for XXL/small."""
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  """`python -m speculative_t5x_lab.benchmark` with random weights, as for XXL/small."""
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   command = [
     sys.executable,
     '-m',
-    'speculative_t5x.bench.benchmark',
+    'speculative_t5x_lab.benchmark',
     '--gin_file=configs/models/tiny.gin',
     '--gin_file=configs/pairs/pair.gin',
     '--gin_file=configs/runs/benchmark.gin',

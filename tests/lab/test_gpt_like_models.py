@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts', 'gpt_like_models.py')
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PATH = os.path.join(REPO, 'scripts', 'gpt_like_models.py')
 _SPEC = importlib.util.spec_from_file_location('gpt_like_models', _PATH)
 gpt_like_models = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(gpt_like_models)

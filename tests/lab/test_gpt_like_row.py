@@ -12,14 +12,15 @@ import os
 
 import pytest
 
-from speculative_t5x.data import corpora
+from speculative_t5x_lab import corpora
 from speculative_t5x import network
 from speculative_t5x.data import tasks
 from speculative_t5x.data import tasks_core
 from speculative_t5x.training import train
 from testing_utils import NOUNS, VERBS
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts', 'gpt_like_row.py')
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PATH = os.path.join(REPO, 'scripts', 'gpt_like_row.py')
 _SPEC = importlib.util.spec_from_file_location('gpt_like_row', _PATH)
 gpt_like_row = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(gpt_like_row)

@@ -13,8 +13,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from speculative_t5x import profiles
-from speculative_t5x.bench import records as records_lib
+from speculative_t5x_lab import profile_sweep
+from speculative_t5x_lab import records as records_lib
 
 
 def _fmt(value, digits=2):
@@ -490,7 +490,7 @@ def _profile_speedup_lines(profile: records_lib.Profile) -> List[str]:
     'lengths), with one alpha for every row, and per row from its batch-1 decode (greedy: its '
     'iterations replayed, exact but for the cost of one; sampled: its alpha fitted, '
     '`theory.fit_row_alphas`). The speedup splits into baseline steps per target call '
-    'and one step / one iteration (`profiles.speedup_terms`): measured against predicted, '
+    'and one step / one iteration (`profile_sweep.speedup_terms`): measured against predicted, '
     "they name the term a prediction misses. Finished: the share of the target calls' "
     "rows whose row had ended, measured (one alpha; per row); the baseline's beside it.",
     '',
@@ -563,7 +563,7 @@ def plot_profile(
   records: Sequence[records_lib.Record], profile: records_lib.Profile, path: str
 ) -> None:
   """Speedup vs batch size: each gamma measured (solid) and predicted for loops that wait for
-  their batch's slowest row (dashed, `profiles.best_prediction`), and auto."""
+  their batch's slowest row (dashed, `profile_sweep.best_prediction`), and auto."""
   from matplotlib import pyplot as plt
 
   temperature = profile.temperature
@@ -584,8 +584,8 @@ def plot_profile(
       color=color,
       label=f'gamma {gamma}, measured',
     )
-    # The prediction the profile chose on (`profiles.best_prediction`).
-    predictions = [(b, profiles.best_prediction(p, temperature)) for b, p in points]
+    # The prediction the profile chose on (`profile_sweep.best_prediction`).
+    predictions = [(b, profile_sweep.best_prediction(p, temperature)) for b, p in points]
     predicted = [(b, s) for b, s in predictions if s is not None]
     if predicted:
       ax.plot(

@@ -58,7 +58,7 @@ CACHED_FROM = 'cached_from'
 # quality measurements. A package stands for every source file under it.
 CODE_MODULES = (
   'speculative_t5x.acceptance',
-  'speculative_t5x.bench.benchmark',
+  'speculative_t5x_lab.benchmark',
   'speculative_t5x.data.tasks_core',
   'speculative_t5x.decoding',
   'speculative_t5x.drafts',

@@ -10,7 +10,7 @@ import pytest
 from speculative_t5x import acceptance
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x.bench import peers
+from speculative_t5x_lab import peers
 
 torch = pytest.importorskip('torch', reason='the Hugging Face comparison needs PyTorch')
 transformers = pytest.importorskip(

@@ -16,7 +16,7 @@ dots), measured on a 2-core AMD EPYC (jaxlib 0.10.2), batch 1, greedy:
   3.68-3.72 ms), blocks of 6 / 8 tokens 10% / 7% cheaper (5.54-5.61 vs
   6.15-6.32 ms, 5.78-5.85 vs 6.22-6.24 ms), speedup at gamma 5 / 7 from
   1.37-1.38x / 1.33-1.34x to 1.45-1.48x / 1.40-1.42x;
-* hurts the main job's pair (speculative_t5x.demo: a 47.9M target of width
+* hurts the main job's pair (speculative_t5x_lab.demo: a 47.9M target of width
   768 reading 163 MB per step, a 2.9M distilled draft, alpha 0.66, 16 test
   sentences): speedup at gamma 3 / 5 / 7 0.98x / 1.00x / 1.22x with the flag
   against 1.44x / 1.44x / 1.35x without, run back to back. Its parts timed

@@ -6,7 +6,7 @@ Per temperature, in one run on the same inputs:
   1. acceptance by depth and sibling rank, measured with a probe tree (a spine
      of `probe_depth` nodes, each with `probe_width` children: every rank is
      judged at every depth the spine reaches; `probe_tree`);
-  2. the best tree for each node budget from those rates (`tree.choose_tree`,
+  2. the best tree for each node budget from those rates (`tree_design.choose_tree`,
      Sequoia's dynamic program), with its predicted tokens per call, and any
      other shapes given (`shapes`: a check of the chooser's picks against
      trees it did not choose, on the same timed examples);
@@ -34,15 +34,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5x.bench import benchmark
+from speculative_t5x_lab import benchmark
 from speculative_t5x import decoding
 from speculative_t5x import layouts
-from speculative_t5x.bench import emulation
-from speculative_t5x.bench import measure
-from speculative_t5x.bench import records as records_lib
+from speculative_t5x_lab import emulation
+from speculative_t5x_lab import measure
+from speculative_t5x_lab import records as records_lib
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tree as tree_lib
+from speculative_t5x_lab import tree_design
 
 PROBE_DEPTH, PROBE_WIDTH = 12, 4
 NODE_BUDGETS = (8, 16, 32)
@@ -81,14 +82,14 @@ def tokens_per_call(stats: decoding.SpeculativeStats) -> Dict[str, float]:
 
 
 def predicted_tokens_per_call(tree: tree_lib.Tree, rates) -> Optional[float]:
-  """1 + `tree.expected_accepted` at rates [D, K] (or [K]); None for a tree deeper than D.
+  """1 + `tree_design.expected_accepted` at rates [D, K] (or [K]); None for a tree deeper than D.
 
   A given shape may reach past the depths the probe measured, where no rate is
   known; it is timed, not predicted.
   """
   if np.ndim(rates) == 2 and tree.max_depth > np.shape(rates)[0]:
     return None
-  return 1 + tree_lib.expected_accepted(tree, rates)
+  return 1 + tree_design.expected_accepted(tree, rates)
 
 
 def measure_rates(
@@ -113,7 +114,7 @@ def measure_rates(
     rng=jax.random.PRNGKey(seed),
   )
   reached, accepted = np.asarray(out.stats.rank_judged), np.asarray(out.stats.rank_accepted)
-  rates, stderr = tree_lib.acceptance_rates_from_counts(reached, accepted)
+  rates, stderr = tree_design.acceptance_rates_from_counts(reached, accepted)
   return records_lib.TreeRates(
     temperature=temperature,
     probe=probe.describe(),
@@ -298,11 +299,11 @@ def _trees_to_time(
 ) -> List[Tuple[str, tree_lib.Tree, Optional[int]]]:
   """(name, tree, node budget or None for a given shape) of every tree timed.
 
-  The tree `tree.choose_tree` picks for each budget from the rates, then the
+  The tree `tree_design.choose_tree` picks for each budget from the rates, then the
   given shapes.
   """
   trees = [
-    (f'tree <= {budget} nodes', tree_lib.choose_tree(np.asarray(rates.rates), budget), budget)
+    (f'tree <= {budget} nodes', tree_design.choose_tree(np.asarray(rates.rates), budget), budget)
     for budget in node_budgets
   ]
   for shape in shapes:
@@ -542,7 +543,7 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
   import gin  # pylint: disable=g-import-not-at-top
 
-  from speculative_t5x.bench import tree_benchmark as module  # pylint: disable=g-import-not-at-top
+  from speculative_t5x_lab import tree_benchmark as module  # pylint: disable=g-import-not-at-top
 
   gin.get_configurable(module.benchmark_pair_trees)()
 

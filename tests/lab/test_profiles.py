@@ -6,14 +6,15 @@ import json
 import numpy as np
 import pytest
 
-from speculative_t5x.bench import benchmark
+from speculative_t5x_lab import benchmark
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import profiles
-from speculative_t5x.bench import reports
+from speculative_t5x_lab import profile_sweep
+from speculative_t5x_lab import reports
 from speculative_t5x import settings
 from speculative_t5x import t5x_adapter
-from speculative_t5x import theory
+from speculative_t5x_lab import theory
 from testing_utils import tiny_model
 
 TARGET = tiny_model(seed=0, layers=2, scale=3.0)
@@ -22,7 +23,7 @@ INPUTS = np.array([[3, 4, 5, 1], [6, 7, 1, 0], [8, 9, 10, 1], [11, 1, 0, 0]], np
 
 
 def write(path, gamma_by_batch_size, temperature=0.0, **fields):
-  profiles.write_profile(
+  profile_sweep.write_profile(
     str(path),
     dict(
       mode=dict(temperature=temperature, topk=0, topp=0.0),
@@ -42,17 +43,17 @@ def test_the_nearest_measured_batch_size_at_or_below_decides(tmp_path):
 def test_the_choice_never_takes_a_measured_loss_and_prefers_the_measurement():
   predicted = {1: {3: 1.5, 5: 1.6}, 8: {3: 1.1, 5: 1.05}, 64: {3: 0.8}}
   measured = {1: {3: 1.45, 5: 1.4}, 8: {3: 0.96, 5: 0.93}}
-  assert profiles.choose_gammas(predicted, measured) == {1: 3, 8: 0, 64: 0}
-  assert profiles.choose_gammas(predicted) == {1: 5, 8: 3, 64: 0}
+  assert profile_sweep.choose_gammas(predicted, measured) == {1: 3, 8: 0, 64: 0}
+  assert profile_sweep.choose_gammas(predicted) == {1: 5, 8: 3, 64: 0}
 
 
 def test_greedy_predicts_from_replayed_rows_and_sampling_from_one_alpha():
   cell = dict(predicted_speedup_batched=1.4, predicted_speedup_rows=1.1)
-  assert profiles.best_prediction(cell, 0.0) == 1.1
-  assert profiles.best_prediction(cell, 1.0) == 1.4
+  assert profile_sweep.best_prediction(cell, 0.0) == 1.1
+  assert profile_sweep.best_prediction(cell, 1.0) == 1.4
   # No per-row prediction (an emulated acceptance): one alpha at every temperature.
-  assert profiles.best_prediction(dict(predicted_speedup_batched=1.4), 0.0) == 1.4
-  assert profiles.best_prediction({}, 0.0) is None
+  assert profile_sweep.best_prediction(dict(predicted_speedup_batched=1.4), 0.0) == 1.4
+  assert profile_sweep.best_prediction({}, 0.0) is None
 
 
 @pytest.mark.parametrize(
@@ -132,7 +133,8 @@ def test_the_benchmark_sweep_writes_a_profile_that_auto_follows(tmp_path):
   for b in (1, 2):
     measured = {g: walltime[b, g]['speedup']['median'] for g in (1, 2)}
     assert (
-      profile['gamma_by_batch_size'][b] == profiles.choose_gammas({b: measured}, {b: measured})[b]
+      profile['gamma_by_batch_size'][b]
+      == profile_sweep.choose_gammas({b: measured}, {b: measured})[b]
     )
     assert 0.0 <= walltime[b, 2]['finished_row_share'] < 1.0
     # Batch 1 keeps each row's length and iterations. An emulated acceptance is i.i.d. at one

@@ -61,7 +61,7 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
-from speculative_t5x.bench import xla_flags
+from speculative_t5x_lab import xla_flags
 
 PyTree = Any
 Array = jax.Array

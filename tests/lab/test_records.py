@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from speculative_t5x.bench import records
+from speculative_t5x_lab import records
 
 SUMMARY = dict(median=1.2, min=1.1, max=1.3)
 

@@ -1,9 +1,9 @@
-"""Tests for speculative_t5x.theory against the paper's numbers."""
+"""Tests for speculative_t5x_lab.theory against the paper's numbers."""
 
 import numpy as np
 import pytest
 
-from speculative_t5x import theory
+from speculative_t5x_lab import theory
 
 # Table 1 of the paper: (α, γ, speed, operations), computed with c = ĉ = 0
 # (a draft of negligible cost), printed to two decimals.

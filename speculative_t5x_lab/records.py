@@ -285,7 +285,7 @@ class HeadTraining(PairRecord):
 
 @dataclasses.dataclass(kw_only=True)
 class Profile(PairRecord):
-  """A speculation profile the sweep wrote (`profiles.profile_from_records`).
+  """A speculation profile the sweep wrote (`profile_sweep.profile_from_records`).
 
   Attributes:
     temperature: the profile's temperature.

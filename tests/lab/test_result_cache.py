@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from speculative_t5x.bench import benchmark
-from speculative_t5x.bench import result_cache
+from speculative_t5x_lab import benchmark
+from speculative_t5x_lab import result_cache
 from testing_utils import padded_inputs, tiny_model
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from speculative_t5x.bench import measure
+from speculative_t5x_lab import measure
 from speculative_t5x import settings
 from speculative_t5x import speculative_sampling
 from testing_utils import tiny_model

@@ -1,4 +1,4 @@
-"""Tests for speculative_t5x.bench.measure's load monitor: what else ran on the CPU meanwhile.
+"""Tests for speculative_t5x_lab.measure's load monitor: what else ran on the CPU meanwhile.
 
 (The timing functions are tested with the benchmark, in test_benchmark.py.)
 """
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from speculative_t5x.bench import measure
+from speculative_t5x_lab import measure
 
 # Waits for a line, uses 0.3 s of CPU time, says so, then waits for its stdin to close.
 SPIN = """

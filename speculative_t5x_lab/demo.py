@@ -1,6 +1,6 @@
 r"""The main job: train a small EnDe pair on this machine and measure speculative decoding.
 
-  make demo                      # or: python -m speculative_t5x.demo
+  make demo                      # or: python -m speculative_t5x_lab.demo
 
 It first prints the machine (`measure.machine`: CPU, family, cores, memory
 bandwidth) and a target training step's time, which say what the run's
@@ -71,16 +71,16 @@ from absl import flags
 from absl import logging
 import jax
 
-from speculative_t5x.bench import benchmark
-from speculative_t5x.data import corpora
+from speculative_t5x_lab import benchmark
+from speculative_t5x_lab import corpora
 from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import run_settings
-from speculative_t5x.bench import records as records_lib
-from speculative_t5x.bench import reports
-from speculative_t5x.bench import result_cache as result_cache_lib
+from speculative_t5x_lab import records as records_lib
+from speculative_t5x_lab import reports
+from speculative_t5x_lab import result_cache as result_cache_lib
 from speculative_t5x.data import tasks_core
 
 # The demo's clock, read by `_elapsed`: it starts as the module loads (`python -m` runs it).
@@ -203,7 +203,7 @@ def training_step_seconds(
   import numpy as np
   import optax
 
-  from speculative_t5x.bench import measure
+  from speculative_t5x_lab import measure
 
   tx = optax.adafactor(0.03)
 
@@ -232,7 +232,7 @@ def training_step_seconds(
 
 def print_machine(vocab_size: int) -> Dict[str, Any]:
   """Prints and returns what this run measures on: `measure.machine()` and a training step."""
-  from speculative_t5x.bench import measure
+  from speculative_t5x_lab import measure
 
   machine = measure.machine()
   config = gin_utils.model_config('gettext_target', vocab_size)
@@ -526,7 +526,7 @@ def feature_head_draft(
 
 def compare_with_huggingface(target, draft, inputs, gamma, workdir, report_dir) -> str:
   """`peers.compare_with_huggingface`, written to report_dir/peers.{json,md}."""
-  from speculative_t5x.bench import peers  # PyTorch and transformers only here.
+  from speculative_t5x_lab import peers  # PyTorch and transformers only here.
 
   result = peers.compare_with_huggingface(
     target,

@@ -3,11 +3,11 @@
 import pytest
 
 from speculative_t5x import network
-from speculative_t5x.bench import xla_flags
+from speculative_t5x_lab import xla_flags
 from testing_utils import python_output
 
 SET_FLAGS = (
-  'from speculative_t5x.bench import xla_flags\nadded = xla_flags.set_decode_flags({bytes})\n'
+  'from speculative_t5x_lab import xla_flags\nadded = xla_flags.set_decode_flags({bytes})\n'
 )
 
 

@@ -10,7 +10,8 @@ import pytest
 from speculative_t5x import acceptance
 from testing_utils import padded_inputs, tiny_model
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts', 'acceptance_sweep.py')
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PATH = os.path.join(REPO, 'scripts', 'acceptance_sweep.py')
 _SPEC = importlib.util.spec_from_file_location('acceptance_sweep', _PATH)
 acceptance_sweep = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(acceptance_sweep)

@@ -6,7 +6,7 @@ import numpy as np
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import models
-from speculative_t5x.bench import emulation
+from speculative_t5x_lab import emulation
 from testing_utils import tiny_model
 
 DRAFT = tiny_model(seed=1)

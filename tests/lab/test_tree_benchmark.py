@@ -10,7 +10,8 @@ import pytest
 from speculative_t5x import decoding
 from speculative_t5x import gin_utils
 from speculative_t5x import tree as tree_lib
-from speculative_t5x.bench import tree_benchmark
+from speculative_t5x_lab import tree_benchmark
+from speculative_t5x_lab import tree_design
 from test_infer import VOCAB_SIZE, fixture  # noqa: F401 (a pytest fixture by name)
 from test_models import DRAFT, TARGET
 from testing_utils import padded_inputs
@@ -67,7 +68,7 @@ def test_a_shape_deeper_than_the_measured_rates_is_not_predicted():
   rates = np.array([[0.5, 0.2], [0.4, 0.1]])  # Parent depths 0 and 1.
   shallow, deep = tree_lib.Tree.from_branching((2, 1)), tree_lib.Tree.chain(3)
   assert tree_benchmark.predicted_tokens_per_call(shallow, rates) == pytest.approx(
-    1 + tree_lib.expected_accepted(shallow, rates)
+    1 + tree_design.expected_accepted(shallow, rates)
   )
   assert tree_benchmark.predicted_tokens_per_call(deep, rates) is None
   # Rates by rank alone hold at every depth.

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from speculative_t5x import acceptance
-from speculative_t5x.bench import benchmark
+from speculative_t5x_lab import benchmark
 from speculative_t5x import models
-from speculative_t5x.bench import result_cache
+from speculative_t5x_lab import result_cache
 from testing_utils import padded_inputs, tiny_model
 
 TARGET = tiny_model(seed=0, vocab_size=24, layers=2, scale=1.5)

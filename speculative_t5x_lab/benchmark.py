@@ -37,7 +37,7 @@ the input readers that need them), so the walltime benchmark runs on GPU/TPU
 machines without TensorFlow. `run_benchmark` takes what it sweeps, how much
 it measures, the drafts measured beside the pair's and the report's labels as
 four small option classes (`Sweep`, `Measurement`, `OtherDrafts`, `Report`);
-`python -m speculative_t5x.bench.benchmark --gin_file=configs/runs/benchmark.gin
+`python -m speculative_t5x_lab.benchmark --gin_file=configs/runs/benchmark.gin
 ...` runs it from gin (`benchmark_pair`, whose bindings name the options'
 fields); `scripts/` wraps it. The records become benchmark.json, benchmark.md
 and figures in `reports`.
@@ -58,17 +58,17 @@ from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import kernels
 from speculative_t5x import layouts
-from speculative_t5x.bench import emulation
-from speculative_t5x.bench import measure
-from speculative_t5x.bench import records as records_lib
+from speculative_t5x_lab import emulation
+from speculative_t5x_lab import measure
+from speculative_t5x_lab import records as records_lib
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import profiles
-from speculative_t5x.bench import reports
-from speculative_t5x.bench import result_cache as result_cache_lib
+from speculative_t5x_lab import profile_sweep
+from speculative_t5x_lab import reports
+from speculative_t5x_lab import result_cache as result_cache_lib
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
-from speculative_t5x import theory
+from speculative_t5x_lab import theory
 
 EOS_ID = models.EOS_ID
 
@@ -107,41 +107,6 @@ def tsv_inputs(
   pairs = tasks_core.read_tsv(path, num_examples)
   sources = [processor.encode(prefix + source) + [EOS_ID] for source, _ in pairs]
   return layouts.pad_rows(sources, input_length), [target for _, target in pairs]
-
-
-def task_inputs(
-  task, split: str, *, num_examples: Optional[int] = None, input_length: Optional[int] = None
-):
-  """Encoder inputs and reference texts of a seqio task's split, in order.
-
-  Args:
-    task: a registered task name or a `seqio.Task` (configs/tasks/*.gin).
-    split: e.g. 'test'.
-    num_examples: read at most this many examples.
-    input_length: pad to this length (None: the longest input); longer
-      inputs are an error, not cut.
-
-  Returns:
-    (inputs int32 [N, input_length] as the task tokenizes them, EOS
-    included; list of N target strings).
-  """
-  from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
-
-  task = tasks_core.get_task(task)
-  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
-  if num_examples is not None:
-    dataset = dataset.take(num_examples)
-  vocabulary = task.output_features['targets'].vocabulary
-  rows, references = [], []
-  for example in dataset.as_numpy_iterator():
-    rows.append(example['inputs'])
-    text = example.get('targets_pretokenized')
-    references.append(
-      vocabulary.decode(example['targets'].tolist()) if text is None else text.decode('utf-8')
-    )
-  if not rows:
-    raise ValueError(f'{task.name}:{split} has no examples.')
-  return layouts.pad_rows(rows, input_length), references
 
 
 def reference_prompts(references: Sequence[str], vocabulary, prompt_length: int):
@@ -1407,7 +1372,7 @@ def _predict_from_rows(
   each row's alpha fitted to them (`theory.fit_row_alphas`) in the i.i.d.
   model; one sampled decode per row overstates the rows' spread, so the
   profile chooses sampled gammas on the one-alpha prediction instead
-  (`profiles.best_prediction`).
+  (`profile_sweep.best_prediction`).
 
   Args:
     batch1_rows: {'row_lengths', 'row_iterations'}, int [N] each, in input order.
@@ -1472,14 +1437,14 @@ def _profile_sweep(
     for r in list(batch1) + new_records
     if isinstance(r, records_lib.Walltime) and r.gamma in gammas
   ]
-  profile = profiles.profile_from_records(walltime, temperature, alpha)
+  profile = profile_sweep.profile_from_records(walltime, temperature, alpha)
   path = os.path.join(profile_dir, f'profile_t{temperature:g}.json')
   profile = dict(
     profile,
     **{k: timed.common[k] for k in ('pair', 'task', 'architecture')},
     machine=measure.machine(bandwidth=costs.bandwidth_gb_per_s * 1e9),
   )
-  profiles.write_profile(path, profile)
+  profile_sweep.write_profile(path, profile)
   new_records.append(
     records_lib.make(
       records_lib.Profile, **dict(timed.common, **profile), temperature=temperature, path=path
@@ -1740,9 +1705,10 @@ def _pair_inputs(
   (None for random inputs).
   """
   if task is not None:
+    from speculative_t5x.data import tasks  # pylint: disable=g-import-not-at-top
     from speculative_t5x.data import tasks_core  # pylint: disable=g-import-not-at-top
 
-    inputs, references = task_inputs(task, split, num_examples=num_examples)
+    inputs, references = tasks.task_inputs(task, split, num_examples=num_examples)
     return inputs, references, tasks_core.get_task(task).output_features['targets'].vocabulary
   if tsv_path is not None:
     if vocabulary_path is None:
@@ -1803,10 +1769,10 @@ def main(argv: Sequence[str]) -> None:
     from absl import app  # pylint: disable=g-import-not-at-top
 
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}.')
-  # Bindings name `speculative_t5x.bench.benchmark.benchmark_pair`, which is not this
-  # module's function when it runs as `python -m speculative_t5x.bench.benchmark`.
+  # Bindings name `speculative_t5x_lab.benchmark.benchmark_pair`, which is not this
+  # module's function when it runs as `python -m speculative_t5x_lab.benchmark`.
   import gin  # pylint: disable=g-import-not-at-top
-  from speculative_t5x.bench import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
+  from speculative_t5x_lab import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
 
   from speculative_t5x import gin_utils  # pylint: disable=g-import-not-at-top
 

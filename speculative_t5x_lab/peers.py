@@ -81,7 +81,7 @@ import numpy as np
 
 from speculative_t5x import acceptance
 from speculative_t5x.checkpoints import huggingface
-from speculative_t5x import settings
+from speculative_t5x import checks
 from speculative_t5x import drafts
 from speculative_t5x import layouts
 from speculative_t5x import models
@@ -598,7 +598,7 @@ def _checked_arguments(target, draft, input_tokens, **positive_ints) -> np.ndarr
   drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
   input_tokens = _check_input_tokens(input_tokens, target.vocab_size)
   for name, value in positive_ints.items():
-    settings.check_positive_int(name, value)
+    checks.check_positive_int(name, value)
   return input_tokens
 
 

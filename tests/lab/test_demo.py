@@ -1,4 +1,4 @@
-"""speculative_t5x.demo as a library: importing it leaves the command line to the importer
+"""speculative_t5x_lab.demo as a library: importing it leaves the command line to the importer
 (absl's own flags, which `absl.app` defines, aside); a stale workdir gets a clear error."""
 
 import functools
@@ -15,7 +15,7 @@ def test_importing_the_demo_defines_no_flags():
   assert (
     python_output(
       'from absl import app, flags, logging; before = set(flags.FLAGS); '
-      'from speculative_t5x import demo; print(sorted(set(flags.FLAGS) - before))'
+      'from speculative_t5x_lab import demo; print(sorted(set(flags.FLAGS) - before))'
     )
     == '[]'
   )
@@ -23,7 +23,7 @@ def test_importing_the_demo_defines_no_flags():
 
 def test_a_workdir_of_another_configuration_names_the_way_out(tmp_path):
   from speculative_t5x import checkpoints
-  from speculative_t5x import demo
+  from speculative_t5x_lab import demo
   from speculative_t5x import network
 
   small = network.t5_1_1_config('tiny', vocab_size=64, emb_dim=32, num_heads=2, head_dim=16)
@@ -63,8 +63,8 @@ def _walltime_record(temperature, quality=None, **bleu):
 def test_sampled_quality_is_reported_as_mean_and_standard_error(capsys):
   """At T > 0 the report and the demo's table give BLEU and length as mean +- stderr over
   keys, with their difference in standard errors; greedy rows keep one BLEU each."""
-  from speculative_t5x import demo
-  from speculative_t5x.bench import reports
+  from speculative_t5x_lab import demo
+  from speculative_t5x_lab import reports
 
   stats = lambda mean, stderr: dict(mean=mean, stderr=stderr, per_key=[mean] * 4)
   quality = dict(
@@ -103,7 +103,7 @@ def test_sampled_quality_is_reported_as_mean_and_standard_error(capsys):
 def test_the_breakdown_says_which_part_is_mis_timed():
   """Rows whose parts miss the measured iteration by more than 10% name the suspect: the
   target's timing when the baseline's step misses too, else the speculative-only parts."""
-  from speculative_t5x.bench import reports
+  from speculative_t5x_lab import reports
 
   def row(gamma, measured, baseline_measured):
     parts = dict(draft_catch_up=0.1, draft_rollout=1.0, target_block=5.0, judge=0.1, emit=0.05)
@@ -136,7 +136,7 @@ def test_the_breakdown_says_which_part_is_mis_timed():
 
 
 def test_the_training_step_is_timed():
-  from speculative_t5x import demo
+  from speculative_t5x_lab import demo
   from speculative_t5x import network
 
   config = network.t5_1_1_config('tiny', vocab_size=64, emb_dim=32, num_heads=2, head_dim=16)
@@ -147,8 +147,8 @@ def test_the_head_is_reported_beside_the_distilled_draft(capsys):
   """The demo's table sorts the head's rows beside the distilled draft's, at each
   temperature and gamma, with the share of outputs identical to the baseline's (greedy);
   the report names the head's training, its time and its held-out alpha."""
-  from speculative_t5x import demo
-  from speculative_t5x.bench import reports
+  from speculative_t5x_lab import demo
+  from speculative_t5x_lab import reports
 
   def walltime(temperature, gamma, draft, tokens_per_call):
     return dict(
@@ -212,7 +212,7 @@ def _tiny_head_training(tmp_path):
 def test_a_trained_head_in_the_workdir_is_read_back_with_its_record(tmp_path):
   """`feature_head_draft` finds a head trained to the asked step (nothing retrained): the
   draft for the target and the record of its training from the model directory."""
-  from speculative_t5x import demo
+  from speculative_t5x_lab import demo
 
   target, config, train = _tiny_head_training(tmp_path)
   trained = train(num_steps=2, eval_every=2, log_every=1)
@@ -226,7 +226,7 @@ def test_a_trained_head_in_the_workdir_is_read_back_with_its_record(tmp_path):
 def test_a_head_of_other_settings_in_the_workdir_names_the_way_out(tmp_path, monkeypatch):
   """A workdir's head trained with other settings (an earlier demo) is refused by
   `feature_head_draft` with the setting named and the way out: a new --workdir."""
-  from speculative_t5x import demo
+  from speculative_t5x_lab import demo
 
   target, _, train = _tiny_head_training(tmp_path)
   train(num_steps=2)
@@ -248,7 +248,7 @@ def test_a_finished_head_of_another_recipe_is_refused_and_a_moved_workdir_is_not
   import json
   import shutil
 
-  from speculative_t5x import demo
+  from speculative_t5x_lab import demo
 
   target, _, train = _tiny_head_training(tmp_path / 'a')
   monkeypatch.setattr(demo.gin_utils, 'call_configured', lambda *args: train(num_steps=2))
@@ -286,7 +286,7 @@ def test_an_unfinished_distillation_of_other_settings_names_the_way_out(tmp_path
   """A workdir's unfinished distillation that `distill` refuses to resume (its settings differ,
   as the data passes of an earlier demo) gets the way out; without a run there, the error is
   `distill`'s own."""
-  from speculative_t5x import demo
+  from speculative_t5x_lab import demo
 
   configured = demo.gin_utils.call_configured
 
@@ -309,8 +309,8 @@ def test_the_table_says_where_greedy_alpha_is_in_outputs_cut_at_the_decode_lengt
   """Where a quarter or more of a temperature's alpha tokens are in outputs cut without EOS,
   the table is followed by that share and alpha on each part, for the pair's draft and the
   head; below the share, nothing."""
-  from speculative_t5x import demo
-  from speculative_t5x.bench import benchmark
+  from speculative_t5x_lab import demo
+  from speculative_t5x_lab import benchmark
 
   def alpha(temperature, draft, cut_share, alpha_cut, alpha_ended):
     return dict(
@@ -352,7 +352,7 @@ def test_step_headers_say_when_each_step_began(monkeypatch, capsys):
   its time went (training stages have no progress lines of their own)."""
   import time
 
-  from speculative_t5x import demo
+  from speculative_t5x_lab import demo
 
   monkeypatch.setattr(demo, '_started', time.perf_counter() - 125.2)
   demo._step('Training gettext_target')

@@ -1,6 +1,6 @@
 """GB/s of XLA's dot against the small-M kernel, beside the memory floor, in one run.
 
-  python -m speculative_t5x.kernels.benchmark [--rows 1,2,4,8,16,32] [--shapes 768x2048,...]
+  python -m speculative_t5x_lab.kernel_benchmark [--rows 1,2,4,8,16,32] [--shapes 768x2048,...]
 
 For each weight shape [K, N] (default: the main job's target, configs/models/
 gettext_target.gin: the MLP's wi 768 x 2048 and wo 2048 x 768, the logits
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5x.bench import measure
+from speculative_t5x_lab import measure
 from speculative_t5x.kernels import cpu_matmul
 
 DEFAULT_SHAPES = ((768, 2048), (2048, 768), (768, 4000), (768, 32128))
@@ -78,14 +78,13 @@ def matmul_calls(
 def compare(
   shapes: Sequence[Tuple[int, int]] = DEFAULT_SHAPES,
   rows: Sequence[int] = DEFAULT_ROWS,
-  thread_pools: Sequence[str] = (cpu_matmul.DEFAULT_THREAD_POOL,),
   seed: int = 0,
   steps: int = 4,
   rounds: int = 7,
 ) -> Dict[str, Any]:
   """One run's records: {'machine': ..., 'records': [{K, N, M, method, ms, gb_per_s, v}]}.
 
-  `method` is 'xla' or 'kernel/<pool>'; v is the time of M rows over the
+  `method` is 'xla' or 'kernel'; v is the time of M rows over the
   time of rows[0] (1 by default) by the same method. Each time is the
   fastest of `rounds` loops of `steps` steps over the 8 matrices, the
   methods timed in turn (`interleaved_seconds`). Needs the kernel
@@ -105,9 +104,7 @@ def compare(
     ]
     packed = [cpu_matmul.pack(w) for w in weights]
     methods = {'xla': (jnp.dot, weights)}
-    for pool in thread_pools:
-      product = functools.partial(_kernel_product, n=n, thread_pool=pool)
-      methods[f'kernel/{pool}'] = (product, packed)
+    methods['kernel'] = (functools.partial(_kernel_product, n=n), packed)
     one_row = {}
     for m in rows:
       x = jnp.asarray(rng.standard_normal((m, k), np.float32))
@@ -129,8 +126,8 @@ def compare(
   return dict(machine=machine, records=records)
 
 
-def _kernel_product(x, packed, *, n, thread_pool):
-  return cpu_matmul.matmul(x, packed, n, thread_pool=thread_pool)
+def _kernel_product(x, packed, *, n):
+  return cpu_matmul.matmul(x, packed, n)
 
 
 # A 16-node tree (the root, 3 children, 4 grandchildren each): the issue's
@@ -163,7 +160,7 @@ def decoder_costs(
   from speculative_t5x import decoding  # pylint: disable=g-import-not-at-top
   from speculative_t5x import network  # pylint: disable=g-import-not-at-top
   from speculative_t5x import tree as tree_lib  # pylint: disable=g-import-not-at-top
-  from speculative_t5x.bench import tree_benchmark  # pylint: disable=g-import-not-at-top
+  from speculative_t5x_lab import tree_benchmark  # pylint: disable=g-import-not-at-top
   from speculative_t5x.kernels import params as params_lib  # pylint: disable=g-import-not-at-top
 
   packed = params_lib.pack_params(config, params)
@@ -252,11 +249,6 @@ def main(argv: Sequence[str] = ()) -> None:
   parser.add_argument(
     '--shapes', default=','.join(f'{k}x{n}' for k, n in DEFAULT_SHAPES), help='KxN,...'
   )
-  parser.add_argument(
-    '--thread_pools',
-    default=cpu_matmul.DEFAULT_THREAD_POOL,
-    help=f'comma-separated, of {sorted(cpu_matmul.THREAD_POOLS)}',
-  )
   parser.add_argument('--json', default='', help='also write the records to this file')
   parser.add_argument(
     '--decoder',
@@ -277,7 +269,7 @@ def main(argv: Sequence[str] = ()) -> None:
   if args.no_matmul:
     return
   shapes = [tuple(int(d) for d in s.split('x')) for s in args.shapes.split(',')]
-  result = compare(shapes, _ints(args.rows), args.thread_pools.split(','))
+  result = compare(shapes, _ints(args.rows))
   print(markdown_table(result))
   if args.json:
     with open(args.json, 'w') as f:
