@@ -49,7 +49,7 @@ after the prompt. There are two ways in, T5X's two:
 """
 
 import functools
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import flax
 from flax import traverse_util
@@ -1121,14 +1121,27 @@ def _checked_settings(
   return spec, emulate_alpha
 
 
-def _feature_args(draft) -> Dict[str, Any]:
-  """`score_block`'s keywords for the draft: the feature layers a `drafts.FeatureDraft` reads.
+def _score(
+  score_block: ScoreBlock,
+  node_tokens: Array,
+  positions: Array,
+  cache: PyTree,
+  feature_layers: Tuple[int, ...],
+  **tree_args,
+) -> Tuple[Array, Optional[Array], PyTree]:
+  """One target block call: (logits [BN, N, V], features [BN, N, Df] or None, new cache).
 
-  A draft that reads the target's features gets them from the target's own
-  calls; {} for every other draft.
+  The features of `feature_layers` are asked for only when a draft reads them
+  (`drafts.Draft.feature_layers` not empty), so that a scorer without the
+  keyword serves every other draft.
   """
-  feature_layers = getattr(draft, 'feature_layers', None)
-  return {} if feature_layers is None else {'feature_layers': feature_layers}
+  if not feature_layers:
+    logits, cache = score_block(node_tokens, positions, cache, **tree_args)
+    return logits, None, cache
+  (logits, features), cache = score_block(
+    node_tokens, positions, cache, **tree_args, feature_layers=feature_layers
+  )
+  return logits, features, cache
 
 
 def _prefill_prompts(
@@ -1138,21 +1151,20 @@ def _prefill_prompts(
 
   `speculative_sample` without `initial_index`: the target (through
   `score_block`, causally) and the draft (`draft.prefill`, with the target's
-  features for a `drafts.FeatureDraft`) see positions 0..L-1 of
+  features if it reads them) see positions 0..L-1 of
   `batch.sequences` (BOS, the prompts, zeros). Skipped at run time when no
   row has a prompt. position: each row's prompt length P, the index of its
   last prompt token, where decoding continues.
   """
   position = prompt_lengths(batch.inputs)
-  feature_args = _feature_args(draft)
 
   def prefill(caches):
     cache, draft_cache = caches
     prompt_block = batch.sequences[:, :max_decode_len]
-    outputs, cache = score_block(prompt_block, jnp.zeros_like(position), cache, **feature_args)
-    if not feature_args:
-      return cache, draft.prefill(draft_cache, prompt_block, position)
-    return cache, draft.prefill(draft_cache, prompt_block, position, features=outputs[1])
+    _, features, cache = _score(
+      score_block, prompt_block, jnp.zeros_like(position), cache, draft.feature_layers
+    )
+    return cache, draft.prefill(draft_cache, prompt_block, position, features=features)
 
   caches = lax.cond(jnp.any(position > 0), prefill, lambda caches: caches, batch.caches)
   return (position, *caches)
@@ -1190,15 +1202,6 @@ class IterationContext(NamedTuple):
   logit_callback_fn: Optional[LogitCallbackFn]
   compact_cache: Optional[CompactCache]
 
-  @property
-  def feature_args(self) -> Dict[str, Any]:
-    return _feature_args(self.draft)
-
-  @property
-  def reads_features(self) -> bool:
-    """Whether the draft reads the target's features (a `drafts.FeatureDraft`)."""
-    return bool(self.feature_args)
-
 
 def _score_nodes(
   loop: IterationContext,
@@ -1211,15 +1214,17 @@ def _score_nodes(
   node_tokens int32 [BN, N] at each row's position: a chain's block
   [last, x_1..x_gamma] (tree None, N = gamma + 1), or a tree's nodes. The
   logits are after the logit callback, if any (`apply_logit_callback`); the
-  features are the draft's, for a `drafts.FeatureDraft`.
+  features those the draft reads (`drafts.Draft.feature_layers`).
   """
   tree_args = {} if tree is None else {'tree': tree}
-  target_logits, cache = loop.score_block(
-    node_tokens, state.position, state.cache, **tree_args, **loop.feature_args
+  target_logits, features, cache = _score(
+    loop.score_block,
+    node_tokens,
+    state.position,
+    state.cache,
+    loop.draft.feature_layers,
+    **tree_args,
   )
-  features = None
-  if loop.reads_features:
-    target_logits, features = target_logits
   drafts.check_shared_vocabulary(loop.draft.vocab_size, target_logits.shape[-1])
   if loop.logit_callback_fn is not None:
     layout = tree_lib.Tree.chain(loop.spec.gamma) if tree is None else tree  # Node i at i.
@@ -1325,14 +1330,13 @@ def chain_iteration(loop: IterationContext, state: SpeculativeLoopState) -> Spec
     num_drafted=num_drafted,
     rescale_log_probs=loop.rescale_log_probs,
   )
-  if loop.reads_features:
-    draft_cache = loop.draft.observe(
-      draft_cache,
-      features,
-      emitted_block(draft_tokens, judgement),
-      state.position,
-      judgement.num_accepted,
-    )
+  draft_cache = loop.draft.after_verify(
+    draft_cache,
+    features,
+    emitted_block(draft_tokens, judgement),
+    state.position,
+    judgement.num_accepted,
+  )
   return emit_block(
     state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
     draft_tokens,
@@ -1348,12 +1352,6 @@ def _draft_tree(loop: IterationContext, state: SpeculativeLoopState, rng):
 
   With a logit callback, the draft's logits at a node get `node_state`.
   """
-  if not hasattr(loop.draft, 'propose_tree'):
-    raise ValueError(
-      f'A token tree needs a draft that ranks its candidates by probability (a model, '
-      f'n-gram or feature draft); a {type(loop.draft).__name__} proposes one continuation. '
-      'Pass tree=None.'
-    )
   callback_args = {}
   if loop.logit_callback_fn is not None:
     # Passed only when set, so that a draft without the argument serves every other decode.
@@ -1398,19 +1396,14 @@ def tree_iteration(loop: IterationContext, state: SpeculativeLoopState) -> Specu
     rescale_log_probs=loop.rescale_log_probs,
   )
   cache = loop.compact_cache(cache, state.position, verdict.path)
-  if loop.reads_features:
-    draft_cache = loop.draft.observe_tree(
-      draft_cache,
-      features,
-      emitted_block(verdict.path_tokens, judgement),
-      state.position,
-      verdict.path,
-      verdict.num_accepted,
-    )
-  else:
-    draft_cache = loop.draft.compact_tree(
-      draft_cache, state.position, verdict.path, verdict.num_accepted
-    )
+  draft_cache = loop.draft.after_verify(
+    draft_cache,
+    features,
+    emitted_block(verdict.path_tokens, judgement),
+    state.position,
+    verdict.num_accepted,
+    path=verdict.path,
+  )
   return emit_block(
     state.replace(rng=rng, cache=cache, draft_cache=draft_cache),
     verdict.path_tokens,

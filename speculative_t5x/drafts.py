@@ -2,8 +2,10 @@
 
 A draft is a `flax.struct.dataclass`: its arrays (network parameters, n-gram
 tables) are pytree leaves, traced as arguments of the jitted decode call, and
-its configuration is static. Every draft implements the `Draft` protocol
-below: `vocab_size`, `init_cache`, `prefill` and `propose`.
+its configuration is static. Every draft subclasses `Draft`, which declares
+every method the loop calls: `vocab_size`, `init_cache`, `prefill` and
+`propose` are each draft's own; `feature_layers`, `propose_tree` and
+`after_verify` have defaults for drafts with nothing to do there.
 
 `ModelDraft` is the traced view of a `models.Model` (`Model.as_draft()`): the
 `Model` is the host-side object a user loads, checkpoints and shards (target
@@ -18,7 +20,7 @@ one single-token step, only in iterations where some row needs it.
 
 `FeatureDraft` is not a separate network: an EAGLE-style head
 (`feature_head`) that drafts from the target's own features, which the loop
-hands it from the target's block call (`observe`) and prefill.
+hands it from the target's block call (`after_verify`) and prefill.
 
 An adaptive draft length (`draft_threshold` > 0, Hugging Face's
 `assistant_confidence_threshold`): a row stops drafting after a token that the
@@ -29,7 +31,7 @@ it; a deterministic draft (prompt lookup) drafts a fixed gamma.
 """
 
 import functools
-from typing import Any, Callable, Iterable, Optional, Protocol, Tuple
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 import flax
 import jax
@@ -47,32 +49,57 @@ PyTree = Any
 Array = jax.Array
 
 
-class Draft(Protocol):
-  """What `decoding.speculative_sample` asks of a draft.
+class Draft:
+  """What `decoding.speculative_sample` asks of a draft: every method the loop calls.
+
+  Drafts subclass it. `vocab_size`, `init_cache`, `prefill` and `propose` are
+  each draft's own; `feature_layers`, `propose_tree` and `after_verify` have
+  defaults for a draft with nothing to do there, so the loop calls the same
+  methods of every draft and never asks what kind it is.
 
   Attributes:
     vocab_size: V, which must equal the target's.
+    feature_layers: the target's decoder layers whose features the draft reads
+      (a `FeatureDraft`'s); () for every other draft. The loop asks the
+      target's block call for them (`score_block(..., feature_layers=...)`)
+      and hands them to `prefill` and `after_verify`.
   """
 
   vocab_size: int
+  feature_layers: Tuple[int, ...] = ()
 
-  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
+  def init_cache(
+    self, encoder_input_tokens: Array, cache_length: int, encoded: Optional[Array] = None
+  ) -> PyTree:
     """Per-row state for encoder inputs int32 [B, Lin] and `cache_length` positions.
 
     Every leaf has the batch as its leading axis, so that the decode function
     can expand it for `num_decodes`. For a decoder-only pair the tokens are
     the prompts (see `prefill`), which a model draft uses only for the batch.
+    `encoded` [B, Lin, D]: an encoder-decoder target's encoder output of the
+    inputs, computed once per decode call for a draft that reads the target
+    (None for the others, which ignore it).
     """
+    raise NotImplementedError
 
-  def prefill(self, cache: PyTree, prompt_block: Array, prompt_lengths: Array) -> PyTree:
+  def prefill(
+    self,
+    cache: PyTree,
+    prompt_block: Array,
+    prompt_lengths: Array,
+    features: Optional[Array] = None,
+  ) -> PyTree:
     """The state after each row's decoder prompt, written in one block call.
 
     `prompt_block` int32 [BN, W]: positions 0..W-1 of the decoder input (BOS,
-    prompt tokens at 1..P, anything after); `prompt_lengths` int32 [BN], P.
-    Afterwards the draft behaves as if it had fed positions < P, so that a
-    rollout from position P proposes what follows the prompt. Stateless
-    drafts return `cache` (they read the prompt from `sequences`).
+    prompt tokens at 1..P, anything after); `prompt_lengths` int32 [BN], P;
+    `features` [BN, W, Df]: the target's features of the block when the
+    draft reads them (`feature_layers`), else None. Afterwards the draft
+    behaves as if it had fed positions < P, so that a rollout from position P
+    proposes what follows the prompt. Stateless drafts return `cache` (they
+    read the prompt from `sequences`).
     """
+    raise NotImplementedError
 
   def propose(
     self,
@@ -87,6 +114,7 @@ class Draft(Protocol):
     topp,
     draft_threshold: float,
     active: Optional[Array] = None,
+    logit_callback: Optional[Callable[..., Array]] = None,
   ) -> Tuple[Array, Optional[Array], Optional[Array], PyTree]:
     """Proposes up to gamma tokens per row: (tokens, probs, num_drafted, new cache).
 
@@ -102,31 +130,67 @@ class Draft(Protocol):
     `rollout_loop`); `active` bool [BN] marks the rows whose proposals are
     judged (None: all), so that ended rows do not keep a rollout going.
 
-    With a logit callback (T5X's `logit_callback_fn`) the decode loop also
-    passes the keyword `logit_callback(logits [BN, V], i, drafted [BN, gamma])
-    -> logits`, for the draft to apply to its logits of rollout step i before
-    standardizing them (`drafted`: the tokens drafted before step i, zeros
-    from i on; see `rollout_loop`), so that q follows the callback as p does
-    (a tree's `propose_tree` takes it as `logit_callback(logits, node,
-    node_tokens [BN, N])`: see `tree_rollout`).
-    A deterministic draft may ignore it: exactness needs only that `probs`
-    are what the tokens were drawn from.
+    `logit_callback(logits [BN, V], i, drafted [BN, gamma]) -> logits` (T5X's
+    `logit_callback_fn`, None without one): for the draft to apply to its
+    logits of rollout step i before standardizing them (`drafted`: the
+    tokens drafted before step i, zeros from i on; see `rollout_loop`), so
+    that q follows the callback as p does. A deterministic draft may ignore
+    it: exactness needs only that `probs` are what the tokens were drawn from.
     """
+    raise NotImplementedError
 
-  # Drafts that read the target (`FeatureDraft`) have `feature_layers`, a tuple of
-  # the target's decoder layers: the loop then asks the target's block call for
-  # those features (`score_block(..., feature_layers=...)`), passes the prompt's to
-  # `prefill(..., features=...)` and, after each verification, calls
-  # `observe(cache, features, next_tokens, positions, num_accepted) -> cache`
-  # (after a tree, over the accepted path: its nodes' features in path order).
-  # For an encoder-decoder target, `init_cache` also takes `encoded=`, the target's
-  # encoder output, computed once per decode call.
-  # Drafts that rank candidates by probability (model, n-gram, feature) also draft
-  # token trees: `propose_tree(cache, sequences, positions, rng, *, tree, temperature,
-  # topk, topp) -> (node_tokens, node_valid, node_probs, cache)` (see
-  # `tree_rollout`); all but feature drafts also `compact_tree(cache, positions,
-  # path, num_accepted) -> cache`, which keeps the accepted path's state after
-  # verification.
+  def propose_tree(
+    self,
+    cache: PyTree,
+    sequences: Array,
+    positions: Array,
+    rng: Array,
+    *,
+    tree: tree_lib.Tree,
+    temperature,
+    topk: int,
+    topp,
+    logit_callback: Optional[Callable[..., Array]] = None,
+  ) -> Tuple[Array, Array, Optional[Array], PyTree]:
+    """A token tree of N nodes per row: (node_tokens, node_valid, node_probs, new cache).
+
+    node_tokens int32 [BN, N] (node 0 the row's last emitted token),
+    node_valid bool [BN, N], node_probs float32 [BN, N, V] the q each node's
+    children were drawn from, or None (see `tree_rollout`); with a logit
+    callback, `logit_callback(logits, node, node_tokens [BN, N])`. Drafts
+    that rank candidates by probability (model, n-gram, feature) have one;
+    the default refuses.
+    """
+    del cache, sequences, positions, rng, temperature, topk, topp, logit_callback
+    raise ValueError(
+      f'A token tree ({tree}) needs a draft that ranks its candidates by probability (a '
+      f'model, n-gram or feature draft); a {type(self).__name__} proposes one continuation. '
+      'Pass tree=None.'
+    )
+
+  def after_verify(
+    self,
+    cache: PyTree,
+    features: Optional[Array],
+    emitted: Array,
+    positions: Array,
+    num_accepted: Array,
+    path: Optional[Array] = None,
+  ) -> PyTree:
+    """The state after the target judged the block: what the draft keeps of it.
+
+    `positions` int32 [BN]: each row's position before the block;
+    `num_accepted` int32 [BN] the draft tokens accepted; `emitted` int32
+    [BN, D + 1] the accepted tokens, then the target's next token. For a
+    chain `path` is None; after a tree it is the accepted path int32
+    [BN, D + 1] of node ids from the root (`tree.verify_tree`), and the draft
+    moves the path's state to consecutive positions. `features`: the
+    target's features of the block's nodes [BN, N, Df] for a draft that
+    reads them, else None. The default keeps the state as it is (a model
+    draft's chain state is made whole by its next `propose`).
+    """
+    del features, emitted, positions, num_accepted, path
+    return cache
 
 
 def rollout_loop(
@@ -284,7 +348,7 @@ def check_shared_vocabulary(draft_vocab_size: int, target_vocab_size: int) -> No
 
 
 @flax.struct.dataclass
-class ModelDraft:
+class ModelDraft(Draft):
   """A draft network (`network.Transformer`) with its own encoder pass.
 
   Attributes:
@@ -302,13 +366,15 @@ class ModelDraft:
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
-  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
+  def init_cache(self, encoder_input_tokens: Array, cache_length: int, encoded=None) -> PyTree:
     """Encodes the inputs (if the draft has an encoder); returns its state [B, ...].
 
     `{'decoder': the network's decoder cache, 'written_until': int32 [B]}`:
     row b's cached keys/values are those of its tokens at positions
     < written_until[b] (entries at later positions are stale or unwritten).
+    The draft encodes the inputs itself (`encoded` is the target's).
     """
+    del encoded
     return {
       'decoder': network.init_decoder_cache(
         self.config, self.params, encoder_input_tokens, cache_length
@@ -316,7 +382,7 @@ class ModelDraft:
       'written_until': jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32),
     }
 
-  def prefill(self, cache, prompt_block, prompt_lengths):
+  def prefill(self, cache, prompt_block, prompt_lengths, features=None):
     """Writes the keys/values of the prompt block (see `Draft.prefill`)."""
     decoder_cache = network.prefill_decoder_cache(
       self.config,
@@ -419,7 +485,7 @@ class ModelDraft:
 
     Level d is one tree-masked block call at the row's position
     (`network.apply_decode_block(..., tree=tree, first_node=...)`): node i's
-    key/value goes to slot positions + i, which `compact_tree` rearranges once
+    key/value goes to slot positions + i, which `after_verify` rearranges once
     the target has judged the tree. Afterwards `written_until` is the
     position: only the context is known to be in place until then.
     """
@@ -447,15 +513,19 @@ class ModelDraft:
       {'decoder': decoder_cache, 'written_until': positions},
     )
 
-  def compact_tree(self, cache, positions, path, num_accepted):
-    """Moves the accepted path's keys/values to consecutive positions (see `propose_tree`).
+  def after_verify(self, cache, features, emitted, positions, num_accepted, path=None):
+    """After a tree, moves the accepted path's keys/values to consecutive positions.
 
     path int32 [BN, D + 1], the accepted nodes from the root, num_accepted
     int32 [BN] their count past it (`tree.verify_tree`). The draft fed every
     node above the deepest level, so the root and the path's first
     min(num_accepted, D - 1) nodes are in place afterwards; a path of D ends
-    at a leaf, whose key/value `catch_up` feeds next.
+    at a leaf, whose key/value `catch_up` feeds next. After a chain the state
+    stays: `catch_up` feeds the one token it lacks.
     """
+    del features, emitted
+    if path is None:
+      return cache
     decoder_cache = network.compact_tree_path(self.config, cache['decoder'], positions, path)
     depth = path.shape[1] - 1
     return {
@@ -470,7 +540,7 @@ class ModelDraft:
 
 
 @flax.struct.dataclass
-class FeatureDraft:
+class FeatureDraft(Draft):
   """Drafts with a `feature_head.FeatureHead` from the target's own features.
 
   The head's state per row (`init_cache`): its block cache ('head', keys and
@@ -478,7 +548,7 @@ class FeatureDraft:
   row's last true position ('feature' float32 [B, Df], its predicted
   feature; 'logits' float32 [B, V], the first draft token's logits), or
   before any, its start state (`feature_head.FeatureHead.start`). The
-  loop keeps them true (see `observe`): after each verification, the head is
+  loop keeps them true (see `after_verify`): after each verification, the head is
   rerun over the block with the target's true features at the row's
   accepted positions, overwriting whatever the rollout wrote there from its
   own guesses. A rollout then samples draft token 1 from 'logits' (the
@@ -486,7 +556,7 @@ class FeatureDraft:
   after it), and each later token from the head fed its own predicted
   feature (EAGLE-1). A token tree (`propose_tree`) expands each depth's
   frontier in one tree-masked head call; after the target judges it,
-  `observe` rewrites the head's entries over the accepted path.
+  `after_verify` rewrites the head's entries over the accepted path.
 
   Attributes:
     params: the head's parameters: a plain tree, or with `packed()` their
@@ -587,37 +657,28 @@ class FeatureDraft:
       self.config, self.params, head_cache, features, next_embedded, start_positions, **tree_args
     )
 
-  def observe(self, cache, features, next_tokens, positions, num_accepted):
+  def after_verify(self, cache, features, emitted, positions, num_accepted, path=None):
     """Rewrites each row's head cache over its accepted positions with the true features.
 
-    One head call over the block at the rows' positions p (as the target's):
+    After a tree, `features` [BN, N, Df] are the target's at every node of its
+    tree call, gathered here in path order (`path` int32 [BN, D + 1] as
+    `tree.verify_tree`'s); the rewrite covers the row's positions p..p+D:
+    everything the next tree (rooted at slot p + num_accepted) sees as
+    context; the guesses left in later slots are overwritten by that tree
+    before it reads them. After a chain, one head call over the block at the rows' positions p (as the target's):
     entry j (position p + j) reads the target's true feature there,
     `features` [BN, k, Df], and the embedding of the token at p + j + 1,
-    `next_tokens` int32 [BN, k] (the accepted draft tokens, then the
-    target's next token). Entries j <= num_accepted [BN] are the row's
+    `emitted` int32 [BN, k] (the accepted draft tokens, then the target's
+    next token). Entries j <= num_accepted [BN] are the row's
     true positions; later ones are masked until overwritten. The head's
     output at entry num_accepted, the row's new last true position, gives
     the next rollout's first draft token. Returns the new cache.
     """
-    (predicted, hidden), head_cache = self._head_block(
-      cache['head'], features, next_tokens, positions
-    )
+    if path is not None:
+      features = jnp.take_along_axis(features, path[:, :, None], axis=1)
+    (predicted, hidden), head_cache = self._head_block(cache['head'], features, emitted, positions)
     take = lambda x: jnp.take_along_axis(x, num_accepted[:, None, None], axis=1)[:, 0]
     return self._last_outputs(head_cache, take(predicted), take(hidden))
-
-  def observe_tree(self, cache, node_features, next_tokens, positions, path, num_accepted):
-    """`observe` over a judged tree's accepted path (see `propose_tree`).
-
-    `node_features` [BN, N, Df]: the target's features at every node of its
-    tree call, gathered here in path order; `path` int32 [BN, D + 1] and
-    `num_accepted` [BN] as `tree.verify_tree`'s; `next_tokens` [BN, D + 1]
-    the path's accepted tokens, then the target's next token. The rewrite
-    covers the row's positions p..p+D: everything the next tree (rooted at
-    slot p + num_accepted) sees as context; the guesses left in later slots
-    are overwritten by that tree before it reads them.
-    """
-    path_features = jnp.take_along_axis(node_features, path[:, :, None], axis=1)
-    return self.observe(cache, path_features, next_tokens, positions, num_accepted)
 
   def _last_outputs(self, head_cache, predicted, hidden):
     """The state with the head's outputs at each row's last true position [BN, ...]."""
@@ -659,7 +720,7 @@ class FeatureDraft:
     Step 1 samples from the state's 'logits'; step i > 1 runs the head one
     position on (p + i - 2, first the row's position p) with the previous
     step's predicted feature and the embedding of the token just drafted.
-    The head's entries at p.. are guesses; `observe` rewrites them.
+    The head's entries at p.. are guesses; `after_verify` rewrites them.
     """
     last_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
 
@@ -695,7 +756,7 @@ class FeatureDraft:
     state's 'logits' (no head call), and each deeper level is one
     tree-masked head call whose slots are those of the tree rooted at slot
     p - 1, the row's last true entry (node i at p - 1 + i). Those entries are
-    guesses; `observe`, over the accepted path, rewrites them.
+    guesses; `after_verify`, over the accepted path, rewrites them.
     """
     root_token = jnp.take_along_axis(sequences, positions[:, None], axis=1)[:, 0]
     batch = positions.shape[0]
@@ -738,7 +799,7 @@ class FeatureDraft:
 
 
 @flax.struct.dataclass
-class NgramDraft:
+class NgramDraft(Draft):
   """An add-k smoothed unigram (order 1) or bigram (order 2) model.
 
   The bigram is stored sparsely so that a 32k vocabulary needs no V x V
@@ -838,12 +899,12 @@ class NgramDraft:
     counts = counts.at[rows, self.next_ids[context]].add(self.next_counts[context])
     return jnp.log((counts + self.add_k) / denominator[:, None])
 
-  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
-    del encoder_input_tokens, cache_length  # An n-gram keeps no per-row state.
+  def init_cache(self, encoder_input_tokens: Array, cache_length: int, encoded=None) -> PyTree:
+    del encoder_input_tokens, cache_length, encoded  # An n-gram keeps no per-row state.
     return {}
 
-  def prefill(self, cache, prompt_block, prompt_lengths):
-    del prompt_block, prompt_lengths  # The context is the last token of `sequences`.
+  def prefill(self, cache, prompt_block, prompt_lengths, features=None):
+    del prompt_block, prompt_lengths, features  # The context is the last token of `sequences`.
     return cache
 
   def propose(self, cache, sequences, positions, rng, **rollout_args):
@@ -871,10 +932,6 @@ class NgramDraft:
     )
     return node_tokens, node_valid, node_probs, cache
 
-  def compact_tree(self, cache, positions, path, num_accepted):
-    del positions, path, num_accepted  # An n-gram keeps no per-row state.
-    return cache
-
 
 # ------------------------------------------------------------------------------
 # Prompt lookup: copy a continuation from the input or the generated prefix.
@@ -882,7 +939,7 @@ class NgramDraft:
 
 
 @flax.struct.dataclass
-class PromptLookupDraft:
+class PromptLookupDraft(Draft):
   """Copies what followed the longest recent match of the last tokens.
 
   The search space is the encoder input (for a decoder-only pair, the
@@ -903,12 +960,12 @@ class PromptLookupDraft:
   vocab_size: int = flax.struct.field(pytree_node=False)
   max_ngram: int = flax.struct.field(pytree_node=False, default=3)
 
-  def init_cache(self, encoder_input_tokens: Array, cache_length: int) -> PyTree:
-    del cache_length
+  def init_cache(self, encoder_input_tokens: Array, cache_length: int, encoded=None) -> PyTree:
+    del cache_length, encoded
     return {'input_tokens': encoder_input_tokens.astype(jnp.int32)}
 
-  def prefill(self, cache, prompt_block, prompt_lengths):
-    del prompt_block, prompt_lengths  # The search reads the prompt from `sequences`.
+  def prefill(self, cache, prompt_block, prompt_lengths, features=None):
+    del prompt_block, prompt_lengths, features  # The search reads the prompt from `sequences`.
     return cache
 
   def propose(

@@ -297,9 +297,9 @@ def _prefilled_caches(
   without prompts, whose decoder prompt is then zeros [B, max_decode_len]).
   Arguments as `speculative_decode`'s.
   """
-  # A draft that reads the target's features (`drafts.FeatureDraft`) gets the prompt's,
-  # and for an encoder-decoder target the encoder output, computed once for both.
-  feature_layers = getattr(draft, 'feature_layers', None)
+  # A draft that reads the target's features gets the prompt's, and for an
+  # encoder-decoder target the encoder output, computed once for both.
+  feature_layers = draft.feature_layers or None
   encoder_args = {}
   if feature_layers is not None and not network.is_decoder_only(target_config):
     encoder_args['encoded'] = network.encode(target_config, target_params, input_tokens)
@@ -319,10 +319,8 @@ def _prefilled_caches(
     decoder_prompt = jnp.zeros((input_tokens.shape[0], max_decode_len), jnp.int32)
   else:
     width = max_decode_len if prefill_width is None else prefill_width
-    feature_args = {} if feature_layers is None else {'features': prompt_features[0]}
-    draft_cache = draft.prefill(
-      draft_cache, decoder_prompt[:, :width], initial_index, **feature_args
-    )
+    features = prompt_features[0] if prompt_features else None
+    draft_cache = draft.prefill(draft_cache, decoder_prompt[:, :width], initial_index, features)
   return cache, initial_index, draft_cache, decoder_prompt
 
 

@@ -11,7 +11,7 @@ is never inside a step. The parts of one speculative iteration
   draft_rollout: the gamma draft steps with their sampling (`propose` for
       drafts without a network);
   draft_observe: a feature head's rewrite of its cache over the judged block
-      from the target's true features (`drafts.FeatureDraft.observe`), once
+      from the target's true features (`drafts.FeatureDraft.after_verify`), once
       per iteration (0 for other drafts);
   (both with flushed caches when target and draft together exceed the
   last-level cache, as in the loop, where the draft runs after the target;)
@@ -257,7 +257,7 @@ class IterationParts:
       after a fully accepted block (0 for drafts without a network).
     draft_rollout: the gamma-token proposal without the catch-up.
     draft_observe: a feature head's rewrite of its cache over the block, every
-      iteration (`drafts.FeatureDraft.observe`; 0 for other drafts).
+      iteration (`drafts.FeatureDraft.after_verify`; 0 for other drafts).
     target_block: one target call on gamma + 1 tokens.
     judge: standardizing the block's target logits and verifying.
     emit: writes, positions and statistics.
@@ -360,7 +360,7 @@ def _draft_rollout_step(operands, i, checksum, *, draft, gamma, sample_args):
 def _draft_observe_step(operands, i, checksum, *, draft):
   draft_cache, features, next_tokens, positions = operands
   num_accepted = jnp.zeros_like(positions)
-  state = draft.observe(
+  state = draft.after_verify(
     draft_cache, _vary(features, checksum), next_tokens, positions, num_accepted
   )
   return checksum + _checksum(state['logits']) * 1e-9
@@ -410,17 +410,14 @@ def _draft_encode(draft, inputs, prompt_block, encoded=None, *, cache_length):
   `encoded`: the target's encoder output that a feature head of an
   encoder-decoder target reads (computed once per call for both).
   """
-  if isinstance(draft, drafts.FeatureDraft):
-    cache = draft.init_cache(inputs, cache_length, encoded=encoded)
-  else:
-    cache = draft.init_cache(inputs, cache_length)
+  cache = draft.init_cache(inputs, cache_length, encoded=encoded)
   if prompt_block is None:
     return cache
   lengths = decoding.prompt_lengths(prompt_block)
-  if isinstance(draft, drafts.FeatureDraft):  # The target's features of the prompt (random).
+  features = None
+  if draft.feature_layers:  # The target's features of the prompt (random).
     features = jnp.ones(prompt_block.shape + (draft.config.feature_width,), jnp.float32)
-    return draft.prefill(cache, prompt_block, lengths, features=features)
-  return draft.prefill(cache, prompt_block, lengths)
+  return draft.prefill(cache, prompt_block, lengths, features=features)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -138,7 +138,7 @@ def random_table(seed, num_positions, vocab_size, scale=2.0):
 
 
 @flax.struct.dataclass
-class MarkovDraft:
+class MarkovDraft(drafts.Draft):
   """A draft that samples from a Markov table (the target's own for a perfect draft)."""
 
   table: jax.Array
@@ -150,7 +150,7 @@ class MarkovDraft:
   def init_cache(self, row_shift):
     return {'row_shift': jnp.asarray(row_shift, jnp.int32)}
 
-  def prefill(self, cache, prompt_block, prompt_lengths):
+  def prefill(self, cache, prompt_block, prompt_lengths, features=None):
     return cache  # Markov: the next token depends only on the position and the last token.
 
   def propose(self, cache, sequences, positions, rng, **rollout_args):
@@ -167,16 +167,16 @@ class MarkovDraft:
 
 
 @flax.struct.dataclass
-class ConstantDraft:
+class ConstantDraft(drafts.Draft):
   """A deterministic draft that always proposes `token` (one-hot q)."""
 
   token: int = flax.struct.field(pytree_node=False)
   vocab_size: int = flax.struct.field(pytree_node=False)
 
-  def init_cache(self, encoder_input_tokens, cache_length):
+  def init_cache(self, encoder_input_tokens, cache_length, encoded=None):
     return {}
 
-  def prefill(self, cache, prompt_block, prompt_lengths):
+  def prefill(self, cache, prompt_block, prompt_lengths, features=None):
     return cache
 
   def propose(self, cache, sequences, positions, rng, *, gamma, **sampling_args):

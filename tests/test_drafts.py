@@ -230,6 +230,7 @@ class TestModelDraft:
   ],
 )
 def test_every_draft_has_the_protocol_members(draft):
-  for name in ('vocab_size', 'init_cache', 'propose'):
-    assert hasattr(draft, name), name
-  assert draft.vocab_size == 8
+  assert isinstance(draft, drafts.Draft)
+  for name in ('init_cache', 'prefill', 'propose', 'propose_tree', 'after_verify'):
+    assert callable(getattr(draft, name)), name
+  assert draft.vocab_size == 8 and draft.feature_layers == ()

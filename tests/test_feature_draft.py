@@ -164,7 +164,9 @@ class RecordingFeatureDraft(drafts.FeatureDraft):
     )
     return super().prefill(cache, prompt_block, prompt_lengths, features)
 
-  def observe(self, cache, features, next_tokens, positions, num_accepted):
+  def after_verify(self, cache, features, emitted, positions, num_accepted, path=None):
+    if path is not None:  # The features of the accepted path's nodes, in path order.
+      features = jnp.take_along_axis(features, path[:, :, None], axis=1)
     jax.debug.callback(
       lambda *args: RECORDED.append(('observe',) + args),
       features,
@@ -172,7 +174,7 @@ class RecordingFeatureDraft(drafts.FeatureDraft):
       num_accepted,
       ordered=True,
     )
-    return super().observe(cache, features, next_tokens, positions, num_accepted)
+    return super().after_verify(cache, features, emitted, positions, num_accepted)
 
 
 RECORDED = []
@@ -194,7 +196,7 @@ def test_the_loop_hands_the_head_the_features_of_a_fresh_forward_pass(architectu
   """Every true position's feature the loop hands over == teacher forcing the final output.
 
   With a tree, the features `observe` gets are those of the accepted path's
-  nodes (`observe_tree` gathers them from the tree call in path order).
+  nodes (`after_verify` gathers them from the tree call in path order).
   """
   if architecture == 'encoder_decoder':
     target, prompts = ENCODER_DECODER, np.array([[5, 6, 0], [7, 0, 0], [0, 0, 0]], np.int32)
@@ -391,7 +393,7 @@ def one_iteration(draft, input_tokens, num_accepted):
   next_token = jnp.full(num_accepted.shape, 2, jnp.int32)
   judgement = decoding.Judgement(num_accepted, num_accepted, next_token, None, None)
   next_tokens = decoding.emitted_block(draft_tokens, judgement)
-  return next_tokens, draft.observe(cache, features, next_tokens, starts, num_accepted)
+  return next_tokens, draft.after_verify(cache, features, next_tokens, starts, num_accepted)
 
 
 def fresh_head_pass(draft, architecture, prefixes, input_tokens):
@@ -516,7 +518,7 @@ def test_bad_head_configs_and_feature_widths_are_refused():
   draft = drafts.FeatureDraft.for_target(target, feature_head.init_params(config), config)
   cache = draft.init_cache(jnp.ones((1, 2), jnp.int32), 8)
   with pytest.raises(ValueError, match=r'width 64 .*\(1, 1, 32\)'):
-    draft.observe(
+    draft.after_verify(
       cache,
       jnp.zeros((1, 1, 32)),
       jnp.zeros((1, 1), jnp.int32),

@@ -1,4 +1,4 @@
-"""Token trees drafted by a feature head (`drafts.FeatureDraft.propose_tree`, `observe_tree`).
+"""Token trees drafted by a feature head (`drafts.FeatureDraft.propose_tree`, `after_verify`).
 
 Random tiny networks, as tests/test_feature_draft.py's (a nearly Markov target
 and a head aligned to it where acceptance must be ragged; a random head where
@@ -173,7 +173,7 @@ def test_every_tree_node_drafts_from_what_a_chain_along_its_path_computes(archit
 
 @jax.jit
 def one_tree_iteration(draft, input_tokens, path, num_accepted):
-  """(next tokens [B, D + 1], head state) after prefill, a tree and `observe_tree`.
+  """(next tokens [B, D + 1], head state) after prefill, a tree and `after_verify`.
 
   The target scores the tree (features of every node); each row then accepts
   the nodes of `path` [B, D + 1] (num_accepted [B] past the root; any path:
@@ -196,7 +196,9 @@ def one_tree_iteration(draft, input_tokens, path, num_accepted):
   next_token = jnp.full(num_accepted.shape, 2, jnp.int32)
   judgement = decoding.Judgement(num_accepted, num_accepted, next_token, None, None)
   next_tokens = decoding.emitted_block(path_tokens, judgement)
-  return next_tokens, draft.observe_tree(cache, features, next_tokens, starts, path, num_accepted)
+  return next_tokens, draft.after_verify(
+    cache, features, next_tokens, starts, num_accepted, path=path
+  )
 
 
 @pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])

@@ -76,7 +76,7 @@ def test_teacher_forced_logits_are_the_heads_first_draft_token(architecture):
     # The loop's observe after accepting each row's outputs before j: the whole block, the
     # row's last true position positions[row, j] - 1 (one program for every j).
     position = positions[:, j]
-    state = draft.observe(
+    state = draft.after_verify(
       start,
       features,
       next_tokens,

@@ -99,7 +99,7 @@ def _head_block(head, tokens):
     encoded = jax.random.normal(jax.random.PRNGKey(1), inputs.shape + (head.config.target_emb_dim,))
   cache = head.init_cache(inputs, 16, encoded=encoded)
   features = jax.random.normal(jax.random.PRNGKey(2), tokens.shape + (head.config.feature_width,))
-  state = head.observe(cache, features, tokens, jnp.asarray([0, 5]), jnp.asarray([3, 1]))
+  state = head.after_verify(cache, features, tokens, jnp.asarray([0, 5]), jnp.asarray([3, 1]))
   return (np.asarray(state['feature']), np.asarray(state['logits']))
 
 
