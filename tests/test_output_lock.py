@@ -16,39 +16,14 @@ import sys
 import pytest
 
 from speculative_t5x import output_lock
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Holds the lock of argv[1] and prints 'held', then waits for a line on stdin; or
-# prints 'refused' and the error if another holds it.
-_HOLDER = """
-import sys
-from speculative_t5x import output_lock
-try:
-  with output_lock.hold(sys.argv[1], job='test holder'):
-    print('held', flush=True)
-    sys.stdin.readline()
-except output_lock.OutputLockedError as error:
-  print('refused', error, flush=True)
-"""
+import testing_utils
 
 
-def _start_holder(directory):
-  """A process holding `directory`'s lock (it has printed 'held')."""
-  process = subprocess.Popen(
-    [sys.executable, '-c', _HOLDER, str(directory)],
-    cwd=REPO,
-    stdin=subprocess.PIPE,
-    stdout=subprocess.PIPE,
-    text=True,
-  )
+def _holder(directory):
+  """A process holding `directory`'s lock."""
+  process = testing_utils.start_lock_holder(directory)
   assert process.stdout.readline().strip() == 'held'
   return process
-
-
-def _let_go(process):
-  process.stdin.close()
-  assert process.wait() == 0
 
 
 def _lock_path(directory):
@@ -71,7 +46,7 @@ def test_a_holder_records_itself_and_removes_the_lock_when_done(tmp_path):
 
 
 def test_a_second_writer_is_refused_naming_the_holder_until_it_ends(tmp_path):
-  holder = _start_holder(tmp_path)
+  holder = _holder(tmp_path)
   try:
     with pytest.raises(output_lock.OutputLockedError) as error:
       with output_lock.hold(tmp_path):
@@ -82,22 +57,13 @@ def test_a_second_writer_is_refused_naming_the_holder_until_it_ends(tmp_path):
     assert 'writing since' in message and f'kill {holder.pid}' in message
     assert error.value.holder['pid'] == holder.pid and error.value.directory == str(tmp_path)
   finally:
-    _let_go(holder)
+    testing_utils.let_go(holder)
   with output_lock.hold(tmp_path) as record:
     assert record['pid'] == os.getpid()
 
 
 def test_writers_started_together_leave_exactly_one_holder(tmp_path):
-  processes = [
-    subprocess.Popen(
-      [sys.executable, '-c', _HOLDER, str(tmp_path)],
-      cwd=REPO,
-      stdin=subprocess.PIPE,
-      stdout=subprocess.PIPE,
-      text=True,
-    )
-    for _ in range(6)
-  ]
+  processes = [testing_utils.start_lock_holder(tmp_path) for _ in range(6)]
   # The holder waits for its stdin: every other one has tried while it held.
   first_lines = {process.pid: process.stdout.readline() for process in processes}
   holders = [pid for pid, line in first_lines.items() if line.strip() == 'held']
@@ -106,12 +72,12 @@ def test_writers_started_together_leave_exactly_one_holder(tmp_path):
     if pid not in holders:
       assert line.startswith('refused') and f'process {holders[0]} ' in line, line
   for process in processes:
-    _let_go(process)
+    testing_utils.let_go(process)
   assert os.listdir(tmp_path) == []
 
 
 def test_a_killed_holders_lock_is_taken_over(tmp_path, caplog):
-  holder = _start_holder(tmp_path)
+  holder = _holder(tmp_path)
   holder.send_signal(signal.SIGKILL)
   holder.wait()
   assert json.loads(open(_lock_path(tmp_path)).read())['pid'] == holder.pid  # Left behind.
