@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 import pytest
 import seqio
 
+from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import output_lock
 from speculative_t5x.data import tasks
@@ -381,6 +382,13 @@ def test_a_second_trainer_is_refused_before_any_computation(gin_config, fixture_
       gin.clear_config()
       signal.signal(signal.SIGTERM, sigterm)
   assert os.listdir(model_dir) == []
+
+
+def test_a_reader_loads_a_trained_model_while_a_writer_holds_its_directory(reference):
+  result, model_dir = reference
+  with testing_utils.lock_held_elsewhere(model_dir):
+    model = models.load_trained(model_dir)  # Takes no lock.
+  jax.tree_util.tree_map(np.testing.assert_array_equal, model.params, jax.device_get(result.params))
 
 
 @pytest.mark.slow
