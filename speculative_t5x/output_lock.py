@@ -17,7 +17,8 @@ the file. The kernel releases the flock of a process that dies, SIGKILL
 included: the next job finds the dead holder's file unlocked, says whose
 lock it takes over, and proceeds. Within one process `hold` is re-entrant (a
 main holds its output before gin loads the models, the function it calls
-holds it again), and a forked child shares its parent's lock.
+holds it again). A forked child shares its parent's open lock file, so the
+lock lasts as long as either runs; a `hold` in the child is another writer's.
 
 Filesystems without working locks. Where `flock` fails (ENOLCK or
 EOPNOTSUPP: some NFS and FUSE mounts), the record alone is the lock, and
@@ -25,9 +26,10 @@ where a mount's flock only reaches the processes of one host (NFS mounted
 with `nolock` or `local_lock=flock|all`, FUSE filesystems such as gcsfuse:
 `_host_local_locks` reads /proc/self/mounts), the flock guards this host and
 the record the others. Then a record found on starting is judged:
-  * the holder ran on this host: it is alive if its pid runs a process
-    started when the record says (a reused pid is not mistaken for it): the
-    job is refused; otherwise the lock is stale and taken over;
+  * the holder ran on this host: where flock works on this host, its lock
+    decides; without flock, the holder is alive if its pid runs a process
+    started when the record says (a reused pid is not mistaken for it), and
+    the job is refused; otherwise the lock is stale and taken over;
   * the holder ran on another host: this host cannot tell whether it still
     runs. The job is refused, naming the holder; if that job is known to
     have ended (killed, its host lost), delete the lock file and start again.
@@ -52,7 +54,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 LOCK_FILE = '.writer.lock'
 
@@ -86,7 +88,8 @@ class _Held:
   depth: int = 1
 
 
-_HELD: Dict[str, _Held] = {}  # By the directory's real path: this process's locks.
+# This process's locks, by (pid, the directory's real path): a forked child's are its own.
+_HELD: Dict[Tuple[int, str], _Held] = {}
 _HELD_LOCK = threading.Lock()
 
 
@@ -111,7 +114,7 @@ def hold(directory: str, job: Optional[str] = None) -> Iterator[Dict[str, Any]]:
     yield _own_record(job)
     return
   os.makedirs(directory, exist_ok=True)
-  key = os.path.realpath(directory)
+  key = (os.getpid(), os.path.realpath(directory))
   with _HELD_LOCK:
     held = _HELD.get(key)
     if held is not None:
