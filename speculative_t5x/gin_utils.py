@@ -31,6 +31,7 @@ from absl import logging
 import gin
 
 from speculative_t5x import network
+from speculative_t5x import output_lock
 
 # The checkout holding this package, if it carries the gin files (a source
 # checkout or an editable install).
@@ -213,7 +214,40 @@ def naming_checkpoint_owners() -> Iterator[None]:
     raise error.with_owner(owner) from error
 
 
-def run_configured(argv: Sequence[str], function: Callable[..., Any]) -> Any:
+def bound_path(function: Callable[..., Any], argument: str) -> Optional[str]:
+  """The path gin binds to `function`'s `argument`, following macros; None if none is bound.
+
+  Reads the bindings without calling anything: an argument bound to a
+  configurable's call (`@f()`) reads None, as one bound to a non-path.
+  """
+  try:
+    value = gin.query_parameter(f'{function.__module__}.{function.__name__}.{argument}')
+    while isinstance(value, gin.config.ConfigurableReference):
+      if value.selector != 'gin.macro':
+        return None
+      value = gin.query_parameter(f'%{"/".join(value.scopes)}')
+  except ValueError:  # Not bound.
+    return None
+  return os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+
+
+def holding_bound_output(
+  function: Callable[..., Any], argument: str, job: str
+) -> contextlib.AbstractContextManager:
+  """`output_lock.hold` of the directory gin binds to `function`'s `argument` (`bound_path`).
+
+  For the mains of writing jobs, around the gin call: gin builds the
+  arguments (loading checkpoints) before the function runs and takes the lock
+  itself, so a second writer is refused before that work. Without a bound
+  path, nothing is held here (the function still takes the lock).
+  """
+  path = bound_path(function, argument)
+  return contextlib.nullcontext() if path is None else output_lock.hold(path, job)
+
+
+def run_configured(
+  argv: Sequence[str], function: Callable[..., Any], writes: Optional[str] = None
+) -> Any:
   """The body of a training-like main: calls the gin-configured `function`.
 
   Rejects positional arguments, logs the gin config, and turns SIGTERM (a

@@ -59,7 +59,11 @@ partial batch is padded and only its real rows are written.
 
 Resuming. Records are appended batch by batch and flushed. A rerun with the
 same settings keeps the complete records, drops a partial last line (a write
-cut short by a kill), and continues at the first missing example. Each batch
+cut short by a kill), and continues at the first missing example. A damaged
+file (two writers' records interleaved, from before the writer lock below; a
+line a disk error garbled) keeps its longest consistent prefix, example 0, 1,
+2, ... in order: the run says what it keeps and what it drops, moves the
+dropped lines aside and decodes those examples again (`_recover_records`). Each batch
 covers the same examples as in an uninterrupted run (batch k is examples
 [k * batch_size, (k + 1) * batch_size)): a batch cut short is decoded again
 whole and only its missing rows are written, so resumed outputs equal
@@ -72,6 +76,13 @@ other meshes (the target is greedy-exact; JAX's random bits do not depend on
 sharding). Greedy outputs also do not depend on the batch size, up to the
 float rounding of batched matrix products (identical in our tests); sampled
 ones do, because a batch draws its random numbers together.
+
+One writer. `infer` holds the output directory's writer lock (`output_lock`)
+from its start to its end, and the command line from before gin loads the
+checkpoints: a second run on the same output_dir stops at once, naming the
+running one (host, process id, since when), instead of interleaving its
+records with it. A run killed outright leaves its lock file behind; the next
+run takes it over and resumes.
 
 Sharding. Parameters are placed on a ('data', 'model') mesh of all devices by
 their logical axes (T5X's rules, `partitioning`): `num_partitions` devices
@@ -115,6 +126,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import output_lock
 from speculative_t5x import partitioning
 from speculative_t5x import run_settings
 from speculative_t5x import checks
@@ -293,37 +305,111 @@ def _check_settings(path: str, settings: Dict[str, Any], records_path: str) -> N
     )
 
 
-def read_records(path: str) -> List[Record]:
-  """The complete records of an output file, in order.
+class _Prefix(NamedTuple):
+  """The longest consistent prefix of an output file (`_consistent_prefix`)."""
 
-  A partial last line (a write cut short by a kill) is removed from the file.
-  Raises ValueError for a damaged complete line or records out of order.
+  records: List[Record]
+  end: int  # Its length in bytes.
+  complete_end: int  # The length of the file's complete lines (a partial last one after).
+  lines: int  # The file's complete lines.
+  problem: Optional[str]  # Why the line after the prefix is not part of it; None: none is.
+
+
+def _consistent_prefix(data: bytes) -> _Prefix:
+  """The records of `data`'s complete lines up to the first one that is not the next example.
+
+  Line n (from 0) must be a JSON object with 'index' n: a line that is not,
+  and everything after it, is left out (two writers interleaved their
+  batches, or a disk error garbled a line).
+  """
+  complete_end = data.rfind(b'\n') + 1
+  lines = data[:complete_end].split(b'\n')[:-1]
+  records, end, problem = [], 0, None
+  for number, line in enumerate(lines):
+    try:
+      record = json.loads(line)
+    except ValueError as e:
+      problem = f'line {number + 1} is not JSON ({e})'
+      break
+    index = record.get('index') if isinstance(record, dict) else None
+    if index != number:
+      problem = f'line {number + 1} holds example {index}, expected {number}'
+      break
+    records.append(record)
+    end += len(line) + 1
+  return _Prefix(records, end, complete_end, len(lines), problem)
+
+
+def read_records(path: str) -> List[Record]:
+  """The records of an output file, in order: its longest consistent prefix.
+
+  Reads without changing the file. A partial last line (a write cut short by a
+  kill) is not read; nor is anything from the first line that is not the next
+  example (a damaged file: see `_recover_records`), with a warning.
+  """
+  if not os.path.exists(path):
+    return []
+  with open(path, 'rb') as f:
+    prefix = _consistent_prefix(f.read())
+  if prefix.problem:
+    logging.warning(
+      'Reading the first %d records of %s: %s, so its last %d lines are not read (a damaged '
+      'file; a run of infer on it keeps these records and decodes the rest again).',
+      len(prefix.records),
+      path,
+      prefix.problem,
+      prefix.lines - len(prefix.records),
+    )
+  return prefix.records
+
+
+def _recover_records(path: str) -> List[Record]:
+  """A writer's `read_records`: the file is cut to its longest consistent prefix.
+
+  A partial last line (a write cut short by a kill) is dropped with a warning.
+  A damaged file (records interleaved by two writers started before there was
+  a writer lock, a line garbled by a disk error) keeps its consistent prefix:
+  the lines after it are moved to `<path>.dropped-<UTC time>` and the file is
+  truncated, with a warning that says what is kept and what is dropped; the
+  run then decodes the dropped examples again. The caller holds the writer
+  lock.
   """
   if not os.path.exists(path):
     return []
   with open(path, 'rb') as f:
     data = f.read()
-  end = data.rfind(b'\n') + 1
-  if end < len(data):
-    logging.warning('Dropping a partial last line (%d bytes) of %s.', len(data) - end, path)
+  prefix = _consistent_prefix(data)
+  if prefix.problem is None and prefix.complete_end < len(data):
+    logging.warning(
+      'Dropping a partial last line (%d bytes) of %s.', len(data) - prefix.complete_end, path
+    )
+  elif prefix.problem is not None:
+    aside = f'{path}.dropped-{time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())}'
+    with open(aside, 'wb') as f:  # Written (and synced) before the file is cut.
+      f.write(data[prefix.end :])
+      f.flush()
+      os.fsync(f.fileno())
+    kept = len(prefix.records)
+    logging.warning(
+      '%s is damaged: %s. Keeping its first %d records (examples 0-%d, lines 1-%d) and dropping '
+      'lines %d-%d (%d lines, %d bytes; moved to %s); their examples are decoded again.',
+      path,
+      prefix.problem,
+      kept,
+      kept - 1,
+      kept,
+      kept + 1,
+      prefix.lines + (prefix.complete_end < len(data)),
+      prefix.lines - kept + (prefix.complete_end < len(data)),
+      len(data) - prefix.end,
+      aside,
+    )
+  if prefix.end < len(data):
     with open(path, 'r+b') as f:
-      f.truncate(end)
-  records = []
-  for number, line in enumerate(data[:end].split(b'\n')[:-1]):
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(
-        f'Line {number + 1} of {path} is not JSON ({e}); the file is damaged. '
-        'Delete it to start over.'
-      ) from e
-    if record.get('index') != number:
-      raise ValueError(
-        f'Line {number + 1} of {path} holds example {record.get("index")}, '
-        f'expected {number}; the file is damaged. Delete it to start over.'
-      )
-    records.append(record)
-  return records
+      f.truncate(prefix.end)
+      f.flush()
+      os.fsync(f.fileno())
+  return prefix.records
 
 
 # ------------------------------------------------------------------------------
@@ -729,41 +815,45 @@ def infer(
   Returns:
     The summary written to `<task>-<split>.summary.json` (`_write_summary`).
   """
-  mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
-  draft = models.draft_for(target, draft)  # A feature head's checkpoint, read for the target.
-  speculation = _speculative_settings(
-    draft, gamma, tree, lenience, verification, draft_threshold, speculation_profile
-  )
-  check_pair(target, draft)
-  task = tasks_core.get_task(task)
-  check_vocabularies(task, target)
-  decoding_args = _decoding_args(speculation, temperature=temperature, topk=topk, topp=topp)
-  settings = _run_settings(
-    task, split, feature_lengths, truncate_inputs, batch_size, seed, decoding_args, target, draft
-  )
-  paths, done = _open_outputs(output_dir, task.name, split, settings)
-  raw, features, total = _read_split(
-    task, split, feature_lengths, num_examples, truncate_inputs, target
-  )
-  eos_id = task.output_features['targets'].vocabulary.eos_id
-  decoder = models.make_decoder(
-    place_on_mesh(target, mesh, logical_axis_rules),
-    place_on_mesh(draft, mesh, logical_axis_rules),
-    speculation,
-    temperature=temperature,
-    topk=topk,
-    topp=topp,
-    max_decode_len=feature_lengths['targets'],
-    eos_id=eos_id,
-  )
-  decode = _BatchDecoder(decoder, mesh, seed)
-  run_settings.write(paths.settings, settings)
-  batches = _batches(raw, features, done - done % batch_size, batch_size, feature_lengths['inputs'])
-  with _progress_bar(total, done, progress, f'{task.name}:{split}') as bar:
-    written = _decode_and_append(
-      batches, decode, paths.records, done, task, eos_id, bar=bar, after_batch=after_batch
+  # One writer per output directory, from before any computation (`output_lock`).
+  with output_lock.hold(output_dir, job='speculative_t5x.infer'):
+    mesh = _check_arguments(feature_lengths, batch_size, num_partitions)
+    draft = models.draft_for(target, draft)  # A feature head's checkpoint, read for the target.
+    speculation = _speculative_settings(
+      draft, gamma, tree, lenience, verification, draft_threshold, speculation_profile
     )
-  return _write_summary(paths, total, settings, task, target, mesh, written, decode)
+    check_pair(target, draft)
+    task = tasks_core.get_task(task)
+    check_vocabularies(task, target)
+    decoding_args = _decoding_args(speculation, temperature=temperature, topk=topk, topp=topp)
+    settings = _run_settings(
+      task, split, feature_lengths, truncate_inputs, batch_size, seed, decoding_args, target, draft
+    )
+    paths, done = _open_outputs(output_dir, task.name, split, settings)
+    raw, features, total = _read_split(
+      task, split, feature_lengths, num_examples, truncate_inputs, target
+    )
+    eos_id = task.output_features['targets'].vocabulary.eos_id
+    decoder = models.make_decoder(
+      place_on_mesh(target, mesh, logical_axis_rules),
+      place_on_mesh(draft, mesh, logical_axis_rules),
+      speculation,
+      temperature=temperature,
+      topk=topk,
+      topp=topp,
+      max_decode_len=feature_lengths['targets'],
+      eos_id=eos_id,
+    )
+    decode = _BatchDecoder(decoder, mesh, seed)
+    run_settings.write(paths.settings, settings)
+    batches = _batches(
+      raw, features, done - done % batch_size, batch_size, feature_lengths['inputs']
+    )
+    with _progress_bar(total, done, progress, f'{task.name}:{split}') as bar:
+      written = _decode_and_append(
+        batches, decode, paths.records, done, task, eos_id, bar=bar, after_batch=after_batch
+      )
+    return _write_summary(paths, total, settings, task, target, mesh, written, decode)
 
 
 def _write_summary(
@@ -828,7 +918,7 @@ def _open_outputs(
   os.makedirs(output_dir, exist_ok=True)
   paths = _output_paths(output_dir, task_name, split)
   _check_settings(paths.settings, settings, paths.records)
-  return paths, len(read_records(paths.records))
+  return paths, len(_recover_records(paths.records))
 
 
 def _read_split(
@@ -894,8 +984,10 @@ def main(argv: Sequence[str]) -> None:
   # module's function when it runs as `python -m speculative_t5x.infer`.
   from speculative_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
 
-  with gin_utils.naming_checkpoint_owners():
-    summary = gin.get_configurable(infer_lib.infer)()
+  # The writer lock before gin builds the arguments: a refused run loads no checkpoint.
+  with gin_utils.holding_bound_output(infer_lib.infer, 'output_dir', 'speculative_t5x.infer'):
+    with gin_utils.naming_checkpoint_owners():
+      summary = gin.get_configurable(infer_lib.infer)()
   print(_format_summary(summary))
 
 

@@ -12,12 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 
 from speculative_t5x.training import distill
 from speculative_t5x.training import losses
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import output_lock
 from speculative_t5x.training import train
 import testing_utils
 
@@ -310,12 +312,14 @@ def test_resuming_with_other_settings_is_refused(
 # ------------------------------------------------------------------------------
 # The gin main, killed and resumed in another process.
 # ------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_killed_distillation_resumes_to_the_uninterrupted_result(pair, phrase_task, tmp_path):
+@pytest.fixture(scope='module')
+def distill_gin(pair, phrase_task, tmp_path_factory):
+  """(gin files, bindings, run_in_process(model_dir)) of distill's gin main on the pair."""
   target, draft = pair
   task, directory, vocabulary = phrase_task
   from speculative_t5x import checkpoints
 
+  tmp_path = tmp_path_factory.mktemp('distill_gin')
   checkpoints.save_params(str(tmp_path / 'target'), target.params, step=1)
   checkpoints.save_params(str(tmp_path / 'draft'), draft.params, step=1)
   pair_gin = tmp_path / 'pair.gin'
@@ -364,7 +368,29 @@ tasks.register_tsv_task:
     finally:
       gin.clear_config()
 
-  reference = run_in_process(str(tmp_path / 'reference'))
+  return files, bindings, run_in_process
+
+
+@pytest.fixture(scope='module')
+def distill_gin_reference(distill_gin, tmp_path_factory):
+  """The `DistillResult` of an uninterrupted run of `distill_gin`."""
+  _, _, run_in_process = distill_gin
+  return run_in_process(str(tmp_path_factory.mktemp('distill_reference') / 'model'))
+
+
+def _gin_flags(files, bindings, model_dir):
+  return (
+    [f'--gin_file={path}' for path in files]
+    + [f'--gin.{name}={value!r}' for name, value in bindings.items()]
+    + [f'--gin.MODEL_DIR={model_dir!r}']
+  )
+
+
+@pytest.mark.slow
+def test_killed_distillation_resumes_to_the_uninterrupted_result(
+  distill_gin, distill_gin_reference, tmp_path
+):
+  files, bindings, run_in_process = distill_gin
   killed_dir = str(tmp_path / 'killed')
   # Killed at step 30, once the save of step 20 is complete: mid-run by construction.
   command = testing_utils.main_killed_at(
@@ -374,9 +400,7 @@ tasks.register_tsv_task:
     at=30,
     wait_for=os.path.join(killed_dir, '20', 'commit_success.txt'),
   )
-  command += [f'--gin_file={path}' for path in files]
-  command += [f'--gin.{name}={value!r}' for name, value in bindings.items()]
-  command += [f'--gin.MODEL_DIR={killed_dir!r}']
+  command += _gin_flags(files, bindings, killed_dir)
   process = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   assert process.returncode == -signal.SIGKILL, process.stderr.decode()[-3000:]
   assert sorted(
@@ -384,9 +408,49 @@ tasks.register_tsv_task:
     for name in os.listdir(killed_dir)
     if os.path.exists(f'{killed_dir}/{name}/commit_success.txt')
   ) == [20]
+  # The killed run's writer lock is left behind; the resumed run takes it over.
+  assert os.path.exists(os.path.join(killed_dir, output_lock.LOCK_FILE))
   resumed = run_in_process(killed_dir)
   assert resumed.train_metrics[0]['step'] > 10
-  jax.tree.map(np.testing.assert_array_equal, resumed.params, reference.params)
+  jax.tree.map(np.testing.assert_array_equal, resumed.params, distill_gin_reference.params)
+  assert not os.path.exists(os.path.join(killed_dir, output_lock.LOCK_FILE))
+
+
+def test_a_second_distillation_is_refused_before_any_computation(pair, phrase_task, tmp_path):
+  target, draft = pair
+  model_dir = tmp_path / 'draft'
+  with testing_utils.lock_held_elsewhere(model_dir) as holder:
+    with pytest.raises(output_lock.OutputLockedError) as error:
+      distill.distill(str(model_dir), target, draft, phrase_task[0], num_steps=2, **DISTILL_ARGS)
+    assert f'{model_dir} is being written by another job: test holder, process {holder} ' in (
+      str(error.value)
+    )
+  assert os.listdir(model_dir) == []
+
+
+@pytest.mark.slow
+def test_two_distillations_started_together_on_one_model_dir_one_proceeds(
+  distill_gin, distill_gin_reference, tmp_path
+):
+  files, bindings, _ = distill_gin
+  model_dir = str(tmp_path / 'model')
+  results = testing_utils.run_writers_together(
+    'speculative_t5x.training.distill', _gin_flags(files, bindings, model_dir), tmp_path
+  )
+  finished = [result for result in results if result[1] == 0]
+  assert len(finished) == 1, [result[2][-3000:] for result in results]
+  ((winner, _, _),) = finished
+  ((_, _, stderr),) = [result for result in results if result[1] != 0]
+  assert (
+    f'{model_dir} is being written by another job: speculative_t5x.training.distill, '
+    f'process {winner} '
+  ) in stderr, stderr[-3000:]
+  # The survivor's draft is a lone run's.
+  with train.checkpoint_manager(model_dir) as manager:
+    assert manager.latest_step() == 60
+    params = manager.restore(60, args=ocp.args.Composite(params=ocp.args.StandardRestore())).params
+  jax.tree.map(np.testing.assert_array_equal, params, distill_gin_reference.params)
+  assert not os.path.exists(os.path.join(model_dir, output_lock.LOCK_FILE))
 
 
 @pytest.mark.slow  # The demo's greedy distillation; its loss is checked fast above.

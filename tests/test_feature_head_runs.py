@@ -20,6 +20,7 @@ from speculative_t5x import infer
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import output_lock
 from speculative_t5x import settings as settings_lib
 from speculative_t5x_lab import benchmark
 from speculative_t5x_lab import measure
@@ -337,3 +338,61 @@ def test_a_head_checkpoint_for_another_target_is_refused_naming_both(gin_fixture
     models.FeatureHeadCheckpoint(str(train_dir)).for_target(other)
   with pytest.raises(ValueError, match='holds no feature_head_settings.json'):
     models.FeatureHeadCheckpoint(str(tmp_path)).for_target(target)
+
+
+# ------------------------------------------------------------------------------
+# One writer per head directory; readers need no lock.
+# ------------------------------------------------------------------------------
+def test_a_second_head_trainer_is_refused_while_readers_still_read(gin_fixture, tmp_path):
+  target = gin_fixture['target']
+  head = random_head(target)
+  model_dir = tmp_path / 'head'
+  inputs = padded_inputs(0, 4, 6, target.vocab_size)
+  args = dict(max_decode_len=4, batch_size=2, num_steps=1)
+  trained = train_feature_head.train_feature_head(
+    str(model_dir), target, head.config, inputs, **args
+  )
+  before = sorted(os.listdir(model_dir))
+  with testing_utils.lock_held_elsewhere(model_dir) as holder:
+    with pytest.raises(output_lock.OutputLockedError) as error:
+      train_feature_head.train_feature_head(
+        str(model_dir), target, head.config, inputs, **dict(args, num_steps=2)
+      )
+    assert f'{model_dir} is being written by another job: test holder, process {holder} ' in (
+      str(error.value)
+    )
+    # A reader of the finished head takes no lock: it reads while a writer holds the directory.
+    read = models.FeatureHeadCheckpoint(str(model_dir)).for_target(target)
+    jax.tree.map(np.testing.assert_array_equal, read.params, trained.params)
+  assert sorted(os.listdir(model_dir)) == before
+
+
+@pytest.mark.slow
+def test_two_head_trainers_started_together_on_one_model_dir_one_proceeds(gin_fixture, tmp_path):
+  bindings = {**gin_fixture['bindings'], **HEAD_BINDINGS, 'HEAD_STEPS': 4}
+  alone = run_configured(
+    gin_fixture,
+    'configs/runs/train_feature_head.gin',
+    train_feature_head.train_on_task,
+    MODEL_DIR=str(tmp_path / 'alone'),
+    **bindings,
+  )
+  model_dir = str(tmp_path / 'together')
+  flags = [
+    f'--gin_file={path}' for path in gin_fixture['files'] + ['configs/runs/train_feature_head.gin']
+  ] + [f'--gin.{k}={v!r}' for k, v in {**bindings, 'MODEL_DIR': model_dir}.items()]
+  results = testing_utils.run_writers_together(
+    'speculative_t5x.training.train_feature_head', flags, tmp_path
+  )
+  finished = [result for result in results if result[1] == 0]
+  assert len(finished) == 1, [result[2][-3000:] for result in results]
+  ((winner, _, _),) = finished
+  ((_, _, stderr),) = [result for result in results if result[1] != 0]
+  assert (
+    f'{model_dir} is being written by another job: '
+    f'speculative_t5x.training.train_feature_head, process {winner} '
+  ) in stderr, stderr[-3000:]
+  # The survivor's head is a lone run's.
+  head = models.FeatureHeadCheckpoint(model_dir).for_target(gin_fixture['target'])
+  jax.tree.map(np.testing.assert_array_equal, head.params, alone.params)
+  assert sorted(os.listdir(model_dir)) == sorted(os.listdir(tmp_path / 'alone'))

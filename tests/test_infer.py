@@ -26,6 +26,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import infer
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import output_lock
 from speculative_t5x.data import tasks
 from speculative_t5x.data import tasks_core
 import testing_utils
@@ -285,10 +286,90 @@ def test_killed_run_resumes_without_losing_or_repeating_examples(fixture, greedy
   with open(records_path, 'wb') as f:
     f.write(complete + next_record[: len(next_record) // 2])
 
+  # The killed run's writer lock is left behind; the next run takes it over.
+  lock_file = output_dir / output_lock.LOCK_FILE
+  left = json.loads(lock_file.read_text())
+  assert left['job'] == 'speculative_t5x.infer' and left['pid'] != os.getpid()
   _run_main_in_process(command)
   assert _read(output_dir) == _read(greedy_runs['speculative_dir'])
   settings = lambda d: open(_records_path(d)[: -len('.jsonl')] + '.settings.json').read()
   assert settings(output_dir) == settings(greedy_runs['speculative_dir'])
+  assert not lock_file.exists()
+
+
+def test_a_second_writer_is_refused_before_any_computation(fixture, tmp_path, monkeypatch):
+  output_dir = tmp_path / 'out'
+
+  def compute(*args, **kwargs):
+    raise AssertionError('a refused run computed')
+
+  with testing_utils.lock_held_elsewhere(output_dir) as holder:
+    with monkeypatch.context() as patch:
+      patch.setattr(infer, '_check_arguments', compute)
+      with pytest.raises(output_lock.OutputLockedError) as error:
+        _infer(fixture, output_dir)
+    message = str(error.value)
+    assert f'{output_dir} is being written by another job: test holder, process {holder} ' in (
+      message
+    )
+    assert 'writing since' in message and f'kill {holder}' in message
+    # The command line is refused before gin loads the checkpoints (a missing one here).
+    missing = f"--gin.CHECKPOINT_PATH='{tmp_path / 'missing'}'"
+    with pytest.raises(output_lock.OutputLockedError, match=f'process {holder} '):
+      _run_main_in_process(_cli(fixture, output_dir, missing))
+  assert os.listdir(output_dir) == []
+  # Once it ends, the run proceeds.
+  assert _infer(fixture, output_dir, num_examples=BATCH_SIZE)['decoded_examples'] == BATCH_SIZE
+
+
+def test_records_two_writers_interleaved_keep_their_consistent_prefix(
+  fixture, greedy_runs, tmp_path, caplog
+):
+  """Two runs started together before the writer lock: each appended batch by batch."""
+  reference = _read(greedy_runs['speculative_dir'])
+  lines = reference.splitlines(keepends=True)
+  # The first run's two batches, the second run's first, the first run's third, ...
+  interleaved = lines[:8] + lines[:4] + lines[8:12] + lines[4:8] + [lines[12][:9]]
+  output_dir = tmp_path / 'interleaved'
+  os.makedirs(output_dir)
+  with open(_records_path(output_dir), 'wb') as f:
+    f.write(b''.join(interleaved))
+  settings_file = _records_path(greedy_runs['speculative_dir'])[: -len('.jsonl')] + '.settings.json'
+  shutil.copy(settings_file, output_dir)
+
+  assert (
+    infer.read_records(_records_path(output_dir)) == _records(greedy_runs['speculative_dir'])[:8]
+  )
+  with caplog.at_level('WARNING'):
+    summary = _infer(fixture, output_dir)
+  assert summary['decoded_examples'] == len(PAIRS) - 8
+  assert _read(output_dir) == reference
+  (aside,) = [name for name in os.listdir(output_dir) if '.jsonl.dropped-' in name]
+  assert (output_dir / aside).read_bytes() == b''.join(interleaved[8:])
+  assert (
+    f'{_records_path(output_dir)} is damaged: line 9 holds example 0, expected 8. Keeping its '
+    'first 8 records (examples 0-7, lines 1-8) and dropping lines 9-21 (13 lines, '
+  ) in caplog.text
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_on_one_output_one_proceeds(fixture, greedy_runs, tmp_path):
+  output_dir = tmp_path / 'out'
+  results = testing_utils.run_writers_together(
+    'speculative_t5x.infer', _cli(fixture, output_dir)[3:], tmp_path
+  )
+  finished = [result for result in results if result[1] == 0]
+  assert len(finished) == 1, [result[2][-3000:] for result in results]
+  ((winner, _, _),) = finished
+  ((loser, code, stderr),) = [result for result in results if result[1] != 0]
+  assert 'OutputLockedError' in stderr, stderr[-3000:]
+  assert (
+    f'{output_dir} is being written by another job: speculative_t5x.infer, process {winner} '
+    in (stderr)
+  )
+  # The survivor's output is a lone run's.
+  assert _read(output_dir) == _read(greedy_runs['speculative_dir'])
+  assert sorted(os.listdir(output_dir)) == sorted(os.listdir(greedy_runs['speculative_dir']))
 
 
 _SHARDED_SCRIPT = """
@@ -374,10 +455,11 @@ def test_bad_configurations_name_the_problem(fixture, greedy_runs, tmp_path):
     _infer(fixture, tmp_path / 'e', gamma=None)
   with pytest.raises(ValueError, match=r"other settings \(differing: \['seed'\]"):
     _infer(fixture, greedy_runs['speculative_dir'], seed=1)
+  # A damaged file reads as its consistent prefix, unchanged (a reader does not cut it).
   damaged = tmp_path / 'damaged.jsonl'
   damaged.write_text('{"index": 0}\nnot json\n{"index": 2}\n')
-  with pytest.raises(ValueError, match='Line 2 of .* is not JSON'):
-    infer.read_records(str(damaged))
+  assert infer.read_records(str(damaged)) == [{'index': 0}]
+  assert damaged.read_text() == '{"index": 0}\nnot json\n{"index": 2}\n'
   assert os.listdir(tmp_path / 'd') == []  # A run that fails its checks writes nothing.
 
 

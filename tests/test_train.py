@@ -19,7 +19,9 @@ import orbax.checkpoint as ocp
 import pytest
 import seqio
 
+from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import output_lock
 from speculative_t5x.data import tasks
 from speculative_t5x.training import train
 import testing_utils
@@ -316,6 +318,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(gin_config, reference, t
   assert process.returncode == -signal.SIGKILL, process.stderr.decode()[-3000:]
   steps_at_kill = _complete_steps(killed_dir)
   assert steps_at_kill == [50, 100]
+  # The killed run's writer lock is left behind; the resumed run takes it over (and
+  # removes it at its end: the directories are listed alike below).
+  assert os.path.exists(os.path.join(killed_dir, output_lock.LOCK_FILE))
 
   resumed = _train_with_gin(files, {**bindings, 'MODEL_DIR': killed_dir})
   # It started from the last checkpoint, not from scratch, and ended like the reference.
@@ -343,6 +348,75 @@ def test_finished_run_resumes_to_nothing_and_checks_the_network(gin_config, refe
       files,
       {**bindings, 'MODEL_DIR': model_dir, 'TRAIN_STEPS': 200, 'network.T5Config.emb_dim': 48},
     )
+
+
+DIRECT_ARGS = dict(feature_lengths=FEATURE_LENGTHS, batch_size=4, progress=False)
+
+
+def _gin_flags(files, bindings):
+  return [f'--gin_file={path}' for path in files] + [
+    f'--gin.{name}={value!r}' for name, value in bindings.items()
+  ]
+
+
+def test_a_second_trainer_is_refused_before_any_computation(gin_config, fixture_task, tmp_path):
+  files, bindings = gin_config
+  task, _, _ = fixture_task
+  model_dir = tmp_path / 'model'
+  with testing_utils.lock_held_elsewhere(model_dir) as holder:
+    with pytest.raises(output_lock.OutputLockedError) as error:
+      train.train(str(model_dir), _config(64), task, **dict(DIRECT_ARGS, num_steps=2))
+    assert f'{model_dir} is being written by another job: test holder, process {holder} ' in (
+      str(error.value)
+    )
+    # The command line, before gin builds the arguments.
+    gin.clear_config()
+    sigterm = signal.getsignal(signal.SIGTERM)  # The main handles SIGTERM.
+    try:
+      gin.parse_config_files_and_bindings(
+        files, [f'{k} = {v!r}' for k, v in {**bindings, 'MODEL_DIR': str(model_dir)}.items()]
+      )
+      with pytest.raises(output_lock.OutputLockedError, match=f'process {holder} '):
+        train.main(['train'])
+    finally:
+      gin.clear_config()
+      signal.signal(signal.SIGTERM, sigterm)
+  assert os.listdir(model_dir) == []
+
+
+def test_a_reader_loads_a_trained_model_while_a_writer_holds_its_directory(reference):
+  result, model_dir = reference
+  with testing_utils.lock_held_elsewhere(model_dir):
+    model = models.load_trained(model_dir)  # Takes no lock.
+  jax.tree_util.tree_map(np.testing.assert_array_equal, model.params, jax.device_get(result.params))
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_on_one_model_dir_one_proceeds(gin_config, reference, tmp_path):
+  files, bindings = gin_config
+  reference_result, reference_dir = reference
+  model_dir = str(tmp_path / 'model')
+  results = testing_utils.run_writers_together(
+    'speculative_t5x.training.train',
+    _gin_flags(files, {**bindings, 'MODEL_DIR': model_dir}),
+    tmp_path,
+  )
+  finished = [result for result in results if result[1] == 0]
+  assert len(finished) == 1, [result[2][-3000:] for result in results]
+  ((winner, _, _),) = finished
+  ((_, _, stderr),) = [result for result in results if result[1] != 0]
+  assert (
+    f'{model_dir} is being written by another job: speculative_t5x.training.train, '
+    f'process {winner} '
+  ) in stderr, stderr[-3000:]
+  # The survivor's run is a lone run's.
+  assert sorted(os.listdir(model_dir)) == sorted(os.listdir(reference_dir))
+  assert _complete_steps(model_dir) == _complete_steps(reference_dir)
+  with ocp.CheckpointManager(model_dir, item_names=train.ITEM_NAMES) as manager:
+    restored = manager.restore(150, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
+  jax.tree_util.tree_map(
+    np.testing.assert_array_equal, restored.params, jax.device_get(reference_result.params)
+  )
 
 
 # ------------------------------------------------------------------------------

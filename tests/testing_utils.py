@@ -7,10 +7,12 @@ Test modules import these from here, not from each other.
 """
 
 import collections
+import contextlib
 import os
 import struct
 import subprocess
 import sys
+import time
 
 from flax import serialization
 from flax import traverse_util
@@ -65,6 +67,114 @@ def main_killed_at(module, function, hook, at, wait_for=None):
   """
   code = _KILLED_MAIN.format(module=module, function=function, hook=hook, at=at, wait_for=wait_for)
   return [sys.executable, '-c', code]
+
+
+# ------------------------------------------------------------------------------
+# Writers of one output directory (speculative_t5x.output_lock).
+# ------------------------------------------------------------------------------
+_REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Holds the lock of argv[1] and prints 'held', then waits for a line on stdin; or
+# prints 'refused' and the error if another holds it. Imports no JAX.
+_HOLDER = """
+import sys
+from speculative_t5x import output_lock
+try:
+  with output_lock.hold(sys.argv[1], job='test holder'):
+    print('held', flush=True)
+    sys.stdin.readline()
+except output_lock.OutputLockedError as error:
+  print('refused', error, flush=True)
+"""
+
+
+def start_lock_holder(directory):
+  """A process that tries to hold `directory`'s writer lock, holding it until `let_go`.
+
+  Its first line of stdout says how it went: 'held', or 'refused <the error>'.
+  """
+  return subprocess.Popen(
+    [sys.executable, '-c', _HOLDER, str(directory)],
+    cwd=_REPOSITORY,
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+
+
+def let_go(holder):
+  """Ends a `start_lock_holder` process, which releases the lock it holds."""
+  holder.stdin.close()
+  assert holder.wait() == 0
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(directory):
+  """`with lock_held_elsewhere(directory) as pid:` another process holds its writer lock."""
+  holder = start_lock_holder(directory)
+  assert holder.stdout.readline().strip() == 'held'
+  try:
+    yield holder.pid
+  finally:
+    let_go(holder)
+
+
+# The main of `module` whose first writer lock, once taken, is held until the
+# file `go` exists: every other writer started with it tries while it holds.
+_PAUSED_MAIN = """
+import contextlib, os, time
+from speculative_t5x import gin_utils, output_lock
+import {module} as module
+
+hold = output_lock.hold
+
+@contextlib.contextmanager
+def paused_hold(*args, **kwargs):
+  with hold(*args, **kwargs) as record:
+    while not os.path.exists({go!r}):
+      time.sleep(0.01)
+    yield record
+
+output_lock.hold = paused_hold
+gin_utils.run(module.main)
+"""
+
+
+def run_writers_together(module, args, directory, count=2):
+  """Starts `count` runs of `python -m module args` on one output at once; returns their results.
+
+  Each run's first writer lock, once taken, is held until every other run has
+  ended (`_PAUSED_MAIN`), so the lock alone decides who proceeds, not how
+  fast each process starts. `directory` is a scratch directory for the runs'
+  logs.
+
+  Returns:
+    [(pid, return code, stderr text)] in the order started.
+  """
+  go = os.path.join(str(directory), 'go')
+  code = _PAUSED_MAIN.format(module=module, go=go)
+  logs = [open(os.path.join(str(directory), f'stderr_{i}'), 'w+') for i in range(count)]
+  processes = [
+    subprocess.Popen(
+      [sys.executable, '-c', code, *args],
+      cwd=_REPOSITORY,
+      stdout=subprocess.DEVNULL,
+      stderr=log,
+    )
+    for log in logs
+  ]
+  # One run holds the lock until `go` exists; the others end (refused, or in error).
+  while sum(process.poll() is None for process in processes) > 1:
+    time.sleep(0.05)
+  with open(go, 'w'):
+    pass
+  results = []
+  for process, log in zip(processes, logs):
+    process.wait()
+    log.seek(0)
+    results.append((process.pid, process.returncode, log.read()))
+    log.close()
+  return results
 
 
 # ------------------------------------------------------------------------------

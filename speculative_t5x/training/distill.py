@@ -709,6 +709,7 @@ def distill(
     settings_file=SETTINGS_FILE,
     settings=settings,
     start=start,
+    job='speculative_t5x.training.distill',
   )
   return DistillResult(params, step, train_metrics, eval_metrics)
 
@@ -720,7 +721,7 @@ def main(argv: Sequence[str]) -> None:
   """Runs the gin-configured `distill` (`gin_utils.run` has parsed the gin flags)."""
   from speculative_t5x.training import distill as distill_lib  # pylint: disable=g-import-not-at-top
 
-  gin_utils.run_configured(argv, distill_lib.distill)
+  gin_utils.run_configured(argv, distill_lib.distill, writes='model_dir')
 
 
 if __name__ == '__main__':

@@ -43,7 +43,11 @@ checkpoint of an interrupted run appear twice), and `SETTINGS_FILE` records
 the run's network, task and settings (`inputs_bidirectional_attention`
 included, which decoding a prefix LM must repeat: `models.Model`'s argument of
 that name); a resumed run must use the recorded settings, all of them (a
-difference is an error naming the setting and both values). The loop itself,
+difference is an error naming the setting and both values). One run writes a
+`model_dir` at a time: the run holds its writer lock (`output_lock`; the
+command line from before gin builds the arguments), and a second run there
+stops at once naming the first (host, process id, since when); a run killed
+outright leaves the lock file, which the next run takes over. The loop itself,
 resume-or-start, metrics, progress bar, checkpoint and evaluation cadence, is
 `resumable_loop`, which `distill` runs too.
 
@@ -90,6 +94,7 @@ import tqdm
 from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
 from speculative_t5x import network
+from speculative_t5x import output_lock
 from speculative_t5x import run_settings
 from speculative_t5x import checks
 from speculative_t5x.data import tasks
@@ -829,11 +834,15 @@ def resumable_loop(
   settings: Mapping[str, Any],
   start: Callable[[int], LoopSteps],
   abstract_params: Optional[Callable[[], PyTree]] = None,
+  job: str = 'speculative_t5x.training',
 ) -> Tuple[PyTree, int, List[Dict[str, Any]], List[Dict[str, Any]]]:
   """Trains `model_dir`'s run up to `schedule.num_steps`, from its latest checkpoint or the start.
 
-  Resume or start: a directory with a complete step resumes from the latest
-  one, after its `settings_file` is checked against `settings` (a difference
+  One writer: the loop holds `model_dir`'s writer lock (`output_lock.hold`)
+  from before it reads or cleans the directory until its saves are complete;
+  a second run on the directory stops at once with `OutputLockedError`
+  naming the running one. Resume or start: a directory with a complete step
+  resumes from the latest one, after its `settings_file` is checked against `settings` (a difference
   is a ValueError naming each setting and both values); otherwise `settings`
   are written to `settings_file` and the run starts from `initial_params()`
   with a fresh optimizer state. `start(start_step)` then prepares the run's
@@ -854,37 +863,40 @@ def resumable_loop(
     abstract_params: the trained parameters' shapes (`jax.ShapeDtypeStruct`s)
       for a restore, when they are not a network's (e.g. a draft head's);
       None: `network.abstract_params(config)`.
+    job: what trains, for the writer lock's record (`output_lock`).
 
   Returns:
     (the final parameters, the final step, training records, evaluation records).
   """
-  records = _RunRecords(os.path.join(model_dir, METRICS_FILE), start_time=time.perf_counter())
-  manager = checkpoint_manager(model_dir, schedule.keep_checkpoints)
-  try:
-    start_step, state = _restore_or_start(
-      manager,
-      model_dir,
-      config=config,
-      optimizer=optimizer,
-      initial_params=initial_params,
-      settings_file=settings_file,
-      settings=settings,
-      abstract_params=abstract_params,
-    )
-    if start_step >= schedule.num_steps:
-      logging.info(
-        '%s is already at step %d >= num_steps=%d.', model_dir, start_step, schedule.num_steps
+  # One writer per model_dir, before the manager removes unfinished saves (`output_lock`).
+  with output_lock.hold(model_dir, job):
+    records = _RunRecords(os.path.join(model_dir, METRICS_FILE), start_time=time.perf_counter())
+    manager = checkpoint_manager(model_dir, schedule.keep_checkpoints)
+    try:
+      start_step, state = _restore_or_start(
+        manager,
+        model_dir,
+        config=config,
+        optimizer=optimizer,
+        initial_params=initial_params,
+        settings_file=settings_file,
+        settings=settings,
+        abstract_params=abstract_params,
       )
-      return state.params, start_step, [], []
-    steps = start(start_step)
-    if steps.evaluate is not None and steps.evaluate_at_start and start_step == 0:
-      records.log('validation', {'step': 0, **steps.evaluate(state.params)})
-    state = _step_loop(model_dir, manager, state, steps, records, schedule, start_step)
-    return state.params, schedule.num_steps, records.train, records.eval
-  finally:
-    # Returns only once every started save is complete (renamed into place).
-    manager.wait_until_finished()
-    manager.close()
+      if start_step >= schedule.num_steps:
+        logging.info(
+          '%s is already at step %d >= num_steps=%d.', model_dir, start_step, schedule.num_steps
+        )
+        return state.params, start_step, [], []
+      steps = start(start_step)
+      if steps.evaluate is not None and steps.evaluate_at_start and start_step == 0:
+        records.log('validation', {'step': 0, **steps.evaluate(state.params)})
+      state = _step_loop(model_dir, manager, state, steps, records, schedule, start_step)
+      return state.params, schedule.num_steps, records.train, records.eval
+    finally:
+      # Returns only once every started save is complete (renamed into place).
+      manager.wait_until_finished()
+      manager.close()
 
 
 class _RunRecords:
@@ -1188,6 +1200,7 @@ def train(
     settings_file=SETTINGS_FILE,
     settings=settings,
     start=start,
+    job='speculative_t5x.training.train',
   )
   return TrainResult(params, step, train_metrics, eval_metrics)
 
@@ -1199,7 +1212,7 @@ def main(argv: Sequence[str]) -> None:
   """Runs the gin-configured `train` (`gin_utils.run` has parsed the gin flags)."""
   from speculative_t5x.training import train as train_lib  # pylint: disable=g-import-not-at-top
 
-  gin_utils.run_configured(argv, train_lib.train)
+  gin_utils.run_configured(argv, train_lib.train, writes='model_dir')
 
 
 if __name__ == '__main__':

@@ -596,6 +596,7 @@ def train_feature_head(
     settings=settings,
     start=start,
     abstract_params=lambda: feature_head.abstract_params(head_config),
+    job='speculative_t5x.training.train_feature_head',
   )
   return HeadTrainResult(params, step, train_metrics, eval_metrics)
 
@@ -688,7 +689,7 @@ def main(argv: Sequence[str]) -> None:
   """Runs the gin-configured `train_on_task` (`gin_utils.run` has parsed the gin flags)."""
   from speculative_t5x.training import train_feature_head as lib  # pylint: disable=g-import-not-at-top
 
-  gin_utils.run_configured(argv, lib.train_on_task)
+  gin_utils.run_configured(argv, lib.train_on_task, writes='model_dir')
 
 
 if __name__ == '__main__':
