@@ -57,6 +57,7 @@ LAYERS = (
       f'speculative_t5x.{name}'
       for name in (
         'infer',
+        'output_lock',
         'training',
         'gin_utils',
         'partitioning',
