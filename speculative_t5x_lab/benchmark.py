@@ -1657,32 +1657,36 @@ def benchmark_pair(
       f'decoder_prompt_length={decoder_prompt_length} is for encoder-decoder pairs; a '
       "decoder-only pair's prompts are the task's inputs. Set DECODER_PROMPT_LENGTH = 0."
     )
-  options = options_from_fields(
-    vocabulary_path=vocabulary_path,
-    output_dir=output_dir,
-    result_cache=result_cache_lib.ResultCache(result_cache_dir, remeasure=remeasure),
-    **settings,
-  )
-  inputs, references, vocabulary = _pair_inputs(
-    target,
-    task=task,
-    split=split,
-    tsv_path=tsv_path,
-    vocabulary_path=vocabulary_path,
-    prefix=prefix,
-    num_examples=num_examples,
-    random_input_length=random_input_length,
-    measurement=options['measurement'],
-  )
-  decoder_prompts, references = _decoder_prompts(
-    target, len(inputs), references, vocabulary, decoder_prompt_length
-  )
-  if ngram_tsv_path is not None:
-    corpus = tsv_target_tokens(ngram_tsv_path, vocabulary_path, ngram_examples)
-    options['other_drafts'] = dataclasses.replace(options['other_drafts'], ngram_corpus=corpus)
-  return run_benchmark(
-    target, draft, inputs, decoder_prompts=decoder_prompts, references=references, **options
-  )
+  # The cache takes its directory's writer lock if it computes an entry, until it closes.
+  with result_cache_lib.ResultCache(
+    result_cache_dir, remeasure=remeasure, job='speculative_t5x_lab.benchmark'
+  ) as result_cache:
+    options = options_from_fields(
+      vocabulary_path=vocabulary_path,
+      output_dir=output_dir,
+      result_cache=result_cache,
+      **settings,
+    )
+    inputs, references, vocabulary = _pair_inputs(
+      target,
+      task=task,
+      split=split,
+      tsv_path=tsv_path,
+      vocabulary_path=vocabulary_path,
+      prefix=prefix,
+      num_examples=num_examples,
+      random_input_length=random_input_length,
+      measurement=options['measurement'],
+    )
+    decoder_prompts, references = _decoder_prompts(
+      target, len(inputs), references, vocabulary, decoder_prompt_length
+    )
+    if ngram_tsv_path is not None:
+      corpus = tsv_target_tokens(ngram_tsv_path, vocabulary_path, ngram_examples)
+      options['other_drafts'] = dataclasses.replace(options['other_drafts'], ngram_corpus=corpus)
+    return run_benchmark(
+      target, draft, inputs, decoder_prompts=decoder_prompts, references=references, **options
+    )
 
 
 def _pair_inputs(

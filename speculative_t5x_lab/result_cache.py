@@ -34,8 +34,16 @@ entry and overwrites the files. The demo's `--remeasure` flag and the gin
 benchmark's `benchmark_pair(result_cache_dir=..., remeasure=...)` set these;
 reports say which figures came from the cache and from which run
 (`CACHED_FROM`).
+
+One writer per directory. A cache that must compute an entry first takes its
+directory's writer lock (`speculative_t5x.output_lock`), before computing, and
+holds it until `close()` (or the end of its `with` block): a second run that
+would write the same directory stops there with `OutputLockedError`, naming
+the running one. A run whose every entry is stored only reads: it takes no
+lock and runs beside a writer (entries are written whole, then renamed).
 """
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -47,6 +55,8 @@ import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
+
+from speculative_t5x import output_lock
 
 # The record field (a dict: {'computed': ISO date of the run that computed it,
 # 'fingerprint': ...}) that marks a figure read from the cache; absent when
@@ -213,19 +223,50 @@ class Entry:
 class ResultCache:
   """Deterministic results keyed by a content fingerprint (see the module docstring).
 
+  A cache that computes an entry holds the directory's writer lock from then
+  until `close()`; `with ResultCache(...) as cache:` closes it.
+
   Args:
     directory: where the entries persist (created when the first is written);
       None: in memory only, for this run.
     remeasure: recompute every entry, ignoring (and overwriting) stored ones.
+    job: what writes, for the writer lock's record (`output_lock`; default
+      the command line's program).
   """
 
-  def __init__(self, directory: Optional[str], *, remeasure: bool = False):
+  def __init__(
+    self, directory: Optional[str], *, remeasure: bool = False, job: Optional[str] = None
+  ):
     self.directory = directory
     self.remeasure = remeasure
+    self.job = job
+    self._lock = contextlib.ExitStack()  # The writer lock, once taken (`_hold`).
+    self._locked = False
     self.entries: List[Entry] = []  # Every entry this run used, in order.
     self._memory: Dict[str, Entry] = {}
     self._fingerprint = Fingerprinter()
     self._context = None
+
+  def __enter__(self) -> 'ResultCache':
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  def close(self) -> None:
+    """Releases the directory's writer lock, if this cache took it; it takes it again if
+    it computes another entry."""
+    self._lock.close()
+    self._locked = False
+
+  def _hold(self) -> None:
+    """Takes the directory's writer lock unless this cache holds it (until `close()`).
+
+    Raises `output_lock.OutputLockedError` if another job writes the directory.
+    """
+    if not self._locked:
+      self._lock.enter_context(output_lock.hold(self.directory, self.job))
+      self._locked = True
 
   def context(self) -> Dict[str, Any]:
     """The environment and the code's fingerprint, part of every key."""
@@ -284,6 +325,10 @@ class ResultCache:
   ) -> Entry:
     """The entry for (name, key): this run's, the stored one, or `compute()`'s (then stored).
 
+    Before computing an entry that persists, takes the directory's writer lock
+    (held until `close()`); raises `output_lock.OutputLockedError` if another
+    job holds it.
+
     Args:
       name: what the result is (a file-name-safe word, e.g. 'alpha').
       key: everything the result depends on beyond `context()`: arrays,
@@ -301,6 +346,8 @@ class ResultCache:
       stored = self._read(path, fingerprint)
       if stored is not None:
         entry = Entry(name, stored['value'], stored['computed'], fingerprint, from_cache=True)
+    if entry is None and path is not None:
+      self._hold()  # One writer per directory, from before the computation.
     if entry is None:
       # Round-trip through JSON so a computed value looks exactly like a stored one.
       value = json.loads(json.dumps(compute(), default=float))

@@ -7,8 +7,10 @@ import os
 import numpy as np
 import pytest
 
+from speculative_t5x import output_lock
 from speculative_t5x_lab import benchmark
 from speculative_t5x_lab import result_cache
+import testing_utils
 from testing_utils import padded_inputs, tiny_model
 
 
@@ -47,18 +49,18 @@ def test_a_result_is_computed_once_and_read_back_by_a_later_run(tmp_path):
     return {'alpha': 0.75, 'per_key': [1.0, 2.0]}
 
   key = dict(inputs=np.arange(4), temperature=1.0)
-  first = result_cache.ResultCache(str(tmp_path)).get_or_compute('alpha', key, compute)
+  with result_cache.ResultCache(str(tmp_path)) as cache:
+    first = cache.get_or_compute('alpha', key, compute)
   assert not first.from_cache and result_cache.cached_from(first) is None
-  later = result_cache.ResultCache(str(tmp_path))  # Another run, same folder.
-  second = later.get_or_compute('alpha', key, compute)
-  assert len(calls) == 1 and second.from_cache and second.value == first.value
-  assert result_cache.cached_from(second)['computed'] == first.computed
-  # Another key, or remeasure, computes again (and remeasure overwrites the file).
-  later.get_or_compute('alpha', dict(key, temperature=0.0), compute)
-  assert len(calls) == 2
-  again = result_cache.ResultCache(str(tmp_path), remeasure=True).get_or_compute(
-    'alpha', key, compute
-  )
+  with result_cache.ResultCache(str(tmp_path)) as later:  # Another run, same folder.
+    second = later.get_or_compute('alpha', key, compute)
+    assert len(calls) == 1 and second.from_cache and second.value == first.value
+    assert result_cache.cached_from(second)['computed'] == first.computed
+    # Another key, or remeasure, computes again (and remeasure overwrites the file).
+    later.get_or_compute('alpha', dict(key, temperature=0.0), compute)
+    assert len(calls) == 2
+  with result_cache.ResultCache(str(tmp_path), remeasure=True) as cache:
+    again = cache.get_or_compute('alpha', key, compute)
   assert len(calls) == 3 and not again.from_cache
   # In memory only: nothing is written, but one run computes a key once.
   memory = result_cache.ResultCache(None)
@@ -70,7 +72,12 @@ def test_a_result_is_computed_once_and_read_back_by_a_later_run(tmp_path):
 def test_another_machine_kind_or_code_recomputes(tmp_path, monkeypatch):
   calls = []
   compute = lambda: calls.append(1) or 1.0
-  result_cache.ResultCache(str(tmp_path)).get_or_compute('alpha', 'key', compute)
+
+  def run():
+    with result_cache.ResultCache(str(tmp_path)) as cache:
+      cache.get_or_compute('alpha', 'key', compute)
+
+  run()
   environment = result_cache.environment()
   monkeypatch.setattr(
     result_cache,
@@ -78,19 +85,71 @@ def test_another_machine_kind_or_code_recomputes(tmp_path, monkeypatch):
     # Another kind than this machine's, whichever it is (the pool has families 25 and 26).
     lambda: dict(environment, cpu=dict(environment['cpu'], **{'cpu family': 'another family'})),
   )
-  result_cache.ResultCache(str(tmp_path)).get_or_compute('alpha', 'key', compute)
+  run()
   monkeypatch.setattr(result_cache, 'code_fingerprint', lambda: 'another version of the code')
-  result_cache.ResultCache(str(tmp_path)).get_or_compute('alpha', 'key', compute)
+  run()
   assert len(calls) == 3
 
 
+def test_a_second_writer_is_refused_before_computing_with_the_holder_named(tmp_path):
+  """A cache takes its directory's writer lock before computing an entry and holds it until
+  closed: while another process holds it, computing is refused, naming the holder."""
+
+  def compute():
+    raise AssertionError('a refused cache computed')
+
+  lock_file = tmp_path / output_lock.LOCK_FILE
+  with testing_utils.lock_held_elsewhere(tmp_path) as holder:
+    with result_cache.ResultCache(str(tmp_path), job='a benchmark') as cache:
+      with pytest.raises(output_lock.OutputLockedError) as error:
+        cache.get_or_compute('alpha', 'key', compute)
+    message = str(error.value)
+    assert f'{tmp_path} is being written by another job: test holder, process {holder} ' in (
+      message
+    )
+    assert error.value.holder['pid'] == holder and lock_file.exists()
+    # --remeasure writes every entry: refused the same.
+    with result_cache.ResultCache(str(tmp_path), remeasure=True) as cache:
+      with pytest.raises(output_lock.OutputLockedError, match=f'process {holder} '):
+        cache.get_or_compute('alpha', 'key', compute)
+  assert os.listdir(tmp_path) == []
+
+  # Once it ends, the cache computes, holding the lock until it is closed.
+  with result_cache.ResultCache(str(tmp_path), job='a benchmark') as cache:
+    cache.get_or_compute('alpha', 'key', lambda: 0.5)
+    holder = output_lock.read_holder(tmp_path)
+    assert holder['job'] == 'a benchmark' and holder['pid'] == os.getpid()
+    other = testing_utils.start_lock_holder(tmp_path)
+    refusal = other.stdout.readline()
+    testing_utils.let_go(other)
+    assert refusal.startswith('refused') and f'a benchmark, process {os.getpid()} ' in refusal
+    cache.get_or_compute('alpha', 'another key', lambda: 0.25)  # Still held, not taken again.
+  assert not lock_file.exists()
+
+
+def test_a_cache_that_only_reads_takes_no_lock_and_reads_beside_a_writer(tmp_path):
+  key = dict(inputs=np.arange(4))
+  with result_cache.ResultCache(str(tmp_path)) as cache:
+    first = cache.get_or_compute('alpha', key, lambda: 0.75)
+
+  def compute():
+    raise AssertionError('a stored entry was computed again')
+
+  with testing_utils.lock_held_elsewhere(tmp_path) as holder:
+    with result_cache.ResultCache(str(tmp_path)) as cache:
+      entry = cache.get_or_compute('alpha', key, compute)
+      assert entry.from_cache and entry.value == first.value
+      assert output_lock.read_holder(tmp_path)['pid'] == holder  # The writer's lock, not ours.
+
+
 def test_a_damaged_file_is_recomputed_with_a_warning(tmp_path):
-  cache = result_cache.ResultCache(str(tmp_path))
-  entry = cache.get_or_compute('alpha', 'key', lambda: 0.5)
+  with result_cache.ResultCache(str(tmp_path)) as cache:
+    entry = cache.get_or_compute('alpha', 'key', lambda: 0.5)
   (path,) = tmp_path.iterdir()
   path.write_text(path.read_text()[:20])  # A run killed while another wrote? Truncated.
   with pytest.warns(RuntimeWarning, match='cannot be used .* recomputing it'):
-    again = result_cache.ResultCache(str(tmp_path)).get_or_compute('alpha', 'key', lambda: 0.25)
+    with result_cache.ResultCache(str(tmp_path)) as cache:
+      again = cache.get_or_compute('alpha', 'key', lambda: 0.25)
   assert again.value == 0.25 and not again.from_cache
   assert json.loads(path.read_text())['fingerprint'] == entry.fingerprint
 
