@@ -48,6 +48,12 @@ bindings and the demo's settings, `RECIPE_FILE` beside its checkpoints):
 another, from an earlier version of the demo or other flags, is refused with
 the binding named and the way out.
 
+One writer per stage (`speculative_t5x.output_lock`): a stage that writes
+(the corpus, the vocabulary, each model's training, the result cache's new
+entries, report/ from the benchmark on) holds its directory's writer lock,
+so a second demo on the same workdir stops with the running one named
+instead of writing beside it. A finished stage is only read, without a lock.
+
 The target is decoder-heavy (1 encoder, 4 decoder layers
 of width 768): a decoder step reads 163 MB of float32 weights, five times the
 32 MiB last-level cache of the AMD machines this runs on (the Intel kind
@@ -77,11 +83,15 @@ from speculative_t5x import gin_utils
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import output_lock
 from speculative_t5x import run_settings
 from speculative_t5x_lab import records as records_lib
 from speculative_t5x_lab import reports
 from speculative_t5x_lab import result_cache as result_cache_lib
 from speculative_t5x.data import tasks_core
+
+# What holds a workdir stage's writer lock, for its record (`output_lock`).
+JOB = 'speculative_t5x_lab.demo'
 
 # The demo's clock, read by `_elapsed`: it starts as the module loads (`python -m` runs it).
 _started = time.perf_counter()
@@ -250,18 +260,24 @@ def print_machine(vocab_size: int) -> Dict[str, Any]:
 
 
 def prepare_data(workdir: str, vocab_size: int):
-  """Builds (or finds) the corpus and the vocabulary: (corpus_dir, vocabulary path)."""
+  """Builds (or finds) the corpus and the vocabulary: (corpus_dir, vocabulary path).
+
+  Each is built holding its directory's writer lock (`output_lock`); one
+  that is there is read without it.
+  """
   corpus_dir = os.path.join(workdir, 'corpus')
   vocabulary = os.path.join(workdir, 'vocabulary', f'spm_{vocab_size}')
   if not os.path.exists(os.path.join(corpus_dir, 'test.tsv')):
-    _step('Building the gettext English->German corpus')
-    print(corpora.build_gettext_corpus(corpus_dir))
+    with output_lock.hold(corpus_dir, JOB):
+      _step('Building the gettext English->German corpus')
+      print(corpora.build_gettext_corpus(corpus_dir))
   if not os.path.exists(vocabulary + '.model'):
-    _step(f'Training a {vocab_size}-piece SentencePiece vocabulary')
-    train_pairs = tasks_core.read_tsv(os.path.join(corpus_dir, 'train.tsv'))
-    tasks_core.train_sentencepiece_model(
-      (text for pair in train_pairs for text in pair), vocabulary, vocab_size
-    )
+    with output_lock.hold(os.path.dirname(vocabulary), JOB):
+      _step(f'Training a {vocab_size}-piece SentencePiece vocabulary')
+      train_pairs = tasks_core.read_tsv(os.path.join(corpus_dir, 'train.tsv'))
+      tasks_core.train_sentencepiece_model(
+        (text for pair in train_pairs for text in pair), vocabulary, vocab_size
+      )
   return corpus_dir, vocabulary + '.model'
 
 
@@ -362,6 +378,11 @@ def _train_or_check(
   a difference (an earlier version of the demo, or other flags) is refused,
   naming it, rather than measured as this demo's. Library defaults that no
   gin file binds are not part of a recipe.
+
+  Training and writing the recipe hold `model_dir`'s writer lock
+  (`output_lock`; the trainer's own hold nests in it): while another job
+  writes it, this raises `OutputLockedError` naming that job. Checking a
+  finished run only reads, without the lock.
   """
   recipe = {
     'gin_files': list(gin_files),
@@ -370,9 +391,10 @@ def _train_or_check(
   }
   path = os.path.join(model_dir, RECIPE_FILE)
   if not os.path.isdir(os.path.join(model_dir, str(steps))):
-    run([f'{name} = {value!r}' for name, value in {**settings, **locations}.items()])
-    with open(path, 'w') as f:
-      json.dump(recipe, f, indent=1)
+    with output_lock.hold(model_dir, JOB):
+      run([f'{name} = {value!r}' for name, value in {**settings, **locations}.items()])
+      with open(path, 'w') as f:
+        json.dump(recipe, f, indent=1)
   elif not os.path.exists(path):
     print(
       f'   {model_dir} was trained before the demo recorded recipes ({RECIPE_FILE}): reused '
@@ -713,8 +735,9 @@ def _benchmark_options(args, workdir: str, corpus_dir: str, vocabulary: str) -> 
       vocabulary_path=vocabulary,
       # alpha and the sampled quality are functions of the checkpoints, the inputs and
       # this machine: a second run reads them back (timings are measured in every run).
+      # It takes its directory's writer lock if it computes an entry; `main` closes it.
       result_cache=result_cache_lib.ResultCache(
-        os.path.join(workdir, 'result_cache'), remeasure=args.remeasure
+        os.path.join(workdir, 'result_cache'), remeasure=args.remeasure, job=JOB
       ),
       progress=lambda line: print(f'{_elapsed()} {line}', flush=True),
     ),
@@ -820,26 +843,31 @@ def main(argv) -> None:
     )
 
   _step('Benchmarking on the test split')
-  inputs, references = benchmark.tsv_inputs(
-    os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=tasks_core.EN_DE_PREFIX
-  )
-  options = _benchmark_options(args, workdir, corpus_dir, vocabulary)
-  records, drafts_used = _benchmark_every_mode(
-    target, data_draft, distilled, head, inputs, references, options
-  )
-  if head_training is not None:
-    records.append(_head_training_record(target, head_training))
-  records.append(records_lib.Machine(emulated=False, **machine))
   report_dir = os.path.join(workdir, 'report')
-  reports.write_report(records, report_dir)
-  peers_markdown = None
-  if args.peers:
-    # The examples the benchmark times (`Measurement.num_walltime_examples`), so that the
-    # two tables' speedups are of the same inputs.
-    timed_inputs = layouts.trim_padding(inputs[: args.num_examples])
-    peers_markdown = _peers_beside_ours(
-      records, target, drafts_used[0.0], timed_inputs, workdir, report_dir
+  # report/ has one writer, from before the measurements (a second demo on this workdir
+  # stops here, not after timing beside this one); the peers' exports in hf/ are
+  # written inside it too.
+  with output_lock.hold(report_dir, JOB):
+    inputs, references = benchmark.tsv_inputs(
+      os.path.join(corpus_dir, 'test.tsv'), vocabulary, prefix=tasks_core.EN_DE_PREFIX
     )
+    options = _benchmark_options(args, workdir, corpus_dir, vocabulary)
+    with options['report'].result_cache:
+      records, drafts_used = _benchmark_every_mode(
+        target, data_draft, distilled, head, inputs, references, options
+      )
+    if head_training is not None:
+      records.append(_head_training_record(target, head_training))
+    records.append(records_lib.Machine(emulated=False, **machine))
+    reports.write_report(records, report_dir)
+    peers_markdown = None
+    if args.peers:
+      # The examples the benchmark times (`Measurement.num_walltime_examples`), so that the
+      # two tables' speedups are of the same inputs.
+      timed_inputs = layouts.trim_padding(inputs[: args.num_examples])
+      peers_markdown = _peers_beside_ours(
+        records, target, drafts_used[0.0], timed_inputs, workdir, report_dir
+      )
   _step(f'Report ({report_dir}/benchmark.md, .json, peers.md, figures)')
   print_table(records)
   if peers_markdown:

@@ -357,3 +357,93 @@ def test_step_headers_say_when_each_step_began(monkeypatch, capsys):
   monkeypatch.setattr(demo, '_started', time.perf_counter() - 125.2)
   demo._step('Training gettext_target')
   assert capsys.readouterr().out == '\n== [ 125 s] Training gettext_target\n'
+
+
+def test_a_finished_stage_is_read_beside_its_writer_and_one_to_train_is_refused(tmp_path):
+  """One writer per stage: training a workdir's run and writing its recipe hold the model
+  directory's writer lock; checking a finished run takes none, so it works while another
+  process holds the lock, and a run that must train is refused with the holder named."""
+  import json
+  import os
+
+  from speculative_t5x import output_lock
+  from speculative_t5x_lab import demo
+  import testing_utils
+
+  model_dir = tmp_path / 'gettext_draft'
+  gin_files = ['configs/runs/train.gin']
+  held_while_training = []
+
+  def train(bindings):
+    held_while_training.append(output_lock.read_holder(model_dir))
+    (model_dir / '4').mkdir()  # The checkpoint of step 4.
+
+  def check(steps, run=train):
+    demo._train_or_check(str(model_dir), steps, gin_files, {'VOCAB_SIZE': 24}, {}, run)
+
+  check(4)
+  (holder,) = held_while_training
+  assert holder['job'] == demo.JOB and holder['pid'] == os.getpid()
+  assert sorted(os.listdir(model_dir)) == ['4', demo.RECIPE_FILE]  # The lock is released.
+  recipe = (model_dir / demo.RECIPE_FILE).read_text()
+
+  def must_not_train(bindings):
+    raise AssertionError('the demo trained while another process held the lock')
+
+  with testing_utils.lock_held_elsewhere(model_dir) as other:
+    check(4, must_not_train)  # Finished: its recipe is checked, without the lock.
+    with pytest.raises(output_lock.OutputLockedError) as error:
+      check(8, must_not_train)  # Not trained to 8 steps: this demo would write.
+  assert f'{model_dir} is being written by another job: test holder, process {other} ' in str(
+    error.value
+  )
+  assert (model_dir / demo.RECIPE_FILE).read_text() == recipe
+  assert json.loads(recipe)['settings'] == {'VOCAB_SIZE': '24'}
+
+
+def test_the_corpus_and_vocabulary_are_built_holding_their_locks_and_read_without(
+  tmp_path, monkeypatch
+):
+  import os
+
+  from speculative_t5x import output_lock
+  from speculative_t5x.data import tasks_core
+  from speculative_t5x_lab import demo
+  import testing_utils
+
+  corpus_dir, vocabulary_dir = tmp_path / 'corpus', tmp_path / 'vocabulary'
+  holders = {}
+
+  def build_corpus(output_dir):
+    holders['corpus'] = output_lock.read_holder(output_dir)
+    for split in ('train', 'validation', 'test'):
+      (corpus_dir / f'{split}.tsv').write_text('a\tb\n')
+    return 'built'
+
+  def train_vocabulary(texts, prefix, size):
+    holders['vocabulary'] = output_lock.read_holder(os.path.dirname(prefix))
+    with open(prefix + '.model', 'w') as f:
+      f.write(' '.join(texts))
+
+  monkeypatch.setattr(demo.corpora, 'build_gettext_corpus', build_corpus)
+  monkeypatch.setattr(tasks_core, 'train_sentencepiece_model', train_vocabulary)
+  # Another job builds the corpus: this demo stops before building anything.
+  with testing_utils.lock_held_elsewhere(corpus_dir) as other:
+    with pytest.raises(output_lock.OutputLockedError, match=f'process {other} '):
+      demo.prepare_data(str(tmp_path), 24)
+  assert not holders
+
+  paths = demo.prepare_data(str(tmp_path), 24)
+  assert paths == (str(corpus_dir), str(vocabulary_dir / 'spm_24.model'))
+  assert {stage: (r['job'], r['pid']) for stage, r in holders.items()} == {
+    'corpus': (demo.JOB, os.getpid()),
+    'vocabulary': (demo.JOB, os.getpid()),
+  }
+  assert not (corpus_dir / output_lock.LOCK_FILE).exists()
+  assert not (vocabulary_dir / output_lock.LOCK_FILE).exists()
+  # Built: read while other processes hold both locks.
+  holders.clear()
+  with testing_utils.lock_held_elsewhere(corpus_dir):
+    with testing_utils.lock_held_elsewhere(vocabulary_dir):
+      assert demo.prepare_data(str(tmp_path), 24) == paths
+  assert not holders
