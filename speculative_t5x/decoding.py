@@ -49,7 +49,7 @@ after the prompt. There are two ways in, T5X's two:
 """
 
 import functools
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple, Union
 
 import flax
 from flax import traverse_util
@@ -59,9 +59,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import drafts
+from speculative_t5x import judging
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
-from speculative_t5x import speculative_sampling
 from speculative_t5x import tree as tree_lib
 
 PyTree = Any
@@ -570,19 +570,12 @@ class SpeculativeStats:
     draft_steps: int32 scalar, the draft's rollout steps summed over
       iterations (the batch steps together: each iteration's is the largest
       count drafted by an active row).
-    fully_accepted: int32 scalar, active (row, iteration) pairs that
-      accepted every drafted token (the draft then catches up one token).
-    accepted_histogram: int32 [gamma + 1], how often 0..gamma were accepted.
-    position_reached: int32 [gamma], how often draft position i was judged
-      (drafted, and all earlier ones accepted).
-    position_accepted: int32 [gamma], how often draft position i was accepted.
     beta_sum: float32 scalar, sum of beta = sum_x min(p, q) over judged
       positions (at each position the context is a target-distributed prefix).
     beta_count: int32 scalar, the number of terms in `beta_sum`.
-    rank_judged: int32 [gamma, K], how often a draft token of sibling rank r
-      (its draw order among a node's children; K = 1 for a chain) at depth
-      i + 1 was judged.
-    rank_accepted: int32 [gamma, K], how often it was accepted.
+    record: what the decode's judge recorded (`judging.Judge.record`), over
+      the flat batch in the loop's row order (not sorted); () for the exact
+      judge, which records nothing.
   """
 
   target_calls: Array
@@ -591,20 +584,15 @@ class SpeculativeStats:
   emitted: Array
   drafted: Array
   draft_steps: Array
-  fully_accepted: Array
-  accepted_histogram: Array
-  position_reached: Array
-  position_accepted: Array
   beta_sum: Array
   beta_count: Array
-  rank_judged: Array
-  rank_accepted: Array
+  record: PyTree = ()
 
   PER_ROW_FIELDS = ('iterations', 'accepted', 'emitted', 'drafted')
 
   @classmethod
-  def zeros(cls, flat_size: int, gamma: int, max_children: int = 1) -> 'SpeculativeStats':
-    """Statistics before the first iteration, per-row fields [flat_size]."""
+  def zeros(cls, flat_size: int, record: PyTree = ()) -> 'SpeculativeStats':
+    """Statistics before the first iteration, per-row fields [flat_size], the judge's `record`."""
     zeros_rows = jnp.zeros((flat_size,), jnp.int32)
     return cls(
       target_calls=jnp.zeros((), jnp.int32),
@@ -613,14 +601,9 @@ class SpeculativeStats:
       emitted=zeros_rows,
       drafted=zeros_rows,
       draft_steps=jnp.zeros((), jnp.int32),
-      fully_accepted=jnp.zeros((), jnp.int32),
-      accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
-      position_reached=jnp.zeros((gamma,), jnp.int32),
-      position_accepted=jnp.zeros((gamma,), jnp.int32),
       beta_sum=jnp.zeros((), jnp.float32),
       beta_count=jnp.zeros((), jnp.int32),
-      rank_judged=jnp.zeros((gamma, max_children), jnp.int32),
-      rank_accepted=jnp.zeros((gamma, max_children), jnp.int32),
+      record=record,
     )
 
   def map_rows(self, fn: Callable[[Array], Array]) -> 'SpeculativeStats':
@@ -658,16 +641,6 @@ class SpeculativeStats:
     all rows. rows * target_calls - sum(iterations), rows the per-row fields'.
     """
     return self.iterations.shape[0] * self.target_calls - jnp.sum(self.iterations)
-
-  @property
-  def acceptance_by_position(self) -> Array:
-    """float [gamma]: P(draft position i accepted | judged)."""
-    return self.position_accepted / jnp.maximum(self.position_reached, 1)
-
-  @property
-  def acceptance_by_rank(self) -> Array:
-    """float [gamma, K]: P(the rank-r child at depth i + 1 accepted | judged)."""
-    return self.rank_accepted / jnp.maximum(self.rank_judged, 1)
 
 
 @flax.struct.dataclass
@@ -793,203 +766,30 @@ def apply_logit_callback(
   )
 
 
-@flax.struct.dataclass
-class Judgement:
-  """What verification decided for one block, per row.
-
-  Attributes:
-    num_drafted: int32 [BN], draft tokens judged (1..gamma for active rows).
-    num_accepted: int32 [BN], draft tokens accepted (0..num_drafted).
-    next_token: int32 [BN], the residual (or bonus) token after them.
-    beta: float32 [BN, gamma], beta_i = sum_x min(p_i, q_i) per position.
-    target_probs: float32 [BN, gamma + 1, V], the standardized target
-      distributions p_1..p_{gamma+1}.
-    rank_judged: bool [BN, gamma, K], which sibling ranks were judged at
-      each depth (a tree's; None for a chain: rank 0 where judged).
-    rank_accepted: bool [BN, gamma, K], which one was accepted (None: chain).
-    score_logits: float [BN, gamma + 1, V], the target's logits (after any
-      logit callback) that score the emitted tokens when they are scored
-      unscaled (`rescale_log_probs=False`); None: scored by `target_probs`.
-  """
-
-  num_drafted: Array
-  num_accepted: Array
-  next_token: Array
-  beta: Array
-  target_probs: Array
-  rank_judged: Optional[Array] = None
-  rank_accepted: Optional[Array] = None
-  score_logits: Optional[Array] = None
-
-
-def judge_block(
-  rng: Array,
-  draft_tokens: Array,
-  draft_probs: Optional[Array],
-  target_logits: Array,
-  sample_args: Mapping[str, Any],
-  spec: settings_lib.SpeculativeSettings,
-  *,
-  emulate_alpha: Optional[float] = None,
-  num_drafted: Optional[Array] = None,
-  rescale_log_probs: bool = True,
-) -> Judgement:
-  """Standardizes the target's block logits and verifies the draft tokens.
-
-  Args:
-    rng: PRNG key.
-    draft_tokens: int32 [BN, gamma].
-    draft_probs: float32 [BN, gamma, V] standardized q, or None (one-hot).
-    target_logits: float [BN, gamma + 1, V] for the block [last, x_1..x_gamma].
-    sample_args: `temperature`, `topk`, `topp` (as `sampling.standardize`).
-    spec: the decode's settings; its `lenience` and `verification` apply
-      (see `speculative_sampling.verify`).
-    emulate_alpha: see `speculative_sample`.
-    num_drafted: int32 [BN] tokens each row drafted, or None for gamma.
-    rescale_log_probs: False keeps `target_logits` to score the emitted
-      tokens unscaled (see `speculative_sample`).
-  """
-  target_probs = sampling.standardize(target_logits, **sample_args)
-  one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
-  if num_drafted is None:
-    num_drafted = jnp.full(draft_tokens.shape[:1], draft_tokens.shape[1], jnp.int32)
-  if emulate_alpha is None:
-    num_accepted, next_token, beta = speculative_sampling.verify(
-      rng,
-      draft_tokens,
-      draft_probs,
-      target_probs,
-      spec.lenience,
-      return_beta=True,
-      one_hot_target=one_hot_target,
-      verification=spec.verification,
-      num_drafted=num_drafted,
-    )
-  else:
-    num_accepted, next_token, beta = speculative_sampling.emulated_verify(
-      rng,
-      draft_tokens,
-      target_probs,
-      emulate_alpha,
-      one_hot_target=one_hot_target,
-      num_drafted=num_drafted,
-    )
-  return Judgement(
-    num_drafted,
-    num_accepted,
-    next_token,
-    beta,
-    target_probs,
-    score_logits=None if rescale_log_probs else target_logits,
-  )
-
-
-def emulated_acceptance(draft) -> Union[None, float, Tuple[float, ...]]:
-  """The timing-only acceptance rate(s) a draft is judged at, or None (the exact rules).
-
-  The one door of the benchmarks' emulation into the loop: a draft wrapped by
-  `bench.emulation.EmulatedDraft` carries its rates; every other draft is
-  judged exactly.
-  """
-  return getattr(draft, 'emulated_acceptance', None)
-
-
-def check_emulate_alpha(emulate_alpha, tree: Optional[tree_lib.Tree]) -> None:
-  """ValueError unless emulate_alpha is None, one rate (a chain) or rates by rank (a tree)."""
-  if emulate_alpha is None:
-    return
-  if tree is not None:
-    tree_lib.emulation_rates(emulate_alpha, tree)
-  elif np.ndim(emulate_alpha) != 0:
-    raise ValueError(
-      f'emulate_alpha for a chain is one acceptance rate; got {emulate_alpha!r}. Rates by '
-      'sibling rank are for a token tree (tree=...).'
-    )  # Its range is `speculative_sampling.emulated_verify`'s check.
-
-
-def judge_tree(
-  rng: Array,
-  tree: tree_lib.Tree,
-  node_tokens: Array,
-  node_valid: Array,
-  draft_probs: Optional[Array],
-  target_logits: Array,
-  sample_args: Mapping[str, Any],
-  *,
-  emulated_rates: Optional[Sequence[float]] = None,
-  rescale_log_probs: bool = True,
-) -> Tuple[Judgement, tree_lib.TreeJudgement]:
-  """Standardizes the target's logits at every node and verifies the tree.
-
-  Args:
-    rng: PRNG key.
-    tree: the static token tree (N nodes, depth D).
-    node_tokens: int32 [BN, N], node 0 the row's last token.
-    node_valid: bool [BN, N], drafted nodes with q > 0 (see `tree.draw_children`).
-    draft_probs: float32 [BN, N, V], the q each node's children were drawn
-      from, or None for a greedy target.
-    target_logits: float [BN, N, V], the target's logits at every node.
-    sample_args: `temperature`, `topk`, `topp` (as `sampling.standardize`).
-    emulated_rates: timing only, acceptance by sibling rank (see
-      `tree.verify_tree`), or None: the exact rule.
-    rescale_log_probs: False keeps the logits along the accepted path to
-      score the emitted tokens unscaled (see `speculative_sample`).
-
-  Returns:
-    (the accepted path as a chain's `Judgement` of D positions, for
-    `emit_block`; the `tree.TreeJudgement`, whose `path` compacts the caches).
-  """
-  target_probs = sampling.standardize(target_logits, **sample_args)
-  one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
-  verdict = tree_lib.verify_tree(
-    rng,
-    tree,
-    node_tokens,
-    node_valid,
-    draft_probs,
-    target_probs,
-    one_hot_target=one_hot_target,
-    emulated_rates=emulated_rates,
-  )
-  # At each depth of the path the valid children up to the accepted one were judged.
-  ranks = jnp.arange(tree.max_children)
-  rank_judged = verdict.children_judged[..., None] > ranks
-  rank_accepted = verdict.accepted_rank[..., None] == ranks
-  judgement = Judgement(
-    num_drafted=jnp.sum(verdict.judged, axis=1).astype(jnp.int32),
-    num_accepted=verdict.num_accepted,
-    next_token=verdict.next_token,
-    beta=verdict.beta,
-    target_probs=verdict.path_target_probs,
-    rank_judged=rank_judged,
-    rank_accepted=rank_accepted,
-    score_logits=None
-    if rescale_log_probs
-    else jnp.take_along_axis(target_logits, verdict.path[:, :, None], axis=1),
-  )
-  return judgement, verdict
-
-
 def emit_block(
   state: 'SpeculativeLoopState',
   draft_tokens: Array,
-  judgement: Judgement,
+  judgement: judging.Judgement,
   *,
   limits: Array,
   eos_id: int,
+  judge: judging.Judge = judging.EXACT,
 ) -> 'SpeculativeLoopState':
   """Writes each row's accepted tokens and next token; moves positions; counts.
 
   The bookkeeping of one iteration: cuts each row's block at its end (past
   the accepted prefix, the row's length limit, the first EOS), writes what is
-  kept after the row's position, and updates `ended`, `log_prob` and `stats`.
+  kept after the row's position, and updates `ended`, `log_prob` and `stats`
+  (the judge's record through `judge.record`).
 
   Args:
     state: the loop state before the iteration's writes.
     draft_tokens: int32 [BN, gamma].
-    judgement: the block's `Judgement`.
+    judgement: the block's `judging.Judgement`.
     limits: int32 [BN], each row's last output index (see `_row_limits`).
     eos_id: end-of-sequence id.
+    judge: the judge that made `judgement` (`judging.Judge`), whose record
+      this iteration updates; the exact judge's records nothing.
   """
   gamma = draft_tokens.shape[1]
   num_accepted = judgement.num_accepted
@@ -1018,11 +818,6 @@ def emit_block(
   judged = (block_offsets[None, :gamma] <= num_accepted[:, None]) & (
     block_offsets[None, :gamma] < drafted[:, None]
   )
-  if judgement.rank_judged is None:  # A chain: one rank per depth.
-    rank_judged = judged[..., None]
-    rank_accepted = (block_offsets[None, :gamma] < num_accepted[:, None])[..., None]
-  else:
-    rank_judged, rank_accepted = judgement.rank_judged, judgement.rank_accepted
   stats = state.stats
   stats = SpeculativeStats(
     target_calls=stats.target_calls + 1,
@@ -1032,23 +827,16 @@ def emit_block(
     drafted=stats.drafted + drafted,
     # initial=0: an empty batch (B = 0) compiles too, and runs no iteration.
     draft_steps=stats.draft_steps + jnp.max(drafted, initial=0),
-    fully_accepted=stats.fully_accepted + jnp.sum(active & (num_accepted == drafted)),
-    accepted_histogram=stats.accepted_histogram
-    + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active[:, None], axis=0),
-    position_reached=stats.position_reached + jnp.sum(judged, axis=0),
-    position_accepted=stats.position_accepted
-    + jnp.sum((block_offsets[None, :gamma] < num_accepted[:, None]) & active[:, None], axis=0),
     beta_sum=stats.beta_sum + jnp.sum(jnp.where(judged, judgement.beta, 0.0)),
     beta_count=stats.beta_count + jnp.sum(judged),
-    rank_judged=stats.rank_judged + _count_rows(rank_judged, active),
-    rank_accepted=stats.rank_accepted + _count_rows(rank_accepted, active),
+    record=judge.record(stats.record, judgement, active),
   )
   return state.replace(
     position=new_position, sequences=sequences, ended=ended, log_prob=log_prob, stats=stats
   )
 
 
-def emitted_block(draft_tokens: Array, judgement: Judgement) -> Array:
+def emitted_block(draft_tokens: Array, judgement: judging.Judgement) -> Array:
   """int32 [BN, gamma + 1]: the accepted draft tokens, then the residual/bonus token.
 
   Entries past num_accepted repeat the next token; they are not emitted.
@@ -1058,11 +846,6 @@ def emitted_block(draft_tokens: Array, judgement: Judgement) -> Array:
   return jnp.where(
     offsets[None] < judgement.num_accepted[:, None], padded_draft, judgement.next_token[:, None]
   )
-
-
-def _count_rows(flags: Array, active: Array) -> Array:
-  """int32 [...]: how many active rows (active bool [BN]) have each flag (bool [BN, ...])."""
-  return jnp.sum(flags & active.reshape(active.shape + (1,) * (flags.ndim - 1)), axis=0)
 
 
 def speculative_cache_length(
@@ -1095,13 +878,13 @@ def check_no_state_callback(state_callback_fn: Optional[StateCallbackFn]) -> Non
 
 
 def _checked_settings(
-  draft, compact_cache, gamma, lenience, verification, draft_threshold, tree
-) -> Tuple[settings_lib.SpeculativeSettings, Union[None, float, Tuple[float, ...]]]:
-  """`speculative_sample`'s settings and the draft's emulated acceptance (`emulated_acceptance`).
+  judge, compact_cache, gamma, lenience, verification, draft_threshold, tree
+) -> Tuple[settings_lib.SpeculativeSettings, judging.Judge]:
+  """`speculative_sample`'s settings and its judge (None: `judging.EXACT`).
 
-  ValueError on settings `settings.SpeculativeSettings` refuses, on rates
-  that do not fit the chain or tree, and on a tree without the target
-  cache's compaction.
+  ValueError on settings `settings.SpeculativeSettings` refuses, on settings
+  the judge cannot judge (`judging.Judge.check`), and on a tree without the
+  target cache's compaction.
   """
   spec = settings_lib.SpeculativeSettings(
     gamma=gamma,
@@ -1110,15 +893,15 @@ def _checked_settings(
     draft_threshold=draft_threshold,
     tree=tree,
   )
-  emulate_alpha = emulated_acceptance(draft)
-  check_emulate_alpha(emulate_alpha, spec.tree)
+  judge = judging.EXACT if judge is None else judge
+  judge.check(spec)
   if spec.tree is not None and compact_cache is None:
     raise ValueError(
       f'A token tree ({spec.tree}) needs compact_cache, the target cache compaction '
       "(`network.compact_tree_path` for this project's networks; `models.speculative_decode` "
       'passes it).'
     )
-  return spec, emulate_alpha
+  return spec, judge
 
 
 def _score(
@@ -1185,7 +968,7 @@ class IterationContext(NamedTuple):
       `position_state`): `initial_index`, else 0 (BOS), as it teacher-forces
       the prompt.
     eos_id: end-of-sequence id.
-    emulate_alpha: timing only, the draft's emulated acceptance, or None.
+    judge: the `judging.Judge` that accepts the drafted tokens.
     rescale_log_probs, logit_callback_fn, compact_cache: as
       `speculative_sample`'s.
   """
@@ -1197,7 +980,7 @@ class IterationContext(NamedTuple):
   limits: Array
   start: Array
   eos_id: int
-  emulate_alpha: Union[None, float, Tuple[float, ...]]
+  judge: judging.Judge
   rescale_log_probs: bool
   logit_callback_fn: Optional[LogitCallbackFn]
   compact_cache: Optional[CompactCache]
@@ -1258,9 +1041,7 @@ def _initial_loop_state(
     ended=position >= batch.limits,
     rng=rng,
     log_prob=jnp.zeros((flat_size,), jnp.float32),
-    stats=SpeculativeStats.zeros(
-      flat_size, spec.gamma, 1 if spec.tree is None else spec.tree.max_children
-    ),
+    stats=SpeculativeStats.zeros(flat_size, loop.judge.init_record(flat_size, spec)),
   )
 
 
@@ -1307,8 +1088,9 @@ def chain_iteration(loop: IterationContext, state: SpeculativeLoopState) -> Spec
   softmax at temperature 1), and the rollout when every active row has
   (`drafts.rollout_loop`): rows draft 1..gamma tokens and only those are
   judged, still exactly; the block keeps its static size gamma + 1. The
-  target scores [last, x_1..x_gamma]; `judge_block` accepts a prefix per row
-  and draws the next token (`speculative_sampling.verify`); a feature draft
+  target scores [last, x_1..x_gamma]; the judge accepts a prefix per row
+  and draws the next token (`judging.ExactJudge.judge_chain`:
+  `speculative_sampling.verify`); a feature draft
   rewrites its entries over the accepted positions from the target's true
   features; `emit_block` writes and moves each row.
   """
@@ -1319,14 +1101,13 @@ def chain_iteration(loop: IterationContext, state: SpeculativeLoopState) -> Spec
   )
   block = jnp.concatenate([last_token, draft_tokens], axis=1)
   target_logits, features, cache = _score_nodes(loop, state, block)
-  judgement = judge_block(
+  judgement = loop.judge.judge_chain(
     verify_rng,
     draft_tokens,
     draft_probs,
     target_logits,
     loop.sample_args,
     loop.spec,
-    emulate_alpha=loop.emulate_alpha,
     num_drafted=num_drafted,
     rescale_log_probs=loop.rescale_log_probs,
   )
@@ -1343,6 +1124,7 @@ def chain_iteration(loop: IterationContext, state: SpeculativeLoopState) -> Spec
     judgement,
     limits=loop.limits,
     eos_id=loop.eos_id,
+    judge=loop.judge,
   )
 
 
@@ -1374,9 +1156,9 @@ def tree_iteration(loop: IterationContext, state: SpeculativeLoopState) -> Specu
 
   The draft proposes every node level by level, children drawn without
   replacement (`drafts.Draft.propose_tree`); the target scores all N in one
-  call (`score_block(..., tree=tree)`); `tree.verify_tree` accepts a
-  root-to-node path by recursive rejection sampling without replacement
-  (exact); `compact_cache` moves the path's keys/values to consecutive
+  call (`score_block(..., tree=tree)`); the judge accepts a root-to-node
+  path (`judging.ExactJudge.judge_tree`: `tree.verify_tree`, recursive
+  rejection sampling without replacement); `compact_cache` moves the path's keys/values to consecutive
   positions in the target's cache, and the draft compacts its own (a
   feature draft rewrites its entries over the path from the target's true
   features); `emit_block` writes the path and the next token.
@@ -1384,17 +1166,17 @@ def tree_iteration(loop: IterationContext, state: SpeculativeLoopState) -> Specu
   rng, propose_rng, verify_rng = jax.random.split(state.rng, 3)
   node_tokens, node_valid, node_probs, draft_cache = _draft_tree(loop, state, propose_rng)
   target_logits, features, cache = _score_nodes(loop, state, node_tokens, loop.spec.tree)
-  judgement, verdict = judge_tree(
+  judgement = loop.judge.judge_tree(
     verify_rng,
-    loop.spec.tree,
     node_tokens,
     node_valid,
     node_probs,
     target_logits,
     loop.sample_args,
-    emulated_rates=loop.emulate_alpha,
+    loop.spec,
     rescale_log_probs=loop.rescale_log_probs,
   )
+  verdict = judgement.verdict
   cache = loop.compact_cache(cache, state.position, verdict.path)
   draft_cache = loop.draft.after_verify(
     draft_cache,
@@ -1410,6 +1192,7 @@ def tree_iteration(loop: IterationContext, state: SpeculativeLoopState) -> Specu
     judgement,
     limits=loop.limits,
     eos_id=loop.eos_id,
+    judge=loop.judge,
   )
 
 
@@ -1451,6 +1234,7 @@ def speculative_sample(
   draft_threshold: float = settings_lib.DEFAULTS.draft_threshold,
   tree: Optional[tree_lib.Tree] = None,
   compact_cache: Optional[CompactCache] = None,
+  judge: Optional[judging.Judge] = None,
 ) -> Tuple[Array, Array, SpeculativeStats]:
   """Speculative sampling (Algorithm 1) in one compiled while_loop.
 
@@ -1472,12 +1256,15 @@ def speculative_sample(
     draft, draft_cache: a `drafts.Draft` (a `drafts.FeatureDraft` needs a
       `score_block` taking `feature_layers`) and its state for batch B
       (`draft.init_cache`, then `draft.prefill` if `initial_index` is given).
-      Timing only: a draft with `emulated_acceptance` is judged i.i.d. at its
-      rate(s), and the output is NOT the target's distribution.
     gamma, lenience, verification, draft_threshold, tree: as
       `settings.SpeculativeSettings`'s; the rules' exactness arguments are
       `speculative_sampling.verify`'s and `tree.verify_tree`'s.
     compact_cache: the target cache's compaction (`CompactCache`), for a tree.
+    judge: what accepts the drafted tokens (`judging.Judge`, static); None:
+      `judging.EXACT`, the exact rules. The one door of any other rule (a
+      timing experiment's, defined in the lab; its outputs are then not the
+      target's distribution) and of statistics the library does not keep
+      (the judge's record, returned as `stats.record`).
 
   Returns:
     `(decodes int32 [B, num_decodes, L], log_probs float32 [B, num_decodes],
@@ -1488,8 +1275,8 @@ def speculative_sample(
     inputs, num_decodes, initial_index, max_decode_steps, max_decode_steps_hard_limit, topk, topp
   )
   check_prompts(inputs)
-  spec, emulate_alpha = _checked_settings(
-    draft, compact_cache, gamma, lenience, verification, draft_threshold, tree
+  spec, judge = _checked_settings(
+    judge, compact_cache, gamma, lenience, verification, draft_threshold, tree
   )
   decode_rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   batch_size, max_decode_len = inputs.shape
@@ -1506,7 +1293,7 @@ def speculative_sample(
     limits=batch.limits,
     start=batch.start,
     eos_id=eos_id,
-    emulate_alpha=emulate_alpha,
+    judge=judge,
     rescale_log_probs=rescale_log_probs,
     logit_callback_fn=logit_callback_fn,
     compact_cache=compact_cache,

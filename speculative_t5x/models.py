@@ -36,6 +36,7 @@ import numpy as np
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import feature_head
+from speculative_t5x import judging
 from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x import network
@@ -236,9 +237,10 @@ def speculative_decode(
     best_only: keep only the most likely decode of each row (the last, as
       T5X's decode functions sort ascending), with its per-row statistics.
     **decode_args: the rest of `decode_fn`'s keyword arguments (`eos_id`,
-      `decode_rng`, `temperature`, `num_decodes`, `lenience`, `tree`, ...);
-      with a `tree` the caches fit its nodes and the target cache's compaction
-      (`network.compact_tree_path`) is passed as `compact_cache`.
+      `decode_rng`, `temperature`, `num_decodes`, `lenience`, `tree`,
+      `judge`, ...); with a `tree` the caches fit its nodes and the target
+      cache's compaction (`network.compact_tree_path`) is passed as
+      `compact_cache`.
 
   Returns:
     `(decodes, scores, stats)`: int32 [B, L] (prompts included, T5X's
@@ -396,6 +398,7 @@ def baseline_decode(
     'topp',
     'eos_id',
     'settings',
+    'judge',
   ),
 )
 def _generate(
@@ -413,10 +416,12 @@ def _generate(
   topp: float,
   eos_id: int,
   settings: Optional[settings_lib.SpeculativeSettings],
+  judge: Optional[judging.Judge],
 ):
   """The whole decode call, compiled once per static configuration and prompt width.
 
-  `settings` is None for the baseline (`draft` None).
+  `settings` is None for the baseline (`draft` None), which has no use for
+  `judge`; a None judge is the exact one.
   """
   prompts = input_tokens if network.is_decoder_only(target_config) else decoder_prompts
   if prompts is None:
@@ -457,6 +462,7 @@ def _generate(
       eos_id=eos_id,
       **sample_args,
       **settings.decode_kwargs(),
+      judge=judge,
     )
   if prompts is not None:
     decodes = layouts.strip_prompts(
@@ -634,6 +640,7 @@ def make_decoder(
   topp: float = 0.0,
   max_decode_len: int = 64,
   eos_id: int = EOS_ID,
+  judge: Optional[judging.Judge] = None,
   **setting_fields: Any,
 ) -> Decoder:
   """Validates a decoding configuration once; returns `(input_tokens, rng) -> GenerateOutput`.
@@ -655,9 +662,10 @@ def make_decoder(
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     check_same_architecture(target, draft)
     settings.for_batch(1, temperature, topk, topp)  # A profile of another mode fails here.
-    decoding.check_emulate_alpha(decoding.emulated_acceptance(draft), settings.tree)
+    if judge is not None:
+      judge.check(settings)
   else:  # Unused by the baseline.
-    settings = None
+    settings, judge = None, None
   static_args = dict(
     target_config=target.config,
     inputs_bidirectional_attention=target.inputs_bidirectional_attention,
@@ -667,6 +675,7 @@ def make_decoder(
     topp=float(topp),
     eos_id=int(eos_id),
     settings=settings,
+    judge=judge,
   )
 
   return Decoder(target, draft, static_args)
@@ -685,6 +694,7 @@ def generate(
   max_decode_len: int = 64,
   rng: Optional[Array] = None,
   eos_id: int = EOS_ID,
+  judge: Optional[judging.Judge] = None,
   **setting_fields: Any,
 ) -> GenerateOutput:
   """Decodes `input_tokens` with the target, speculatively when a draft is given.
@@ -709,6 +719,10 @@ def generate(
       earlier at EOS.
     rng: PRNG key (default `PRNGKey(0)`).
     eos_id: end-of-sequence id.
+    judge: what accepts the drafted tokens (`judging.Judge`); None (the
+      default) is the exact rules, `judging.EXACT`. The one door of a timing
+      experiment (defined in the lab) and of a record the library does not
+      keep (`out.stats.record`); ignored without a draft.
     **setting_fields: instead of `settings`, its fields by name, e.g.
       `gamma=5, verification='block'` (the defaults are
       `SpeculativeSettings`'s).
@@ -725,6 +739,7 @@ def generate(
     topp=topp,
     max_decode_len=max_decode_len,
     eos_id=eos_id,
+    judge=judge,
     **setting_fields,
   )
   return decode(input_tokens, jax.random.PRNGKey(0) if rng is None else rng, decoder_prompts)

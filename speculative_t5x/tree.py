@@ -425,11 +425,8 @@ class TreeJudgement:
   children_judged: jax.Array
 
 
-def _verify_tree_row(
-  key, tokens, valid, draft_probs, target_probs, emulated_rates, *, tree, one_hot_target
-):
-  """`verify_tree` for one row: tokens [N], valid [N], probs [N, V] (draft: or None);
-  emulated_rates float32 [K] or None."""
+def _verify_tree_row(key, tokens, valid, draft_probs, target_probs, *, tree, one_hot_target):
+  """`verify_tree` for one row: tokens [N], valid [N], probs [N, V] (draft: or None)."""
   depth, width = tree.max_depth, tree.max_children
   children = jnp.asarray(tree.children)
   accept_key, next_key = jax.random.split(key)
@@ -443,9 +440,7 @@ def _verify_tree_row(
     kid_valid = (kids >= 0) & valid[jnp.maximum(kids, 0)]
     p = target_probs[node]
     q = None if draft_probs is None else draft_probs[node]
-    if emulated_rates is not None:  # Timing only: the next token is drawn from p itself.
-      accept, residual = kid_valid * emulated_rates, p
-    elif one_hot_target:
+    if one_hot_target:
       accept = (kid_valid & (kid_tokens == sampling.argmax(p))).astype(jnp.float32)
     else:
       accept, residual = node_outcome_probabilities(p, q, kid_tokens, kid_valid)
@@ -453,9 +448,7 @@ def _verify_tree_row(
     hit, rank = jnp.any(hits), jnp.argmax(hits).astype(jnp.int32)
     if not one_hot_target:
       next_probs = jnp.where(alive & ~hit, residual, next_probs)
-    if emulated_rates is not None:
-      beta = emulated_rates[0]
-    elif q is None:
+    if q is None:
       beta = p[kid_tokens[0]]
     else:
       beta = jnp.sum(jnp.minimum(p, q))
@@ -497,7 +490,6 @@ def verify_tree(
   target_probs: jax.Array,
   *,
   one_hot_target: bool,
-  emulated_rates: Optional[Sequence[float]] = None,
 ) -> TreeJudgement:
   """Accepts one path of each row's draft tree and draws the token after it.
 
@@ -523,11 +515,6 @@ def verify_tree(
     one_hot_target: static; every p is one-hot (greedy): the first valid
       child whose token is argmax p is accepted, the next token is argmax p
       at the last node reached, and no random numbers are drawn.
-    emulated_rates: timing only (see `emulation_rates`): K rates by sibling
-      rank; each valid rank-r child is accepted with probability rates[r]
-      after ranks < r were rejected, i.i.d. per node, and the next token is
-      drawn from p (argmax for a greedy target) at the node where the walk
-      stopped. The output is NOT the target's distribution.
 
   Returns:
     A `TreeJudgement`.
@@ -537,16 +524,13 @@ def verify_tree(
       neither one key nor B keys.
   """
   batch_size = _check_shapes(tree, node_tokens, node_valid, draft_probs, target_probs)
-  if emulated_rates is not None:
-    emulated_rates = jnp.asarray(emulation_rates(emulated_rates, tree))
   verify_row = functools.partial(_verify_tree_row, tree=tree, one_hot_target=one_hot_target)
-  return jax.vmap(verify_row, in_axes=(0, 0, 0, 0, 0, None))(
+  return jax.vmap(verify_row)(
     spec._row_keys(rng, batch_size),  # pylint: disable=protected-access
     jnp.asarray(node_tokens, jnp.int32),
     jnp.asarray(node_valid, bool),
     None if draft_probs is None else jnp.asarray(draft_probs, jnp.float32),
     jnp.asarray(target_probs, jnp.float32),
-    emulated_rates,
   )
 
 
@@ -576,35 +560,3 @@ def _check_shapes(tree, node_tokens, node_valid, draft_probs, target_probs) -> i
       f'vocabulary); got {draft_probs.shape}.'
     )
   return batch_size
-
-
-def emulation_rates(rates: Union[float, Sequence[float]], tree: Tree) -> np.ndarray:
-  """float32 [K]: the emulated acceptance of a tree (`verify_tree`'s `emulated_rates`), checked.
-
-  Timing at a trained pair's acceptance on random weights (the chain's is
-  `speculative_sampling.emulated_verify`): every node's rank-r child is
-  accepted with probability rates[r] given that ranks < r were rejected,
-  i.i.d. across nodes and depths. A tree needs a rate per sibling rank (the
-  rank-0 rate is a chain's alpha; later ranks are judged after a
-  rejection, so their rates are lower: measure them with
-  `tree_benchmark.measure_rates`, whose [D, K] rates, averaged over depth,
-  give them).
-
-  Args:
-    rates: K' >= K probabilities in [0, 1] by rank (K = the tree's most
-      children per node); ranks past K are unused.
-    tree: the `Tree` they emulate.
-
-  Raises:
-    ValueError: a scalar, a rate outside [0, 1], or fewer rates than ranks.
-  """
-  array = np.asarray(rates, np.float64)
-  if array.ndim != 1 or array.size < tree.max_children:
-    raise ValueError(
-      f'Emulating {tree.describe()} needs an acceptance rate per sibling rank, '
-      f"{tree.max_children} of them (rank 0 first, a chain's alpha); got {rates!r}. Measure "
-      'them with tree_benchmark.measure_rates on a trained pair.'
-    )
-  if np.any((array < 0) | (array > 1)) or not np.all(np.isfinite(array)):
-    raise ValueError(f'Emulated acceptance rates must lie in [0, 1]; got {rates!r}.')
-  return array[: tree.max_children].astype(np.float32)

@@ -58,6 +58,7 @@ from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import kernels
 from speculative_t5x import layouts
+from speculative_t5x_lab import acceptance_counts
 from speculative_t5x_lab import emulation
 from speculative_t5x_lab import measure
 from speculative_t5x_lab import records as records_lib
@@ -194,17 +195,21 @@ def _join_stats(stats: Sequence[decoding.SpeculativeStats]) -> decoding.Speculat
   """The statistics of batches as those of one batch of all their rows (numpy arrays).
 
   Per-row fields ([B, ...] each) are concatenated to [sum B, ...]; aggregate
-  fields are summed, so the properties (`mean_beta`, `tokens_per_target_call`)
-  hold over all batches.
+  fields, and every leaf of the judge's record (`acceptance_counts.Counts`:
+  counts), are summed, so the properties (`mean_beta`,
+  `tokens_per_target_call`, `acceptance_by_position`) hold over all batches.
   """
   per_row = decoding.SpeculativeStats.PER_ROW_FIELDS
+  total = lambda values: np.sum([np.asarray(v) for v in values], axis=0)
   return decoding.SpeculativeStats(
     **{
-      field.name: (np.concatenate if field.name in per_row else functools.partial(np.sum, axis=0))(
+      field.name: (np.concatenate if field.name in per_row else total)(
         [np.asarray(getattr(batch_stats, field.name)) for batch_stats in stats]
       )
       for field in dataclasses.fields(decoding.SpeculativeStats)
-    }
+      if field.name != 'record'
+    },
+    record=jax.tree_util.tree_map(lambda *leaves: total(leaves), *[s.record for s in stats]),
   )
 
 
@@ -437,6 +442,16 @@ def _difference_in_stderr(first: Mapping[str, float], second: Mapping[str, float
 # ------------------------------------------------------------------------------
 
 
+def timing_judge(emulate_alpha: Optional[float] = None) -> acceptance_counts.AcceptanceCounts:
+  """The judge of the benchmark's speculative decoders and of their parts' timings.
+
+  The exact rules, or (timing only) acceptance i.i.d. at `emulate_alpha`
+  (`emulation.EmulatedJudge`), counted for the records' histogram and
+  acceptance by position (`acceptance_counts.AcceptanceCounts`).
+  """
+  return acceptance_counts.AcceptanceCounts(emulation.judge_at(emulate_alpha))
+
+
 def measure_parts(
   target: models.Model,
   draft,
@@ -458,7 +473,7 @@ def measure_parts(
   parts are reused, only this draft's are timed.
 
   `settings` gives the rest of each gamma's settings (its verification rule
-  is what the judge part times). `prompt_length` is the prompts' width (a
+  is what the judge part times, with `timing_judge(emulate_alpha)`). `prompt_length` is the prompts' width (a
   decoder-only target's inputs, or decoder prompts; 0: none),
   `input_length` the input tokens'.
   """
@@ -476,7 +491,7 @@ def measure_parts(
         prompt_length=prompt_length,
         inputs_bidirectional_attention=target.inputs_bidirectional_attention,
         temperature=temperature,
-        emulate_alpha=emulate_alpha,
+        judge=timing_judge(emulate_alpha),
         target_step=target_step,
         target_parts=None if target_parts is None else target_parts[temperature, gamma],
         repetitions=repetitions,
@@ -902,12 +917,18 @@ class TimedExamples:
     """The baseline (`settings` None) or speculative decoder at `temperature`."""
     return models.make_decoder(
       self.target,
-      None if settings is None else emulation.emulated(self.draft, self.emulate_alpha),
+      None if settings is None else self.draft,
       settings,
       temperature=temperature,
       max_decode_len=self.max_decode_len,
       eos_id=self.eos_id,
+      judge=self.judge,
     )
+
+  @property
+  def judge(self) -> acceptance_counts.AcceptanceCounts:
+    """The speculative decoders' judge (`timing_judge`)."""
+    return timing_judge(self.emulate_alpha)
 
   def time(self, decoders, batch_size: int) -> List[DecodeRun]:
     """`time_decodings` of `decoders` on the timed examples, batches interleaved."""
@@ -1254,6 +1275,7 @@ def _timed_fields(
 ) -> Dict[str, Any]:
   """The measured `records.Walltime` fields: timings, the loop's statistics, memory."""
   stats = speculative.stats
+  counts = acceptance_counts.counts(stats)
   speedups = [b / s for b, s in zip(baseline.ms_per_token, speculative.ms_per_token)]
   fields = dict(
     alpha_loop=float(stats.mean_beta),
@@ -1268,8 +1290,8 @@ def _timed_fields(
     draft_steps_per_call=int(stats.draft_steps) / max(int(stats.target_calls), 1),
     finished_row_share=speculative.finished_row_share,
     baseline_finished_row_share=theory.finished_row_share(alpha, 0, lengths_by_batch),
-    accepted_histogram=stats.accepted_histogram.tolist(),
-    acceptance_by_position=np.asarray(stats.acceptance_by_position).tolist(),
+    accepted_histogram=np.asarray(counts.accepted_histogram).tolist(),
+    acceptance_by_position=np.asarray(counts.acceptance_by_position).tolist(),
     memory=speculative.memory,
     device_peak_bytes=device_peak_bytes(),
   )
@@ -1567,7 +1589,7 @@ def iteration_breakdown(
   stats = speculative.stats
   iterations = max(int(stats.target_calls), 1)
   num_calls = len(speculative.outputs)  # Batch 1: one decode call per row.
-  catch_up_rate = float(stats.fully_accepted) / iterations
+  catch_up_rate = float(acceptance_counts.counts(stats).fully_accepted) / iterations
   # The rollout was timed for gamma steps; an adaptive draft length runs fewer.
   rollout_share = float(stats.draft_steps) / (part.gamma * iterations)
   ms = part.as_ms()

@@ -1,61 +1,297 @@
-"""Emulated acceptance: the benchmarks' timing mode for random weights, as a draft wrapper.
+"""Emulated acceptance: the benchmarks' timing mode for random weights, as a judge.
 
 Random weights (e.g. T5-XXL beside T5-small, never trained as a pair) give
 no meaningful acceptance, yet their timings are what a speedup on such a pair
-would cost. `EmulatedDraft(draft, rates)` is `draft` in every respect except
-how its tokens are judged: the decode loop (`decoding.emulated_acceptance`,
-its one door) draws each acceptance i.i.d. at `rates`
-(`speculative_sampling.emulated_verify`; a tree's rates by sibling rank,
-`tree.emulation_rates`) instead of comparing the two distributions. The
-outputs are not the target's distribution; the records say `emulated`.
+would cost. `EmulatedJudge(rates)` takes the exact judge's place through the
+decode loop's one door for another rule (`judge=`, `speculative_t5x.judging`):
+it accepts each drafted token i.i.d. at `rates` (`verify_chain`; a tree's
+rates by sibling rank, `verify_tree`, checked by `tree_rates`) instead of
+comparing the two distributions, with the same kind of work per row (draws,
+gathers, one sample). The outputs are not the target's distribution; the
+records say `emulated`.
 
-  decode = models.make_decoder(target, EmulatedDraft.of(draft, 0.7), gamma=4, eos_id=-1)
+  decode = models.make_decoder(target, draft, gamma=4, eos_id=-1, judge=EmulatedJudge(0.7))
 
-Only the benchmarks build one; the library's decode functions take no
-emulation argument.
+Only the lab builds one: the library's rules are the exact ones.
 """
 
-from typing import Any, Tuple, Union
+import dataclasses
+import functools
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
-import flax
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5x import models
+from speculative_t5x import judging
+from speculative_t5x import sampling
+from speculative_t5x import settings as settings_lib
+from speculative_t5x import tree as tree_lib
 
+Array = jax.Array
 Rates = Union[float, Tuple[float, ...]]
 
 
-@flax.struct.dataclass
-class EmulatedDraft:
-  """`draft`, judged by i.i.d. acceptance at `emulated_acceptance`.
+def verify_chain(
+  rng: Array,
+  draft_tokens: Array,
+  target_probs: Array,
+  alpha: float,
+  one_hot_target: bool = False,
+  num_drafted: Optional[Array] = None,
+) -> Tuple[Array, Array, Array]:
+  """Timing only: accepts each draft token i.i.d. with probability `alpha`.
+
+  Stands in for `speculative_sampling.verify` when full-size models with
+  random weights are timed at the acceptance rate of a trained pair. It does
+  the same kind of work per row (draws, a gather, one sample) but its output
+  is NOT distributed as the target's: never use it to produce text.
+
+  Args:
+    rng: a PRNG key.
+    draft_tokens: int32 [B, gamma].
+    target_probs: float [B, gamma + 1, V].
+    alpha: the acceptance probability, in [0, 1].
+    one_hot_target: static; the next token is p's argmax.
+    num_drafted: int32 [B] tokens drafted per row (None: gamma); later ones
+      are never accepted.
+
+  Returns:
+    (num_accepted int32 [B], next_token int32 [B], beta float32 [B, gamma]) as
+    `speculative_sampling.verify(..., return_beta=True)`: the accepted count
+    is the number of leading successes, the next token is drawn from the
+    target at that position, and beta is `alpha` everywhere.
+  """
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f'Emulated acceptance must lie in [0, 1]; got {alpha}.')
+  accept_rng, sample_rng = jax.random.split(rng)
+  accepted = jax.random.uniform(accept_rng, draft_tokens.shape) < alpha
+  gamma = draft_tokens.shape[1]
+  if num_drafted is not None:
+    accepted &= jnp.arange(gamma) < num_drafted[:, None]
+  num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
+  next_probs = jnp.take_along_axis(target_probs, num_accepted[:, None, None], axis=1)[:, 0]
+  next_token = sampling.sample(sample_rng, next_probs, one_hot=one_hot_target)
+  beta = jnp.full(draft_tokens.shape, alpha, jnp.float32)
+  return num_accepted.astype(jnp.int32), next_token, beta
+
+
+def tree_rates(rates: Union[float, Sequence[float]], tree: tree_lib.Tree) -> np.ndarray:
+  """float32 [K]: the emulated acceptance of a tree (`verify_tree`'s `rates`), checked.
+
+  Timing at a trained pair's acceptance on random weights (the chain's is
+  `verify_chain`): every node's rank-r child is accepted with probability
+  rates[r] given that ranks < r were rejected, i.i.d. across nodes and
+  depths. A tree needs a rate per sibling rank (the rank-0 rate is a chain's
+  alpha; later ranks are judged after a rejection, so their rates are lower:
+  measure them with `tree_benchmark.measure_rates`, whose [D, K] rates,
+  averaged over depth, give them).
+
+  Args:
+    rates: K' >= K probabilities in [0, 1] by rank (K = the tree's most
+      children per node); ranks past K are unused.
+    tree: the `tree.Tree` they emulate.
+
+  Raises:
+    ValueError: a scalar, a rate outside [0, 1], or fewer rates than ranks.
+  """
+  array = np.asarray(rates, np.float64)
+  if array.ndim != 1 or array.size < tree.max_children:
+    raise ValueError(
+      f'Emulating {tree.describe()} needs an acceptance rate per sibling rank, '
+      f"{tree.max_children} of them (rank 0 first, a chain's alpha); got {rates!r}. Measure "
+      'them with tree_benchmark.measure_rates on a trained pair.'
+    )
+  if np.any((array < 0) | (array > 1)) or not np.all(np.isfinite(array)):
+    raise ValueError(f'Emulated acceptance rates must lie in [0, 1]; got {rates!r}.')
+  return array[: tree.max_children].astype(np.float32)
+
+
+def _verify_tree_row(key, tokens, valid, target_probs, rates, *, tree, one_hot_target):
+  """`verify_tree` for one row: tokens int32 [N], valid bool [N], target_probs [N, V],
+  rates float32 [K]."""
+  depth, width = tree.max_depth, tree.max_children
+  children = jnp.asarray(tree.children)
+  accept_key, next_key = jax.random.split(key)
+  coins = jax.random.uniform(accept_key, (depth, width))
+  node, alive = jnp.zeros((), jnp.int32), jnp.ones((), bool)
+  path, ranks, judged, counts = [node], [], [], []
+  for d in range(depth):
+    kids = children[node]
+    kid_valid = (kids >= 0) & valid[jnp.maximum(kids, 0)]
+    hits = coins[d] < kid_valid * rates  # A rate of 0 never hits, 1 always does.
+    hit, rank = jnp.any(hits), jnp.argmax(hits).astype(jnp.int32)
+    judged.append(alive & jnp.any(kid_valid))
+    ranks.append(jnp.where(alive & hit, rank, -1))
+    num_valid = jnp.cumsum(kid_valid.astype(jnp.int32))
+    counts.append(jnp.where(alive, jnp.where(hit, num_valid[rank], num_valid[-1]), 0))
+    node = jnp.where(alive & hit, kids[rank], node)
+    alive &= hit
+    path.append(node)
+  path = jnp.stack(path)
+  num_accepted = jnp.sum(jnp.stack(ranks) >= 0).astype(jnp.int32)
+  # The next token is drawn from p itself at the node where the walk stopped.
+  if one_hot_target:
+    next_token = sampling.argmax(target_probs[node])
+  else:
+    next_token = sampling.sample(next_key, target_probs[node])
+  judged = jnp.stack(judged)
+  return tree_lib.TreeJudgement(
+    path=path,
+    num_accepted=num_accepted,
+    next_token=next_token,
+    path_tokens=jnp.where(jnp.arange(depth) < num_accepted, tokens[path[1:]], 0),
+    path_target_probs=target_probs[path],
+    beta=jnp.where(judged, rates[0], 0.0),
+    accepted_rank=jnp.stack(ranks),
+    judged=judged,
+    children_judged=jnp.stack(counts),
+  )
+
+
+def verify_tree(
+  rng: Array,
+  tree: tree_lib.Tree,
+  node_tokens: Array,
+  node_valid: Array,
+  target_probs: Array,
+  rates: Union[float, Sequence[float]],
+  *,
+  one_hot_target: bool,
+) -> tree_lib.TreeJudgement:
+  """Timing only: the walk of `tree.verify_tree`, each child accepted at its rank's rate.
+
+  Each valid rank-r child is accepted with probability rates[r] after ranks
+  < r were rejected, i.i.d. per node, and the next token is drawn from p
+  (its argmax for a greedy target) at the node where the walk stopped. The
+  output is NOT the target's distribution.
+
+  Args:
+    rng: one PRNG key, split one per row.
+    tree: the static `tree.Tree`, N nodes, depth D.
+    node_tokens: int32 [B, N], each node's token (the root's is unused).
+    node_valid: bool [B, N], as `tree.verify_tree`'s.
+    target_probs: float [B, N, V], the standardized target distribution p
+      after each node.
+    rates: K' >= K rates by sibling rank (`tree_rates`).
+    one_hot_target: static; every p is one-hot (greedy).
+
+  Returns:
+    A `tree.TreeJudgement` (beta is rates[0] where judged).
+  """
+  rates = jnp.asarray(tree_rates(rates, tree))
+  verify_row = functools.partial(_verify_tree_row, tree=tree, one_hot_target=one_hot_target)
+  return jax.vmap(verify_row, in_axes=(0, 0, 0, 0, None))(
+    jax.random.split(rng, node_tokens.shape[0]),
+    jnp.asarray(node_tokens, jnp.int32),
+    jnp.asarray(node_valid, bool),
+    jnp.asarray(target_probs, jnp.float32),
+    rates,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class EmulatedJudge:
+  """A `judging.Judge` that accepts i.i.d. at `rates`: timing only (see the module docstring).
 
   Attributes:
-    draft: the wrapped draft (any `drafts.Draft`); every other attribute and
-      method is its own.
-    emulated_acceptance: one rate (a chain) or rates by sibling rank (a tree);
-      static, so a float or a tuple of floats.
+    rates: one rate (a chain) or rates by sibling rank, rank 0 first (a
+      tree); stored as a float or a tuple of floats, so that the judge is
+      hashable (static) and equal rates compile once. A number or any
+      sequence (a numpy array too) is taken.
   """
 
-  draft: Any
-  emulated_acceptance: Rates = flax.struct.field(pytree_node=False)
+  rates: Rates
 
-  @classmethod
-  def of(cls, draft, rates) -> 'EmulatedDraft':
-    """`draft` (a `models.Model` becomes its draft) with `rates` (a number, or a sequence by
-    rank) as a static float or tuple."""
-    draft = models.as_draft(draft)
+  def __post_init__(self):
+    rates = self.rates
     if np.ndim(rates) == 0:
-      return cls(draft, float(rates))
-    return cls(draft, tuple(float(rate) for rate in np.ravel(rates)))
+      rates = float(rates)
+    else:
+      rates = tuple(float(rate) for rate in np.ravel(rates))
+    object.__setattr__(self, 'rates', rates)
 
-  def __getattr__(self, name: str) -> Any:
-    # Called only for attributes the wrapper lacks; dunders and the field itself are not
-    # forwarded (copying and unflattening look them up before `draft` is set).
-    if name.startswith('__') or name == 'draft':
-      raise AttributeError(name)
-    return getattr(self.draft, name)
+  def check(self, spec: settings_lib.SpeculativeSettings) -> None:
+    """ValueError unless the rates fit: one rate in [0, 1] for a chain, one per rank for a tree."""
+    if spec.tree is not None:
+      tree_rates(self.rates, spec.tree)
+    elif np.ndim(self.rates) != 0:
+      raise ValueError(
+        f'Emulated acceptance for a chain is one acceptance rate; got {self.rates!r}. Rates '
+        'by sibling rank are for a token tree (tree=...).'
+      )
+    elif not 0.0 <= self.rates <= 1.0:
+      raise ValueError(f'Emulated acceptance must lie in [0, 1]; got {self.rates}.')
+
+  def judge_chain(
+    self,
+    rng: Array,
+    draft_tokens: Array,
+    draft_probs: Optional[Array],
+    target_logits: Array,
+    sample_args: Mapping[str, Any],
+    spec: settings_lib.SpeculativeSettings,
+    *,
+    num_drafted: Optional[Array] = None,
+    rescale_log_probs: bool = True,
+  ) -> judging.Judgement:
+    """`verify_chain` at the rate, in `judging.ExactJudge.judge_chain`'s place (same shapes)."""
+    target_probs = sampling.standardize(target_logits, **sample_args)
+    one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
+    if num_drafted is None:
+      num_drafted = jnp.full(draft_tokens.shape[:1], draft_tokens.shape[1], jnp.int32)
+    num_accepted, next_token, beta = verify_chain(
+      rng,
+      draft_tokens,
+      target_probs,
+      self.rates,
+      one_hot_target=one_hot_target,
+      num_drafted=num_drafted,
+    )
+    return judging.Judgement(
+      num_drafted,
+      num_accepted,
+      next_token,
+      beta,
+      target_probs,
+      score_logits=None if rescale_log_probs else target_logits,
+    )
+
+  def judge_tree(
+    self,
+    rng: Array,
+    node_tokens: Array,
+    node_valid: Array,
+    draft_probs: Optional[Array],
+    target_logits: Array,
+    sample_args: Mapping[str, Any],
+    spec: settings_lib.SpeculativeSettings,
+    *,
+    rescale_log_probs: bool = True,
+  ) -> judging.Judgement:
+    """`verify_tree` at the rates, in `judging.ExactJudge.judge_tree`'s place (same shapes)."""
+    target_probs = sampling.standardize(target_logits, **sample_args)
+    one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
+    verdict = verify_tree(
+      rng,
+      spec.tree,
+      node_tokens,
+      node_valid,
+      target_probs,
+      self.rates,
+      one_hot_target=one_hot_target,
+    )
+    return judging.tree_judgement(verdict, target_logits, rescale_log_probs)
+
+  def init_record(self, flat_size: int, spec: settings_lib.SpeculativeSettings) -> Tuple[()]:
+    """(): nothing is recorded (count with `acceptance_counts.AcceptanceCounts`)."""
+    return ()
+
+  def record(self, record, judgement: judging.Judgement, active: Array):
+    """`record` unchanged."""
+    return record
 
 
-def emulated(draft, rates):
-  """`draft` judged at `rates` (see the module docstring); `draft` itself for None rates."""
-  return draft if rates is None or draft is None else EmulatedDraft.of(draft, rates)
+def judge_at(rates) -> Optional[EmulatedJudge]:
+  """The judge at `rates` (see the module docstring); None (the exact rules) for None rates."""
+  return None if rates is None else EmulatedJudge(rates)

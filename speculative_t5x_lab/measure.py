@@ -16,8 +16,10 @@ is never inside a step. The parts of one speculative iteration
   (both with flushed caches when target and draft together exceed the
   last-level cache, as in the loop, where the draft runs after the target;)
   target_block: the target's one call on gamma + 1 tokens;
-  judge: `decoding.judge_block`, standardizing p and verifying;
-  emit: `decoding.emit_block`, the writes, positions and statistics;
+  judge: the decode's judge (`judging.ExactJudge.judge_chain` by default),
+    standardizing p and verifying;
+  emit: `decoding.emit_block`, the writes, positions and statistics (the
+    judge's record among them);
 
 and of one baseline step, `target_step` (one token) and `sampling`
 (`sampling.sample_logits`). What a decode call measures beyond their sum is
@@ -55,6 +57,7 @@ import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import judging
 from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x import models
@@ -372,26 +375,30 @@ def _draft_catch_up_step(operands, i, checksum, *, draft):
   return checksum + _checksum(logits) * 1e-9
 
 
-def _judge_step(operands, i, checksum, *, sample_args, settings, emulate_alpha):
+def _judge_step(operands, i, checksum, *, sample_args, settings, judge):
   rng, draft_tokens, draft_probs, target_logits = operands
-  judgement = decoding.judge_block(
+  judgement = judge.judge_chain(
     jax.random.fold_in(rng, i),
     _vary(draft_tokens, checksum),
     draft_probs,
     _vary(target_logits, checksum),
     sample_args,
     settings,
-    emulate_alpha=emulate_alpha,
   )
   return checksum + _checksum(judgement.num_accepted, judgement.next_token, judgement.beta)
 
 
-def _emit_step(operands, i, state, *, eos_id):
+def _emit_step(operands, i, state, *, eos_id, judge):
   draft_tokens, judgement, limits = operands
   # Rewind the positions so that every step writes as the decode loop does.
   state = state.replace(position=state.position % 8)
   return decoding.emit_block(
-    state, _vary(draft_tokens, state.log_prob[0]), judgement, limits=limits, eos_id=eos_id
+    state,
+    _vary(draft_tokens, state.log_prob[0]),
+    judgement,
+    limits=limits,
+    eos_id=eos_id,
+    judge=judge,
   )
 
 
@@ -593,7 +600,7 @@ def _random_block(call: _TimedCall, draft, rng: Array) -> Tuple[Array, Array, Op
 
 
 def _judge_and_emit_seconds(
-  call: _TimedCall, settings, block, rng: Array, emulate_alpha: Optional[float]
+  call: _TimedCall, settings, block, rng: Array, judge: judging.Judge
 ) -> Dict[str, float]:
   """Seconds of the judge step and of the emit step on a `_random_block`.
 
@@ -603,22 +610,14 @@ def _judge_and_emit_seconds(
   target_logits, draft_tokens, draft_probs = block
   batch_size, gamma = call.batch_size, call.gamma
   time_steps = functools.partial(step_seconds, repetitions=call.repetitions)
-  judge_settings = dict(
-    sample_args=call.sample_args, settings=settings, emulate_alpha=emulate_alpha
-  )
+  judge_settings = dict(sample_args=call.sample_args, settings=settings, judge=judge)
   judge = time_steps(
     functools.partial(_judge_step, **judge_settings),
     (rng, draft_tokens, draft_probs, target_logits),
     jnp.zeros((), jnp.float32),
   )
-  judgement = decoding.judge_block(
-    rng,
-    draft_tokens,
-    draft_probs,
-    target_logits,
-    call.sample_args,
-    settings,
-    emulate_alpha=emulate_alpha,
+  judgement = judge.judge_chain(
+    rng, draft_tokens, draft_probs, target_logits, call.sample_args, settings
   )
   state = decoding.SpeculativeLoopState(
     position=jnp.zeros((batch_size,), jnp.int32),
@@ -628,11 +627,11 @@ def _judge_and_emit_seconds(
     ended=jnp.zeros((batch_size,), bool),
     rng=rng,
     log_prob=jnp.zeros((batch_size,), jnp.float32),
-    stats=decoding.SpeculativeStats.zeros(batch_size, gamma),
+    stats=decoding.SpeculativeStats.zeros(batch_size, judge.init_record(batch_size, settings)),
   )
   limits = jnp.full((batch_size,), call.length, jnp.int32)
   emit = time_steps(
-    functools.partial(_emit_step, eos_id=-1), (draft_tokens, judgement, limits), state
+    functools.partial(_emit_step, eos_id=-1, judge=judge), (draft_tokens, judgement, limits), state
   )
   return dict(judge=judge, emit=emit)
 
@@ -651,7 +650,7 @@ def iteration_parts(
   temperature: float = 0.0,
   topk: int = 0,
   topp: float = 0.0,
-  emulate_alpha: Optional[float] = None,
+  judge: Optional[judging.Judge] = None,
   target_step: Optional[float] = None,
   target_parts: Optional[IterationParts] = None,
   repetitions: int = 7,
@@ -676,7 +675,9 @@ def iteration_parts(
     prompt_length: Lp, the width of the prompts (a decoder-only network's,
       or an encoder-decoder's decoder prompts); 0: none.
     inputs_bidirectional_attention: the target is a prefix LM (its prefill).
-    temperature, topk, topp, emulate_alpha: the call's sampling settings.
+    temperature, topk, topp: the call's sampling settings.
+    judge: the decode's judge (`judging.Judge`; None: the exact one), whose
+      chain rule the judge step times and whose record the emit step keeps.
     target_step: seconds of a one-token target step, if already measured
       (it does not depend on gamma).
     target_parts: another draft's parts at these settings, whose target parts
@@ -706,7 +707,8 @@ def iteration_parts(
   else:
     target = {name: getattr(target_parts, name) for name in _TARGET_PARTS}
   draft_parts = _draft_parts_seconds(call, draft)
-  verify_parts = _judge_and_emit_seconds(call, settings, block, rng, emulate_alpha)
+  judge = judging.EXACT if judge is None else judge
+  verify_parts = _judge_and_emit_seconds(call, settings, block, rng, judge)
   return IterationParts(
     gamma=settings.gamma,
     verification=settings.verification,

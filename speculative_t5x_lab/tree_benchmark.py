@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x_lab import acceptance_counts
 from speculative_t5x_lab import benchmark
 from speculative_t5x import decoding
 from speculative_t5x import layouts
@@ -112,8 +113,10 @@ def measure_rates(
     max_decode_len=max_decode_len,
     tree=probe,
     rng=jax.random.PRNGKey(seed),
+    judge=acceptance_counts.AcceptanceCounts(),
   )
-  reached, accepted = np.asarray(out.stats.rank_judged), np.asarray(out.stats.rank_accepted)
+  counts = acceptance_counts.counts(out.stats)
+  reached, accepted = np.asarray(counts.rank_judged), np.asarray(counts.rank_accepted)
   rates, stderr = tree_design.acceptance_rates_from_counts(reached, accepted)
   return records_lib.TreeRates(
     temperature=temperature,
@@ -246,7 +249,7 @@ def compare_trees_and_chains(
     max_decode_len: output length.
     repetitions: timed passes per decoder.
     emulate_rates: timing only, for random weights (e.g. XXL/small): K
-      acceptance rates by sibling rank (`tree.emulation_rates`), used instead
+      acceptance rates by sibling rank (`emulation.tree_rates`), used instead
       of measured ones to choose the trees, and drawn i.i.d. per node when
       they decode; chains are emulated at the rank-0 rate. Rows run to the
       full length (no EOS) and the records say `emulated`; no text is made.
@@ -332,16 +335,22 @@ def _time_trees_and_chains(
   chains' at the rank-0 rate, and rows run to the full length.
   """
   emulated = emulate_rates is not None
-  # (decoder settings, the draft as decoded: emulated, chains at the rank-0 rate).
+  # (decoder settings, the judge: counted; emulated, chains at the rank-0 rate).
   configs = {
     f'chain gamma={g}': (
       dict(gamma=g),
-      emulation.emulated(draft, emulate_rates and emulate_rates[0]),
+      acceptance_counts.AcceptanceCounts(emulation.judge_at(emulate_rates and emulate_rates[0])),
     )
     for g in gammas
   }
   configs.update(
-    {name: (dict(tree=t), emulation.emulated(draft, emulate_rates)) for name, t, _ in trees}
+    {
+      name: (
+        dict(tree=t),
+        acceptance_counts.AcceptanceCounts(emulation.judge_at(emulate_rates)),
+      )
+      for name, t, _ in trees
+    }
   )
   progress(f'T={temperature:g}: baseline, {len(configs)} speculative decoders, interleaved ...')
   # Emulated rows run to the full length: random weights' EOS would end them at random.
@@ -351,8 +360,8 @@ def _time_trees_and_chains(
     eos_id=-1 if emulated else layouts.EOS_ID,
   )
   decoders = [models.make_decoder(target, None, **sampling_args)] + [
-    models.make_decoder(target, config_draft, **config, **sampling_args)
-    for config, config_draft in configs.values()
+    models.make_decoder(target, draft, **config, **sampling_args, judge=judge)
+    for config, judge in configs.values()
   ]
   runs = benchmark.time_decodings(decoders, inputs, repetitions=repetitions)
   baseline = runs[0]
@@ -374,7 +383,9 @@ def _time_trees_and_chains(
         ms_per_token=float(np.median(run.ms_per_token)),
         speedup=benchmark.summary([b / s for b, s in zip(baseline.ms_per_token, run.ms_per_token)]),
         identical_to_baseline=float(np.mean(np.all(baseline.outputs == run.outputs, axis=1))),
-        acceptance_by_rank=np.asarray(run.stats.acceptance_by_rank).tolist(),
+        acceptance_by_rank=np.asarray(
+          acceptance_counts.counts(run.stats).acceptance_by_rank
+        ).tolist(),
       )
     )
     progress(markdown_row(records[-1]))

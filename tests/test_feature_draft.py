@@ -17,10 +17,12 @@ import pytest
 from speculative_t5x import decoding
 from speculative_t5x import drafts
 from speculative_t5x import feature_head
+from speculative_t5x import judging
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x.training import train_feature_head
+from speculative_t5x_lab import acceptance_counts
 from testing_utils import (
   EOS,
   decoded_lengths,
@@ -210,6 +212,7 @@ def test_the_loop_hands_the_head_the_features_of_a_fresh_forward_pass(architectu
   draft = RecordingFeatureDraft(head.params, head.target_params, head.config, head.target_config)
   RECORDED.clear()
   speculative = dict(gamma=3) if tree is None else dict(tree=tree)
+  speculative['judge'] = acceptance_counts.AcceptanceCounts()  # The lab's counts by rank.
   out = models.generate(
     target, draft, input_tokens, decoder_prompts=prompts, max_decode_len=8, **speculative
   )
@@ -245,7 +248,7 @@ def test_the_loop_hands_the_head_the_features_of_a_fresh_forward_pass(architectu
   assert checked >= decoded_lengths(tokens).sum()
   assert np.asarray(out.stats.accepted).sum() > 0
   if tree is not None:  # Some path runs through a lower-ranked sibling (path order matters).
-    assert np.asarray(out.stats.rank_accepted)[..., 1:].sum() > 0
+    assert np.asarray(out.stats.record.rank_accepted)[..., 1:].sum() > 0
 
 
 # ------------------------------------------------------------------------------
@@ -391,7 +394,7 @@ def one_iteration(draft, input_tokens, num_accepted):
     feature_layers=(1,),
   )
   next_token = jnp.full(num_accepted.shape, 2, jnp.int32)
-  judgement = decoding.Judgement(num_accepted, num_accepted, next_token, None, None)
+  judgement = judging.Judgement(num_accepted, num_accepted, next_token, None, None)
   next_tokens = decoding.emitted_block(draft_tokens, judgement)
   return next_tokens, draft.after_verify(cache, features, next_tokens, starts, num_accepted)
 

@@ -35,6 +35,7 @@ LAYERS = (
         'sampling',
         'speculative_sampling',
         'tree',
+        'judging',
         'drafts',
         'feature_head',
         'decoding',

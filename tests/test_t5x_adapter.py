@@ -329,14 +329,8 @@ def test_predict_calls_the_decode_fn_and_formats_aux():
     emitted=3 * per_decode,
     drafted=4 * per_decode,
     draft_steps=np.int32(20),
-    fully_accepted=np.int32(1),
-    accepted_histogram=np.zeros(6, np.int32),
-    position_reached=np.zeros(5, np.int32),
-    position_accepted=np.zeros(5, np.int32),
     beta_sum=np.float32(3.0),
     beta_count=np.int32(4),
-    rank_judged=np.zeros((5, 1), np.int32),
-    rank_accepted=np.zeros((5, 1), np.int32),
   )
   recorded = {}
   block = np.asarray(BATCH['decoder_input_tokens'][:, :2]) + 5

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from speculative_t5x import acceptance
+from speculative_t5x_lab import acceptance_counts
 from speculative_t5x_lab import benchmark
 from speculative_t5x_lab import emulation
 from speculative_t5x_lab import records as records_lib
@@ -182,14 +183,15 @@ def test_emulated_tokens_per_call_follow_eq_1():
   inputs, _ = benchmark.random_inputs(16, 6, TARGET.vocab_size)
   decode = benchmark.models.make_decoder(
     TARGET,
-    emulation.EmulatedDraft.of(DRAFT, alpha),
+    DRAFT,
     gamma=gamma,
     temperature=1.0,
     max_decode_len=60,
     eos_id=-1,
+    judge=acceptance_counts.AcceptanceCounts(emulation.EmulatedJudge(alpha)),
   )
   run = benchmark.time_decoding(decode, inputs, batch_size=16, repetitions=1)
-  histogram = run.stats.accepted_histogram
+  histogram = run.stats.record.accepted_histogram
   iterations = histogram.sum()
   mean_tokens = (histogram * (np.arange(gamma + 1) + 1)).sum() / iterations
   expected = theory.expected_tokens(alpha, gamma)
