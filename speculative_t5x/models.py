@@ -224,7 +224,7 @@ def speculative_decode(
       decoder-only).
     target_params: its parameters (without a draft subtree).
     draft: a `drafts.Draft` (e.g. `drafts.ModelDraft`) over the target's
-      vocabulary (the callers check it: `drafts.check_shared_vocabulary`).
+      vocabulary (`decoding.speculative_sample` checks it when it traces).
     input_tokens: int32 [B, Lin] encoder inputs, 0-padded (for a decoder-only
       target: what the draft's `init_cache` takes, e.g. the prompts).
     max_decode_len: the output length L, the prompts included.
@@ -659,7 +659,6 @@ def make_decoder(
   settings = settings_lib.SpeculativeSettings.of(settings, **setting_fields)
   if draft is not None:
     draft = as_draft(draft_for(target, draft))
-    drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     check_same_architecture(target, draft)
     settings.for_batch(1, temperature, topk, topp)  # A profile of another mode fails here.
     if judge is not None:
