@@ -614,7 +614,7 @@ def _judge_and_emit_seconds(
   batch_size, gamma = call.batch_size, call.gamma
   time_steps = functools.partial(step_seconds, repetitions=call.repetitions)
   judge_settings = dict(sample_args=call.sample_args, settings=settings, judge=judge)
-  judge = time_steps(
+  judge_seconds = time_steps(
     functools.partial(_judge_step, **judge_settings),
     (rng, draft_tokens, draft_probs, target_logits),
     jnp.zeros((), jnp.float32),
@@ -636,7 +636,7 @@ def _judge_and_emit_seconds(
   emit = time_steps(
     functools.partial(_emit_step, eos_id=-1, judge=judge), (draft_tokens, judgement, limits), state
   )
-  return dict(judge=judge, emit=emit)
+  return dict(judge=judge_seconds, emit=emit)
 
 
 def iteration_parts(
