@@ -664,8 +664,8 @@ def make_decoder(
     drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
     check_same_architecture(target, draft)
     settings.for_batch(1, temperature, topk, topp)  # A profile of another mode fails here.
-    if judge is not None:
-      judge.check(settings)
+    judge = judging.EXACT if judge is None else judge  # One program for None and EXACT.
+    judge.check(settings)
   else:  # Unused by the baseline.
     settings, judge = None, None
   static_args = dict(
