@@ -661,8 +661,8 @@ def make_decoder(
     draft = as_draft(draft_for(target, draft))
     check_same_architecture(target, draft)
     settings.for_batch(1, temperature, topk, topp)  # A profile of another mode fails here.
-    if judge is not None:
-      judge.check(settings)
+    judge = judging.EXACT if judge is None else judge  # One program for None and EXACT.
+    judge.check(settings)
   else:  # Unused by the baseline.
     settings, judge = None, None
   static_args = dict(

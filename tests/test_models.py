@@ -9,6 +9,7 @@ import pytest
 
 from speculative_t5x import decoding
 from speculative_t5x import drafts
+from speculative_t5x import judging
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -242,6 +243,9 @@ def test_second_call_with_new_inputs_does_not_recompile():
   )
   assert models._generate._cache_size() == compiled
   assert other.tokens.shape == (2, 8)
+  # The judge is static and compared by value: the exact one, however named, is the same program.
+  models.generate(TARGET, DRAFT, inputs, judge=judging.ExactJudge(), **kwargs)
+  assert models._generate._cache_size() == compiled
 
 
 class TestBadInput:

@@ -8,6 +8,7 @@ import pytest
 from speculative_t5x import models
 from speculative_t5x import settings
 from speculative_t5x.tree import Tree
+from speculative_t5x_lab import acceptance_counts
 from speculative_t5x_lab import emulation
 from speculative_t5x_lab import tree_design
 from testing_utils import padded_inputs, tiny_model
@@ -124,3 +125,15 @@ def test_an_emulated_tree_accepts_at_its_rates(rates, iterations):
   np.testing.assert_array_equal(out.stats.iterations, [iterations, iterations])
   np.testing.assert_array_equal(out.stats.emitted, [8, 8])
   assert out.stats.record == ()  # It records nothing.
+
+
+def test_equal_judges_made_apart_share_one_compiled_program():
+  inputs = padded_inputs(0, 2, 6, TARGET.vocab_size)
+  kwargs = dict(gamma=2, max_decode_len=6, eos_id=-1)
+  judge = lambda: acceptance_counts.AcceptanceCounts(emulation.EmulatedJudge(0.5))
+  first = models.generate(TARGET, DRAFT, inputs, judge=judge(), **kwargs)
+  compiled = models._generate._cache_size()  # pylint: disable=protected-access
+  second = models.generate(TARGET, DRAFT, inputs, judge=judge(), **kwargs)
+  assert models._generate._cache_size() == compiled  # pylint: disable=protected-access
+  np.testing.assert_array_equal(second.tokens, first.tokens)
+  assert int(second.stats.record.accepted_histogram.sum()) == int(second.stats.iterations.sum())
