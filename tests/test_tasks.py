@@ -22,7 +22,7 @@ import tensorflow_datasets as tfds
 from speculative_t5x_lab import corpora
 from speculative_t5x.data import tasks
 from speculative_t5x.data import tasks_core
-from testing_utils import write_mo
+from testing_utils import python_output, write_mo
 
 # English/German UI strings: the vocabulary's training text and the TSV data.
 PAIRS = [
@@ -493,3 +493,15 @@ def test_sentencepiece_is_deterministic_with_extra_ids(tmp_path, vocabulary):
     tasks.train_sentencepiece(['a'], str(tmp_path / 'tiny'), 3)
   with pytest.raises(ValueError, match='too few for vocab_size=500'):
     tasks.train_sentencepiece(['a b c'], str(tmp_path / 'tiny'), 500)
+
+
+def test_importing_the_tasks_registers_no_gin_configurable():
+  """T5X imports a task module (MIXTURE_OR_TASK_MODULE) after parsing gin, and refuses one that
+  registers a configurable then: the modules such a task module imports must register none."""
+  registered = python_output(
+    'from gin import config; '
+    'before = {name for name, _ in config._REGISTRY.items()}; '
+    'from speculative_t5x.data import tasks; '
+    'print(sorted({name for name, _ in config._REGISTRY.items()} - before))'
+  )
+  assert registered == '[]'

@@ -42,7 +42,6 @@ from typing import Iterable, Iterator, Mapping, Optional, Sequence, Union
 import seqio
 import tensorflow as tf
 
-from speculative_t5x import layouts
 from speculative_t5x.data import tasks_core
 
 VocabularyOrPath = Union[str, seqio.Vocabulary]
@@ -387,6 +386,10 @@ def task_inputs(
     (inputs int32 [N, input_length] as the task tokenizes them, EOS
     included; list of N target strings).
   """
+  # Here, not at the top: a task module that T5X imports after parsing gin (its
+  # MIXTURE_OR_TASK_MODULE) must register no gin configurable, and layouts loads the network's.
+  from speculative_t5x import layouts  # pylint: disable=g-import-not-at-top
+
   task = tasks_core.get_task(task)
   dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
   if num_examples is not None:
