@@ -31,7 +31,7 @@ judging to it.
 """
 
 import dataclasses
-from typing import Any, Mapping, Optional, Protocol
+from typing import Any, Mapping, Optional, Protocol, Tuple
 
 import flax
 import jax
@@ -187,15 +187,13 @@ class ExactJudge:
     one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
     if num_drafted is None:
       num_drafted = jnp.full(draft_tokens.shape[:1], draft_tokens.shape[1], jnp.int32)
-    num_accepted, next_token, beta = speculative_sampling.verify(
+    num_accepted, next_token, beta = self.verify_chain(
       rng,
       draft_tokens,
       draft_probs,
       target_probs,
-      spec.lenience,
-      return_beta=True,
+      spec,
       one_hot_target=one_hot_target,
-      verification=spec.verification,
       num_drafted=num_drafted,
     )
     return Judgement(
@@ -239,7 +237,7 @@ class ExactJudge:
     """
     target_probs = sampling.standardize(target_logits, **sample_args)
     one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
-    verdict = tree_lib.verify_tree(
+    verdict = self.verify_tree(
       rng,
       spec.tree,
       node_tokens,
@@ -249,6 +247,35 @@ class ExactJudge:
       one_hot_target=one_hot_target,
     )
     return tree_judgement(verdict, target_logits, rescale_log_probs)
+
+  def verify_chain(
+    self, rng, draft_tokens, draft_probs, target_probs, spec, *, one_hot_target, num_drafted
+  ) -> Tuple[Array, Array, Array]:
+    """The chain's rule on standardized p: (num_accepted, next_token [BN], beta [BN, gamma]).
+
+    Algorithm 1, or block verification, at `spec.lenience`
+    (`speculative_sampling.verify`). A judge that differs only in its rule
+    (the lab's emulated acceptance) subclasses this one and overrides it.
+    """
+    return speculative_sampling.verify(
+      rng,
+      draft_tokens,
+      draft_probs,
+      target_probs,
+      spec.lenience,
+      return_beta=True,
+      one_hot_target=one_hot_target,
+      verification=spec.verification,
+      num_drafted=num_drafted,
+    )
+
+  def verify_tree(
+    self, rng, tree, node_tokens, node_valid, draft_probs, target_probs, *, one_hot_target
+  ) -> tree_lib.TreeJudgement:
+    """The tree's rule on standardized p: recursive rejection sampling (`tree.verify_tree`)."""
+    return tree_lib.verify_tree(
+      rng, tree, node_tokens, node_valid, draft_probs, target_probs, one_hot_target=one_hot_target
+    )
 
   def init_record(self, flat_size: int, spec: settings_lib.SpeculativeSettings) -> PyTree:
     """(): nothing is recorded."""

@@ -17,7 +17,7 @@ Only the lab builds one: the library's rules are the exact ones.
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -191,7 +191,7 @@ def verify_tree(
 
 
 @dataclasses.dataclass(frozen=True)
-class EmulatedJudge:
+class EmulatedJudge(judging.ExactJudge):
   """A `judging.Judge` that accepts i.i.d. at `rates`: timing only (see the module docstring).
 
   Attributes:
@@ -223,24 +223,12 @@ class EmulatedJudge:
     elif not 0.0 <= self.rates <= 1.0:
       raise ValueError(f'Emulated acceptance must lie in [0, 1]; got {self.rates}.')
 
-  def judge_chain(
-    self,
-    rng: Array,
-    draft_tokens: Array,
-    draft_probs: Optional[Array],
-    target_logits: Array,
-    sample_args: Mapping[str, Any],
-    spec: settings_lib.SpeculativeSettings,
-    *,
-    num_drafted: Optional[Array] = None,
-    rescale_log_probs: bool = True,
-  ) -> judging.Judgement:
-    """`verify_chain` at the rate, in `judging.ExactJudge.judge_chain`'s place (same shapes)."""
-    target_probs = sampling.standardize(target_logits, **sample_args)
-    one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
-    if num_drafted is None:
-      num_drafted = jnp.full(draft_tokens.shape[:1], draft_tokens.shape[1], jnp.int32)
-    num_accepted, next_token, beta = verify_chain(
+  def verify_chain(
+    self, rng, draft_tokens, draft_probs, target_probs, spec, *, one_hot_target, num_drafted
+  ):
+    """`verify_chain` at the rate, in the exact rule's place (same shapes; q unused)."""
+    del draft_probs, spec
+    return verify_chain(
       rng,
       draft_tokens,
       target_probs,
@@ -248,48 +236,15 @@ class EmulatedJudge:
       one_hot_target=one_hot_target,
       num_drafted=num_drafted,
     )
-    return judging.Judgement(
-      num_drafted,
-      num_accepted,
-      next_token,
-      beta,
-      target_probs,
-      score_logits=None if rescale_log_probs else target_logits,
+
+  def verify_tree(
+    self, rng, tree, node_tokens, node_valid, draft_probs, target_probs, *, one_hot_target
+  ):
+    """`verify_tree` at the rates, in the exact rule's place (same shapes; q unused)."""
+    del draft_probs
+    return verify_tree(
+      rng, tree, node_tokens, node_valid, target_probs, self.rates, one_hot_target=one_hot_target
     )
-
-  def judge_tree(
-    self,
-    rng: Array,
-    node_tokens: Array,
-    node_valid: Array,
-    draft_probs: Optional[Array],
-    target_logits: Array,
-    sample_args: Mapping[str, Any],
-    spec: settings_lib.SpeculativeSettings,
-    *,
-    rescale_log_probs: bool = True,
-  ) -> judging.Judgement:
-    """`verify_tree` at the rates, in `judging.ExactJudge.judge_tree`'s place (same shapes)."""
-    target_probs = sampling.standardize(target_logits, **sample_args)
-    one_hot_target = sampling.is_greedy(sample_args['temperature'], sample_args['topk'])
-    verdict = verify_tree(
-      rng,
-      spec.tree,
-      node_tokens,
-      node_valid,
-      target_probs,
-      self.rates,
-      one_hot_target=one_hot_target,
-    )
-    return judging.tree_judgement(verdict, target_logits, rescale_log_probs)
-
-  def init_record(self, flat_size: int, spec: settings_lib.SpeculativeSettings) -> Tuple[()]:
-    """(): nothing is recorded (count with `acceptance_counts.AcceptanceCounts`)."""
-    return ()
-
-  def record(self, record, judgement: judging.Judgement, active: Array):
-    """`record` unchanged."""
-    return record
 
 
 def judge_at(rates) -> Optional[EmulatedJudge]:
