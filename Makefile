@@ -5,8 +5,10 @@ INSTALLED := $(VENV)/.installed
 
 .PHONY: demo test test-slow test-all lint test-t5x
 
+# The demo's flags, e.g. make demo DEMO_FLAGS=--extras (python -m speculative_t5x_lab.demo --help).
+DEMO_FLAGS ?=
 demo: $(INSTALLED)
-	$(PYTHON) -m speculative_t5x_lab.demo
+	$(PYTHON) -m speculative_t5x_lab.demo $(DEMO_FLAGS)
 
 # One pytest worker per core (pytest-xdist), each test module in one worker (its
 # module-scoped fixtures built once): the suite is bound by XLA compilation, one

@@ -10,34 +10,39 @@ figures are of: the pool's CPUs differ about 2x. Every step is cached in
   1. an English->German corpus from the machine's gettext catalogs
      (`corpora.build_gettext_corpus`; 36k/2k/2k pairs on Debian);
   2. a SentencePiece vocabulary on its train split;
-  3. a target (47.9M parameters, configs/models/gettext_target.gin; 400
-     steps of 8 rows) and a draft (configs/models/gettext_draft.gin; 400
-     steps of 16), trained on the data by `train.train`;
+  3. a target (47.9M parameters, configs/models/gettext_target.gin; 300
+     steps of 8 rows under configs/runs/cosine_schedule.gin) and a draft
+     (configs/models/gettext_draft.gin; 400 steps of 16), trained on the
+     data by `train.train`;
   4. the draft distilled from the target once per decoding mode
      (`distill.distill`): greedy on the target's greedy outputs (decoded
      ahead in large batches, each serving 2 steps; their loss needs no
      target call), T = 1 on the draft's own samples (on-policy); 150 and
      200 steps; the held-out alpha curves kept;
-  5. a feature head (EAGLE-style, `drafts.FeatureDraft`) trained for the
-     target on its own greedy and sampled outputs
-     (`train_feature_head.train_on_task` with
-     configs/runs/train_feature_head.gin: its width, depth, output layer and
-     the target layers it reads are that file's defaults); one head serves
-     both temperatures (--head_steps=0: none);
-  6. `benchmark.run_benchmark` on the held-out test split at batch 1, greedy
-     and temperature 1, the head timed in the same interleaved passes as the
-     distilled draft and the baseline (`compared_drafts`): alpha (Table 3: the distilled draft, the head, the draft
-     before distillation, unigram and bigram drafts), c and the verify cost,
-     ms/token of both decoders for gamma 3 and 5 (--full_sweep: 3, 5 and 7,
-     and batch 8), tokens per target call, the Theorem 3.8 prediction, where
-     each iteration's time goes, BLEU (greedy: identical outputs; T = 1:
-     mean +- standard error over 8 keys, samples of one distribution),
-     memory;
-  7. the peer comparison: the same pair exported to Hugging Face and run by
+  5. `benchmark.run_benchmark` on the held-out test split at batch 1, greedy
+     and temperature 1: alpha, c and the verify cost, ms/token of both
+     decoders for gamma 3 and 5 (--full_sweep: 3, 5 and 7, and batch 8),
+     tokens per target call, the Theorem 3.8 prediction, where each
+     iteration's time goes, BLEU (greedy: identical outputs; T = 1: mean +-
+     standard error over 8 keys, samples of one distribution), memory;
+  6. the peer comparison: the same pair exported to Hugging Face and run by
      transformers' greedy and assisted generation at batch 1, beside ours,
      outputs compared token for token (`peers.compare_with_huggingface`);
-  8. a Table-2-style report printed and written to <workdir>/report/
+  7. a Table-2-style report printed and written to <workdir>/report/
      (benchmark.json, benchmark.md, peers.json, peers.md, figures).
+
+--extras adds what does not fit the first run's budget: a feature head
+(EAGLE-style, `drafts.FeatureDraft`; `train_feature_head.train_on_task` with
+configs/runs/train_feature_head.gin, --head_steps) timed in the same
+interleaved passes as the distilled draft and the baseline, and alpha of the
+draft before distillation and of unigram and bigram drafts (Table 3).
+
+At the start the demo estimates its run on this machine, stage by stage
+(`stage_estimates`: each stage's measured cost in training steps, times the
+step it has just timed), against the budget (`_start_schedule`: a first run
+within 20 minutes with set-up, a second within 3, on the pool's slowest kind,
+proportionally less on a faster one), and says so if the run will exceed it;
+each stage's header then gives the time left.
 
 The compiled programs are cached in <workdir>/jax_cache, and what the
 checkpoints, inputs and machine determine (alpha, the sampled quality) in
@@ -95,17 +100,42 @@ JOB = 'speculative_t5x_lab.demo'
 
 # The demo's clock, read by `_elapsed`: it starts as the module loads (`python -m` runs it).
 _started = time.perf_counter()
+# This run's stages still to go and their estimated seconds (`_start_schedule`), for `_step`.
+_schedule: Dict[str, float] = {}
 
 MAX_DECODE_LEN = 48  # Output length of the timed decodes: the training targets' length.
-TARGET_STEPS = 400
-# The target's rows per step (configs/runs/train.gin's BATCH_SIZE is 16, the draft's): the
-# first run's largest cost. Runs on a CPU see less than an epoch, where updates count more
-# than rows (train.gin), so the target takes its 400 updates on half the rows, half the time.
+# The target's training, the first run's largest cost: 300 steps of 8 rows (train.gin's
+# BATCH_SIZE is 16, the draft's) under configs/runs/cosine_schedule.gin's warm-up and
+# decay. Runs on a CPU see less than an epoch, where updates count more than rows
+# (train.gin), hence half the rows; the schedule reaches in 300 steps a lower validation
+# loss than 400 at train.gin's constant rate (that file: 4.03 against 4.31).
+TARGET_STEPS = 300
 TARGET_BATCH_SIZE = 8
+TARGET_SCHEDULE_FILE = 'configs/runs/cosine_schedule.gin'
 DRAFT_STEPS = 400
 # The training step timed at the start, against the machine kinds' (docs/results.md, "Machines":
 # 0.8 s on the Zen 5 kind, 1.65 s on the Zen 4 kind): the target on 16 packed rows of 48 tokens.
 REFERENCE_STEP_ROWS = 16
+# The budgets (issue 55): a first run within 20 minutes with `make`'s set-up, a second run
+# (only measurements) within 3, on the pool's slowest kind, whose training step above takes
+# 2.3 s; a machine with a faster step is held to proportionally less.
+FIRST_RUN_BUDGET_S, SECOND_RUN_BUDGET_S, BUDGET_STEP_S = 20 * 60, 3 * 60, 2.3
+SETUP_S = 180  # `make`'s set-up of .venv on a fresh clone of the slowest kind, before the demo.
+# What each stage costs in this machine's training steps (the one timed at the start):
+# (fixed, per training step of the stage), for the timed passes per pass (one gamma or
+# batch size at one temperature); 'alpha and quality' is the benchmark's share that a
+# second run reads from the result cache. Measured on the Zen 4 kind (docs/results.md,
+# "Run time by machine kind").
+STAGE_STEPS = {
+  'data': (6.4, 0.0),
+  'gettext_target': (8.0, 0.46),
+  'gettext_draft': (3.0, 0.105),
+  'distillation': (16.0, 0.5),
+  'feature head': (10.0, 0.42),
+  'benchmark': (20.0, 10.0),
+  'alpha and quality': (60.0, 0.0),
+  'peers': (45.0, 0.0),
+}
 # The default sweep: batch 1, gamma 3 and 5 (--full_sweep: gamma 3, 5 and 7 at batch 1 and 8).
 GAMMAS, FULL_GAMMAS = ('3', '5'), ('3', '5', '7')
 BATCH_SIZES, FULL_BATCH_SIZES = ('1',), ('1', '8')
@@ -129,8 +159,8 @@ DISTILLATION_DATA = {0.0: {'target': 1.0}, 1.0: {'draft': 1.0}}
 # held-out greedy alpha 0.794 +- 0.019; 2 passes, 133 s, 0.775 +- 0.022; 4 passes, 95 s,
 # 0.602 +- 0.025 (the draft learns the few rows by heart).
 DISTILLATION_PASSES = {0.0: 2, 1.0: 1}
-# The feature head's training steps (16 rows each; the head's shape and loss are
-# configs/runs/train_feature_head.gin's defaults). Tokens per target call of the
+# The feature head's training steps with --extras (16 rows each; the head's shape and loss
+# are configs/runs/train_feature_head.gin's defaults). Tokens per target call of the
 # demo's head at gamma 3, batch 8, 64 test sentences (T = 0 / T = 1): 1.94 / 1.91 after
 # 60 steps, 2.19 / 2.18 after 200, 2.22 / 2.35 after 600, 2.27 / 2.35 after 1,000 (the
 # distilled drafts: 2.70 / 2.50; docs/results.md). Since each decoded batch serves
@@ -155,11 +185,21 @@ def _define_flags() -> None:
     f'Distillation steps of the draft from the target for each of the temperatures '
     f'{TEMPERATURES} (0: no distillation, the data-trained draft).',
   )
-  flags.DEFINE_integer(
-    'head_steps', HEAD_STEPS, 'Training steps of the feature head (0: no feature head).'
-  )
   flags.DEFINE_enum(
     'distill_divergence', 'forward_kl', ['forward_kl', 'reverse_kl', 'jsd', 'tvd'], 'The loss.'
+  )
+  flags.DEFINE_bool(
+    'extras',
+    False,
+    'Beyond the core rows: a feature head trained for the target and timed beside the '
+    'distilled draft, and alpha of the draft before distillation and of unigram and bigram '
+    'drafts (Table 3). README: what it adds and how long it takes.',
+  )
+  flags.DEFINE_integer(
+    'head_steps',
+    HEAD_STEPS,
+    'Training steps of the feature head (with --extras).',
+    lower_bound=1,
   )
   flags.DEFINE_integer('vocab_size', 4000, 'SentencePiece pieces.')
   flags.DEFINE_integer('num_examples', 16, 'Test examples timed at batch 1.')
@@ -196,8 +236,90 @@ def _elapsed() -> str:
   return f'[{time.perf_counter() - _started:4.0f} s]'
 
 
-def _step(message: str) -> None:
-  print(f'\n== {_elapsed()} {message}', flush=True)
+def _step(message: str, stage: Optional[str] = None) -> None:
+  """A step's header: the seconds since the demo began, and from a `stage` of the run's
+  schedule on (`_start_schedule`), the estimate of the time left."""
+  left = ''
+  if stage is not None and stage in _schedule:
+    seconds = sum(list(_schedule.values())[list(_schedule).index(stage) :])
+    left = f' (about {seconds / 60:.1f} min left)'
+  print(f'\n== {_elapsed()} {message}{left}', flush=True)
+
+
+def stage_estimates(args, workdir: str, step_s: float) -> Dict[str, float]:
+  """The stages this run still has to go through: {stage: estimated seconds}, in order.
+
+  A stage whose result `workdir` holds is skipped, as the run will skip it.
+  Each estimate is `STAGE_STEPS` in units of `step_s`, this machine's target
+  training step (`training_step_seconds` of REFERENCE_STEP_ROWS rows): the
+  machine kinds differ in that step about as they differ in every stage.
+  """
+  done = lambda *path: os.path.exists(os.path.join(workdir, *path))
+  vocabulary = os.path.join('vocabulary', f'spm_{args.vocab_size}.model')
+  # {stage: (its training steps, whether the workdir holds its result)}.
+  stages = {
+    'data': (0, done('corpus', 'test.tsv') and done(vocabulary)),
+    'gettext_target': (args.target_steps, done('gettext_target', str(args.target_steps))),
+    'gettext_draft': (args.draft_steps, done('gettext_draft', str(args.draft_steps))),
+  }
+  for temperature, steps in zip(TEMPERATURES, _distill_steps(args)):
+    if steps:
+      directory = f'gettext_draft_{args.distill_divergence}_T{temperature:g}'
+      stages[f'distillation for T={temperature:g}'] = (steps, done(directory, str(steps)))
+  if args.extras:
+    stages['feature head'] = (args.head_steps, done('feature_head', str(args.head_steps)))
+  estimates = {}
+  for stage, (count, cached) in stages.items():
+    if not cached:
+      fixed, per_step = STAGE_STEPS[stage.split(' for ')[0]]
+      estimates[stage] = (fixed + per_step * count) * step_s
+  # The timed passes: both temperatures, every gamma and batch size, and the head's beside.
+  gammas = len(args.gammas or (FULL_GAMMAS if args.full_sweep else GAMMAS))
+  batch_sizes = len(args.batch_sizes or (FULL_BATCH_SIZES if args.full_sweep else BATCH_SIZES))
+  passes = len(TEMPERATURES) * (gammas + batch_sizes - 1) * (2 if args.extras else 1)
+  passes *= args.repetitions / 3 * args.num_examples / 16
+  fixed, per_pass = STAGE_STEPS['benchmark']
+  first_run = bool(estimates) or args.remeasure  # alpha and the sampled quality not cached.
+  measured = STAGE_STEPS['alpha and quality'][0] * (2 if args.extras else 1) if first_run else 0
+  estimates['benchmark'] = (fixed + measured + per_pass * passes) * step_s
+  if args.peers:
+    estimates['peers'] = STAGE_STEPS['peers'][0] * step_s
+  return estimates
+
+
+def _start_schedule(args, workdir: str, step_s: float) -> None:
+  """Estimates this run (`stage_estimates`), prints it against its budget and keeps it for
+  `_step`'s time left.
+
+  A run that trains is a first run, held with `make`'s set-up (SETUP_S) to
+  FIRST_RUN_BUDGET_S, one that only measures to SECOND_RUN_BUDGET_S; both
+  are set for a machine whose training step is BUDGET_STEP_S (the pool's
+  slowest) and shrink in proportion on a faster one.
+  """
+  _schedule.clear()
+  _schedule.update(stage_estimates(args, workdir, step_s))
+  total = sum(_schedule.values())
+  first_run = set(_schedule) - {'benchmark', 'peers'}
+  scale = step_s / BUDGET_STEP_S
+  if first_run:
+    budget, with_setup = FIRST_RUN_BUDGET_S * scale, total + SETUP_S * scale
+    kind = f'a first run, with set-up about {with_setup / 60:.1f} min'
+  else:
+    budget, with_setup = SECOND_RUN_BUDGET_S * scale, total
+    kind = 'a second run (the models are in the workdir)'
+  parts = ', '.join(f'{stage} {seconds / 60:.1f}' for stage, seconds in _schedule.items())
+  print(
+    f'Estimate on this machine: {total / 60:.1f} min ({kind}; stages: {parts}); the budget '
+    f'here is {budget / 60:.1f} min ({(FIRST_RUN_BUDGET_S if first_run else SECOND_RUN_BUDGET_S) / 60:.0f} min at a '
+    f"{BUDGET_STEP_S} s step, in proportion to this machine's {step_s:.2f} s).",
+    flush=True,
+  )
+  if with_setup > budget:
+    print(
+      f'This run will take longer than the budget by about {(with_setup - budget) / 60:.1f} '
+      'min (its flags: --extras, more steps or a wider sweep add stages or passes).',
+      flush=True,
+    )
 
 
 def training_step_seconds(
@@ -269,7 +391,7 @@ def prepare_data(workdir: str, vocab_size: int):
   vocabulary = os.path.join(workdir, 'vocabulary', f'spm_{vocab_size}')
   if not os.path.exists(os.path.join(corpus_dir, 'test.tsv')):
     with output_lock.hold(corpus_dir, JOB):
-      _step('Building the gettext English->German corpus')
+      _step('Building the gettext English->German corpus', stage='data')
       print(corpora.build_gettext_corpus(corpus_dir))
   if not os.path.exists(vocabulary + '.model'):
     with output_lock.hold(os.path.dirname(vocabulary), JOB):
@@ -289,14 +411,16 @@ def trained_model(
   vocabulary: str,
   vocab_size: int,
   batch_size: Optional[int] = None,
+  schedule_file: Optional[str] = None,
 ) -> models.Model:
   """Trains configs/models/<name>.gin on the corpus (or resumes it, or checks the finished one's
   recipe: `_train_or_check`).
 
   The training run is `python -m speculative_t5x.training.train` with the model file,
-  configs/tasks/gettext_ende.gin and configs/runs/train.gin, keeping only the
-  last checkpoint and without evaluation; `batch_size` replaces train.gin's
-  BATCH_SIZE (None: keep it).
+  configs/tasks/gettext_ende.gin and configs/runs/train.gin (then
+  `schedule_file`, a gin file of the learning-rate schedule, if given), keeping
+  only the last checkpoint and without evaluation; `batch_size` replaces
+  train.gin's BATCH_SIZE (None: keep it).
   """
   config = gin_utils.model_config(name, vocab_size)
   model_dir = os.path.join(workdir, name)
@@ -305,6 +429,7 @@ def trained_model(
     f'configs/models/{name}.gin',
     'configs/tasks/gettext_ende.gin',
     'configs/runs/train.gin',
+    *([schedule_file] if schedule_file else []),
   ]
   settings = {'VOCAB_SIZE': vocab_size, 'EVAL_PERIOD': None, 'train.train.keep_checkpoints': 1}
   if batch_size is not None:
@@ -320,7 +445,7 @@ def trained_model(
     from speculative_t5x.training import train  # TensorFlow and seqio only when training.
 
     num_params = network.parameter_count(network.abstract_params(config)[0])
-    _step(f'Training {name} ({num_params / 1e6:.1f}M parameters, {steps} steps)')
+    _step(f'Training {name} ({num_params / 1e6:.1f}M parameters, {steps} steps)', stage=name)
     gin_utils.call_configured(train.train, gin_files, bindings)
 
   _train_or_check(model_dir, steps, gin_files, settings, locations, run)
@@ -475,7 +600,8 @@ def distilled_model(
     _step(
       f'Distilling the draft from the target for T={temperature:g} ({divergence}, {steps} '
       f'steps, data {DISTILLATION_DATA[temperature]}, {DISTILLATION_PASSES[temperature]} '
-      'pass(es) per batch)'
+      'pass(es) per batch)',
+      stage=f'distillation for T={temperature:g}',
     )
     try:
       gin_utils.call_configured(distill.distill, gin_files, bindings)
@@ -524,7 +650,7 @@ def feature_head_draft(
   def run(bindings: List[str]) -> None:
     from speculative_t5x.training import train_feature_head  # TensorFlow and seqio only here.
 
-    _step(f'Training a feature head for the target ({steps} steps)')
+    _step(f'Training a feature head for the target ({steps} steps)', stage='feature head')
     try:
       gin_utils.call_configured(train_feature_head.train_on_task, gin_files, bindings)
     except ValueError as error:
@@ -685,36 +811,46 @@ def _use_workdir(args) -> str:
   return workdir
 
 
+def _distill_steps(args) -> List[int]:
+  """`--distill_steps` as one count per temperature of TEMPERATURES; UsageError otherwise."""
+  steps = [int(count) for count in args.distill_steps]
+  if len(steps) != len(TEMPERATURES) or min(steps) < 0:
+    raise app.UsageError(
+      f'--distill_steps takes {len(TEMPERATURES)} counts >= 0, one for each of the '
+      f'temperatures {TEMPERATURES}; got {args.distill_steps}.'
+    )
+  return steps
+
+
 def _distilled_drafts(args, workdir: str, corpus_dir: str, vocabulary: str) -> Dict[float, Any]:
   """One draft per decoding mode, as DistillSpec distills: {temperature: (draft, record)}.
 
   Only the temperatures whose `--distill_steps` count is > 0.
   """
-  distill_steps = [int(steps) for steps in args.distill_steps]
-  if len(distill_steps) != len(TEMPERATURES) or min(distill_steps) < 0:
-    raise app.UsageError(
-      f'--distill_steps takes {len(TEMPERATURES)} counts >= 0, one for each of the '
-      f'temperatures {TEMPERATURES}; got {args.distill_steps}.'
-    )
   return {
     temperature: distilled_model(
       workdir, steps, args.distill_divergence, temperature, corpus_dir, vocabulary, args.vocab_size
     )
-    for temperature, steps in zip(TEMPERATURES, distill_steps)
+    for temperature, steps in zip(TEMPERATURES, _distill_steps(args))
     if steps
   }
 
 
 def _benchmark_options(args, workdir: str, corpus_dir: str, vocabulary: str) -> Dict[str, Any]:
-  """`run_benchmark`'s options that every decoding mode's run shares.
+  """`run_benchmark`'s options from the flags.
 
-  The flags' sweep (gammas and batch sizes), the train split's target tokens
-  for the n-gram drafts, the workdir's result cache, and progress lines
-  stamped with the seconds since the demo began; each mode replaces its temperature,
-  other drafts, pair name and distillation.
+  The flags' sweep (gammas and batch sizes), with --extras the train split's
+  target tokens for the n-gram drafts, the workdir's result cache, and
+  progress lines stamped with the seconds since the demo began; each mode
+  replaces its temperature, other drafts, pair name and distillation.
   """
   gammas = args.gammas or list(FULL_GAMMAS if args.full_sweep else GAMMAS)
   batch_sizes = args.batch_sizes or list(FULL_BATCH_SIZES if args.full_sweep else BATCH_SIZES)
+  ngram_corpus = None
+  if args.extras:
+    ngram_corpus = benchmark.tsv_target_tokens(
+      os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
+    )
   return dict(
     sweep=benchmark.Sweep(
       gammas=[int(g) for g in gammas], batch_sizes=[int(b) for b in batch_sizes]
@@ -725,11 +861,7 @@ def _benchmark_options(args, workdir: str, corpus_dir: str, vocabulary: str) -> 
       max_decode_len=MAX_DECODE_LEN,
       alpha_tokens=args.alpha_tokens,
     ),
-    other_drafts=benchmark.OtherDrafts(
-      ngram_corpus=benchmark.tsv_target_tokens(
-        os.path.join(corpus_dir, 'train.tsv'), vocabulary, 20_000
-      )
-    ),
+    other_drafts=benchmark.OtherDrafts(ngram_corpus=ngram_corpus),
     report=benchmark.Report(
       task_name='gettext EnDe test',
       vocabulary_path=vocabulary,
@@ -745,14 +877,16 @@ def _benchmark_options(args, workdir: str, corpus_dir: str, vocabulary: str) -> 
 
 
 def _benchmark_every_mode(
-  target, data_draft, distilled, head, inputs, references, options
+  target, data_draft, distilled, head, inputs, references, options, extras: bool
 ) -> Tuple[List[Any], Dict[float, Any]]:
   """`benchmark.run_benchmark` once per temperature: `(records, {temperature: draft used})`.
 
   Each temperature's pair is the draft distilled for it (else the data-trained
-  draft); the other drafts' alpha is measured on the same target samples, and
-  the head (if any) is timed in the same passes. inputs: int32 [N, Lin] the
-  test split's, `references` their N targets; `options`: `_benchmark_options`.
+  draft). With `extras` (--extras), alpha of the other drafts is measured on
+  the same target samples (before distillation, and the draft distilled for
+  the other temperature), and the head is timed in the same passes. inputs:
+  int32 [N, Lin] the test split's, `references` their N targets; `options`:
+  `_benchmark_options`.
   """
   records, drafts_used = [], {}
   target_name = f'gettext target ({_millions(target)})'
@@ -760,14 +894,13 @@ def _benchmark_every_mode(
     draft, distillation = distilled.get(temperature, (data_draft, None))
     drafts_used[temperature] = draft
     name = f'draft distilled for T={temperature:g}' if distillation else 'draft'
-    # alpha of every other draft on the same target samples: before distillation, and
-    # the draft distilled for the other temperature (and the head, a compared draft).
-    alpha_drafts = {'data-trained draft': data_draft} if distillation else {}
-    for other, (other_draft, _) in distilled.items():
-      if other != temperature:
-        alpha_drafts[f'draft distilled for T={other:g}'] = other_draft
-    compared = {}
-    if head is not None:  # Timed in the same passes, against the same baseline.
+    alpha_drafts, compared = {}, {}
+    if extras:
+      if distillation:
+        alpha_drafts['data-trained draft'] = data_draft
+      for other, (other_draft, _) in distilled.items():
+        if other != temperature:
+          alpha_drafts[f'draft distilled for T={other:g}'] = other_draft
       compared[f'{target_name} / {HEAD_NAME} ({_millions(head)})'] = head
     records += benchmark.run_benchmark(
       target,
@@ -810,7 +943,10 @@ def _peers_beside_ours(
   """
   distilled_records = [r for r in records if HEAD_NAME not in r.get('pair', '')]
   greedy_gamma = benchmark.best_gamma(distilled_records, temperature=0.0)
-  _step(f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})')
+  _step(
+    f'Hugging Face assisted generation beside ours (greedy, batch 1, gamma {greedy_gamma})',
+    stage='peers',
+  )
   return compare_with_huggingface(target, greedy_draft, inputs, greedy_gamma, workdir, report_dir)
 
 
@@ -821,6 +957,7 @@ def main(argv) -> None:
 
   _step('The machine')
   machine = print_machine(args.vocab_size)
+  _start_schedule(args, workdir, machine['training_step_s'])
 
   corpus_dir, vocabulary = prepare_data(workdir, args.vocab_size)
   target = trained_model(
@@ -831,18 +968,19 @@ def main(argv) -> None:
     vocabulary,
     args.vocab_size,
     batch_size=TARGET_BATCH_SIZE,
+    schedule_file=TARGET_SCHEDULE_FILE,
   )
   data_draft = trained_model(
     workdir, 'gettext_draft', args.draft_steps, corpus_dir, vocabulary, args.vocab_size
   )
   distilled = _distilled_drafts(args, workdir, corpus_dir, vocabulary)
   head, head_training = None, None
-  if args.head_steps:
+  if args.extras:
     head, head_training = feature_head_draft(
       workdir, target, args.head_steps, corpus_dir, vocabulary, args.vocab_size
     )
 
-  _step('Benchmarking on the test split')
+  _step('Benchmarking on the test split', stage='benchmark')
   report_dir = os.path.join(workdir, 'report')
   # report/ has one writer, from before the measurements (a second demo on this workdir
   # stops here, not after timing beside this one); the peers' exports in hf/ are
@@ -854,7 +992,7 @@ def main(argv) -> None:
     options = _benchmark_options(args, workdir, corpus_dir, vocabulary)
     with options['report'].result_cache:
       records, drafts_used = _benchmark_every_mode(
-        target, data_draft, distilled, head, inputs, references, options
+        target, data_draft, distilled, head, inputs, references, options, args.extras
       )
     if head_training is not None:
       records.append(_head_training_record(target, head_training))

@@ -447,3 +447,91 @@ def test_the_corpus_and_vocabulary_are_built_holding_their_locks_and_read_withou
     with testing_utils.lock_held_elsewhere(vocabulary_dir):
       assert demo.prepare_data(str(tmp_path), 24) == paths
   assert not holders
+
+
+def _demo_args(**overrides):
+  """The demo's flags at their defaults, as `stage_estimates` reads them."""
+  import types
+
+  from speculative_t5x_lab import demo
+
+  args = dict(
+    vocab_size=4000,
+    target_steps=demo.TARGET_STEPS,
+    draft_steps=demo.DRAFT_STEPS,
+    distill_steps=[str(steps) for steps in demo.DISTILL_STEPS],
+    distill_divergence='forward_kl',
+    extras=False,
+    head_steps=demo.HEAD_STEPS,
+    gammas=None,
+    batch_sizes=None,
+    full_sweep=False,
+    repetitions=3,
+    num_examples=16,
+    remeasure=False,
+    peers=True,
+  )
+  return types.SimpleNamespace(**{**args, **overrides})
+
+
+def test_a_first_run_is_estimated_stage_by_stage_and_a_cached_stage_is_skipped(tmp_path):
+  from speculative_t5x_lab import demo
+
+  distillations = ['distillation for T=0', 'distillation for T=1']
+  stages = ['data', 'gettext_target', 'gettext_draft', *distillations, 'benchmark', 'peers']
+  first = demo.stage_estimates(_demo_args(), str(tmp_path), step_s=2.0)
+  assert list(first) == stages and all(seconds > 0 for seconds in first.values())
+  # Twice the training step, twice every estimate.
+  slower = demo.stage_estimates(_demo_args(), str(tmp_path), step_s=4.0)
+  assert slower == pytest.approx({stage: 2 * seconds for stage, seconds in first.items()})
+
+  extras = demo.stage_estimates(_demo_args(extras=True), str(tmp_path), step_s=2.0)
+  assert list(extras) == stages[:5] + ['feature head'] + stages[5:]
+  assert extras['benchmark'] > first['benchmark']  # The head's passes, its alpha.
+
+  (tmp_path / 'corpus').mkdir()
+  (tmp_path / 'corpus' / 'test.tsv').write_text('')
+  (tmp_path / 'vocabulary').mkdir()
+  (tmp_path / 'vocabulary' / 'spm_4000.model').write_text('')
+  for directory, steps in [
+    ('gettext_target', demo.TARGET_STEPS),
+    ('gettext_draft', demo.DRAFT_STEPS),
+    ('gettext_draft_forward_kl_T0', demo.DISTILL_STEPS[0]),
+    ('gettext_draft_forward_kl_T1', demo.DISTILL_STEPS[1]),
+  ]:
+    (tmp_path / directory / str(steps)).mkdir(parents=True)
+  second = demo.stage_estimates(_demo_args(), str(tmp_path), step_s=2.0)
+  assert list(second) == ['benchmark', 'peers']
+  assert second['benchmark'] < first['benchmark']  # alpha and quality from the result cache.
+  longer = demo.stage_estimates(
+    _demo_args(distill_steps=['300', str(demo.DISTILL_STEPS[1])]), str(tmp_path), step_s=2.0
+  )
+  assert list(longer) == ['distillation for T=0', 'benchmark', 'peers']
+
+
+@pytest.mark.parametrize('step_s', [0.8, 2.3])
+def test_the_default_runs_are_estimated_within_their_budgets_and_extras_beyond(
+  tmp_path, capsys, step_s
+):
+  """The budgets scale with the machine's training step, as the estimates do: the default
+  first run fits it on any machine, --extras with a long head does not, and says so."""
+  from speculative_t5x_lab import demo
+
+  demo._start_schedule(_demo_args(), str(tmp_path), step_s)
+  printed = capsys.readouterr().out
+  assert printed.startswith('Estimate on this machine: ') and 'a first run' in printed
+  assert 'longer than the budget' not in printed
+
+  demo._start_schedule(_demo_args(extras=True, head_steps=600), str(tmp_path), step_s)
+  assert 'This run will take longer than the budget by about' in capsys.readouterr().out
+
+
+def test_each_stage_header_says_how_long_the_run_has_left(monkeypatch, capsys):
+  from speculative_t5x_lab import demo
+
+  monkeypatch.setattr(demo, '_schedule', {'gettext_target': 300.0, 'benchmark': 120.0})
+  demo._step('Training gettext_target', stage='gettext_target')
+  demo._step('Benchmarking', stage='benchmark')
+  lines = [line for line in capsys.readouterr().out.splitlines() if line]
+  assert lines[0].endswith('Training gettext_target (about 7.0 min left)')
+  assert lines[1].endswith('Benchmarking (about 2.0 min left)')
