@@ -11,6 +11,7 @@ import sys
 
 import gin
 import jax
+import numpy as np
 import pytest
 import seqio
 
@@ -274,6 +275,20 @@ def test_run_files_bind_with_a_pair_and_a_task(tmp_path):
   )
   assert values['config'].dropout_rate == 0.0
   values = _evaluate(
+    ['models/gettext_target', 'tasks/gettext_ende', 'runs/train', 'runs/cosine_schedule'],
+    [
+      f"CORPUS_DIR = '{tmp_path}'",
+      f"VOCABULARY = '{tmp_path}/spm.model'",
+      "MODEL_DIR = '/model'",
+      'TRAIN_STEPS = 300',
+    ],
+    learning_rate='%LEARNING_RATE',
+  )
+  # The make demo target's schedule: a 10-step warm-up to 0.03, a cosine decay to 0.003 at
+  # the run's last step.
+  rates = [float(values['learning_rate'](step)) for step in (0, 10, 155, 300)]
+  np.testing.assert_allclose(rates, [0.0, 0.03, 0.0165, 0.003], rtol=1e-5)
+  values = _evaluate(
     ['pairs/gettext_tiny', 'tasks/tsv', 'runs/benchmark'],
     [*PAIR_MACROS, *task_macros, "BENCHMARK_OUTPUT_DIR = '/out'", 'GAMMAS = [2, 3]'],
     gammas='%GAMMAS',
@@ -337,6 +352,7 @@ COVERED = (
     'tasks/gettext_ende',
     'runs/infer',
     'runs/train',
+    'runs/cosine_schedule',
     'runs/benchmark',
     'runs/profile',
     'runs/distill',
