@@ -40,6 +40,7 @@ from speculative_t5x import judging
 from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x import network
+from speculative_t5x import parallel_draft
 from speculative_t5x import run_settings
 from speculative_t5x import sampling
 from speculative_t5x import checks
@@ -108,6 +109,24 @@ class Model:
       config=self.config,
       inputs_bidirectional_attention=self.inputs_bidirectional_attention,
     )
+
+  def as_parallel_draft(
+    self, mask_embedding: Optional[Array] = None, *, packed: bool = False
+  ) -> parallel_draft.ParallelDraft:
+    """This model as a parallel draft (`parallel_draft.ParallelDraft`), on `decode_params` if `packed`.
+
+    `mask_embedding` float [emb]: the mask token's input vector, trained
+    (`training.parallel_distill`); None starts from the mean of this model's
+    token embeddings (`parallel_draft.mean_token_embedding`), which turns an
+    ordinary draft checkpoint into an untrained parallel draft.
+    """
+    draft = parallel_draft.ParallelDraft.of(
+      self.config,
+      self.params,
+      mask_embedding,
+      inputs_bidirectional_attention=self.inputs_bidirectional_attention,
+    )
+    return draft.replace(params=self.decode_params) if packed else draft
 
 
 @flax.struct.dataclass
@@ -619,7 +638,7 @@ def check_same_architecture(target: Model, draft: Any) -> None:
   if isinstance(draft, drafts.FeatureDraft):
     feature_head.check_target(draft.config, target.config)
     return
-  if not isinstance(draft, drafts.ModelDraft):
+  if not isinstance(draft, (drafts.ModelDraft, parallel_draft.ParallelDraft)):
     return
   kind = lambda config: 'decoder-only' if network.is_decoder_only(config) else 'encoder-decoder'
   if kind(draft.config) != kind(target.config):
