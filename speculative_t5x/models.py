@@ -812,6 +812,33 @@ def load_trained(model_dir: str, dtype=None) -> Model:
   )
 
 
+def load_parallel_draft(
+  model_dir: str, step: Optional[int] = None, *, packed: bool = False
+) -> parallel_draft.ParallelDraft:
+  """The `parallel_draft.ParallelDraft` that `training.parallel_distill` wrote to `model_dir`.
+
+  The network and its config come from the run's
+  `run_settings.PARALLEL_DRAFT_SETTINGS_FILE`, the network's parameters and
+  the mask vector from its checkpoint (`step`; None: the latest), stored as
+  {'network': ..., 'mask_embedding': ...}. `packed`: on the CPU kernel's
+  packed parameters, as `Model.as_parallel_draft(packed=True)`.
+  """
+  from speculative_t5x import checkpoints  # orbax/tensorstore only when loading.
+
+  settings = run_settings.read(os.path.join(model_dir, run_settings.PARALLEL_DRAFT_SETTINGS_FILE))
+  if settings is None:
+    raise ValueError(
+      f'{model_dir} holds no {run_settings.PARALLEL_DRAFT_SETTINGS_FILE}: it was not written by '
+      'speculative_t5x.training.parallel_distill. Make a parallel draft of an ordinary draft '
+      'with load_model(config, path).as_parallel_draft().'
+    )
+  classes = {cls.__name__: cls for cls in (network.T5Config, network.DecoderOnlyConfig)}
+  config = classes[settings['network']](**settings['config'])
+  params = checkpoints.restore_params(model_dir, step=step)
+  model = Model(config, params['network'])
+  return model.as_parallel_draft(params['mask_embedding'], packed=packed)
+
+
 @dataclasses.dataclass(frozen=True)
 class FeatureHeadCheckpoint:
   """A feature head's model directory (`train_feature_head`'s), read as a draft for a target.
