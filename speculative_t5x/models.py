@@ -151,8 +151,8 @@ class GenerateOutput:
 
 
 def as_draft(draft: Draft):
-  """A `drafts` draft for a decode call: a `Model` or a feature head on packed parameters (as the target's)."""
-  if isinstance(draft, drafts.FeatureDraft):
+  """A `drafts` draft for a decode call: a `Model`, a feature head or a parallel draft on packed parameters (as the target's)."""
+  if isinstance(draft, (drafts.FeatureDraft, parallel_draft.ParallelDraft)):
     return draft.packed()
   return draft.as_draft(packed=True) if isinstance(draft, Model) else draft
 

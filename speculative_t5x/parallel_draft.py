@@ -47,6 +47,7 @@ not depend on the tokens before it, so a tree's siblings would share their
 children's distributions.
 """
 
+import functools
 from typing import Any, Optional
 
 import flax
@@ -55,6 +56,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from speculative_t5x import drafts
+from speculative_t5x import kernels
 from speculative_t5x import network
 
 PyTree = Any
@@ -89,6 +91,21 @@ class ParallelDraft(drafts.Draft):
   mask_embedding: Array
   config: Any = flax.struct.field(pytree_node=False)
   inputs_bidirectional_attention: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def packed(self) -> 'ParallelDraft':
+    """This draft with its network on the CPU kernel (`kernels.pack_params`), as decode calls run it.
+
+    Itself where the kernel is off (another backend, no compiler, switched
+    off) or the params are packed. Packed once per draft, as
+    `models.Model.decode_params` is per model.
+    """
+    if isinstance(self.params, kernels.PackedParams):
+      return self
+    return self.replace(params=self._packed_params)
+
+  @functools.cached_property
+  def _packed_params(self) -> PyTree:
+    return kernels.pack_params(self.config, self.params)
 
   @property
   def vocab_size(self) -> int:
