@@ -367,6 +367,8 @@ COVERED = (
     # Run by tests/test_feature_head_runs.py (the head's gin main, and infer with the head).
     'runs/train_feature_head',
     'runs/feature_head_draft',
+    # Run by tests/test_parallel_distill.py (infer with a parallel draft's checkpoint).
+    'runs/parallel_draft',
   }
 )
 

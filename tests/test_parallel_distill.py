@@ -1,15 +1,22 @@
 """Tests for speculative_t5x.training.parallel_distill: the COD layout, training, resumption."""
 
+import os
+
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculative_t5x import checkpoints
+from speculative_t5x import gin_utils
+from speculative_t5x import infer
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x.training import parallel_distill
 import testing_utils
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = 'translate: '
 FEATURE_LENGTHS = {'inputs': 32, 'targets': 24}
 
@@ -172,3 +179,66 @@ def test_bad_arguments_name_the_problem(pair, phrase_task, tmp_path, kwargs, mes
     parallel_distill.parallel_distill(
       str(tmp_path), target, draft, phrase_task, num_steps=5, **dict(ARGS, **kwargs)
     )
+
+
+def test_infer_through_gin_with_a_parallel_draft_checkpoint(tmp_path):
+  """configs/runs/parallel_draft.gin: infer's greedy predictions are the baseline's."""
+  task, data, vocabulary = testing_utils.phrase_task(
+    str(tmp_path), 'speculative_t5x:parallel_draft_gin_fixture', PREFIX
+  )
+  target = models.random_model(
+    gin_utils.model_config('tiny', 64), seed=1
+  )  # configs/models/tiny.gin.
+  checkpoints.save_params(tmp_path / 'target', target.params)
+  draft_dir = str(tmp_path / 'parallel')
+  parallel_distill.parallel_distill(
+    draft_dir, target, models.random_model(_config(16), seed=2), task, num_steps=3, **ARGS
+  )
+  tsv = {split: os.path.join(data, f'{split}.tsv') for split in ('train', 'validation')}
+  bindings = dict(
+    CHECKPOINT_PATH=str(tmp_path / 'target'),
+    VOCAB_SIZE=64,
+    TSV_FILES=dict(tsv, test=tsv['validation']),
+    VOCABULARY=vocabulary,
+    TASK_NAME='speculative_t5x:parallel_draft_gin_task',
+    PREFIX=PREFIX,
+    TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8},
+    BATCH_SIZE=4,
+    GAMMA=3,
+    **{'infer.infer.split': 'validation', 'infer.infer.progress': False},
+  )
+  files = [
+    'configs/models/tiny.gin',
+    'configs/pairs/pair.gin',
+    'configs/tasks/tsv.gin',
+    'configs/runs/infer.gin',
+  ]
+  outputs = {}
+  for name, extra_files, extra in (
+    ('baseline', [], ['DRAFT = None']),
+    ('parallel', ['configs/runs/parallel_draft.gin'], [f'PARALLEL_DRAFT_PATH = {draft_dir!r}']),
+  ):
+    gin.clear_config()
+    try:
+      gin_utils.parse_gin_flags(
+        [REPO],
+        files + extra_files,
+        [f'{k} = {v!r}' for k, v in dict(bindings, INFER_OUTPUT_DIR=str(tmp_path / name)).items()]
+        + extra,
+      )
+      summary = gin.get_configurable(infer.infer)()
+    finally:
+      gin.clear_config()
+    outputs[name] = infer.read_records(
+      os.path.join(tmp_path / name, 'speculative_t5x:parallel_draft_gin_task-validation.jsonl')
+    )
+    assert summary['decoded_examples'] == len(outputs[name]) > 0
+  assert [r['prediction'] for r in outputs['parallel']] == [
+    r['prediction'] for r in outputs['baseline']
+  ]
+  settings = open(
+    os.path.join(
+      tmp_path / 'parallel', 'speculative_t5x:parallel_draft_gin_task-validation.settings.json'
+    )
+  ).read()
+  assert 'ParallelDraft' in settings
