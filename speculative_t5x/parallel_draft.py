@@ -136,18 +136,23 @@ class ParallelDraft(drafts.Draft):
     masked = index > positions[:, None]
     tokens = jnp.take_along_axis(sequences, jnp.minimum(index, sequences.shape[1] - 1), axis=1)
     tokens = jnp.where(masked, 0, tokens)
-    logits, decoder_cache = network.apply_decode_block(
+    # The last layer's outputs, whose logits only the gamma rows read are computed (under jit
+    # the block's own logits, unused, are dropped): half the logits layer of the whole block.
+    last_layer = network.num_decoder_layers(self.config) - 1
+    (_, features), decoder_cache = network.apply_decode_block(
       self.config,
       self.params,
       cache['decoder'],
       tokens,
       start,
+      feature_layers=(last_layer,),
       masked=masked,
       mask_embedding=self.mask_embedding,
     )
     # q_i is the output at block index (positions - start) + i - 1.
     offsets = (positions - start)[:, None] + jnp.arange(gamma, dtype=jnp.int32)[None]
-    q_logits = jnp.take_along_axis(logits, offsets[:, :, None], axis=1)
+    q_features = jnp.take_along_axis(features, offsets[:, :, None], axis=1)  # [BN, gamma, emb]
+    q_logits = network.logits_from_features(self.config, self.params, q_features)
     return q_logits.astype(jnp.float32), {'decoder': decoder_cache, 'written_until': positions + 1}
 
   def propose(

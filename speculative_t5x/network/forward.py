@@ -155,8 +155,8 @@ def logits_from_features(config: NetworkConfig, params: Any, features: Array) ->
 
   What `decode_block` computes from its last layer's output, so a feature
   [..., emb] of the last layer (`feature_layers` ending at it) gives the
-  target's own logits.
+  target's own logits. `params` may be `kernels.PackedParams` (the CPU kernel).
   """
   return module_for(config).apply(
-    {'params': params}, features, method=lambda m, y: m.decoder.feature_logits(y)
+    kernels.variables(params), features, method=lambda m, y: m.decoder.feature_logits(y)
   )
