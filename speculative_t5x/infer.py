@@ -127,6 +127,7 @@ from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import output_lock
+from speculative_t5x import parallel_draft
 from speculative_t5x import partitioning
 from speculative_t5x import run_settings
 from speculative_t5x import checks
@@ -153,7 +154,7 @@ def check_pair(target: models.Model, draft: Optional[models.Draft]) -> None:
   drafts.check_shared_vocabulary(draft.vocab_size, target.vocab_size)
   models.check_same_architecture(target, draft)
   if (
-    isinstance(draft, drafts.ModelDraft)
+    isinstance(draft, (drafts.ModelDraft, parallel_draft.ParallelDraft))
     and draft.inputs_bidirectional_attention != target.inputs_bidirectional_attention
   ):
     logging.warning(
@@ -506,11 +507,16 @@ def place_on_mesh(
 ) -> Any:
   """A `models.Model` or draft with its arrays on `mesh`.
 
-  Networks (`Model`, `drafts.ModelDraft`) are sharded by their parameters'
-  logical axes; other drafts' arrays (n-gram tables, a feature head's own
-  parameters) are replicated, a feature head's copy of the target's
+  Networks (`Model`, `drafts.ModelDraft`, a `parallel_draft.ParallelDraft`'s
+  network) are sharded by their parameters' logical axes; other drafts'
+  arrays (n-gram tables, a feature head's own parameters, a parallel draft's
+  mask vector) are replicated, a feature head's copy of the target's
   parameters placed as the target's.
   """
+  if isinstance(model_or_draft, parallel_draft.ParallelDraft):
+    placed = place_on_mesh(models.Model(model_or_draft.config, model_or_draft.params), mesh, rules)
+    mask = jax.device_put(model_or_draft.mask_embedding, NamedSharding(mesh, PartitionSpec()))
+    return model_or_draft.replace(params=placed.params, mask_embedding=mask)
   if isinstance(model_or_draft, drafts.FeatureDraft):
     target = place_on_mesh(
       models.Model(model_or_draft.target_config, model_or_draft.target_params), mesh, rules

@@ -40,6 +40,7 @@ from speculative_t5x import judging
 from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x import network
+from speculative_t5x import parallel_draft
 from speculative_t5x import run_settings
 from speculative_t5x import sampling
 from speculative_t5x import checks
@@ -109,6 +110,24 @@ class Model:
       inputs_bidirectional_attention=self.inputs_bidirectional_attention,
     )
 
+  def as_parallel_draft(
+    self, mask_embedding: Optional[Array] = None, *, packed: bool = False
+  ) -> parallel_draft.ParallelDraft:
+    """This model as a parallel draft (`parallel_draft.ParallelDraft`), on `decode_params` if `packed`.
+
+    `mask_embedding` float [emb]: the mask token's input vector, trained
+    (`training.parallel_distill`); None starts from the mean of this model's
+    token embeddings (`parallel_draft.mean_token_embedding`), which turns an
+    ordinary draft checkpoint into an untrained parallel draft.
+    """
+    draft = parallel_draft.ParallelDraft.of(
+      self.config,
+      self.params,
+      mask_embedding,
+      inputs_bidirectional_attention=self.inputs_bidirectional_attention,
+    )
+    return draft.replace(params=self.decode_params) if packed else draft
+
 
 @flax.struct.dataclass
 class GenerateOutput:
@@ -132,8 +151,8 @@ class GenerateOutput:
 
 
 def as_draft(draft: Draft):
-  """A `drafts` draft for a decode call: a `Model` or a feature head on packed parameters (as the target's)."""
-  if isinstance(draft, drafts.FeatureDraft):
+  """A `drafts` draft for a decode call: a `Model`, a feature head or a parallel draft on packed parameters (as the target's)."""
+  if isinstance(draft, (drafts.FeatureDraft, parallel_draft.ParallelDraft)):
     return draft.packed()
   return draft.as_draft(packed=True) if isinstance(draft, Model) else draft
 
@@ -619,7 +638,7 @@ def check_same_architecture(target: Model, draft: Any) -> None:
   if isinstance(draft, drafts.FeatureDraft):
     feature_head.check_target(draft.config, target.config)
     return
-  if not isinstance(draft, drafts.ModelDraft):
+  if not isinstance(draft, (drafts.ModelDraft, parallel_draft.ParallelDraft)):
     return
   kind = lambda config: 'decoder-only' if network.is_decoder_only(config) else 'encoder-decoder'
   if kind(draft.config) != kind(target.config):
@@ -791,6 +810,33 @@ def load_trained(model_dir: str, dtype=None) -> Model:
     dtype,
     inputs_bidirectional_attention=bool(settings.get('inputs_bidirectional_attention')),
   )
+
+
+def load_parallel_draft(
+  model_dir: str, step: Optional[int] = None, *, packed: bool = False
+) -> parallel_draft.ParallelDraft:
+  """The `parallel_draft.ParallelDraft` that `training.parallel_distill` wrote to `model_dir`.
+
+  The network and its config come from the run's
+  `run_settings.PARALLEL_DRAFT_SETTINGS_FILE`, the network's parameters and
+  the mask vector from its checkpoint (`step`; None: the latest), stored as
+  {'network': ..., 'mask_embedding': ...}. `packed`: on the CPU kernel's
+  packed parameters, as `Model.as_parallel_draft(packed=True)`.
+  """
+  from speculative_t5x import checkpoints  # orbax/tensorstore only when loading.
+
+  settings = run_settings.read(os.path.join(model_dir, run_settings.PARALLEL_DRAFT_SETTINGS_FILE))
+  if settings is None:
+    raise ValueError(
+      f'{model_dir} holds no {run_settings.PARALLEL_DRAFT_SETTINGS_FILE}: it was not written by '
+      'speculative_t5x.training.parallel_distill. Make a parallel draft of an ordinary draft '
+      'with load_model(config, path).as_parallel_draft().'
+    )
+  classes = {cls.__name__: cls for cls in (network.T5Config, network.DecoderOnlyConfig)}
+  config = classes[settings['network']](**settings['config'])
+  params = checkpoints.restore_params(model_dir, step=step)
+  model = Model(config, params['network'])
+  return model.as_parallel_draft(params['mask_embedding'], packed=packed)
 
 
 @dataclasses.dataclass(frozen=True)

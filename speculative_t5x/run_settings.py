@@ -27,6 +27,8 @@ DISTILL_SETTINGS_FILE = 'distill_settings.json'
 FEATURE_HEAD_SETTINGS_FILE = (
   'feature_head_settings.json'  # train_feature_head's (the head's config)
 )
+# parallel_distill's (the parallel draft's network and config, and the run's settings).
+PARALLEL_DRAFT_SETTINGS_FILE = 'parallel_draft_settings.json'
 METRICS_FILE = 'metrics.jsonl'  # One JSON record per logged step, train's and distill's.
 
 

@@ -317,6 +317,22 @@ def test_run_files_bind_with_a_pair_and_a_task(tmp_path):
     'data_mix': {'draft': 1.0},
     'num_steps': 300,
   }
+  values = _evaluate(
+    ['pairs/gettext_tiny', 'tasks/tsv', 'runs/parallel_distill'],
+    [*PAIR_MACROS, *task_macros, "MODEL_DIR = '/parallel'"],
+    model_dir='%MODEL_DIR',
+    depth='%DEPTH',
+    keep='%KEEP',
+    data_mix='%DATA_MIX',
+    num_steps='%PARALLEL_STEPS',
+  )
+  assert values == {
+    'model_dir': '/parallel',
+    'depth': 4,
+    'keep': 0.5,
+    'data_mix': {'target': 1.0},
+    'num_steps': 300,
+  }
 
 
 def values_of_profile_sweep(tmp_path, task_macros):
@@ -356,6 +372,7 @@ COVERED = (
     'runs/benchmark',
     'runs/profile',
     'runs/distill',
+    'runs/parallel_distill',
     # Parsed by tests/test_train.py and tests/test_tasks_english.py.
     'runs/train_decoder_only',
     'tasks/english_lm',
@@ -366,6 +383,8 @@ COVERED = (
     # Run by tests/test_feature_head_runs.py (the head's gin main, and infer with the head).
     'runs/train_feature_head',
     'runs/feature_head_draft',
+    # Run by tests/test_parallel_distill.py (infer with a parallel draft's checkpoint).
+    'runs/parallel_draft',
   }
 )
 

@@ -229,7 +229,7 @@ def test_resumed_distillation_ends_bit_identically(pair, phrase_task, tmp_path):
 
 def _step_sequences(pair, phrase_task, data_passes, *, num_steps, start_step=0):
   target, draft = pair
-  return distill._StepSequences(
+  return distill.StepSequences(
     target,
     draft.config,
     phrase_task[0],

@@ -225,6 +225,7 @@ class TestModelDraft:
   'draft',
   [
     testing_utils.tiny_model(seed=1, vocab_size=8).as_draft(),
+    testing_utils.tiny_model(seed=1, vocab_size=8).as_parallel_draft(),
     drafts.NgramDraft.fit([[2, 3, 1]], vocab_size=8),
     drafts.PromptLookupDraft(vocab_size=8),
   ],

@@ -37,6 +37,7 @@ LAYERS = (
         'tree',
         'judging',
         'drafts',
+        'parallel_draft',
         'feature_head',
         'decoding',
         'settings',

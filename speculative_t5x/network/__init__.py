@@ -44,7 +44,10 @@ prefix LM). With `tree=` (tree speculative decoding), `decode_block` scores
 nodes of a static token tree instead of a chain: node i is written at slot
 start + i and attends to the context and its ancestors, at position
 start + depth; `compact_tree_path` then moves an accepted root-to-node path to
-consecutive slots. Sequence layout of both: position 0 holds BOS (token 0); a
+consecutive slots. With `masked` and `mask_embedding`, `decode_block` feeds
+a parallel draft's mask tokens (a learned input vector instead of a token's
+embedding); `compute_layout_logits` is their teacher-forced pass, tokens at
+any positions with any visibility. Sequence layout of both: position 0 holds BOS (token 0); a
 decoder-only prompt token i sits at position i, so after a prefill of a prompt
 of length P the loop feeds position P first. The cache's layout is in
 `network.cache`'s docstring.
@@ -54,8 +57,8 @@ Pure functions that take either config: `module_for(config)`,
 `prefill_decoder_cache(config, params, cache, block_tokens, prefix_lengths,
 bidirectional=...)`, `apply_decode_block(config, params, cache, block_tokens,
 start_positions, tree=None, first_node=0)`, `compact_tree_path(config, cache,
-start_positions, path)`, `compute_logits`, `abstract_params`, `random_params`,
-`decoder_weight_bytes`.
+start_positions, path)`, `compute_logits`, `compute_layout_logits`,
+`abstract_params`, `random_params`, `decoder_weight_bytes`.
 
 Modules, by concern (this package exports their public names, which is
 where callers and gin files name them: `network.T5Config`,
@@ -93,6 +96,7 @@ from speculative_t5x.network.config import T5_1_1_SIZES as T5_1_1_SIZES
 from speculative_t5x.network.config import T5Config as T5Config
 from speculative_t5x.network.features import check_feature_layers as check_feature_layers
 from speculative_t5x.network.features import select_features as select_features
+from speculative_t5x.network.forward import compute_layout_logits as compute_layout_logits
 from speculative_t5x.network.forward import compute_logits as compute_logits
 from speculative_t5x.network.forward import embed_tokens as embed_tokens
 from speculative_t5x.network.forward import encode as encode

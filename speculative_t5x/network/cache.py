@@ -110,6 +110,8 @@ def apply_decode_block(
   tree: Any = None,
   first_node: int = 0,
   feature_layers: Optional[Tuple[int, ...]] = None,
+  masked: Optional[Array] = None,
+  mask_embedding: Optional[Array] = None,
 ) -> Tuple[Any, Any]:
   """`decode_block` as a function: (logits [B, k, vocab], new cache).
 
@@ -128,6 +130,10 @@ def apply_decode_block(
       and `ancestors` bool [N, N] (see `Transformer.decode_block`).
     first_node: static int, the tree node of block_tokens[:, 0].
     feature_layers: optional static decoder layer indices (`check_feature_layers`).
+    masked: optional bool [B, k], a parallel draft's mask tokens: these
+      positions' input is `mask_embedding` [emb] (needed with it), not their
+      token's embedding.
+    mask_embedding: optional [emb], see `masked`.
   """
   if feature_layers is not None:
     feature_layers = check_feature_layers(config, feature_layers)
@@ -138,6 +144,8 @@ def apply_decode_block(
     tree=tree,
     first_node=first_node,
     feature_layers=feature_layers,
+    masked=masked,
+    mask_embedding=mask_embedding,
     method='decode_block',
     mutable=['cache'],
   )

@@ -1,6 +1,7 @@
 """Pure functions of either config for the uncached forward pass and its pieces.
 
-`compute_logits` (teacher-forced logits, optionally with features), `encode`,
+`compute_logits` (teacher-forced logits, optionally with features),
+`compute_layout_logits` (a parallel draft's, mask tokens at any positions), `encode`,
 `embed_tokens` and `logits_from_features` (what a draft head needs from the
 target).
 """
@@ -97,6 +98,41 @@ def _forward(config: NetworkConfig, params: Any, features: Mapping[str, Array], 
   )
 
 
+def compute_layout_logits(
+  config: NetworkConfig,
+  params: Any,
+  mask_embedding: Array,
+  features: Mapping[str, Array],
+  dropout_key: Optional[Array] = None,
+) -> Array:
+  """float32 [B, T, V]: logits of tokens laid out at any positions, mask tokens among them.
+
+  A parallel draft's teacher-forced pass (`Decoder.layout_logits`):
+  `features` holds int32 [B, T] 'decoder_input_tokens' and
+  'decoder_positions' (each token's position, for the relative biases),
+  bool [B, T, T] 'decoder_visible' (which tokens each token attends to) and
+  bool [B, T] 'decoder_masked' (tokens whose input is `mask_embedding` [emb]),
+  and for an encoder-decoder int32 [B, Lin] 'encoder_input_tokens'. Dropout
+  is on when `dropout_key` is not None.
+  """
+  options = dict(
+    enable_dropout=dropout_key is not None,
+    rngs=None if dropout_key is None else {'dropout': dropout_key},
+  )
+  decoder_args = [
+    features['decoder_input_tokens'],
+    features['decoder_positions'],
+    features['decoder_visible'],
+    features['decoder_masked'],
+    mask_embedding,
+  ]
+  if not is_decoder_only(config):
+    decoder_args.insert(0, features['encoder_input_tokens'])
+  return module_for(config).apply(
+    {'params': params}, *decoder_args, method='layout_logits', **options
+  )
+
+
 def encode(config: T5Config, params: Any, input_tokens: Array) -> Array:
   """[B, input_length, emb]: an encoder-decoder's encoder output (no dropout).
 
@@ -119,8 +155,8 @@ def logits_from_features(config: NetworkConfig, params: Any, features: Array) ->
 
   What `decode_block` computes from its last layer's output, so a feature
   [..., emb] of the last layer (`feature_layers` ending at it) gives the
-  target's own logits.
+  target's own logits. `params` may be `kernels.PackedParams` (the CPU kernel).
   """
   return module_for(config).apply(
-    {'params': params}, features, method=lambda m, y: m.decoder.feature_logits(y)
+    kernels.variables(params), features, method=lambda m, y: m.decoder.feature_logits(y)
   )

@@ -304,16 +304,65 @@ class Decoder(nn.Module):
     tree: Any = None,
     first_node: int = 0,
     feature_layers: Optional[Tuple[int, ...]] = None,
+    masked: Optional[Array] = None,
+    mask_embedding: Optional[Array] = None,
   ) -> Array | Tuple[Array, Array]:
     """See `Transformer.decode_block`."""
     cross_bias = self._block_cross_bias('decode_block')
     self._check_block(block_tokens, start_positions, 'start_positions')
-    y = self._embedder()(block_tokens)
+    y = self._inputs(block_tokens, masked, mask_embedding)
     y, features = self._decode_block(
       y, None, cross_bias, start_positions.astype(jnp.int32), tree, first_node, feature_layers
     )
     logits = self._logits(y, deterministic=True)
     return logits if feature_layers is None else (logits, features)
+
+  def layout_logits(
+    self,
+    decoder_input_tokens: Array,
+    positions: Array,
+    visible: Array,
+    masked: Array,
+    mask_embedding: Array,
+    *,
+    encoded: Optional[Array] = None,
+    encoder_decoder_mask: Optional[Array] = None,
+    deterministic: bool,
+  ) -> Array:
+    """Uncached logits of tokens at arbitrary positions with an arbitrary visibility.
+
+    What a parallel draft trains on (and what its cached blocks are checked
+    against): token t of a row sits at position `positions[b, t]` (for the
+    relative biases) and attends to the tokens `visible[b, t]` marks; where
+    `masked` its input is `mask_embedding` instead of its token's embedding.
+
+    Args:
+      decoder_input_tokens: int32 [B, T].
+      positions: int32 [B, T].
+      visible: bool [B, T, T], visible[b, i, j]: token i attends to token j.
+      masked: bool [B, T].
+      mask_embedding: [emb].
+      encoded: [B, input_length, emb] (encoder-decoder), else None.
+      encoder_decoder_mask: bool [B, 1, T, input_length] (encoder-decoder).
+      deterministic: disables dropout.
+
+    Returns:
+      float32 logits [B, T, vocab].
+    """
+    cross_bias = None
+    if encoder_decoder_mask is not None:
+      cross_bias = mask_to_bias(encoder_decoder_mask).astype(self.config.dtype)
+    shape = decoder_input_tokens.shape
+    if positions.shape != shape or visible.shape != shape + shape[1:]:
+      raise ValueError(
+        f'Expected positions [batch, T] and visible [batch, T, T] for tokens {shape}; got '
+        f'{positions.shape} and {visible.shape}.'
+      )
+    y = self.dropout(self._inputs(decoder_input_tokens, masked, mask_embedding), deterministic)
+    self_bias = self._self_bias(positions, positions, visible[:, None])
+    for layer in self.layers:
+      y = layer(y, encoded, self_bias, cross_bias, deterministic)
+    return self._logits(y, deterministic)
 
   def prefill(
     self,
@@ -406,6 +455,29 @@ class Decoder(nn.Module):
     """
     relative = self.relpos_bias(query_positions, key_positions, bidirectional=False)
     return mask_to_bias(allowed, relative)
+
+  def _inputs(
+    self, tokens: Array, masked: Optional[Array], mask_embedding: Optional[Array]
+  ) -> Array:
+    """[B, k, emb]: the embedding of tokens int32 [B, k], `mask_embedding` [emb] where `masked`.
+
+    `masked` bool [B, k] marks a parallel draft's mask tokens (their token
+    ids are ignored); both None: every position embeds its token.
+    """
+    y = self._embedder()(tokens)
+    if masked is None and mask_embedding is None:
+      return y
+    if masked is None or mask_embedding is None:
+      raise ValueError(
+        'Mask tokens need both masked [batch, k] and mask_embedding [emb]; got only '
+        f'{"masked" if mask_embedding is None else "mask_embedding"}.'
+      )
+    if masked.shape != tokens.shape or mask_embedding.shape != (self.config.emb_dim,):
+      raise ValueError(
+        f"Expected masked {tokens.shape} (the tokens' shape) and mask_embedding "
+        f'({self.config.emb_dim},); got {masked.shape} and {mask_embedding.shape}.'
+      )
+    return jnp.where(masked[..., None], mask_embedding.astype(y.dtype), y)
 
   def _embedder(self) -> Embed:
     return self.token_embedder if self._decoder_only else self.shared_embedding

@@ -152,6 +152,38 @@ class Transformer(nn.Module):
       max_decode_length,
     )
 
+  def layout_logits(
+    self,
+    encoder_input_tokens: Array,
+    decoder_input_tokens: Array,
+    decoder_positions: Array,
+    decoder_visible: Array,
+    decoder_masked: Array,
+    mask_embedding: Array,
+    enable_dropout: bool = True,
+  ) -> Array:
+    """Encodes, then `Decoder.layout_logits`: float32 [B, T, vocab].
+
+    Decoder tokens [B, T] at `decoder_positions` int32 [B, T], attending
+    where `decoder_visible` bool [B, T, T] says, `mask_embedding` [emb] the
+    input where `decoder_masked` bool [B, T]; every decoder token attends to
+    the non-padding encoder inputs.
+    """
+    encoded = self.encode(encoder_input_tokens, enable_dropout=enable_dropout)
+    encoder_decoder_mask = make_attention_mask(
+      jnp.ones_like(decoder_input_tokens, bool), encoder_input_tokens > 0
+    )
+    return self.decoder.layout_logits(
+      decoder_input_tokens,
+      decoder_positions,
+      decoder_visible,
+      decoder_masked,
+      mask_embedding,
+      encoded=encoded,
+      encoder_decoder_mask=encoder_decoder_mask,
+      deterministic=not enable_dropout,
+    )
+
   def init_decoder_cache(
     self, encoded: Array, encoder_input_tokens: Array, cache_length: int
   ) -> None:
@@ -223,6 +255,8 @@ class Transformer(nn.Module):
     tree: Any = None,
     first_node: int = 0,
     feature_layers: Optional[Tuple[int, ...]] = None,
+    masked: Optional[Array] = None,
+    mask_embedding: Optional[Array] = None,
   ) -> Array | Tuple[Array, Array]:
     """Scores a block of k tokens per row against the cache; updates the cache.
 
@@ -257,6 +291,9 @@ class Transformer(nn.Module):
         block's features, those layers' outputs concatenated
         (`select_features`; the last layer's is the output before the final
         norm), from this same call.
+      masked, mask_embedding: a parallel draft's mask tokens: bool [B, k]
+        marks the block positions whose input is `mask_embedding` [emb]
+        instead of their token's embedding (None, None: none).
 
     Returns:
       float32 logits [B, k, vocab], or with `feature_layers` (logits, features
@@ -264,7 +301,7 @@ class Transformer(nn.Module):
       returns `{'cache': new_cache}`.
     """
     return self.decoder.decode_block(
-      block_tokens, start_positions, tree, first_node, feature_layers
+      block_tokens, start_positions, tree, first_node, feature_layers, masked, mask_embedding
     )
 
 
@@ -361,6 +398,25 @@ class DecoderOnly(nn.Module):
       prefill_lengths=prefill_lengths if prefill else None,
     )
 
+  def layout_logits(
+    self,
+    decoder_input_tokens: Array,
+    decoder_positions: Array,
+    decoder_visible: Array,
+    decoder_masked: Array,
+    mask_embedding: Array,
+    enable_dropout: bool = True,
+  ) -> Array:
+    """`Decoder.layout_logits` (see `Transformer.layout_logits`): float32 [B, T, vocab]."""
+    return self.decoder.layout_logits(
+      decoder_input_tokens,
+      decoder_positions,
+      decoder_visible,
+      decoder_masked,
+      mask_embedding,
+      deterministic=not enable_dropout,
+    )
+
   def init_decoder_cache(self, batch: int, cache_length: int) -> None:
     """Builds the zero cache for `prefill` and `decode_block` (mutable=['cache']).
 
@@ -417,6 +473,8 @@ class DecoderOnly(nn.Module):
     tree: Any = None,
     first_node: int = 0,
     feature_layers: Optional[Tuple[int, ...]] = None,
+    masked: Optional[Array] = None,
+    mask_embedding: Optional[Array] = None,
   ) -> Array | Tuple[Array, Array]:
     """Scores a block of k tokens (or tree nodes) per row; see `Transformer.decode_block`.
 
@@ -428,13 +486,14 @@ class DecoderOnly(nn.Module):
       first_node: static int, the tree node of block_tokens[:, 0].
       feature_layers: optional static decoder layer indices (see
         `Transformer.decode_block`).
+      masked, mask_embedding: mask tokens (see `Transformer.decode_block`).
 
     Returns:
       float32 logits [B, k, vocab], or with `feature_layers` (logits, features);
       `apply` also returns `{'cache': new_cache}`.
     """
     return self.decoder.decode_block(
-      block_tokens, start_positions, tree, first_node, feature_layers
+      block_tokens, start_positions, tree, first_node, feature_layers, masked, mask_embedding
     )
 
 

@@ -310,7 +310,7 @@ def _validation_inputs(task, feature_lengths, num_examples: int) -> np.ndarray:
   return batch['encoder_input_tokens']
 
 
-def _check_pair(target: models.Model, draft: models.Model) -> None:
+def check_pair(target: models.Model, draft: models.Model) -> None:
   """Raises ValueError unless target and draft are encoder-decoders of one vocabulary."""
   if network.is_decoder_only(target.config) or network.is_decoder_only(draft.config):
     raise ValueError(
@@ -333,7 +333,7 @@ def _jitted_steps(config: DistillConfig, optimizer, learning_rate) -> tuple:
   return tx, step_fn, greedy_step_fn
 
 
-class _StepSequences:
+class StepSequences:
   """Each step's batch of output sequences (see the module docstring).
 
   Training step s reads data step d = `train.data_step(s, data_passes,
@@ -450,7 +450,7 @@ class _StepSequences:
 
 
 def _loop_steps(
-  sequences: _StepSequences,
+  sequences: StepSequences,
   held_out_sets: Sequence[HeldOutSet],
   target: models.Model,
   draft_config: network.T5Config,
@@ -554,7 +554,7 @@ def _start_distillation_data(
   `held_out`: (validation examples, temperatures) of the held-out alpha
   sets, sampled from the target in `sample_mode`'s top-k / top-p; None: no
   evaluation. `step_fns`: the step and the greedy-targets step (or None).
-  The rest are `_StepSequences`'s.
+  The rest are `StepSequences`'s.
   """
   top = dict(topk=sample_mode['topk'], topp=sample_mode['topp'])
   held_out_sets = []
@@ -566,7 +566,7 @@ def _start_distillation_data(
       held_out_set(target, inputs, temperature=t, max_decode_len=max_decode_len, seed=seed, **top)
       for t in eval_temperatures
     ]
-  sequences = _StepSequences(
+  sequences = StepSequences(
     target,
     draft_config,
     task,
@@ -660,7 +660,7 @@ def distill(
       f'the data mix {mix} samples from the draft, whose samples follow it as it '
       f"trains (on-policy): use data_passes = 1, or the 'target' and 'ground_truth' sources."
     )
-  _check_pair(target, draft)
+  check_pair(target, draft)
   task = train.check_task(task, draft.config, feature_lengths, evaluate=eval_every is not None)
   tasks.hide_gpus_from_tensorflow()
   config = DistillConfig(

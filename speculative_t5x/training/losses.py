@@ -100,6 +100,22 @@ def loss_distributions(
   return p, sampling.standardize(draft_logits, temperature, topk, topp)
 
 
+def acceptance_rates(
+  target_logits: jax.Array, draft_logits: jax.Array, *, temperature: float, topk: int, topp: float
+) -> jax.Array:
+  """float32 [...]: beta = sum_x min(p, q) at each position, no gradient (the module docstring's).
+
+  p and q are the target's and the draft's standardized distributions of
+  logits [..., V] at the decoding mode (the draft's as it decodes, one-hot at
+  temperature 0).
+  """
+  mode = dict(temperature=temperature, topk=topk, topp=topp)
+  return speculative_sampling.lenient_acceptance_rate(
+    sampling.standardize(jax.lax.stop_gradient(target_logits), **mode),
+    sampling.standardize(jax.lax.stop_gradient(draft_logits), **mode),
+  )
+
+
 def distillation_sums(
   target_logits: jax.Array,
   draft_logits: jax.Array,
@@ -132,8 +148,6 @@ def distillation_sums(
   mode = dict(temperature=temperature, topk=topk, topp=topp)
   p, q = loss_distributions(target_logits, draft_logits, **mode)
   per_token = divergence(p, q, divergence_name, beta)
-  acceptance = speculative_sampling.lenient_acceptance_rate(
-    p, sampling.standardize(jax.lax.stop_gradient(draft_logits), **mode)
-  )
+  acceptance = acceptance_rates(target_logits, draft_logits, **mode)
   weights = weights.astype(jnp.float32)
   return {'loss': jnp.sum(per_token * weights), 'beta': jnp.sum(acceptance * weights)}
