@@ -35,7 +35,8 @@ figures are of: the pool's CPUs differ about 2x. Every step is cached in
 (EAGLE-style, `drafts.FeatureDraft`; `train_feature_head.train_on_task` with
 configs/runs/train_feature_head.gin, --head_steps) timed in the same
 interleaved passes as the distilled draft and the baseline, and alpha of the
-draft before distillation and of unigram and bigram drafts (Table 3).
+draft before distillation, of the draft distilled for the other temperature
+and of unigram and bigram drafts (Table 3).
 
 At the start the demo estimates its run on this machine, stage by stage
 (`stage_estimates`: each stage's measured cost in training steps, times the
@@ -197,8 +198,9 @@ def _define_flags() -> None:
     'extras',
     False,
     'Beyond the core rows: a feature head trained for the target and timed beside the '
-    'distilled draft, and alpha of the draft before distillation and of unigram and bigram '
-    'drafts (Table 3). README: what it adds and how long it takes.',
+    'distilled draft, and alpha of the draft before distillation, of the one distilled for '
+    'the other temperature and of unigram and bigram drafts (Table 3). README: what it adds '
+    'and how long it takes.',
   )
   flags.DEFINE_integer(
     'head_steps',
