@@ -174,6 +174,7 @@ HEAD_STEPS = 180
 # 10,000), and the report's standard errors were 0.010 (T = 0) and 0.002 (T = 1) there,
 # about 0.014 and 0.003 at half the tokens, below the spread of the timed tokens per call.
 ALPHA_TOKENS = 5_000
+HEAD_DIR = 'feature_head'  # The head's model directory in the workdir.
 HEAD_NAME = 'feature head'  # How the report names the head beside the drafts.
 # The table's note on outputs cut at MAX_DECODE_LEN without EOS (the target repeating a
 # phrase): printed for a temperature where they hold this share of the alpha tokens or more.
@@ -261,20 +262,21 @@ def stage_estimates(args, workdir: str, step_s: float) -> Dict[str, float]:
   training step (`training_step_seconds` of REFERENCE_STEP_ROWS rows): the
   machine kinds differ in that step about as they differ in every stage.
   """
-  done = lambda *path: os.path.exists(os.path.join(workdir, *path))
-  vocabulary = os.path.join('vocabulary', f'spm_{args.vocab_size}.model')
+  corpus_dir, vocabulary = _data_paths(workdir, args.vocab_size)
+  data_ready = os.path.exists(os.path.join(corpus_dir, 'test.tsv')) and os.path.exists(
+    vocabulary + '.model'
+  )
   # {stage: (its training steps, whether the workdir holds its result)}.
-  stages = {
-    'data': (0, done('corpus', 'test.tsv') and done(vocabulary)),
-    'gettext_target': (args.target_steps, done('gettext_target', str(args.target_steps))),
-    'gettext_draft': (args.draft_steps, done('gettext_draft', str(args.draft_steps))),
-  }
+  stages = {'data': (0, data_ready)}
+  for name, steps in (('gettext_target', args.target_steps), ('gettext_draft', args.draft_steps)):
+    stages[name] = (steps, _finished(os.path.join(workdir, name), steps))
   for temperature, steps in zip(TEMPERATURES, _distill_steps(args)):
     if steps:
-      directory = f'gettext_draft_{args.distill_divergence}_T{temperature:g}'
-      stages[f'distillation for T={temperature:g}'] = (steps, done(directory, str(steps)))
+      model_dir = _distilled_dir(workdir, args.distill_divergence, temperature)
+      stages[f'distillation for T={temperature:g}'] = (steps, _finished(model_dir, steps))
   if args.extras:
-    stages['feature head'] = (args.head_steps, done('feature_head', str(args.head_steps)))
+    head_dir = os.path.join(workdir, HEAD_DIR)
+    stages['feature head'] = (args.head_steps, _finished(head_dir, args.head_steps))
   estimates = {}
   for stage, (count, cached) in stages.items():
     if not cached:
@@ -388,14 +390,28 @@ def print_machine(vocab_size: int) -> Dict[str, Any]:
   return machine
 
 
+def _data_paths(workdir: str, vocab_size: int) -> Tuple[str, str]:
+  """(corpus_dir, the vocabulary's path without '.model') of a workdir."""
+  return os.path.join(workdir, 'corpus'), os.path.join(workdir, 'vocabulary', f'spm_{vocab_size}')
+
+
+def _distilled_dir(workdir: str, divergence: str, temperature: float) -> str:
+  """The model directory of the draft distilled for `temperature`."""
+  return os.path.join(workdir, f'gettext_draft_{divergence}_T{temperature:g}')
+
+
+def _finished(model_dir: str, steps: int) -> bool:
+  """Whether a workdir's run has its checkpoint of `steps` (the stage is then only read)."""
+  return os.path.isdir(os.path.join(model_dir, str(steps)))
+
+
 def prepare_data(workdir: str, vocab_size: int):
   """Builds (or finds) the corpus and the vocabulary: (corpus_dir, vocabulary path).
 
   Each is built holding its directory's writer lock (`output_lock`); one
   that is there is read without it.
   """
-  corpus_dir = os.path.join(workdir, 'corpus')
-  vocabulary = os.path.join(workdir, 'vocabulary', f'spm_{vocab_size}')
+  corpus_dir, vocabulary = _data_paths(workdir, vocab_size)
   if not os.path.exists(os.path.join(corpus_dir, 'test.tsv')):
     with output_lock.hold(corpus_dir, JOB):
       _step('Building the gettext English->German corpus', stage='data')
@@ -522,7 +538,7 @@ def _train_or_check(
     'settings': {name: repr(value) for name, value in settings.items()},
   }
   path = os.path.join(model_dir, RECIPE_FILE)
-  if not os.path.isdir(os.path.join(model_dir, str(steps))):
+  if not _finished(model_dir, steps):
     with output_lock.hold(model_dir, JOB):
       run([f'{name} = {value!r}' for name, value in {**settings, **locations}.items()])
       with open(path, 'w') as f:
@@ -579,7 +595,7 @@ def distilled_model(
   reports them too) for `benchmark.Report.distillation`.
   """
   config = gin_utils.model_config('gettext_draft', vocab_size)
-  model_dir = os.path.join(workdir, f'gettext_draft_{divergence}_T{temperature:g}')
+  model_dir = _distilled_dir(workdir, divergence, temperature)
   settings = {
     'DIVERGENCE': divergence,
     'TEMPERATURE': temperature,
@@ -640,7 +656,7 @@ def feature_head_draft(
   alpha curve and its training time (read from the model directory, so a
   cached run reports them too).
   """
-  model_dir = os.path.join(workdir, 'feature_head')
+  model_dir = os.path.join(workdir, HEAD_DIR)
   gin_files = [
     'configs/pairs/gettext_tiny.gin',
     'configs/tasks/gettext_ende.gin',
