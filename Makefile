@@ -1,7 +1,9 @@
-# Set-up is part of every target: the first `make` on a fresh machine builds .venv.
+# Set-up is part of every target: the first `make` on a fresh machine builds .venv, with
+# what the demo needs (INSTALLED); the tests and the linter add their tools (TOOLS_INSTALLED).
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+TOOLS_INSTALLED := $(VENV)/.installed-tools
 
 .PHONY: demo test test-slow test-all lint test-t5x
 
@@ -15,15 +17,15 @@ demo: $(INSTALLED)
 # program at a time per process.
 PYTEST := $(PYTHON) -m pytest -n auto --dist loadfile
 
-test: $(INSTALLED)
+test: $(TOOLS_INSTALLED)
 	$(PYTEST) -m "not slow" tests
 
 # The rest of test-all beside make test: the slow tests (the t5x ones skip here; make test-t5x
 # runs them).
-test-slow: $(INSTALLED)
+test-slow: $(TOOLS_INSTALLED)
 	$(PYTEST) -m "slow and not t5x" tests
 
-test-all: $(INSTALLED)
+test-all: $(TOOLS_INSTALLED)
 	$(PYTEST) tests
 
 # The T5X integration tests (-m t5x, slow ones included) against the real T5X, which is not on
@@ -37,7 +39,7 @@ test-t5x:
 	SPECULATIVE_T5X_REQUIRE_T5X=1 $(T5X_VENV)/bin/python -m pytest -n auto --dist loadfile -m t5x -rs tests
 
 # The formatter and linter (ruff.toml); `ruff format .` rewrites in place.
-lint: $(INSTALLED)
+lint: $(TOOLS_INSTALLED)
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m ruff check .
 
@@ -47,5 +49,9 @@ $(INSTALLED): setup.py
 	# The CPU build of PyTorch (only the Hugging Face parity tests and the peer
 	# comparison use it); asked for first so that no CUDA build is pulled in.
 	$(PYTHON) -m pip install --quiet torch==2.13.0
-	$(PYTHON) -m pip install --quiet -e '.[test]'
+	$(PYTHON) -m pip install --quiet -e '.[hf]'
 	touch $(INSTALLED)
+
+$(TOOLS_INSTALLED): $(INSTALLED)
+	$(PYTHON) -m pip install --quiet -e '.[test]'
+	touch $(TOOLS_INSTALLED)
