@@ -482,38 +482,3 @@ def test_greedy_target_outputs_in_chunks_and_their_one_hot_teacher(pair):
     np.testing.assert_allclose(sums[True][name], sums[False][name], rtol=1e-5)
   assert distill._chunk_start(1) == distill._chunk_start(distill.GREEDY_CHUNK_STEPS) == 1
   assert distill._chunk_start(distill.GREEDY_CHUNK_STEPS + 1) == distill.GREEDY_CHUNK_STEPS + 1
-
-
-@pytest.mark.parametrize('longest, kept', [(1, 4), (4, 4), (5, 8), (13, 16), (16, 16)])
-def test_a_step_on_the_batch_cut_after_its_longest_sequence_is_the_full_batchs(pair, longest, kept):
-  """`trim_to_longest` keeps the real positions, to a quarter of L, and the step's sums and
-  updated parameters are the full batch's (the positions cut are padding)."""
-  target, draft = pair
-  rng = np.random.default_rng(longest)
-  length = 16
-  lengths = rng.integers(1, longest + 1, 6)
-  lengths[0] = longest
-  sequences = rng.integers(2, target.vocab_size, (6, length))
-  sequences[np.arange(length)[None] >= lengths[:, None]] = 0
-  sequences[np.arange(6), lengths - 1] = models.EOS_ID
-  features = distill.sequence_features(testing_utils.padded_inputs(0, 6, 5, 64), sequences)
-  trimmed = distill.trim_to_longest(features)
-  assert trimmed['decoder_target_tokens'].shape == (6, kept)
-  np.testing.assert_array_equal(trimmed['encoder_input_tokens'], features['encoder_input_tokens'])
-  config = distill.DistillConfig(target.config, draft.config, 'forward_kl', 0.5, 1.0, 0, 0.0)
-  tx = optax.adafactor(0.01)
-  step = distill.make_distill_step(config, tx)
-  results = []
-  for batch in (features, trimmed):
-    state = train.TrainState(
-      step=jnp.int32(0), params=draft.params, opt_state=tx.init(draft.params)
-    )
-    results.append(jax.device_get(step(state, target.params, batch)))
-  (full_state, full_sums), (cut_state, cut_sums) = results
-  for name in ('loss', 'beta', 'weight'):
-    np.testing.assert_allclose(cut_sums[name], full_sums[name], rtol=1e-5)
-  jax.tree_util.tree_map(
-    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-    cut_state.params,
-    full_state.params,
-  )

@@ -35,8 +35,7 @@ Loss. At every real position of those sequences, a divergence between the
 target's and the draft's standardized next-token distributions at the
 decoding mode (`losses.DIVERGENCES`: forward or reverse KL, JSD[beta], TVD),
 averaged over real tokens; `losses` defines them, with the greedy case, for
-this loop and the T5X model class alike. A step's batch is cut after its
-longest sequence (`trim_to_longest`): the padding beyond costs time, not loss. The running alpha on the progress
+this loop and the T5X model class alike. The running alpha on the progress
 bar is the mean beta of the standardized distributions on the step's
 sequences.
 
@@ -197,24 +196,6 @@ def sequence_features(input_tokens: np.ndarray, sequences: np.ndarray) -> Dict[s
     'decoder_loss_weights': (np.arange(sequences.shape[1])[None] < lengths[:, None]).astype(
       np.float32
     ),
-  }
-
-
-def trim_to_longest(features: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-  """`sequence_features` [B, L] cut after the batch's longest sequence, rounded up to L/4.
-
-  The step's cost grows with its length, and a batch's sequences are mostly
-  shorter than L (the demo's T = 1 draft samples: 13 of 48 tokens on
-  average); the positions cut hold only padding, whose weights are 0, so the
-  loss is the same. Rounding to quarters keeps the step to 4 compiled shapes.
-  """
-  length = features['decoder_target_tokens'].shape[1]
-  quantum = -(-length // 4)
-  longest = int(np.max(np.sum(features['decoder_loss_weights'] > 0, axis=1), initial=1))
-  cut = min(length, -(-longest // quantum) * quantum)
-  return {
-    name: value[:, :cut] if name.startswith('decoder_') else value
-    for name, value in features.items()
   }
 
 
@@ -490,7 +471,7 @@ def _loop_steps(
     source, features = sequences.features(step, state.params)
     used[source] = used.get(source, 0) + 1
     fn = greedy_step_fn if source == 'target' and greedy_step_fn is not None else step_fn
-    state, sums = fn(state, target.params, trim_to_longest(features))
+    state, sums = fn(state, target.params, features)
     return state, sums, sums['weight']
 
   def summary(totals: Mapping[str, Any], step: int) -> Dict[str, Any]:
