@@ -15,7 +15,8 @@ section and the issue's acceptance checks.
 
 --untimed decodes without timing (any machine, any load): tokens per call
 and acceptance by position of every draft and gamma, e.g. a held-out
-evaluation of an adaptation run (--split=validation --gammas=5). With
+evaluation of an adaptation run (--split=validation --gammas=5), written to
+rates.json; --rates_json reads such a file instead of decoding. With
 --project_c, either mode adds a projection (labelled as one): the speedup
 that this run's acceptance by position gives at a draft step cost of
 --project_c target steps and a verify cost --project_v (e.g. a full-size
@@ -74,7 +75,7 @@ def load_drafts(workdir: str, parallel_dirs: Sequence[str], vocab_size: int):
   return target, pairs
 
 
-def timed_run(target, pairs, inputs, references, args) -> List[records_lib.Record]:
+def timed_run(target, pairs, inputs, references, vocabulary, args) -> List[records_lib.Record]:
   """`run_benchmark` per temperature, the parallel draft in the chain's passes; all records."""
   records: List[records_lib.Record] = [records_lib.Machine(**measure.machine())]
   for temperature, drafts in pairs.items():
@@ -92,7 +93,7 @@ def timed_run(target, pairs, inputs, references, args) -> List[records_lib.Recor
       ),
       other_drafts=benchmark.OtherDrafts(compared_drafts={PARALLEL: drafts[PARALLEL]}),
       report=benchmark.Report(
-        pair_name=CHAIN, task_name=f'gettext EnDe {args.split}', vocabulary_path=args.vocabulary
+        pair_name=CHAIN, task_name=f'gettext EnDe {args.split}', vocabulary_path=vocabulary
       ),
     )
   return records
@@ -138,6 +139,18 @@ def untimed_rates(target, pairs, inputs, args, batch_size: int = 16) -> Rates:
           flush=True,
         )
   return rates
+
+
+def write_rates(path: str, rates: Rates) -> None:
+  """Writes `rates` as a JSON list of {temperature, draft, gamma, tokens_per_call, ...}."""
+  with open(path, 'w') as f:
+    json.dump([dict(temperature=t, draft=n, gamma=g, **r) for (t, n, g), r in rates.items()], f)
+
+
+def read_rates(path: str) -> Rates:
+  """`write_rates`' file read back."""
+  with open(path) as f:
+    return {(r.pop('temperature'), r.pop('draft'), r.pop('gamma')): r for r in json.load(f)}
 
 
 def rate_lines(rates: Rates) -> List[str]:
@@ -219,11 +232,37 @@ def acceptance_checks(records: Sequence[records_lib.Record]) -> List[str]:
   return lines
 
 
+def decoded_rates_and_lines(args) -> Tuple[Rates, List[str]]:
+  """Loads the pair and the drafts and decodes (--untimed) or runs the timed comparison."""
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+
+  vocabulary = os.path.join(args.workdir, 'vocabulary', 'spm_4000.model')
+  vocab_size = sentencepiece.SentencePieceProcessor(model_file=vocabulary).get_piece_size()
+  target, pairs = load_drafts(args.workdir, (args.parallel_t0, args.parallel_t1), vocab_size)
+  inputs, references = benchmark.tsv_inputs(
+    os.path.join(args.workdir, 'corpus', f'{args.split}.tsv'),
+    vocabulary,
+    prefix='translate English to German: ',
+    num_examples=args.num_examples,
+  )
+  inputs = layouts.trim_padding(inputs)
+  if args.untimed:
+    rates = untimed_rates(target, pairs, inputs, args)
+    write_rates(os.path.join(args.output_dir, 'rates.json'), rates)
+    return rates, rate_lines(rates)
+  records = timed_run(target, pairs, inputs, references, vocabulary, args)
+  reports.write_report(records, args.output_dir)
+  return rates_of_records(records), reports.parallel_draft_lines(records) + [
+    '',
+    *acceptance_checks(records),
+  ]
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--workdir', required=True, help="make demo's workdir (the pair)")
-  parser.add_argument('--parallel_t0', required=True, help='the parallel draft for T = 0')
-  parser.add_argument('--parallel_t1', required=True, help='the parallel draft for T = 1')
+  parser.add_argument('--workdir', help="make demo's workdir (the pair)")
+  parser.add_argument('--parallel_t0', help='the parallel draft for T = 0')
+  parser.add_argument('--parallel_t1', help='the parallel draft for T = 1')
   parser.add_argument('--output_dir', required=True)
   parser.add_argument('--split', default='test', help='corpus/<split>.tsv is decoded')
   parser.add_argument('--num_examples', type=int, default=16)
@@ -232,34 +271,21 @@ def main(argv=None) -> None:
   parser.add_argument('--repetitions', type=int, default=3)
   parser.add_argument('--alpha_tokens', type=int, default=5000)
   parser.add_argument('--untimed', action='store_true', help='tokens per call and rates only')
+  parser.add_argument(
+    '--rates_json', default=None, help="an --untimed run's rates.json: no decoding, e.g. to project"
+  )
   parser.add_argument('--project_c', type=float, default=None)
   parser.add_argument('--project_v', type=float, default=1.0)
   parser.add_argument('--project_parallel_cost', type=float, default=None)
   args = parser.parse_args(argv)
-  args.vocabulary = os.path.join(args.workdir, 'vocabulary', 'spm_4000.model')
-
-  import sentencepiece  # pylint: disable=g-import-not-at-top
-
-  vocab_size = sentencepiece.SentencePieceProcessor(model_file=args.vocabulary).get_piece_size()
-  target, pairs = load_drafts(args.workdir, (args.parallel_t0, args.parallel_t1), vocab_size)
-  inputs, references = benchmark.tsv_inputs(
-    os.path.join(args.workdir, 'corpus', f'{args.split}.tsv'),
-    args.vocabulary,
-    prefix='translate English to German: ',
-    num_examples=args.num_examples,
-  )
-  inputs = layouts.trim_padding(inputs)
   os.makedirs(args.output_dir, exist_ok=True)
-  if args.untimed:
-    rates = untimed_rates(target, pairs, inputs, args)
+  if args.rates_json:
+    rates = read_rates(args.rates_json)
     lines = rate_lines(rates)
-    with open(os.path.join(args.output_dir, 'rates.json'), 'w') as f:
-      json.dump([dict(temperature=t, draft=n, gamma=g, **r) for (t, n, g), r in rates.items()], f)
   else:
-    records = timed_run(target, pairs, inputs, references, args)
-    reports.write_report(records, args.output_dir)
-    rates = rates_of_records(records)
-    lines = reports.parallel_draft_lines(records) + ['', *acceptance_checks(records)]
+    if not (args.workdir and args.parallel_t0 and args.parallel_t1):
+      parser.error('--workdir, --parallel_t0 and --parallel_t1 are needed unless --rates_json.')
+    rates, lines = decoded_rates_and_lines(args)
   if args.project_c is not None:
     parallel_cost = (
       args.project_c if args.project_parallel_cost is None else args.project_parallel_cost

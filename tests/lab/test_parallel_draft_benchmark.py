@@ -82,3 +82,14 @@ def test_rate_lines_list_every_draft_and_gamma(temperature):
   lines = script.rate_lines(rates)
   assert f'| {temperature:g} | 5 | {script.PARALLEL} | 3.60 | 0.90 0.70 0.50 0.40 0.30 |' in lines
   assert len(lines) == 2 + len(RECORDS)
+
+
+def test_a_saved_rates_file_is_projected_without_decoding(tmp_path):
+  rates = script.rates_of_records(RECORDS)
+  path = str(tmp_path / 'rates.json')
+  script.write_rates(path, rates)
+  assert script.read_rates(path) == rates
+  script.main(['--rates_json', path, '--output_dir', str(tmp_path), '--project_c', '0.1'])
+  written = (tmp_path / 'parallel_draft.md').read_text()
+  assert '| 0 | 3 | 3.44 | 2.65x | 2.71 | 2.46x |' in written
+  assert '| 0 | 5 | parallel draft | 3.60 | 0.90 0.70 0.50 0.40 0.30 |' in written
