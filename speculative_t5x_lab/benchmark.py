@@ -596,7 +596,7 @@ def summary(values: Sequence[float]) -> Dict[str, float]:
   }
 
 
-def iid_alpha(draft, alpha: Optional[float]) -> Optional[float]:
+def _iid_alpha(draft, alpha: Optional[float]) -> Optional[float]:
   """The alpha that Eq. 1's predictions take for `draft`: None for a parallel draft.
 
   A parallel draft's alpha record is its first position's (q_1, its network's
@@ -1267,7 +1267,7 @@ def _walltime_record(
   part = parts[temperature, settings.gamma]
   # [batches, batch_size]: what each batch's rows emit, the length of each batch's loop.
   lengths_by_batch = layouts.output_lengths(baseline.outputs, timed.eos_id).reshape(-1, batch_size)
-  alpha = iid_alpha(timed.draft, alpha)
+  alpha = _iid_alpha(timed.draft, alpha)
   fields = _timed_fields(baseline, speculative, part, alpha, lengths_by_batch)
   if alpha is not None and not settings.draft_threshold:  # Eq. 1 is for a fixed gamma.
     if batch_size == 1:  # Its own rows: at batch 1 this checks the cost terms alone.
