@@ -64,6 +64,7 @@ from speculative_t5x_lab import measure
 from speculative_t5x_lab import records as records_lib
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import parallel_draft
 from speculative_t5x_lab import profile_sweep
 from speculative_t5x_lab import reports
 from speculative_t5x_lab import result_cache as result_cache_lib
@@ -534,6 +535,10 @@ def costs_record(
     floors['draft'] = measure.step_floor(
       measure.draft_weight_bytes(draft), first.draft_observe, bandwidth
     )
+  elif isinstance(draft, parallel_draft.ParallelDraft):  # Its one call per iteration.
+    floors['draft'] = measure.step_floor(
+      measure.draft_weight_bytes(draft), first.draft_rollout, bandwidth
+    )
   if 'draft' in floors:
     floors['draft_bytes_over_target_bytes'] = floors['draft']['bytes'] / floors['target']['bytes']
   temperatures = sorted({t for t, _ in parts})
@@ -560,9 +565,15 @@ def describe_draft(draft) -> Dict[str, Any]:
       feature_layers=list(config.feature_layers),
       parameters=int(network.parameter_count(kernels.plain_params(draft.params))),
     )
-  if isinstance(draft, drafts.ModelDraft):  # Its packed copy, if any, is not counted twice.
+  if isinstance(draft, (drafts.ModelDraft, parallel_draft.ParallelDraft)):
+    # Its packed copy, if any, is not counted twice.
     parameters = network.parameter_count(kernels.plain_params(draft.params))
-    return dict(kind='network', parameters=int(parameters))
+    kind = (
+      records_lib.PARALLEL_DRAFT_KIND
+      if isinstance(draft, parallel_draft.ParallelDraft)
+      else 'network'
+    )
+    return dict(kind=kind, parameters=int(parameters))
   return dict(kind=type(draft).__name__)
 
 
@@ -583,6 +594,16 @@ def summary(values: Sequence[float]) -> Dict[str, float]:
     'min': float(np.min(values)),
     'max': float(np.max(values)),
   }
+
+
+def _iid_alpha(draft, alpha: Optional[float]) -> Optional[float]:
+  """The alpha that Eq. 1's predictions take for `draft`: None for a parallel draft.
+
+  A parallel draft's alpha record is its first position's (q_1, its network's
+  next-token output); its later positions accept less, so one rate does not
+  describe its blocks: its walltime records carry acceptance by position.
+  """
+  return None if isinstance(draft, parallel_draft.ParallelDraft) else alpha
 
 
 # How alpha records name the pair's own draft (a model, n-gram or prompt-lookup
@@ -1026,8 +1047,12 @@ def _measure_parts(timed, settings, temperatures, gammas, batch_size, target_par
 
 
 def _alpha_candidate(draft):
-  """A `drafts` draft as `acceptance.draft_logits` takes it (a network draft as its `Model`)."""
-  if isinstance(draft, drafts.ModelDraft):
+  """A `drafts` draft as `acceptance.draft_logits` takes it (a network draft as its `Model`).
+
+  A parallel draft's network gives its q_1 (the next-token output at the last
+  true token): alpha of its first position.
+  """
+  if isinstance(draft, (drafts.ModelDraft, parallel_draft.ParallelDraft)):
     return models.Model(
       draft.config, kernels.plain_params(draft.params), draft.inputs_bidirectional_attention
     )
@@ -1242,6 +1267,7 @@ def _walltime_record(
   part = parts[temperature, settings.gamma]
   # [batches, batch_size]: what each batch's rows emit, the length of each batch's loop.
   lengths_by_batch = layouts.output_lengths(baseline.outputs, timed.eos_id).reshape(-1, batch_size)
+  alpha = _iid_alpha(timed.draft, alpha)
   fields = _timed_fields(baseline, speculative, part, alpha, lengths_by_batch)
   if alpha is not None and not settings.draft_threshold:  # Eq. 1 is for a fixed gamma.
     if batch_size == 1:  # Its own rows: at batch 1 this checks the cost terms alone.

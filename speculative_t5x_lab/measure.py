@@ -62,6 +62,7 @@ from speculative_t5x import kernels
 from speculative_t5x import layouts
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import parallel_draft
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
 from speculative_t5x_lab import xla_flags
@@ -535,7 +536,7 @@ def _draft_parts_seconds(call: _TimedCall, draft) -> Dict[str, Any]:
   """Seconds of the draft's parts, and whether its steps were timed cold.
 
   Its set-up (`_draft_encode`) and its steps from a cache halfway through the
-  decode: the rollout of all gamma tokens, a `ModelDraft`'s one-token
+  decode: the rollout of all gamma tokens (a `ParallelDraft`'s one call), a `ModelDraft`'s one-token
   catch-up, a `FeatureDraft`'s observe of the target's features of a
   [batch_size, gamma + 1] block (0.0 for drafts without the part).
   """
@@ -808,14 +809,15 @@ def machine(bandwidth: Optional[float] = None) -> Dict[str, Any]:
 def draft_weight_bytes(draft) -> Optional[int]:
   """Bytes of weights a draft network's step reads; None for drafts without one.
 
-  A model draft's decoder (`network.decoder_weight_bytes`); a feature head's
+  A model draft's decoder, read once per step, and a parallel draft's, read
+  once per call (`network.decoder_weight_bytes`); a feature head's
   own parameters and, with output 'target', the target's final norm and
   logits layer that it applies (`drafts.FeatureDraft`).
   """
   nbytes = lambda tree: sum(
     int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)
   )
-  if isinstance(draft, drafts.ModelDraft):
+  if isinstance(draft, (drafts.ModelDraft, parallel_draft.ParallelDraft)):
     return network.decoder_weight_bytes(draft.config)
   if not isinstance(draft, drafts.FeatureDraft):
     return None

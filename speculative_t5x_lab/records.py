@@ -41,6 +41,9 @@ def _optional(**kwargs):
 
 Summary = Dict[str, float]  # {'median', 'min', 'max'} over repetitions.
 
+# A costs record's draft kind for a parallel draft (one network call drafts the block).
+PARALLEL_DRAFT_KIND = 'parallel network'
+
 
 @dataclasses.dataclass(kw_only=True)
 class Record(Mapping[str, Any]):
@@ -103,8 +106,9 @@ class Costs(PairRecord):
     c: {temperature: {gamma: c}}.
     parts_ms: {temperature: {gamma: `IterationParts.as_ms()`}}.
     draft: what drafts (`benchmark.describe_draft`): {'kind': 'network',
-      'feature head' (with its width, layers, output and feature layers) or
-      the draft's class, 'parameters'}; None in records written before it.
+      `PARALLEL_DRAFT_KIND`, 'feature head' (with its width, layers, output
+      and feature layers) or the draft's class, 'parameters'}; None in
+      records written before it.
   """
 
   KIND: ClassVar[str] = 'costs'
@@ -157,7 +161,9 @@ class Walltime(PairRecord):
     gamma, lenience, verification, draft_threshold, profile, tree: the
       decode's `settings.SpeculativeSettings.as_dict()`.
     batch_size, num_examples: the timed batch size and examples.
-    alpha: the pair's measured (or emulated) alpha; None if not measured.
+    alpha: the pair's measured (or emulated) alpha; None if not measured, or
+      where Eq. 1's one rate does not hold (a parallel draft: its alpha record
+      is its first position's; acceptance by position describes its blocks).
     alpha_loop: mean beta inside the decode loop.
     c, verify_cost: the draft's step cost and v(gamma), from the measured parts.
     ms_per_token_baseline, ms_per_token_speculative, speedup: `Summary`s over

@@ -45,6 +45,7 @@ def markdown_report(records: Sequence[records_lib.Record]) -> str:
     lines += _batch_size_lines(walltime)
   lines += _memory_lines(walltime)
   lines += _drafting_lines(walltime)
+  lines += parallel_draft_lines(records)
   return '\n'.join(lines) + '\n'
 
 
@@ -129,14 +130,14 @@ def _memory_lines(walltime: Sequence[records_lib.Walltime]) -> List[str]:
     '',
     '## Memory and acceptance by position (batch 1)',
     '',
-    '| T | gamma | XLA temp MiB | XLA args MiB | acceptance by draft position |',
-    '|---|---|---|---|---|',
+    '| pair | T | gamma | XLA temp MiB | XLA args MiB | acceptance by draft position |',
+    '|---|---|---|---|---|---|',
   ]
   for r in walltime:
     if r.batch_size == 1:
       mem = r.memory
       lines.append(
-        f'| {r.temperature} | {r.gamma} '
+        f'| {r.pair} | {r.temperature} | {r.gamma} '
         f'| {_fmt(mem.get("temp_bytes", 0) / 2**20, 1)} '
         f'| {_fmt(mem.get("argument_bytes", 0) / 2**20, 1)} '
         f'| {" ".join(f"{a:.2f}" for a in r.acceptance_by_position)} |'
@@ -316,6 +317,71 @@ def _drafting_lines(walltime: Sequence[records_lib.Record]) -> List[str]:
       f'| {" ".join(str(n) for n in r.accepted_histogram)} |'
     )
   return lines
+
+
+def parallel_draft_lines(records: Sequence[records_lib.Record]) -> List[str]:
+  """Markdown: each parallel draft beside the chain drafts timed in its passes (batch 1).
+
+  Per temperature, every gamma's tokens per call, acceptance by position,
+  drafting cost per iteration (gamma c: a chain's gamma steps, a parallel
+  draft's one call), that cost in one-step costs of the first chain draft
+  (its c at the same T and gamma), v(gamma), ms/token, speedup and greedy
+  outputs identical to the baseline's; then each draft's best gamma and, at
+  each gamma, the parallel draft's tokens per call over the chain's. No
+  lines without a parallel draft (`records.PARALLEL_DRAFT_KIND` in a costs
+  record).
+  """
+  records = records_lib.typed(records)
+  kinds = {r.pair: (r.draft or {}).get('kind') for r in records if isinstance(r, records_lib.Costs)}
+  rows = [r for r in records if isinstance(r, records_lib.Walltime) and r.batch_size == 1]
+  parallel = {r.pair for r in rows if kinds.get(r.pair) == records_lib.PARALLEL_DRAFT_KIND}
+  if not parallel:
+    return []
+  lines = [
+    '',
+    '## Parallel draft beside the chain draft (batch 1)',
+    '',
+    'Drafting / iteration: what one iteration spends drafting, in target steps (gamma c: a '
+    "chain draft's gamma steps, a parallel draft's one call over 2 gamma tokens); in chain "
+    'steps: that over one step of the chain draft at the same T and gamma (its c). A parallel '
+    "draft's alpha is its first position's; acceptance by position is each draft position's "
+    "rate when judged (the loop's).",
+    '',
+    '| T | gamma | draft | tokens/call | acceptance by position | drafting / iteration '
+    '| in chain steps | v(gamma) | ms/token | speedup | identical |',
+    '|' + '---|' * 11,
+  ]
+  summary = []
+  for temperature in sorted({r.temperature for r in rows if r.pair in parallel}):
+    at_t = [r for r in rows if r.temperature == temperature]
+    chains = [p for p in dict.fromkeys(r.pair for r in at_t) if p not in parallel]
+    chain = {r.gamma: r for r in at_t if chains and r.pair == chains[0]}
+    for r in sorted(at_t, key=lambda r: (r.gamma, r.pair in parallel)):
+      in_chain_steps = r.gamma * r.c / chain[r.gamma].c if r.gamma in chain else None
+      lines.append(
+        f'| {r.temperature} | {r.gamma} | {r.pair} | {_fmt(r.tokens_per_call)} '
+        f'| {" ".join(f"{a:.2f}" for a in r.acceptance_by_position)} '
+        f'| {_fmt(r.gamma * r.c, 3)} | {_fmt(in_chain_steps)} | {_fmt(r.verify_cost)} '
+        f'| {_fmt(r.ms_per_token_speculative["median"])} | {_fmt(r.speedup["median"])}x '
+        f'| {_fmt(r.identical_outputs)} |'
+      )
+    for pair in dict.fromkeys(r.pair for r in at_t):
+      best = max((r for r in at_t if r.pair == pair), key=lambda r: r.speedup['median'])
+      summary.append(
+        f'- T = {temperature}, {pair}: best gamma {best.gamma}, {best.speedup["median"]:.2f}x '
+        f'({best.tokens_per_call:.2f} tokens/call).'
+      )
+    for pair in (p for p in dict.fromkeys(r.pair for r in at_t) if p in parallel and chain):
+      ratios = [
+        f'{r.gamma}: {r.tokens_per_call / chain[r.gamma].tokens_per_call:.2f}'
+        for r in at_t
+        if r.pair == pair and r.gamma in chain
+      ]
+      summary.append(
+        f"- T = {temperature}, {pair}: tokens per call over the chain's, by gamma: "
+        f'{", ".join(ratios)}.'
+      )
+  return lines + [''] + summary
 
 
 _BREAKDOWN_PARTS = (

@@ -288,6 +288,36 @@ def walltime_improvement(alpha, gamma, c, verify_cost=1.0) -> np.ndarray:
   return expected_tokens(alpha, gamma) / iteration_walltime(gamma, c, verify_cost)
 
 
+def expected_tokens_by_position(rates) -> np.ndarray:
+  """Eq. 1 without the i.i.d. assumption: 1 + Σ_k Π_{j<=k} a_j tokens per iteration.
+
+  Args:
+    rates: float [..., γ], a_j = P(draft position j accepted | positions
+      1..j-1 accepted): the benchmark's acceptance by position. A parallel
+      draft's fall with j; all equal to α gives Eq. 1.
+
+  Returns:
+    float64 [...].
+  """
+  return 1 + np.sum(np.cumprod(np.asarray(rates, np.float64), axis=-1), axis=-1)
+
+
+def walltime_improvement_by_position(rates, drafting_cost, verify_cost=1.0) -> np.ndarray:
+  """Theorem 3.8 with acceptance by position and the whole iteration's drafting cost.
+
+  Args:
+    rates: float [..., γ], acceptance by position (`expected_tokens_by_position`).
+    drafting_cost: walltime of one iteration's drafting / one target step:
+      γc for a chain draft, one call's cost for a parallel draft.
+    verify_cost: v(γ), as in `walltime_improvement`.
+
+  Returns:
+    float64 [...]: expected_tokens_by_position / (drafting_cost + v).
+  """
+  cost = np.asarray(drafting_cost, np.float64) + verify_cost
+  return expected_tokens_by_position(rates) / cost
+
+
 def iteration_walltime(gamma, c, verify_cost=1.0) -> np.ndarray:
   """Theorem 3.8's cost of one iteration, in target steps: γ draft steps and one target call.
 

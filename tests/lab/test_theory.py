@@ -73,6 +73,26 @@ def test_verify_cost_generalizes_theorem_3_8():
   )
 
 
+def test_acceptance_by_position_generalizes_eq_1_and_theorem_3_8():
+  alpha = np.linspace(0, 1, 11)[:, None]
+  for gamma in (1, 3, 12):
+    rates = np.broadcast_to(alpha, (11, gamma))
+    np.testing.assert_allclose(
+      theory.expected_tokens_by_position(rates), theory.expected_tokens(alpha[:, 0], gamma)
+    )
+    np.testing.assert_allclose(
+      theory.walltime_improvement_by_position(rates, gamma * 0.1, verify_cost=1.2),
+      theory.walltime_improvement(alpha[:, 0], gamma, 0.1, verify_cost=1.2),
+    )
+  # By hand: a rejection at position 1 ends the block whatever follows.
+  assert theory.expected_tokens_by_position([0.5, 1.0, 1.0]) == 1 + 0.5 + 0.5 + 0.5
+  assert theory.expected_tokens_by_position([0.0, 1.0]) == 1.0
+  # A parallel draft: falling rates, one call's cost (1 + 0.8 + 0.4) / (0.1 + 1).
+  np.testing.assert_allclose(
+    theory.walltime_improvement_by_position([0.8, 0.5], 0.1), 2.2 / 1.1, rtol=1e-12
+  )
+
+
 def test_optimal_gamma_maximizes_the_improvement():
   alpha = np.array([0.5, 0.7, 0.8, 0.9, 0.95])[:, None]
   c = np.array([0.01, 0.05, 0.2])[None, :]
