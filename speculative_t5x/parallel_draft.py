@@ -63,14 +63,15 @@ PyTree = Any
 Array = jax.Array
 
 
-def mean_token_embedding(config: Any, params: PyTree) -> Array:
+def mean_token_embedding(params: PyTree) -> Array:
   """float32 [emb]: the mean of the decoder's input token embeddings, a mask's starting point.
 
-  `params` is the network's plain tree (T5X's: `token_embedder/embedding`
-  of an encoder-decoder, `decoder/token_embedder/embedding` of a decoder-only
-  network).
+  `params` is the network's plain tree (T5X's): an encoder-decoder's shared
+  `token_embedder/embedding`, else a decoder-only network's
+  `decoder/token_embedder/embedding`. The tree says which, so a checkpoint's
+  parameters need no config (T5X's restore, `t5x_adapter.start_distillation`).
   """
-  tree = params['decoder'] if network.is_decoder_only(config) else params
+  tree = params if 'token_embedder' in params else params['decoder']
   return jnp.mean(jnp.asarray(tree['token_embedder']['embedding'], jnp.float32), axis=0)
 
 
@@ -215,7 +216,7 @@ class ParallelDraft(drafts.Draft):
     (the mean is taken over the plain tree).
     """
     if mask_embedding is None:
-      mask_embedding = mean_token_embedding(config, params)
+      mask_embedding = mean_token_embedding(params)
     mask_embedding = jnp.asarray(mask_embedding)
     if mask_embedding.shape != (config.emb_dim,):
       raise ValueError(

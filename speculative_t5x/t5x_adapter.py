@@ -27,7 +27,11 @@ head (`feature_head`, drafting from the target's own features) takes the
 draft's place: the model's `draft_module` is its `FeatureHeadConfig`, its
 parameters and logical axes live under `params['draft_head']`
 (`HEAD_KEY`), and `graft_head_checkpoint` restores them
-(configs/t5x/speculative_feature_head.gin).
+(configs/t5x/speculative_feature_head.gin). A parallel draft (PARD,
+`parallel_draft.ParallelDraft`: one network call over mask tokens per
+iteration) is a draft network wrapped in `ParallelDraftNetwork`, its
+parameters {'network': ..., 'mask_embedding': [emb]} under `params['draft']`
+(configs/t5x/speculative_parallel_draft.gin).
 
 Restoring. T5X restores one checkpoint. `graft_draft_checkpoint(path)` makes a
 `utils.RestoreCheckpointConfig.state_transformation_fns` entry that adds the
@@ -50,14 +54,17 @@ live in `t5x_models`, which imports t5x (gin files bind
 raises ImportError with installation instructions if t5x is missing.
 """
 
+import dataclasses
 import inspect
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
 from absl import logging
 import flax
+from flax.linen import partitioning as nn_partitioning
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
@@ -65,6 +72,7 @@ from speculative_t5x import drafts
 from speculative_t5x import feature_head
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import parallel_draft
 from speculative_t5x import settings as settings_lib
 
 PyTree = Any
@@ -77,6 +85,31 @@ RestoreStateTransformationFn = Callable[..., PyTree]
 # draft network's, or a feature head's (`feature_head`, `drafts.FeatureDraft`).
 DRAFT_KEY = 'draft'
 HEAD_KEY = 'draft_head'
+# A parallel draft's tree under DRAFT_KEY: `training.parallel_distill`'s checkpoint layout.
+NETWORK_KEY = 'network'
+MASK_KEY = 'mask_embedding'
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelDraftNetwork:
+  """A draft network that drafts in parallel (`parallel_draft.ParallelDraft`): a model's `draft_module`.
+
+  One network call per iteration over mask tokens proposes gamma tokens
+  (PARD). Its parameters live under params['draft'] as {'network': the
+  network's T5X tree, 'mask_embedding': float32 [emb]}, the layout of
+  `training.parallel_distill`'s checkpoints, with logical axes (the mask's
+  'embed'), so T5X's partitioner shards them by the target's rules
+  (configs/t5x/speculative_parallel_draft.gin binds it).
+
+  Attributes:
+    module: the draft network, a `network.Transformer` or `network.DecoderOnly`.
+  """
+
+  module: Any
+
+  @property
+  def config(self) -> Any:
+    return self.module.config
 
 
 # ------------------------------------------------------------------------------
@@ -152,10 +185,23 @@ def init_network_variables(
 
   A `network.Transformer` takes `encoder_input_tokens` and
   `decoder_input_tokens`, a `network.DecoderOnly` the decoder's alone; a
-  `feature_head.FeatureHeadConfig` needs no inputs.
+  `feature_head.FeatureHeadConfig` needs no inputs; a `ParallelDraftNetwork`
+  gets its network's variables under 'network' and the mask's beside them.
   """
   if isinstance(module, feature_head.FeatureHeadConfig):
     return flax.core.unfreeze(feature_head.init_variables(module, rng))
+  if isinstance(module, ParallelDraftNetwork):  # The mask starts as `Model.as_parallel_draft`'s.
+    variables = init_network_variables(module.module, rng, input_shapes)
+    return {
+      'params': {
+        NETWORK_KEY: variables['params'],
+        MASK_KEY: parallel_draft.mean_token_embedding(variables['params']),
+      },
+      'params_axes': {
+        NETWORK_KEY: variables['params_axes'],
+        f'{MASK_KEY}_axes': nn_partitioning.AxisMetadata(names=('embed',)),
+      },
+    }
   decoder_tokens = jnp.ones(input_shapes['decoder_input_tokens'], jnp.int32)
   if isinstance(module, network.DecoderOnly):
     tokens = (decoder_tokens, decoder_tokens)
@@ -212,6 +258,49 @@ def _describe_network(shapes: Mapping[Tuple[str, ...], Optional[Tuple[int, ...]]
   return description + (f" ({family} '{matching[0]}')" if len(matching) == 1 else '')
 
 
+def is_parallel_draft(params: Mapping[str, Any]) -> bool:
+  """Whether a draft's parameter tree is a parallel draft's ({'network', 'mask_embedding'})."""
+  return MASK_KEY in params
+
+
+def check_draft_kind(found_tree: Mapping[str, Any], *, parallel: bool, decoder_only: bool) -> None:
+  """Raises ValueError, naming the gin file to use, unless the draft's tree is of the model's kind.
+
+  A chain draft's tree is a network's; a parallel draft's (`is_parallel_draft`)
+  holds the network under 'network' and its mask vector.
+
+  Args:
+    found_tree: the draft's parameters (e.g. read from DRAFT_CHECKPOINT_PATH).
+    parallel: whether the model's draft is a parallel draft (`ParallelDraftNetwork`).
+    decoder_only: whether the pair is decoder-only (which gin files the advice names).
+  """
+  found_parallel = is_parallel_draft(found_tree)
+  if found_parallel == parallel:
+    return
+  parallel_file = (
+    f'configs/t5x/speculative{"_decoder_only" if decoder_only else ""}_parallel_draft.gin'
+  )
+  if found_parallel:
+    raise ValueError(
+      'The draft checkpoint (DRAFT_CHECKPOINT_PATH) holds a parallel draft (its network under '
+      f"'{NETWORK_KEY}' and a '{MASK_KEY}': training.parallel_distill's or "
+      "configs/t5x/distill_parallel_draft.gin's), but the model's draft is a chain draft network. "
+      f"Decode with it through {parallel_file} (after T5X's files, in place of the pair file)."
+    )
+  chain_file = (
+    'configs/t5x/speculative_decoder_only.gin'
+    if decoder_only
+    else 'a pair file such as configs/t5x/speculative_xxl_small.gin'
+  )
+  raise ValueError(
+    'The draft checkpoint (DRAFT_CHECKPOINT_PATH) holds a chain draft network (no '
+    f"'{MASK_KEY}'), but the model's draft is a parallel draft ({parallel_file}). Decode "
+    f'with it through {chain_file}, or adapt it to mask tokens first: '
+    't5x.train with configs/t5x/distill_parallel_draft.gin, or '
+    'speculative_t5x.training.parallel_distill.'
+  )
+
+
 def check_checkpoint_matches(
   found_tree: Mapping[str, Any], expected_tree: Mapping[str, Any], *, role: str
 ) -> None:
@@ -220,7 +309,10 @@ def check_checkpoint_matches(
   The advice follows the architecture of `expected_tree`: T5 1.1 sizes and
   `t5_1_1_config` for an encoder-decoder (configs/t5x/speculative.gin),
   decoder-only sizes and `decoder_only_config` for a decoder-only network
-  (configs/t5x/speculative_decoder_only.gin).
+  (configs/t5x/speculative_decoder_only.gin). A draft of the other kind (a
+  chain draft where a parallel one is configured, or the reverse) is named
+  as such (`check_draft_kind`); a parallel draft's network is checked as a
+  chain draft's.
 
   Args:
     found_tree: the parameters read from a checkpoint (arrays, tensorstore
@@ -230,6 +322,18 @@ def check_checkpoint_matches(
     role: 'target' (TARGET_SIZE, CHECKPOINT_PATH) or 'draft' (DRAFT_SIZE,
       DRAFT_CHECKPOINT_PATH).
   """
+  if role == 'draft' and (is_parallel_draft(found_tree) or is_parallel_draft(expected_tree)):
+    parallel = is_parallel_draft(expected_tree)
+    network_tree = expected_tree[NETWORK_KEY] if parallel else expected_tree
+    check_draft_kind(found_tree, parallel=parallel, decoder_only='encoder' not in network_tree)
+    check_checkpoint_matches(found_tree[NETWORK_KEY], expected_tree[NETWORK_KEY], role=role)
+    differences = checkpoints.compare_shapes(found_tree, expected_tree)  # The mask, extra keys.
+    if differences:
+      raise ValueError(
+        'The draft checkpoint (DRAFT_CHECKPOINT_PATH) does not match the configured parallel '
+        f'draft: {differences.summary("the parallel draft")}.'
+      )
+    return
   differences = checkpoints.compare_shapes(found_tree, expected_tree)
   if not differences:
     return
@@ -342,7 +446,11 @@ def graft_draft_checkpoint(
   orbax checkpoints and Hugging Face directories) and grafts its parameters
   under `target/draft` (`graft_draft_params`); from a checkpoint that holds
   a draft under `draft` itself (one written by T5X's train.py with
-  configs/t5x/distill.gin), that draft. Both checkpoints are first
+  configs/t5x/distill.gin), that draft (`read_draft_checkpoint`). A parallel
+  draft (`ParallelDraftNetwork`, configs/t5x/speculative_parallel_draft.gin)
+  is read the same way, from `training.parallel_distill`'s model directory
+  or a T5X checkpoint holding one; a draft of the other kind than the
+  model's is refused, naming the gin file for it (`check_draft_kind`). Both checkpoints are first
   checked against the configured networks, so that a size mismatch names
   TARGET_SIZE or DRAFT_SIZE (`check_checkpoint_matches`) rather than
   surfacing as T5X's key-mismatch error. When T5X resumes from a
@@ -372,15 +480,42 @@ def graft_draft_checkpoint(
       strip_draft_params(target_state_dict.get('target', {})),
       role='target',
     )
-    logging.info(
-      'Grafting the draft checkpoint %s under target/%s.', draft_checkpoint_path, DRAFT_KEY
-    )
-    draft_params = checkpoints.load_params(draft_checkpoint_path, dtype=dtype)
-    # A checkpoint of a speculative or draft-training model holds both networks: its draft.
-    draft_params = draft_params.get(DRAFT_KEY, draft_params)
+    draft_params = read_draft_checkpoint(draft_checkpoint_path, dtype)
     return graft_draft_params(state_dict, draft_params, target_state_dict)
 
   return graft
+
+
+def read_draft_checkpoint(draft_checkpoint_path: str, dtype: Optional[str] = None) -> PyTree:
+  """The draft's parameters (host arrays) from its checkpoint (`checkpoints.load_params`).
+
+  From a checkpoint that holds both networks (a speculative or draft-training
+  model's, written by T5X), its draft under 'draft'.
+  """
+  logging.info(
+    'Grafting the draft checkpoint %s under target/%s.', draft_checkpoint_path, DRAFT_KEY
+  )
+  draft_params = checkpoints.load_params(draft_checkpoint_path, dtype=dtype)
+  return draft_params.get(DRAFT_KEY, draft_params)
+
+
+def start_parallel_draft(draft_params: PyTree, expected_tree: Mapping[str, Any]) -> PyTree:
+  """A chain draft's parameters made the parallel draft `expected_tree` is; others as they are.
+
+  The network is checked against the configured draft network, and the mask
+  starts at the mean of its token embeddings, as `Model.as_parallel_draft`
+  starts it: where draft training (configs/t5x/distill_parallel_draft.gin)
+  adapts a chain draft to mask tokens.
+
+  Args:
+    draft_params: a draft's parameters of host arrays (a chain or parallel draft's).
+    expected_tree: the configured draft's parameters (leaves with `.shape`).
+  """
+  if not is_parallel_draft(expected_tree) or is_parallel_draft(draft_params):
+    return draft_params
+  check_checkpoint_matches(draft_params, expected_tree[NETWORK_KEY], role='draft')
+  mask = np.asarray(parallel_draft.mean_token_embedding(draft_params))
+  return {NETWORK_KEY: draft_params, MASK_KEY: mask}
 
 
 def graft_head_checkpoint(
@@ -457,9 +592,11 @@ def start_distillation(
       `draft_checkpoint_path` is given (`graft_draft_checkpoint`: checked
       against the configured draft network, whose vocabulary must be the
       target's; for a feature head, `graft_head_checkpoint` under
-      `target/draft_head`); without one, a draft already in the checkpoint (one written by
-      a draft-training run) is kept, and otherwise the draft starts from
-      scratch.
+      `target/draft_head`; for a parallel draft, configs/t5x/distill_parallel_draft.gin,
+      a parallel draft's checkpoint continues, a chain draft's starts it with
+      the mask at its mean token embedding, `start_parallel_draft`); without
+      one, a draft already in the checkpoint (one written by a draft-training
+      run, checked) is kept, and otherwise the draft starts from scratch.
   What the transformed state lacks (the step, the draft's optimizer state, a
   draft from scratch) T5X fills in from a fresh initialization:
   `RestoreCheckpointConfig.fallback_to_scratch = True`, which the
@@ -492,22 +629,37 @@ def start_distillation(
         '(configs/t5x/distill_decoder_only.gin); a gin file given after it (one including '
         "T5X's base.gin) rebinds MODEL: give the distillation file last."
       )
-    # A feature head (configs/t5x/distill_feature_head.gin) or a draft network.
-    graft_fn = graft_head_checkpoint if keys[0] == HEAD_KEY else graft_draft_checkpoint
-    graft = graft_fn(draft_checkpoint_path, dtype) if draft_checkpoint_path else None
     check_checkpoint_matches(
       strip_draft_params(state_dict['target']),
       strip_draft_params(target_state_dict['target']),
       role='target',
     )
     params_only = {'target': state_dict['target']}
-    if graft is None:
+    key = keys[0]
+    if draft_checkpoint_path is None:
+      in_checkpoint = state_dict['target'].get(key)
+      if in_checkpoint is not None and key == DRAFT_KEY:
+        expected = target_state_dict['target'][DRAFT_KEY]
+        if is_parallel_draft(expected) and not is_parallel_draft(in_checkpoint):
+          raise ValueError(
+            'The initial checkpoint (INITIAL_CHECKPOINT_PATH) holds a chain draft under '
+            "params['draft'], but a parallel draft is trained: set DRAFT_CHECKPOINT_PATH to "
+            'that checkpoint too, and the parallel draft starts from its draft (the mask '
+            'embedding from the mean of its token embeddings).'
+          )
+        check_checkpoint_matches(in_checkpoint, expected, role='draft')
       logging.info(
         'Draft training: the target from its checkpoint, the draft %s.',
-        'from that checkpoint' if keys[0] in state_dict['target'] else 'from scratch',
+        'from that checkpoint' if in_checkpoint is not None else 'from scratch',
       )
       return params_only
-    return graft(params_only, target_state_dict)
+    # A feature head (configs/t5x/distill_feature_head.gin) or a draft network.
+    if key == HEAD_KEY:
+      return graft_head_checkpoint(draft_checkpoint_path, dtype)(params_only, target_state_dict)
+    draft_params = start_parallel_draft(
+      read_draft_checkpoint(draft_checkpoint_path, dtype), target_state_dict['target'][DRAFT_KEY]
+    )
+    return graft_draft_params(params_only, draft_params, target_state_dict)
 
   return transform
 
@@ -523,12 +675,15 @@ def check_networks(
   `network_class`: `network.Transformer` (T5X's T5 1.1 encoder-decoder) or
   `network.DecoderOnly` (T5X's decoder-only network). `draft_module` may
   instead be a `feature_head.FeatureHeadConfig`, a feature head built for
-  this target (`feature_head.check_target`).
+  this target (`feature_head.check_target`), or a `ParallelDraftNetwork`
+  of such a network.
   """
   if isinstance(draft_module, feature_head.FeatureHeadConfig):
     check_networks(module, module, network_class)
     feature_head.check_target(draft_module, module.config)
     return
+  if isinstance(draft_module, ParallelDraftNetwork):
+    draft_module = draft_module.module
   for name, value in (('module', module), ('draft_module', draft_module)):
     if not isinstance(value, network_class):
       raise ValueError(
@@ -736,7 +891,9 @@ def make_draft(
 ) -> Tuple[Dict[str, Any], drafts.Draft]:
   """(the target's parameters, the draft) from a speculative model's parameter tree.
 
-  A draft network (`drafts.ModelDraft` of `params['draft']`), or, for a
+  A draft network (`drafts.ModelDraft` of `params['draft']`); for a
+  `ParallelDraftNetwork`, the `parallel_draft.ParallelDraft` of
+  `params['draft']`'s network and mask; for a
   `feature_head.FeatureHeadConfig`, the feature head of
   `params['draft_head']` reading the target (`drafts.FeatureDraft`).
   """
@@ -744,6 +901,17 @@ def make_draft(
   if isinstance(draft_module, feature_head.FeatureHeadConfig):
     return target_params, drafts.FeatureDraft(
       draft_params, target_params, draft_module, module.config
+    )
+  parallel = isinstance(draft_module, ParallelDraftNetwork)
+  check_draft_kind(
+    draft_params, parallel=parallel, decoder_only=network.is_decoder_only(module.config)
+  )
+  if parallel:
+    return target_params, parallel_draft.ParallelDraft.of(
+      draft_module.config,
+      draft_params[NETWORK_KEY],
+      draft_params[MASK_KEY],
+      inputs_bidirectional_attention=inputs_bidirectional_attention,
     )
   draft = drafts.ModelDraft(
     params=draft_params,

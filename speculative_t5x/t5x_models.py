@@ -11,13 +11,16 @@ without t5x. See
 `DraftDistillationEncoderDecoderModel` and `DraftDistillationDecoderOnlyModel`
 are the same models trained by T5X's `train.py`: the draft learns to match
 the frozen target's distributions (`training.losses`, the loss of
-`training.distill`), and only the draft's parameters change
-(configs/t5x/distill.gin).
+`training.distill`; a feature head's `training.train_feature_head`'s, a
+parallel draft's `training.parallel_distill`'s), and only the draft's
+parameters change (configs/t5x/distill*.gin).
 """
 
 import inspect
-from typing import Any, Mapping, MutableMapping, Optional, Tuple, Union
+import json
+from typing import Any, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
+from etils import epath
 import flax
 import jax
 import jax.numpy as jnp
@@ -26,10 +29,12 @@ from speculative_t5x import decoding
 from speculative_t5x import feature_head
 from speculative_t5x import layouts
 from speculative_t5x import network
+from speculative_t5x import run_settings
 from speculative_t5x import sampling
 from speculative_t5x import settings as settings_lib
 from speculative_t5x import t5x_adapter
 from speculative_t5x.training import losses
+from speculative_t5x.training import parallel_distill
 from speculative_t5x.training import train_feature_head
 
 T5X_MISSING = (
@@ -43,6 +48,7 @@ T5X_MISSING = (
 
 
 try:
+  from t5x import checkpoints as t5x_checkpoints
   from t5x import losses as t5x_losses
   from t5x import metrics as t5x_metrics
   from t5x import models as t5x_models
@@ -123,10 +129,15 @@ class _SpeculativeMixin:
 
 _SETTINGS_DOC = """
     Attributes:
-      draft_module: the draft network, or a `feature_head.FeatureHeadConfig`
-        built for the target: a feature head drafting from the target's own
-        features (`drafts.FeatureDraft`; its parameters under
-        `params['draft_head']`, configs/t5x/speculative_feature_head.gin).
+      draft_module: the draft network; a `t5x_adapter.ParallelDraftNetwork`
+        of one: a parallel draft, gamma tokens from one call over mask tokens
+        (`parallel_draft.ParallelDraft`; its parameters {'network',
+        'mask_embedding'} under `params['draft']`,
+        configs/t5x/speculative_parallel_draft.gin); or a
+        `feature_head.FeatureHeadConfig` built for the target: a feature head
+        drafting from the target's own features (`drafts.FeatureDraft`; its
+        parameters under `params['draft_head']`,
+        configs/t5x/speculative_feature_head.gin).
       settings: the `settings.SpeculativeSettings` built from the keyword-only
         `gamma` (static: it sizes the caches; 'auto': by batch size from the
         profile at `speculation_profile`, gin SPECULATION_PROFILE),
@@ -161,7 +172,9 @@ class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecode
     loss_normalizing_factor=None,
     default_decoder_params=None,
     *,
-    draft_module: Union[network.Transformer, feature_head.FeatureHeadConfig],
+    draft_module: Union[
+      network.Transformer, t5x_adapter.ParallelDraftNetwork, feature_head.FeatureHeadConfig
+    ],
     gamma: Union[int, str, None],
     lenience: float = settings_lib.DEFAULTS.lenience,
     verification: str = settings_lib.DEFAULTS.verification,
@@ -253,7 +266,9 @@ class SpeculativeDecoderOnlyModel(_SpeculativeMixin, t5x_models.DecoderOnlyModel
     z_loss: float = 0.0,
     loss_normalizing_factor=None,
     *,
-    draft_module: Union[network.DecoderOnly, feature_head.FeatureHeadConfig],
+    draft_module: Union[
+      network.DecoderOnly, t5x_adapter.ParallelDraftNetwork, feature_head.FeatureHeadConfig
+    ],
     gamma: Union[int, str, None],
     lenience: float = settings_lib.DEFAULTS.lenience,
     verification: str = settings_lib.DEFAULTS.verification,
@@ -420,6 +435,11 @@ class _DistillationMixin:
     unroll_steps: int,
     decay: float,
     feature_weight: float,
+    depth: int,
+    keep: float,
+    depth_weights: Optional[Sequence[float]],
+    acceptance_weighting: bool,
+    model_dir: Optional[str],
   ) -> None:
     """Checks the loss settings, keeps them, and restricts the optimizer to the draft."""
     sampling.validate_sampling_args(temperature, topk, topp)
@@ -430,7 +450,30 @@ class _DistillationMixin:
       )
     mode = dict(temperature=float(temperature), topk=int(topk), topp=float(topp))
     self._head_loss = None
-    if isinstance(self.draft_module, feature_head.FeatureHeadConfig):
+    self._parallel_loss = None
+    if isinstance(self.draft_module, t5x_adapter.ParallelDraftNetwork):
+      if getattr(self, '_inputs_bidirectional_attention', False):
+        raise ValueError(
+          "A parallel draft's mask tokens attend causally (training.parallel_distill's layout): "
+          'train it for causal decoder-only targets (and encoder-decoder ones); this target is '
+          'a prefix LM (inputs_bidirectional_attention=True).'
+        )
+      self._parallel_loss = parallel_distill.loss_config(
+        self.module.config,
+        self.draft_module.config,
+        depth=depth,
+        keep=keep,
+        depth_weights=depth_weights,
+        acceptance_weighting=acceptance_weighting,
+        divergence=divergence,
+        beta=jsd_beta,
+        **mode,
+      )
+      if model_dir is not None:
+        _check_or_record_settings(
+          model_dir, parallel_distill.recorded_settings(self._parallel_loss)
+        )
+    elif isinstance(self.draft_module, feature_head.FeatureHeadConfig):
       if divergence != 'tvd':
         raise ValueError(
           f"divergence={divergence!r} is for draft networks; a feature head's loss is "
@@ -483,6 +526,8 @@ class _DistillationMixin:
     """
     if self._head_loss is not None:
       return self._head_loss_fn(params, batch)
+    if self._parallel_loss is not None:
+      return self._parallel_loss_fn(params, batch, dropout_rng)
     target_params, draft_params = t5x_adapter.split_draft_params(params)
     target_logits = self._compute_logits(jax.lax.stop_gradient(target_params), batch)
     draft_logits = self._draft_model._compute_logits(draft_params, batch, dropout_rng)  # pylint: disable=protected-access
@@ -528,6 +573,66 @@ class _DistillationMixin:
     }
     return loss, metrics
 
+  def _parallel_loss_fn(self, params, batch: Mapping[str, Array], dropout_rng: Optional[Array]):
+    """`loss_fn` of a parallel draft: `parallel_distill.layout_sums` on unpacked batches.
+
+    The masks' layout is drawn from T5X's step key (`dropout_rng`: the
+    step's, so a resumed run lays out each step as an uninterrupted one;
+    evaluation, which passes None, a fixed key).
+    """
+    if 'decoder_segment_ids' in batch:
+      raise ValueError(
+        "A parallel draft trains on unpacked batches (its layout puts each row's masks after "
+        'the whole row): set --gin.train/utils.DatasetConfig.pack=False and '
+        '--gin.train_eval/utils.DatasetConfig.pack=False.'
+      )
+    target_params, draft_params = t5x_adapter.split_draft_params(params)
+    teacher = jax.lax.stop_gradient(self._compute_logits(target_params, batch))
+    key = jax.random.PRNGKey(0) if dropout_rng is None else dropout_rng
+    sums = parallel_distill.layout_sums(self._parallel_loss, draft_params, teacher, batch, key)
+    loss_normalizing_factor, _ = t5x_losses.get_loss_normalizing_factor_and_weights(
+      self._loss_normalizing_factor, batch
+    )
+    loss = (
+      sums['loss'] if loss_normalizing_factor is None else sums['loss'] / loss_normalizing_factor
+    )
+    metrics = {
+      'loss': t5x_metrics.AveragePerStep(total=loss),
+      'loss_per_weight': clu_metrics.Average(total=sums['loss'], count=sums['weight']),
+      'beta': clu_metrics.Average(total=sums['beta_depth1'], count=sums['tokens_depth1']),
+    }
+    for k in range(1, self._parallel_loss.depth + 1):
+      metrics[f'beta_depth{k}'] = clu_metrics.Average(
+        total=sums[f'beta_depth{k}'], count=sums[f'tokens_depth{k}']
+      )
+    return loss, metrics
+
+
+def _check_or_record_settings(model_dir: str, settings: Mapping[str, Any]) -> None:
+  """Records a parallel draft's training settings in `model_dir`, or checks them where T5X resumes.
+
+  T5X's train.py resumes from `model_dir`'s latest checkpoint if it has one:
+  then the settings recorded there (`run_settings.PARALLEL_DRAFT_SETTINGS_FILE`,
+  as `training.parallel_distill` records them) must be these, or a ValueError
+  names each difference; otherwise they are recorded (by process 0).
+  """
+  path = epath.Path(model_dir) / run_settings.PARALLEL_DRAFT_SETTINGS_FILE
+  if t5x_checkpoints.latest_step(model_dir) is None:
+    if jax.process_index() == 0:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(json.dumps(settings, indent=1))
+    return
+  if not path.exists():  # A run of an earlier version: not checked.
+    return
+  differing = run_settings.differences(json.loads(path.read_text()), settings)
+  if differing:
+    raise ValueError(
+      f'{model_dir} holds a parallel-draft distillation with other settings ({path}): '
+      f'{run_settings.describe(differing)}. T5X resumes it from its latest checkpoint, so it must '
+      'continue as it started: pass the recorded values (--gin.DEPTH, --gin.KEEP, ...), or '
+      'start in a new MODEL_DIR.'
+    )
+
 
 _DISTILLATION_DOC = """
     Training (T5X's train.py, configs/t5x/distill*.gin): `loss_fn` is the
@@ -544,6 +649,16 @@ _DISTILLATION_DOC = """
     unrolled on its own outputs: training-time test), one implementation
     with `train_feature_head`, on unpacked batches:
       unroll_steps, decay, feature_weight: `train_feature_head.HeadLossConfig`'s.
+    With a `t5x_adapter.ParallelDraftNetwork` as `draft_module`
+    (configs/t5x/distill_parallel_draft.gin) the loss is
+    `training.parallel_distill.layout_sums`' (the draft network and its mask
+    vector held to the target at depths 1..depth over a conditional
+    drop-token layout of the batch; `divergence`, `jsd_beta` and the
+    decoding mode as above), one implementation with `parallel_distill`, on
+    unpacked batches (encoder-decoder and causal decoder-only targets):
+      depth, keep, depth_weights, acceptance_weighting: `parallel_distill`'s.
+      model_dir: T5X's MODEL_DIR, where these settings (and the draft
+        network's) are recorded, and checked when T5X resumes from it.
     The optimizer (`optimizer_def`, e.g. T5X's Adafactor) is wrapped in
     `DraftOnlyOptimizer`: only `params['draft']` (a head's
     `params['draft_head']`) trains.
@@ -558,6 +673,11 @@ _LOSS_DEFAULTS = dict(
   unroll_steps=3,
   decay=0.8,
   feature_weight=0.0,
+  depth=4,
+  keep=0.5,
+  depth_weights=None,
+  acceptance_weighting=False,
+  model_dir=None,
 )
 
 
@@ -575,8 +695,8 @@ class DraftDistillationEncoderDecoderModel(_DistillationMixin, SpeculativeEncode
   def __init__(self, *args, **kwargs):
     loss = {name: kwargs.pop(name, default) for name, default in _LOSS_DEFAULTS.items()}
     super().__init__(*args, **kwargs)
-    draft_model = None
-    if not isinstance(self.draft_module, feature_head.FeatureHeadConfig):
+    draft_model = None  # A feature head or a parallel draft computes its own loss.
+    if isinstance(self.draft_module, network.Transformer):
       draft_model = t5x_models.EncoderDecoderModel(
         module=self.draft_module,
         input_vocabulary=self.input_vocabulary,
@@ -600,8 +720,8 @@ class DraftDistillationDecoderOnlyModel(_DistillationMixin, SpeculativeDecoderOn
   def __init__(self, *args, **kwargs):
     loss = {name: kwargs.pop(name, default) for name, default in _LOSS_DEFAULTS.items()}
     super().__init__(*args, **kwargs)
-    draft_model = None
-    if not isinstance(self.draft_module, feature_head.FeatureHeadConfig):
+    draft_model = None  # A feature head or a parallel draft computes its own loss.
+    if isinstance(self.draft_module, network.DecoderOnly):
       draft_model = t5x_models.DecoderOnlyModel(
         module=self.draft_module,
         vocabulary=self.output_vocabulary,

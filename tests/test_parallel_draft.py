@@ -443,4 +443,4 @@ def test_the_mean_embedding_is_a_mask_token_of_the_network():
     for t in ([0, 7, 9], [0, 11, 3])
   )
   np.testing.assert_array_equal(one, two)
-  assert parallel_draft.mean_token_embedding(draft.config, draft.params).shape == (32,)
+  assert parallel_draft.mean_token_embedding(draft.params).shape == (32,)

@@ -776,36 +776,43 @@ def _with_head(head_params=HEAD_PARAMS):
   return {**TARGET.params, t5x_adapter.HEAD_KEY: head_params}
 
 
-@functools.partial(jax.jit, static_argnames='temperature')
-def _predict_with_head(params, temperature=0.0):
-  return t5x_adapter.speculative_predict_batch(
-    MODULE,
-    HEAD_CONFIG,
-    params,
-    BATCH,
-    eos_id=EOS,
-    settings=settings.SpeculativeSettings(gamma=GAMMA),
-    rng=jax.random.PRNGKey(4),
-    decoder_params={'temperature': temperature, 'topk': 0},
-  )
+def jitted_predict(draft_module):
+  """`speculative_predict_batch` of BATCH with `draft_module`, jitted: `(params, temperature) -> (decodes, aux)`.
 
-
-def test_feature_head_predictions_equal_generate_with_the_head():
-  """T5X's predict path drafts with the head of params['draft_head']: `generate`'s decodes.
-
-  Greedy: the baseline's tokens. Sampled (the same key): `generate`'s tokens
-  and acceptance with that head, and other acceptance with other weights.
+  Sampling (temperature > 0) uses the key PRNGKey(4) and topk 0.
   """
-  head = drafts.FeatureDraft.for_target(TARGET, HEAD_PARAMS, HEAD_CONFIG)
-  decodes, aux = _predict_with_head(_with_head())
+
+  @functools.partial(jax.jit, static_argnames='temperature')
+  def predict(params, temperature=0.0):
+    return t5x_adapter.speculative_predict_batch(
+      MODULE,
+      draft_module,
+      params,
+      BATCH,
+      eos_id=EOS,
+      settings=settings.SpeculativeSettings(gamma=GAMMA),
+      rng=jax.random.PRNGKey(4),
+      decoder_params={'temperature': temperature, 'topk': 0},
+    )
+
+  return predict
+
+
+def assert_predictions_are_generates(predict, params, draft):
+  """`predict`'s greedy decodes of `params` are the baseline's; sampled, `generate`'s with `draft`.
+
+  The sampled ones (temperature 1, `predict`'s key) equal `generate`'s
+  tokens and statistics with that draft and key. Returns them: (decodes, aux).
+  """
+  decodes, aux = predict(params)
   baseline = models.generate(TARGET, None, INPUTS, max_decode_len=MAX_DECODE_LEN)
   np.testing.assert_array_equal(decodes, baseline.tokens)
   assert np.all(aux['drafted'] == GAMMA * aux['iterations'])
 
-  decodes, aux = _predict_with_head(_with_head(), temperature=1.0)
+  decodes, aux = predict(params, temperature=1.0)
   out = models.generate(
     TARGET,
-    head,
+    draft,
     INPUTS,
     max_decode_len=MAX_DECODE_LEN,
     gamma=GAMMA,
@@ -815,6 +822,20 @@ def test_feature_head_predictions_equal_generate_with_the_head():
   np.testing.assert_array_equal(decodes, out.tokens)
   for name in ('iterations', 'accepted', 'emitted', 'drafted'):
     np.testing.assert_array_equal(aux[name], getattr(out.stats, name), err_msg=name)
+  return decodes, aux
+
+
+_predict_with_head = jitted_predict(HEAD_CONFIG)
+
+
+def test_feature_head_predictions_equal_generate_with_the_head():
+  """T5X's predict path drafts with the head of params['draft_head']: `generate`'s decodes.
+
+  Greedy: the baseline's tokens. Sampled (the same key): `generate`'s tokens
+  and acceptance with that head, and other acceptance with other weights.
+  """
+  head = drafts.FeatureDraft.for_target(TARGET, HEAD_PARAMS, HEAD_CONFIG)
+  _, aux = assert_predictions_are_generates(_predict_with_head, _with_head(), head)
   assert aux['accepted'].sum() > 0
   _, other_aux = _predict_with_head(
     _with_head(feature_head.init_params(HEAD_CONFIG, seed=6)), temperature=1.0

@@ -76,18 +76,18 @@ def t5x_doc_blocks():
 def t5x_doc_command(index):
   """The argv of docs/t5x.md's `index`-th inference command.
 
-  0: encoder-decoder, 1: decoder-only, 2: with a feature head. The
-  draft-training section's `t5x.infer` (the target writing its outputs) is
-  test_t5x_distill's.
+  0: encoder-decoder, 1: decoder-only, 2: with a feature head, 3: with a
+  parallel draft. The draft-training section's `t5x.infer` (the target
+  writing its outputs) is test_t5x_distill's.
   """
-  sections = ('Encoder-decoder pairs', 'Decoder-only pairs', 'Feature heads')
+  sections = ('Encoder-decoder pairs', 'Decoder-only pairs', 'Feature heads', 'Parallel drafts')
   blocks = [
     block
     for section in sections
     for block in fenced_blocks(os.path.join('docs', 't5x.md'), section)
   ]
   commands = [block for block in blocks if block.startswith('python -m t5x.infer')]
-  assert len(commands) == 3, 'docs/t5x.md should hold three t5x.infer commands for inference'
+  assert len(commands) == 4, 'docs/t5x.md should hold four t5x.infer commands for inference'
   return shlex.split(commands[index].replace('\\\n', ' '))
 
 
@@ -612,3 +612,74 @@ def test_feature_head_command_sharded_over_8_devices(encoder_decoder):
   # The same rules as the target's: a logical axis maps to one mesh axis in both.
   target = {n: v for n, v in info.items() if n != 'step' and not n.startswith('draft_head/')}
   assert head['layers_0/mlp/wi_0/kernel'][1] == target['decoder/layers_0/mlp/wi_0/kernel'][1]
+
+
+# ------------------------------------------------------------------------------
+# The parallel-draft command: configs/t5x/speculative_parallel_draft.gin.
+# ------------------------------------------------------------------------------
+@pytest.mark.t5x
+@pytest.mark.slow
+def test_parallel_draft_command_reads_a_parallel_distill_model_directory(encoder_decoder):
+  """docs/t5x.md's parallel-draft command on `training.parallel_distill`'s model directory.
+
+  `parallel_distill` adapts the draft checkpoint for 2 steps (on the phrase
+  task's examples as ground truth); the command, its DRAFT_CHECKPOINT_PATH
+  that directory, gives stock T5X's greedy outputs with the statistics of
+  drafts of GAMMA = 4 tokens.
+  """
+  from speculative_t5x import checkpoints  # pylint: disable=g-import-not-at-top
+  from speculative_t5x import models  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.data import tasks  # pylint: disable=g-import-not-at-top
+  from speculative_t5x.training import parallel_distill  # pylint: disable=g-import-not-at-top
+
+  work_dir = encoder_decoder.work_dir
+  task = tasks.register_tsv_task(
+    'st5x_parallel_phrases',
+    {'train': os.path.join(work_dir, 'data', 'test.tsv')},
+    encoder_decoder.vocabulary,
+    extra_ids=100,
+    prefix=WMT_PREFIX,
+  )
+  target, draft = (
+    models.Model(TINY, checkpoints.load_params(encoder_decoder.checkpoints[role]))
+    for role in ('target', 'draft')
+  )
+  draft_dir = os.path.join(work_dir, 'parallel_draft')
+  result = parallel_distill.parallel_distill(
+    draft_dir,
+    target,
+    draft,
+    task,
+    feature_lengths={'inputs': 32, 'targets': 16},
+    batch_size=4,
+    num_steps=2,
+    data_mix={'ground_truth': 1.0},
+    checkpoint_every=2,
+    progress=False,
+  )
+  assert result.step == 2
+  assert not np.allclose(result.draft.mask_embedding, draft.as_parallel_draft().mask_embedding)
+
+  def argv(output_dir):
+    return substituted(
+      t5x_doc_command(3),
+      {
+        '--gin_search_paths': REPO_ROOT,
+        '--gin.DRAFT_SIZE': "'tiny'",
+        '--gin.CHECKPOINT_PATH': repr(encoder_decoder.checkpoints['target']),
+        '--gin.DRAFT_CHECKPOINT_PATH': repr(draft_dir),
+        '--gin.INFER_OUTPUT_DIR': repr(os.fspath(output_dir)),
+        '--gin.seqio.SentencePieceVocabulary.sentencepiece_model_file': repr(
+          encoder_decoder.vocabulary
+        ),
+      },
+      [
+        "--gin.TARGET_SIZE='tiny'",
+        *encoder_decoder._task_bindings(),  # pylint: disable=protected-access
+        "--gin.speculative_network.t5_1_1_config.dtype='float32'",
+      ],
+    )
+
+  run = encoder_decoder.run('parallel_draft', argv)
+  assert run.predictions == encoder_decoder.stock().predictions
+  check_aux(run.records, 4, TARGETS_LENGTH)

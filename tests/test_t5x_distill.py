@@ -19,7 +19,10 @@ task. Also slow: the decoder-only command; `t5x.train` and
 `training.distill` on the same data reaching the same held-out alpha, and
 the T5X-trained draft's alpha by `acceptance` equal to the beta T5X
 reported; a feature head trained by `t5x.train` (distill_feature_head.gin)
-and decoded by `t5x.infer` (speculative_feature_head.gin).
+and decoded by `t5x.infer` (speculative_feature_head.gin); a parallel draft
+adapted by `t5x.train` (distill_parallel_draft.gin) from the chain draft,
+refused to resume with other settings, and decoded by `t5x.infer`
+(speculative_parallel_draft.gin).
 """
 
 import dataclasses
@@ -1341,3 +1344,91 @@ def test_t5x_trains_a_feature_head_that_t5x_infer_decodes_with(target_outputs_da
     'of',
     sum(r['aux']['drafted'] for r in ours.records),
   )
+
+
+PARALLEL_STEPS = 10
+
+
+@pytest.mark.t5x
+@pytest.mark.slow
+def test_t5x_adapts_a_parallel_draft_that_t5x_infer_decodes_with(target_outputs_data, tmp_path):
+  """docs/t5x.md's parallel-draft `t5x.train` command, then `t5x.infer` with its checkpoint.
+
+  On `TargetOutputsData` (8 host CPU devices, (2, 4) mesh, 10 steps of 16):
+  the chain draft's checkpoint starts the parallel draft (its mask the mean
+  token embedding, then trained), the target stays bit for bit, T5X's
+  optimizer state covers the draft network and its mask alone, per-depth
+  betas are summarized; the same command resuming from the model directory
+  with another DEPTH is refused naming it; speculative_parallel_draft.gin
+  decodes with the trained checkpoint (both paths): stock T5X's greedy
+  outputs.
+  """
+  import test_t5x_commands as commands  # pylint: disable=g-import-not-at-top
+
+  from speculative_t5x import run_settings  # pylint: disable=g-import-not-at-top
+
+  data = target_outputs_data
+  model_dir = os.fspath(tmp_path / 'parallel')
+  values = {
+    '--gin.DRAFT_SIZE': "'tiny'",
+    '--gin.INITIAL_CHECKPOINT_PATH': repr(data.checkpoints['target']),
+    '--gin.DRAFT_CHECKPOINT_PATH': repr(data.checkpoints['draft']),
+    '--gin.MIXTURE_OR_TASK_NAME': repr(PARITY_TASK),
+    '--gin.MIXTURE_OR_TASK_MODULE': "'st5x_parity_task'",
+    '--gin.TASK_FEATURE_LENGTHS': repr(PARITY_LENGTHS),
+    '--gin.TRAIN_STEPS': str(PARALLEL_STEPS),
+    '--gin.MODEL_DIR': repr(model_dir),
+  }
+  argv = readme_train_argv(values, 'distill_parallel_draft.gin') + [
+    *tiny_train_flags(data.vocabulary),
+    f'--gin.BATCH_SIZE={PARITY_BATCH}',
+    f'--gin.EVAL_PERIOD={PARALLEL_STEPS}',
+    '--gin.EVAL_STEPS=1',
+    f'--gin.utils.SaveCheckpointConfig.period={PARALLEL_STEPS}',
+  ]
+  run_t5x_train(argv, data.work_dir)
+  train = _scalars(os.path.join(model_dir, 'train'))
+  assert {f'beta_depth{k}' for k in range(1, 5)} <= set(train), sorted(train)
+  draft = data.trained_draft(model_dir)  # The target bit for bit.
+  assert _bits(draft['network']) != _bits(data.draft.params)
+  start = data.draft.as_parallel_draft().mask_embedding
+  assert not np.allclose(draft['mask_embedding'], start)
+  from test_t5x_commands import _model_info  # pylint: disable=g-import-not-at-top
+
+  states = {n for n in _model_info(model_dir) if n.startswith('param_states/')}
+  assert {n.split('/')[1] for n in states} == {t5x_adapter.DRAFT_KEY}
+  assert any(n.startswith('param_states/draft/mask_embedding') for n in states)
+  recorded = run_settings.read(os.path.join(model_dir, run_settings.PARALLEL_DRAFT_SETTINGS_FILE))
+  assert recorded['depth'] == 4 and recorded['keep'] == 0.5
+
+  env = {
+    **os.environ,
+    'JAX_PLATFORMS': 'cpu',
+    'PYTHONPATH': os.pathsep.join(filter(None, [data.work_dir, os.environ.get('PYTHONPATH')])),
+  }
+  resumed = subprocess.run(
+    [*argv, '--gin.DEPTH=2'],
+    cwd=data.work_dir,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert resumed.returncode != 0
+  assert 'depth=4 (this run: 2)' in resumed.stderr, resumed.stderr[-3000:]
+
+  trained = os.path.join(model_dir, f'checkpoint_{PARALLEL_STEPS}')
+  runs = InferRuns(data.work_dir, PARITY_TASK, 'st5x_parity_task', PARITY_LENGTHS, data.vocabulary)
+  ours = runs.run(
+    os.fspath(tmp_path / 'speculative'),
+    [
+      '--gin_file=configs/t5x/speculative_parallel_draft.gin',
+      f'--gin.CHECKPOINT_PATH={trained!r}',
+      f'--gin.DRAFT_CHECKPOINT_PATH={trained!r}',
+      "--gin.DRAFT_SIZE='tiny'",
+    ],
+  )
+  stock = runs.stock(os.fspath(tmp_path / 'stock'), data.checkpoints['target'])
+  assert len(stock.predictions) == PARITY_EXAMPLES['validation']
+  assert ours.predictions == stock.predictions
+  commands.check_aux(ours.records, gamma=4, max_length=PARITY_LENGTHS['targets'])

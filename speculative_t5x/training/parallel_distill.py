@@ -183,7 +183,9 @@ class ParallelDistillConfig:
   """What a step computes (hashable: the jitted steps are cached by it).
 
   Attributes:
-    target_config, draft_config: the two networks (same vocabulary).
+    target_config, draft_config: the two networks (same vocabulary, same
+      architecture; `parallel_distill` runs encoder-decoder pairs, T5X's
+      trainer decoder-only ones too).
     divergence, beta, temperature, topk, topp: as `distill.DistillConfig`'s.
     depth: K, the deepest prediction (the gamma the draft is adapted for).
     keep: COD's rate (see the module docstring).
@@ -193,8 +195,8 @@ class ParallelDistillConfig:
       sequences' next tokens (the target's own greedy outputs; no target call).
   """
 
-  target_config: network.T5Config
-  draft_config: network.T5Config
+  target_config: network.NetworkConfig
+  draft_config: network.NetworkConfig
   divergence: str
   beta: float
   temperature: float
@@ -207,63 +209,92 @@ class ParallelDistillConfig:
   teacher_from_sequences: bool = False
 
 
+def layout_sums(
+  config: ParallelDistillConfig,
+  params: PyTree,
+  teacher: Array,
+  batch: Mapping[str, Array],
+  key: Array,
+) -> Dict[str, Array]:
+  """The loss of one batch: the draft's layout predictions held to the target's (see the module docstring).
+
+  The one implementation of the loss, which `make_step` and the T5X model
+  class (`t5x_models`, configs/t5x/distill_parallel_draft.gin) minimize.
+
+  Args:
+    config: the step's settings (`teacher_from_sequences` is not read here).
+    params: the parallel draft's {'network': T5X tree, 'mask_embedding': [emb]}.
+    teacher: float32 [B, L, V], the target's logits at the sequence positions
+      (under stop_gradient).
+    batch: int32 [B, L] 'decoder_input_tokens' (shifted right), float32 [B, L]
+      'decoder_loss_weights' (1 at real targets) and, for an encoder-decoder
+      draft, int32 [B, Lin] 'encoder_input_tokens'.
+    key: PRNG key of the anchors' order (`cod_layout`).
+
+  Returns:
+    float32 scalars: 'loss' (the weighted sum of the divergence) and 'weight'
+    (its weight), and per depth k 'beta_depth<k>' and 'tokens_depth<k>' (the
+    acceptance probability sum_x min(p, q) summed over real predicted
+    positions, without gradient, and their count).
+  """
+  mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
+  real = batch['decoder_loss_weights'].astype(jnp.float32)
+  layout = cod_layout(
+    batch['decoder_input_tokens'], real, key, depth=config.depth, keep=config.keep
+  )
+  counts = depth_counts(real.shape[1], config.depth, config.keep)
+  teacher = jnp.take_along_axis(teacher, layout['predicted'][:, :, None], axis=1)  # [B, T, V]
+  depth_weight = np.concatenate(
+    [np.full(n, w, np.float32) for n, w in zip(counts, config.depth_weights)]
+  )
+  features = {name: layout[name] for name in LAYOUT_FEATURES}
+  if not network.is_decoder_only(config.draft_config):
+    features['encoder_input_tokens'] = batch['encoder_input_tokens']
+  draft_logits = network.compute_layout_logits(
+    config.draft_config, params['network'], params['mask_embedding'], features
+  )
+  betas = jax.lax.stop_gradient(losses.acceptance_rates(teacher, draft_logits, **mode))
+  weights = layout['weights'] * jnp.asarray(depth_weight)[None]
+  if config.acceptance_weighting:
+    weights = weights * reach_probabilities(betas, layout['anchor'], counts)
+  sums = losses.distillation_sums(
+    teacher, draft_logits, weights, divergence_name=config.divergence, beta=config.beta, **mode
+  )
+  result = {'loss': sums['loss'], 'weight': jnp.sum(weights)}
+  start = 0
+  for k, n in enumerate(counts, start=1):
+    real_k = layout['weights'][:, start : start + n]
+    result[f'beta_depth{k}'] = jnp.sum(betas[:, start : start + n] * real_k)
+    result[f'tokens_depth{k}'] = jnp.sum(real_k)
+    start += n
+  return result
+
+
 def make_step(config: ParallelDistillConfig, optimizer: optax.GradientTransformation):
   """The (unjitted) step `(state, target_params, batch, key) -> (state, metric sums)`.
 
   `batch` is `distill.sequence_features`'s; `key` lays out its masks
   (`cod_layout`). `state.params` is {'network': ..., 'mask_embedding': [emb]}.
-  The sums (float32 scalars): 'loss' and 'weight' (the weighted loss and
-  its weight), and per depth k 'beta_depth<k>' and 'tokens_depth<k>' (beta
-  summed over real predicted positions, and their count).
+  The sums are `layout_sums`', whose loss per unit of weight is minimized.
   """
-  mode = dict(temperature=config.temperature, topk=config.topk, topp=config.topp)
   vocab_size = config.target_config.vocab_size
 
   def step(state: train.TrainState, target_params: PyTree, batch, key):
-    real = batch['decoder_loss_weights'].astype(jnp.float32)
-    layout = cod_layout(
-      batch['decoder_input_tokens'], real, key, depth=config.depth, keep=config.keep
-    )
-    counts = depth_counts(real.shape[1], config.depth, config.keep)
-    predicted = layout['predicted'][:, :, None]
     if config.teacher_from_sequences:  # One-hot logits: standardized, the one-hot itself.
-      targets = jnp.take_along_axis(batch['decoder_target_tokens'], layout['predicted'], axis=1)
-      teacher = jnp.where(jax.nn.one_hot(targets, vocab_size) > 0, 0.0, network.NEG_INF)
+      one_hot = jax.nn.one_hot(batch['decoder_target_tokens'], vocab_size)
+      teacher = jnp.where(one_hot > 0, 0.0, network.NEG_INF)
     else:
-      target_logits = network.compute_logits(config.target_config, target_params, batch)
-      teacher = jnp.take_along_axis(target_logits, predicted, axis=1)
+      teacher = network.compute_logits(config.target_config, target_params, batch)
     teacher = jax.lax.stop_gradient(teacher)
-    depth_weight = np.concatenate(
-      [np.full(n, w, np.float32) for n, w in zip(counts, config.depth_weights)]
-    )
-    features = {name: layout[name] for name in LAYOUT_FEATURES}
-    features['encoder_input_tokens'] = batch['encoder_input_tokens']
 
     def objective(params):
-      draft_logits = network.compute_layout_logits(
-        config.draft_config, params['network'], params['mask_embedding'], features
-      )
-      betas = jax.lax.stop_gradient(losses.acceptance_rates(teacher, draft_logits, **mode))
-      weights = layout['weights'] * jnp.asarray(depth_weight)[None]
-      if config.acceptance_weighting:
-        weights = weights * reach_probabilities(betas, layout['anchor'], counts)
-      sums = losses.distillation_sums(
-        teacher, draft_logits, weights, divergence_name=config.divergence, beta=config.beta, **mode
-      )
-      sums['weight'] = jnp.sum(weights)
-      return sums['loss'] / jnp.maximum(sums['weight'], 1e-6), (sums, betas)
+      sums = layout_sums(config, params, teacher, batch, key)
+      return sums['loss'] / jnp.maximum(sums['weight'], 1e-6), sums
 
-    grads, (sums, betas) = jax.grad(objective, has_aux=True)(state.params)
+    grads, sums = jax.grad(objective, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {'loss': sums['loss'], 'weight': sums['weight']}
-    start = 0
-    for k, n in enumerate(counts, start=1):
-      real_k = layout['weights'][:, start : start + n]
-      metrics[f'beta_depth{k}'] = jnp.sum(betas[:, start : start + n] * real_k)
-      metrics[f'tokens_depth{k}'] = jnp.sum(real_k)
-      start += n
-    return train.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return train.TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
 
   return step
 
@@ -341,16 +372,75 @@ class ParallelDistillResult:
   train_metrics: List[Dict[str, Any]]
 
 
-def _check_weights(depth: int, depth_weights: Optional[Sequence[float]]) -> Tuple[float, ...]:
+def loss_config(
+  target_config: network.NetworkConfig,
+  draft_config: network.NetworkConfig,
+  *,
+  depth: int,
+  keep: float,
+  depth_weights: Optional[Sequence[float]],
+  acceptance_weighting: bool,
+  divergence: str,
+  beta: float,
+  temperature: float,
+  topk: int,
+  topp: float,
+) -> ParallelDistillConfig:
+  """The checked `ParallelDistillConfig` of a run's loss settings (`parallel_distill`'s arguments).
+
+  Raises ValueError naming the setting for a depth < 1, a keep outside
+  (0, 1], depth_weights that are not `depth` finite weights >= 0 (not all
+  0), an unknown divergence or invalid sampling settings.
+  """
+  train.check_positive(depth=depth)
+  if not 0.0 < keep <= 1.0:
+    raise ValueError(f'keep is the rate of kept anchors per depth, in (0, 1]; got {keep}.')
   if depth_weights is None:
-    return (1.0,) * depth
-  weights = tuple(float(w) for w in depth_weights)
-  if len(weights) != depth or not all(np.isfinite(weights)) or min(weights) < 0 or not any(weights):
-    raise ValueError(
-      f'depth_weights must be {depth} finite weights >= 0 (one per depth), not all 0; got '
-      f'{list(depth_weights)}. Pass None for equal weights.'
-    )
-  return weights
+    weights = (1.0,) * depth
+  else:
+    weights = tuple(float(w) for w in depth_weights)
+    if (
+      len(weights) != depth or not all(np.isfinite(weights)) or min(weights) < 0 or not any(weights)
+    ):
+      raise ValueError(
+        f'depth_weights must be {depth} finite weights >= 0 (one per depth), not all 0; got '
+        f'{list(depth_weights)}. Pass None for equal weights.'
+      )
+  losses.validate_divergence(divergence, beta)
+  sampling.validate_sampling_args(temperature, topk, topp)
+  return ParallelDistillConfig(
+    target_config,
+    draft_config,
+    divergence,
+    float(beta),
+    float(temperature),
+    int(topk),
+    float(topp),
+    int(depth),
+    float(keep),
+    weights,
+    bool(acceptance_weighting),
+  )
+
+
+def recorded_settings(config: ParallelDistillConfig) -> Dict[str, Any]:
+  """The settings a run records and a resumed run must repeat: the draft network and the loss.
+
+  `parallel_distill` adds its data's; T5X's trainer (`t5x_models`) records these.
+  """
+  return dict(
+    network=type(config.draft_config).__name__,
+    config=run_settings.jsonable_config(config.draft_config),
+    depth=config.depth,
+    keep=config.keep,
+    depth_weights=list(config.depth_weights),
+    acceptance_weighting=config.acceptance_weighting,
+    divergence=config.divergence,
+    beta=config.beta,
+    temperature=config.temperature,
+    topk=config.topk,
+    topp=config.topp,
+  )
 
 
 def parallel_distill(
@@ -405,15 +495,23 @@ def parallel_distill(
   Returns:
     A `ParallelDistillResult`.
   """
-  train.check_positive(batch_size=batch_size, data_passes=data_passes, depth=depth)
-  if not 0.0 < keep <= 1.0:
-    raise ValueError(f'keep is the rate of kept anchors per depth, in (0, 1]; got {keep}.')
-  weights = _check_weights(depth, depth_weights)
+  train.check_positive(batch_size=batch_size, data_passes=data_passes)
+  config = loss_config(
+    target.config,
+    draft.config,
+    depth=depth,
+    keep=keep,
+    depth_weights=depth_weights,
+    acceptance_weighting=acceptance_weighting,
+    divergence=divergence,
+    beta=beta,
+    temperature=temperature,
+    topk=topk,
+    topp=topp,
+  )
   schedule = train.Schedule(
     num_steps, checkpoint_every, keep_checkpoints, None, log_every, progress, after_step
   )
-  losses.validate_divergence(divergence, beta)
-  sampling.validate_sampling_args(temperature, topk, topp)
   sources, probabilities = distill.validate_data_mix(
     {'draft': 1.0} if data_mix is None else data_mix
   )
@@ -431,33 +529,10 @@ def parallel_distill(
   }
   task = train.check_task(task, draft.config, feature_lengths)
   tasks.hide_gpus_from_tensorflow()
-  config = ParallelDistillConfig(
-    target.config,
-    draft.config,
-    divergence,
-    float(beta),
-    float(temperature),
-    int(topk),
-    float(topp),
-    int(depth),
-    float(keep),
-    weights,
-    bool(acceptance_weighting),
-  )
   tx, step_fn, greedy_step_fn = _jitted_steps(config, optimizer, learning_rate)
   greedy_targets = sampling.is_greedy(temperature) and 'target' in sources
   settings = dict(
-    network=type(draft.config).__name__,
-    config=run_settings.jsonable_config(draft.config),
-    depth=depth,
-    keep=keep,
-    depth_weights=list(weights),
-    acceptance_weighting=bool(acceptance_weighting),
-    divergence=divergence,
-    beta=beta,
-    temperature=temperature,
-    topk=topk,
-    topp=topp,
+    recorded_settings(config),
     data_mix=mix,
     data_passes=data_passes,
     batch_size=batch_size,
