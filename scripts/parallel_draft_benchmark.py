@@ -37,6 +37,7 @@ import numpy as np
 
 from speculative_t5x import layouts
 from speculative_t5x import models
+from speculative_t5x.data import tasks_core
 from speculative_t5x_lab import acceptance_counts
 from speculative_t5x_lab import benchmark
 from speculative_t5x_lab import measure
@@ -242,7 +243,7 @@ def decoded_rates_and_lines(args) -> Tuple[Rates, List[str]]:
   inputs, references = benchmark.tsv_inputs(
     os.path.join(args.workdir, 'corpus', f'{args.split}.tsv'),
     vocabulary,
-    prefix='translate English to German: ',
+    prefix=tasks_core.EN_DE_PREFIX,
     num_examples=args.num_examples,
   )
   inputs = layouts.trim_padding(inputs)

@@ -531,14 +531,10 @@ def costs_record(
       first.draft_catch_up,
       bandwidth,
     )
-  elif isinstance(draft, drafts.FeatureDraft):  # One head call (over the block), its weights.
-    floors['draft'] = measure.step_floor(
-      measure.draft_weight_bytes(draft), first.draft_observe, bandwidth
-    )
-  elif isinstance(draft, parallel_draft.ParallelDraft):  # Its one call per iteration.
-    floors['draft'] = measure.step_floor(
-      measure.draft_weight_bytes(draft), first.draft_rollout, bandwidth
-    )
+  elif isinstance(draft, (drafts.FeatureDraft, parallel_draft.ParallelDraft)):
+    # One call reads its weights once: a head's over the block, a parallel draft's rollout.
+    call = first.draft_observe if isinstance(draft, drafts.FeatureDraft) else first.draft_rollout
+    floors['draft'] = measure.step_floor(measure.draft_weight_bytes(draft), call, bandwidth)
   if 'draft' in floors:
     floors['draft_bytes_over_target_bytes'] = floors['draft']['bytes'] / floors['target']['bytes']
   temperatures = sorted({t for t, _ in parts})

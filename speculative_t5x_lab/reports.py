@@ -354,7 +354,8 @@ def parallel_draft_lines(records: Sequence[records_lib.Record]) -> List[str]:
   summary = []
   for temperature in sorted({r.temperature for r in rows if r.pair in parallel}):
     at_t = [r for r in rows if r.temperature == temperature]
-    chains = [p for p in dict.fromkeys(r.pair for r in at_t) if p not in parallel]
+    pairs = list(dict.fromkeys(r.pair for r in at_t))  # In the records' order.
+    chains = [p for p in pairs if p not in parallel]
     chain = {r.gamma: r for r in at_t if chains and r.pair == chains[0]}
     for r in sorted(at_t, key=lambda r: (r.gamma, r.pair in parallel)):
       in_chain_steps = r.gamma * r.c / chain[r.gamma].c if r.gamma in chain else None
@@ -365,13 +366,13 @@ def parallel_draft_lines(records: Sequence[records_lib.Record]) -> List[str]:
         f'| {_fmt(r.ms_per_token_speculative["median"])} | {_fmt(r.speedup["median"])}x '
         f'| {_fmt(r.identical_outputs)} |'
       )
-    for pair in dict.fromkeys(r.pair for r in at_t):
+    for pair in pairs:
       best = max((r for r in at_t if r.pair == pair), key=lambda r: r.speedup['median'])
       summary.append(
         f'- T = {temperature}, {pair}: best gamma {best.gamma}, {best.speedup["median"]:.2f}x '
         f'({best.tokens_per_call:.2f} tokens/call).'
       )
-    for pair in (p for p in dict.fromkeys(r.pair for r in at_t) if p in parallel and chain):
+    for pair in (p for p in pairs if p in parallel and chain):
       ratios = [
         f'{r.gamma}: {r.tokens_per_call / chain[r.gamma].tokens_per_call:.2f}'
         for r in at_t
